@@ -1,0 +1,180 @@
+use std::net::{SocketAddr, TcpListener};
+use std::sync::Arc;
+use std::time::Duration;
+
+use actix_web::dev::ServerHandle;
+use actix_web::middleware::ErrorHandlers;
+use actix_web::{App, HttpServer, web};
+use gantry_auth::AuthService;
+use gantry_catalog::Catalog;
+use gantry_migrations::{Migrator, MigratorTrait};
+use gantry_volumes::VolumeService;
+use sea_orm::{ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend};
+
+use crate::middleware::ensure_problem;
+use crate::routes::{self, Endpoint};
+use crate::settings::Settings;
+
+/// Everything a handler can reach; one instance shared by all workers.
+pub struct AppState {
+    pub db: DatabaseConnection,
+    pub auth: Arc<AuthService>,
+    pub volumes: VolumeService,
+    pub catalog: Arc<Catalog>,
+    pub body_limit: usize,
+    pub(crate) openapi: web::Bytes,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("database {url}: {source}")]
+    Database { url: String, source: sea_orm::DbErr },
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: String, source: std::io::Error },
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// The running platform: both listeners, started by `build`, shared by `main` and the tests.
+pub struct Application {
+    state: web::Data<AppState>,
+    management_addr: SocketAddr,
+    public_addr: SocketAddr,
+    servers: Vec<actix_web::dev::Server>,
+    handles: Vec<ServerHandle>,
+}
+
+/// Connects to the configured database and applies pending migrations.
+pub async fn connect_database(settings: &Settings) -> Result<DatabaseConnection, StartError> {
+    let url = settings.database_url();
+    let db_err = |source| StartError::Database {
+        url: redact(&url),
+        source,
+    };
+    if url.starts_with("sqlite:") {
+        std::fs::create_dir_all(&settings.data_dir)?;
+    }
+    let mut options = ConnectOptions::new(url.clone());
+    options
+        .max_connections(if url.starts_with("sqlite:") { 8 } else { 16 })
+        .min_connections(1)
+        .connect_timeout(Duration::from_secs(10))
+        .sqlx_logging(false);
+    let db = Database::connect(options).await.map_err(db_err)?;
+    if db.get_database_backend() == DbBackend::Sqlite {
+        // WAL lets readers proceed during a write; NORMAL sync is durable in WAL mode.
+        db.execute_unprepared("PRAGMA journal_mode=WAL").await.map_err(db_err)?;
+    }
+    Migrator::up(&db, None).await.map_err(db_err)?;
+    Ok(db)
+}
+
+fn redact(url: &str) -> String {
+    match (url.find("://"), url.rfind('@')) {
+        (Some(scheme), Some(at)) if at > scheme => format!("{}://***{}", &url[..scheme], &url[at..]),
+        _ => url.to_string(),
+    }
+}
+
+impl Application {
+    pub async fn build(settings: Settings) -> Result<Self, StartError> {
+        let catalog = if settings.catalog.data_centers.is_empty() {
+            Catalog::default()
+        } else {
+            Catalog::new(settings.catalog.data_centers.clone())
+        };
+        catalog.validate().map_err(StartError::Config)?;
+        let db = connect_database(&settings).await?;
+        let openapi =
+            serde_json::to_vec(&crate::openapi::openapi_document()).map_err(|e| StartError::Config(e.to_string()))?;
+        let state = web::Data::new(AppState {
+            auth: Arc::new(AuthService::new(
+                db.clone(),
+                Duration::from_millis(settings.auth.cache_ttl_ms),
+            )),
+            volumes: VolumeService::new(db.clone()),
+            catalog: Arc::new(catalog),
+            body_limit: settings.http.body_limit_bytes,
+            openapi: openapi.into(),
+            db,
+        });
+        let workers = settings
+            .http
+            .workers
+            .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2));
+        let (management, management_addr) = serve(
+            &settings.management_addr,
+            state.clone(),
+            routes::management_endpoints(),
+            workers,
+        )?;
+        let (public, public_addr) = serve(
+            &settings.public_addr,
+            state.clone(),
+            routes::public_endpoints(),
+            workers,
+        )?;
+        Ok(Self {
+            handles: vec![management.handle(), public.handle()],
+            servers: vec![management, public],
+            state,
+            management_addr,
+            public_addr,
+        })
+    }
+
+    pub fn management_addr(&self) -> SocketAddr {
+        self.management_addr
+    }
+
+    pub fn public_addr(&self) -> SocketAddr {
+        self.public_addr
+    }
+
+    pub fn state(&self) -> &AppState {
+        &self.state
+    }
+
+    /// Handles that stop the listeners gracefully.
+    pub fn handles(&self) -> Vec<ServerHandle> {
+        self.handles.clone()
+    }
+
+    /// Serves until both listeners stop (see `handles`).
+    pub async fn run_until_stopped(self) -> std::io::Result<()> {
+        let results = futures_util::future::join_all(self.servers).await;
+        results.into_iter().collect()
+    }
+}
+
+fn serve(
+    addr: &str,
+    state: web::Data<AppState>,
+    endpoints: Vec<Endpoint>,
+    workers: usize,
+) -> Result<(actix_web::dev::Server, SocketAddr), StartError> {
+    let bind_err = |source| StartError::Bind {
+        addr: addr.to_string(),
+        source,
+    };
+    let listener = TcpListener::bind(addr).map_err(bind_err)?;
+    let local = listener.local_addr()?;
+    let endpoints = Arc::new(endpoints);
+    let server = HttpServer::new(move || {
+        let endpoints = endpoints.clone();
+        App::new()
+            .app_data(state.clone())
+            .wrap(ErrorHandlers::new().default_handler(ensure_problem))
+            .configure(move |cfg| routes::register(cfg, &endpoints))
+            .default_service(web::to(routes::not_found))
+    })
+    .workers(workers)
+    .disable_signals()
+    .shutdown_timeout(10)
+    .listen(listener)
+    .map_err(bind_err)?
+    .run();
+    Ok((server, local))
+}

@@ -1,0 +1,32 @@
+use actix_web::{HttpResponse, web};
+use serde_json::json;
+
+use crate::app::AppState;
+use crate::problem::ApiError;
+
+#[utoipa::path(get, path = "/v2/openapi.json", operation_id = "getOpenApiDocument", tag = "Meta",
+    description = "This document.", security(()),
+    responses((status = 200, description = "The OpenAPI 3.1 document", content_type = "application/json")))]
+pub async fn openapi(state: web::Data<AppState>) -> HttpResponse {
+    HttpResponse::Ok()
+        .content_type("application/json")
+        .body(state.openapi.clone())
+}
+
+#[utoipa::path(get, path = "/healthz", operation_id = "healthz", tag = "Meta",
+    description = "Liveness: answers while the process runs.", security(()),
+    responses((status = 200, description = "Alive")))]
+pub async fn healthz() -> HttpResponse {
+    HttpResponse::Ok().json(json!({"status": "ok"}))
+}
+
+#[utoipa::path(get, path = "/readyz", operation_id = "readyz", tag = "Meta",
+    description = "Readiness: 200 once the database answers, 503 otherwise.", security(()),
+    responses((status = 200, description = "Ready")))]
+pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    state.db.ping().await.map_err(|e| {
+        tracing::warn!(error = %e, "readiness check: database unavailable");
+        ApiError::Unavailable("database unavailable".into())
+    })?;
+    Ok(HttpResponse::Ok().json(json!({"status": "ready"})))
+}

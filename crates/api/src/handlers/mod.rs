@@ -1,0 +1,3 @@
+pub mod catalog;
+pub mod meta;
+pub mod volumes;

@@ -1,0 +1,17 @@
+//! The HTTP facade. Routing, extractors, problem+json and headers live here;
+//! business rules live in the service crates.
+mod app;
+mod body;
+mod handlers;
+mod middleware;
+mod openapi;
+mod problem;
+mod routes;
+mod settings;
+
+pub use actix_web::dev::ServerHandle;
+pub use app::{AppState, Application, StartError, connect_database};
+pub use openapi::openapi_document;
+pub use problem::{ApiError, Problem};
+pub use routes::{Endpoint, management_endpoints, public_endpoints};
+pub use settings::{AuthSettings, CatalogSettings, HttpSettings, Settings};

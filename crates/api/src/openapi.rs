@@ -1,0 +1,109 @@
+//! The OpenAPI 3.1 document, generated from the handlers' annotations. The
+//! problem responses and the security requirement are added from the route
+//! table, so every operation documents the errors it can actually return.
+use utoipa::OpenApi;
+use utoipa::openapi::path::{Operation, PathItem};
+use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityRequirement, SecurityScheme};
+use utoipa::openapi::{Content, HttpMethod, Ref, Response, ResponseBuilder};
+
+use crate::handlers::{catalog, meta, volumes};
+use crate::problem::{PROBLEM_JSON, Problem};
+use crate::routes::{Endpoint, management_endpoints};
+
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "Gantry management API", version = "2.0.0",
+        description = "The management REST API (v2) of Gantry, a self-hostable GPU inference platform. Every error is an RFC 9457 problem document."),
+    paths(
+        volumes::list, volumes::create, volumes::get, volumes::update, volumes::delete,
+        catalog::list_data_centers, catalog::get_data_center,
+        meta::openapi, meta::healthz, meta::readyz,
+    ),
+    components(schemas(Problem, volumes::ListNetworkVolumesResponse, catalog::ListDataCentersResponse)),
+    tags((name = "Network Volumes"), (name = "Catalog"), (name = "Meta")),
+)]
+struct ApiDoc;
+
+/// The management API's document as JSON.
+pub fn openapi_document() -> utoipa::openapi::OpenApi {
+    let mut doc = ApiDoc::openapi();
+    let components = doc.components.get_or_insert_with(Default::default);
+    components.add_security_scheme(
+        "bearerAuth",
+        SecurityScheme::Http(
+            Http::builder()
+                .scheme(HttpAuthScheme::Bearer)
+                .bearer_format("Gantry API key (gk_…)")
+                .build(),
+        ),
+    );
+    for endpoint in management_endpoints() {
+        if let Some(op) = operation(&mut doc.paths.paths.get_mut(endpoint.path), &endpoint) {
+            decorate(op, &endpoint);
+        }
+    }
+    doc
+}
+
+fn operation<'a>(item: &'a mut Option<&mut PathItem>, endpoint: &Endpoint) -> Option<&'a mut Operation> {
+    let item = item.as_mut()?;
+    match method_of(endpoint)? {
+        HttpMethod::Get => item.get.as_mut(),
+        HttpMethod::Post => item.post.as_mut(),
+        HttpMethod::Patch => item.patch.as_mut(),
+        HttpMethod::Delete => item.delete.as_mut(),
+        HttpMethod::Put => item.put.as_mut(),
+        _ => None,
+    }
+}
+
+pub(crate) fn method_of(endpoint: &Endpoint) -> Option<HttpMethod> {
+    Some(match endpoint.method.as_str() {
+        "GET" => HttpMethod::Get,
+        "POST" => HttpMethod::Post,
+        "PATCH" => HttpMethod::Patch,
+        "DELETE" => HttpMethod::Delete,
+        "PUT" => HttpMethod::Put,
+        _ => return None,
+    })
+}
+
+fn problem(description: &str) -> Response {
+    ResponseBuilder::new()
+        .description(description)
+        .content(PROBLEM_JSON, Content::new(Some(Ref::from_schema_name("ErrorResponse"))))
+        .build()
+}
+
+fn decorate(op: &mut Operation, endpoint: &Endpoint) {
+    let mut add = |status: &str, description: &str| {
+        op.responses
+            .responses
+            .entry(status.to_string())
+            .or_insert_with(|| problem(description).into());
+    };
+    if endpoint.authenticated {
+        add(
+            "401",
+            "The bearer key is missing, malformed, unknown, revoked or expired.",
+        );
+        add("403", "The key is valid but lacks the scope this operation needs.");
+        add("405", "Method not allowed on this path; `Allow` lists the methods.");
+        if endpoint.path.contains('{') {
+            add("404", "Not found, or not the caller's.");
+        }
+        if matches!(endpoint.method.as_str(), "POST" | "PATCH" | "PUT") {
+            add(
+                "400",
+                "Malformed JSON, or a request that conflicts with the resource's rules.",
+            );
+            add("413", "The request body exceeds the limit.");
+            add("415", "The request body is not application/json.");
+            add("422", "Validation failed; `errors` lists every failure.");
+        } else if endpoint.path.starts_with("/v2/catalog") {
+            add("400", "Invalid query parameters; `errors` lists every failure.");
+        }
+        add("500", "Internal error; nothing internal is disclosed.");
+        op.security = Some(vec![SecurityRequirement::new("bearerAuth", Vec::<String>::new())]);
+    }
+}

@@ -1,0 +1,101 @@
+//! The route tables. Every route is registered through here, and the OpenAPI
+//! test compares these tables with the generated document.
+use actix_web::http::Method;
+use actix_web::middleware::from_fn;
+use actix_web::{Route, web};
+
+use crate::handlers::{catalog, meta, volumes};
+use crate::middleware::authenticate;
+use crate::problem::ApiError;
+
+/// One operation: a method on a path, and whether it needs an API key.
+#[derive(Clone)]
+pub struct Endpoint {
+    pub method: Method,
+    pub path: &'static str,
+    pub authenticated: bool,
+    route: fn() -> Route,
+}
+
+const fn open(method: Method, path: &'static str, route: fn() -> Route) -> Endpoint {
+    Endpoint {
+        method,
+        path,
+        authenticated: false,
+        route,
+    }
+}
+
+const fn keyed(method: Method, path: &'static str, route: fn() -> Route) -> Endpoint {
+    Endpoint {
+        method,
+        path,
+        authenticated: true,
+        route,
+    }
+}
+
+pub fn management_endpoints() -> Vec<Endpoint> {
+    vec![
+        keyed(Method::GET, "/v2/network-volumes", || web::get().to(volumes::list)),
+        keyed(Method::POST, "/v2/network-volumes", || web::post().to(volumes::create)),
+        keyed(Method::GET, "/v2/network-volumes/{id}", || web::get().to(volumes::get)),
+        keyed(Method::PATCH, "/v2/network-volumes/{id}", || {
+            web::patch().to(volumes::update)
+        }),
+        keyed(Method::DELETE, "/v2/network-volumes/{id}", || {
+            web::delete().to(volumes::delete)
+        }),
+        keyed(Method::GET, "/v2/catalog/datacenters", || {
+            web::get().to(catalog::list_data_centers)
+        }),
+        keyed(Method::GET, "/v2/catalog/datacenters/{id}", || {
+            web::get().to(catalog::get_data_center)
+        }),
+        open(Method::GET, "/v2/openapi.json", || web::get().to(meta::openapi)),
+        open(Method::GET, "/healthz", || web::get().to(meta::healthz)),
+        open(Method::GET, "/readyz", || web::get().to(meta::readyz)),
+    ]
+}
+
+pub fn public_endpoints() -> Vec<Endpoint> {
+    vec![
+        open(Method::GET, "/healthz", || web::get().to(meta::healthz)),
+        open(Method::GET, "/readyz", || web::get().to(meta::readyz)),
+    ]
+}
+
+/// Registers a table: one resource per path, a 405 with `Allow` for other methods,
+/// and `authenticate` around every keyed resource (its 405 included).
+pub fn register(cfg: &mut web::ServiceConfig, endpoints: &[Endpoint]) {
+    let mut paths: Vec<&'static str> = Vec::new();
+    for endpoint in endpoints {
+        if !paths.contains(&endpoint.path) {
+            paths.push(endpoint.path);
+        }
+    }
+    for path in paths {
+        let ops: Vec<&Endpoint> = endpoints.iter().filter(|e| e.path == path).collect();
+        let allow = ops.iter().map(|e| e.method.as_str()).collect::<Vec<_>>().join(", ");
+        let mut resource = web::resource(path).default_service(web::to(move || {
+            let allow = allow.clone();
+            async move { Err::<actix_web::HttpResponse, _>(ApiError::MethodNotAllowed { allow }) }
+        }));
+        for op in &ops {
+            resource = resource.route((op.route)());
+        }
+        if ops.iter().any(|e| e.authenticated) {
+            cfg.service(resource.wrap(from_fn(authenticate)));
+        } else {
+            cfg.service(resource);
+        }
+    }
+}
+
+pub async fn not_found(req: actix_web::HttpRequest) -> Result<actix_web::HttpResponse, ApiError> {
+    Err(ApiError::NotFound(format!(
+        "no route for {} {}",
+        req.method(),
+        req.path()
+    )))
+}

@@ -1,0 +1,106 @@
+use std::path::{Path, PathBuf};
+
+use figment::Figment;
+use figment::providers::{Env, Format, Serialized, Toml};
+use gantry_catalog::DataCenter;
+use serde::{Deserialize, Serialize};
+
+/// All of Gantry's configuration: defaults, then a TOML file, then `GANTRY_…`
+/// environment variables (nested keys joined by `__`). Documented in docs/configuration.md.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct Settings {
+    /// Listen address of the management REST API.
+    pub management_addr: String,
+    /// Listen address of the public model endpoints.
+    pub public_addr: String,
+    /// Where the embedded database and generated files live.
+    pub data_dir: PathBuf,
+    /// `sqlite://…` or `postgres://…`; unset means SQLite in the data dir.
+    pub database_url: Option<String>,
+    /// A tracing filter, e.g. `info` or `gantry_api=debug,info`.
+    pub log: String,
+    pub http: HttpSettings,
+    pub auth: AuthSettings,
+    pub catalog: CatalogSettings,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct HttpSettings {
+    /// Largest accepted request body on the management API, in bytes.
+    pub body_limit_bytes: usize,
+    /// Worker threads per listener; unset means one per CPU core.
+    pub workers: Option<usize>,
+}
+
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct AuthSettings {
+    /// How long a verified key is trusted without a fresh lookup. Bounds how
+    /// long a revocation made by another process takes to take effect.
+    pub cache_ttl_ms: u64,
+}
+
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct CatalogSettings {
+    /// Replaces the built-in data center set when non-empty.
+    pub data_centers: Vec<DataCenter>,
+}
+
+impl Default for Settings {
+    fn default() -> Self {
+        Self {
+            management_addr: "127.0.0.1:8080".into(),
+            public_addr: "127.0.0.1:8081".into(),
+            data_dir: PathBuf::from("./data"),
+            database_url: None,
+            log: "info".into(),
+            http: HttpSettings::default(),
+            auth: AuthSettings::default(),
+            catalog: CatalogSettings::default(),
+        }
+    }
+}
+
+impl Default for HttpSettings {
+    fn default() -> Self {
+        Self {
+            body_limit_bytes: 64 * 1024,
+            workers: None,
+        }
+    }
+}
+
+impl Default for AuthSettings {
+    fn default() -> Self {
+        Self { cache_ttl_ms: 4_000 }
+    }
+}
+
+impl Settings {
+    /// Loads the layered configuration. `file` wins over `GANTRY_CONFIG`;
+    /// with neither, `./gantry.toml` is read if it exists.
+    pub fn load(file: Option<&Path>) -> Result<Self, Box<figment::Error>> {
+        let from_env = std::env::var_os("GANTRY_CONFIG").map(PathBuf::from);
+        let path = file.map(Path::to_path_buf).or(from_env);
+        let mut figment = Figment::from(Serialized::defaults(Settings::default()));
+        figment = match path {
+            Some(path) => figment.merge(Toml::file_exact(path)),
+            None => figment.merge(Toml::file("gantry.toml")),
+        };
+        figment
+            .merge(Env::prefixed("GANTRY_").ignore(&["config"]).split("__"))
+            .extract()
+            .map_err(Box::new)
+    }
+
+    /// The database URL in effect: the configured one, or SQLite under the data dir.
+    pub fn database_url(&self) -> String {
+        match &self.database_url {
+            Some(url) if !url.trim().is_empty() => url.clone(),
+            _ => format!("sqlite://{}?mode=rwc", self.data_dir.join("gantry.db").display()),
+        }
+    }
+}

@@ -1,0 +1,16 @@
+//! Users, API keys and scopes.
+//!
+//! A key is `gk_` + 32 base62 characters (~190 random bits) + a 6-character
+//! CRC32 checksum, so a mistyped key is rejected before any lookup. Only the
+//! SHA-256 of a key is stored. Verification reads through a short-lived cache
+//! and never writes to the database.
+mod entity;
+mod key;
+mod scope;
+mod service;
+mod time;
+
+pub use key::{ApiKey, KeyFormatError};
+pub use scope::{Scope, ScopeParseError, ScopeSet};
+pub use service::{AuthError, AuthService, IssuedKey, KeyInfo, Principal, User, VerifyError};
+pub use time::{parse_duration, unix_now};

@@ -1,0 +1,11 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+//! Integration tests: the real application on port 0, driven over HTTP (and the
+//! real `gantry` binary for the CLI), on SQLite and on PostgreSQL.
+mod harness;
+
+mod auth;
+mod catalog;
+mod cli;
+mod errors;
+mod openapi;
+mod volumes;

@@ -1,0 +1,13 @@
+//! One migration set for both backends: SQLite (embedded) and PostgreSQL (distributed).
+pub use sea_orm_migration::prelude::*;
+
+mod m20261121_000001_accounts_and_volumes;
+
+pub struct Migrator;
+
+#[async_trait::async_trait]
+impl MigratorTrait for Migrator {
+    fn migrations() -> Vec<Box<dyn MigrationTrait>> {
+        vec![Box::new(m20261121_000001_accounts_and_volumes::Migration)]
+    }
+}
