@@ -2,12 +2,16 @@
 pub use sea_orm_migration::prelude::*;
 
 mod m20261121_000001_accounts_and_volumes;
+mod m20261121_000002_user_rate_limits;
 
 pub struct Migrator;
 
 #[async_trait::async_trait]
 impl MigratorTrait for Migrator {
     fn migrations() -> Vec<Box<dyn MigrationTrait>> {
-        vec![Box::new(m20261121_000001_accounts_and_volumes::Migration)]
+        vec![
+            Box::new(m20261121_000001_accounts_and_volumes::Migration),
+            Box::new(m20261121_000002_user_rate_limits::Migration),
+        ]
     }
 }

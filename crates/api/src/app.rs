@@ -8,6 +8,7 @@ use actix_web::{App, HttpServer, web};
 use gantry_auth::AuthService;
 use gantry_catalog::Catalog;
 use gantry_migrations::{Migrator, MigratorTrait};
+use gantry_ratelimit::{RateLimiter, RedisConfig};
 use gantry_volumes::VolumeService;
 use sea_orm::{ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend};
 
@@ -22,7 +23,16 @@ pub struct AppState {
     pub volumes: VolumeService,
     pub catalog: Arc<Catalog>,
     pub body_limit: usize,
+    pub limiter: RateLimiter,
+    pub(crate) rate_limits: crate::settings::RateLimitSettings,
     pub(crate) openapi: web::Bytes,
+}
+
+/// Which listener a request came in on; each has its own rate limit policy and counters.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Surface {
+    Management,
+    Public,
 }
 
 #[derive(Debug, thiserror::Error)]
@@ -87,6 +97,20 @@ impl Application {
         };
         catalog.validate().map_err(StartError::Config)?;
         let db = connect_database(&settings).await?;
+        let limiter = match settings.redis_url.as_deref().filter(|u| !u.trim().is_empty()) {
+            None => RateLimiter::in_memory(),
+            Some(url) => {
+                let config = RedisConfig {
+                    url: url.to_string(),
+                    timeout_ms: settings.rate_limits.redis_timeout_ms,
+                    connections: settings.rate_limits.redis_connections,
+                    ..RedisConfig::default()
+                };
+                RateLimiter::redis(&config, settings.rate_limits.fail_mode)
+                    .await
+                    .map_err(|e| StartError::Config(e.to_string()))?
+            }
+        };
         let openapi =
             serde_json::to_vec(&crate::openapi::openapi_document()).map_err(|e| StartError::Config(e.to_string()))?;
         let state = web::Data::new(AppState {
@@ -97,6 +121,8 @@ impl Application {
             volumes: VolumeService::new(db.clone()),
             catalog: Arc::new(catalog),
             body_limit: settings.http.body_limit_bytes,
+            limiter,
+            rate_limits: settings.rate_limits.clone(),
             openapi: openapi.into(),
             db,
         });
@@ -107,13 +133,13 @@ impl Application {
         let (management, management_addr) = serve(
             &settings.management_addr,
             state.clone(),
-            routes::management_endpoints(),
+            Surface::Management,
             workers,
         )?;
         let (public, public_addr) = serve(
             &settings.public_addr,
             state.clone(),
-            routes::public_endpoints(),
+            Surface::Public,
             workers,
         )?;
         Ok(Self {
@@ -152,7 +178,7 @@ impl Application {
 fn serve(
     addr: &str,
     state: web::Data<AppState>,
-    endpoints: Vec<Endpoint>,
+    surface: Surface,
     workers: usize,
 ) -> Result<(actix_web::dev::Server, SocketAddr), StartError> {
     let bind_err = |source| StartError::Bind {
@@ -161,11 +187,15 @@ fn serve(
     };
     let listener = TcpListener::bind(addr).map_err(bind_err)?;
     let local = listener.local_addr()?;
-    let endpoints = Arc::new(endpoints);
+    let endpoints: Arc<Vec<Endpoint>> = Arc::new(match surface {
+        Surface::Management => routes::management_endpoints(),
+        Surface::Public => routes::public_endpoints(),
+    });
     let server = HttpServer::new(move || {
         let endpoints = endpoints.clone();
         App::new()
             .app_data(state.clone())
+            .app_data(surface)
             .wrap(ErrorHandlers::new().default_handler(ensure_problem))
             .configure(move |cfg| routes::register(cfg, &endpoints))
             .default_service(web::to(routes::not_found))

@@ -10,8 +10,8 @@ mod routes;
 mod settings;
 
 pub use actix_web::dev::ServerHandle;
-pub use app::{AppState, Application, StartError, connect_database};
+pub use app::{AppState, Application, StartError, Surface, connect_database};
 pub use openapi::openapi_document;
 pub use problem::{ApiError, Problem};
 pub use routes::{Endpoint, management_endpoints, public_endpoints};
-pub use settings::{AuthSettings, CatalogSettings, HttpSettings, Settings};
+pub use settings::{AuthSettings, CatalogSettings, HttpSettings, RateLimitSettings, Settings};

@@ -1,21 +1,24 @@
 use std::future::{Ready, ready};
 
-use actix_web::body::MessageBody;
+use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{Payload, ServiceRequest, ServiceResponse};
-use actix_web::http::header;
+use actix_web::http::header::{self, HeaderMap, HeaderName, HeaderValue};
+use actix_web::ResponseError;
+use gantry_ratelimit::{Decision, FailMode, Outcome, Policy};
 use actix_web::middleware::{ErrorHandlerResponse, Next};
 use actix_web::{FromRequest, HttpMessage, HttpRequest, web};
 use gantry_auth::{Principal, Scope};
 
-use crate::app::AppState;
+use crate::app::{AppState, Surface};
 use crate::problem::{ApiError, PROBLEM_JSON, problem_response};
 
-/// Authenticates the bearer key of every request to a protected resource and
-/// leaves the `Principal` in the request extensions.
-pub async fn authenticate(
+/// Authenticates the bearer key of every request to a protected resource,
+/// applies the caller's rate limit, and leaves the `Principal` in the request
+/// extensions. Every response after authentication carries the limit headers.
+pub async fn authenticate<B: MessageBody + 'static>(
     req: ServiceRequest,
-    next: Next<impl MessageBody>,
-) -> Result<ServiceResponse<impl MessageBody>, actix_web::Error> {
+    next: Next<B>,
+) -> Result<ServiceResponse<EitherBody<B>>, actix_web::Error> {
     let state = req
         .app_data::<web::Data<AppState>>()
         .cloned()
@@ -29,9 +32,67 @@ pub async fn authenticate(
         ),
     };
     let principal = state.auth.verify_header(header).await.map_err(ApiError::from)?;
+    let surface = req.app_data::<Surface>().copied().unwrap_or(Surface::Management);
+    let outcome = match principal.limits.exempt {
+        true => None,
+        false => {
+            let policy = policy_for(&state, &principal, surface);
+            let counter = match surface {
+                Surface::Management => principal.user_id.clone(),
+                Surface::Public => format!("{}:public", principal.user_id),
+            };
+            Some(state.limiter.check(&counter, &policy).await)
+        }
+    };
+    let decision = match outcome {
+        None | Some(Outcome::Unavailable { fail_mode: FailMode::Open }) => None,
+        Some(Outcome::Unavailable { fail_mode: FailMode::Closed }) => {
+            let err = ApiError::Unavailable("rate limiting is unavailable; try again shortly".into());
+            let mut response = err.error_response();
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            return Ok(req.into_response(response).map_into_right_body());
+        }
+        Some(Outcome::Decided(decision)) => Some(decision),
+    };
+    if let Some(decision) = decision.filter(|d| !d.allowed()) {
+        let window = decision.exceeded_window().map(|w| w.name()).unwrap_or("minute");
+        let mut response = ApiError::TooManyRequests(format!("rate limit exceeded for the {window} window")).error_response();
+        let retry_after = decision.retry_after_secs().unwrap_or(1).max(1);
+        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
+        stamp(response.headers_mut(), &decision);
+        return Ok(req.into_response(response).map_into_right_body());
+    }
     req.extensions_mut().insert(principal);
-    next.call(req).await
+    let mut response = next.call(req).await?;
+    if let Some(decision) = decision {
+        stamp(response.headers_mut(), &decision);
+    }
+    Ok(response.map_into_left_body())
 }
+
+fn policy_for(state: &AppState, principal: &Principal, surface: Surface) -> Policy {
+    let base = match surface {
+        Surface::Management => state.rate_limits.management,
+        Surface::Public => state.rate_limits.public,
+    };
+    let limits = principal.limits;
+    Policy::new(
+        limits.minute.unwrap_or(base.minute),
+        limits.hour.unwrap_or(base.hour),
+        limits.day.unwrap_or(base.day),
+    )
+}
+
+fn stamp(headers: &mut HeaderMap, decision: &Decision) {
+    for (name, value) in [(RATELIMIT_POLICY, decision.policy_header()), (RATELIMIT, decision.ratelimit_header())] {
+        if let Ok(value) = HeaderValue::try_from(value) {
+            headers.insert(HeaderName::from_static(name), value);
+        }
+    }
+}
+
+const RATELIMIT_POLICY: &str = "ratelimit-policy";
+const RATELIMIT: &str = "ratelimit";
 
 /// The authenticated caller of a protected handler.
 pub struct Caller(pub Principal);

@@ -4,7 +4,8 @@
 use utoipa::OpenApi;
 use utoipa::openapi::path::{Operation, PathItem};
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityRequirement, SecurityScheme};
-use utoipa::openapi::{Content, HttpMethod, Ref, Response, ResponseBuilder};
+use utoipa::openapi::header::HeaderBuilder;
+use utoipa::openapi::{Content, HttpMethod, Ref, RefOr, Response, ResponseBuilder};
 
 use crate::handlers::{catalog, meta, volumes};
 use crate::problem::{PROBLEM_JSON, Problem};
@@ -103,7 +104,41 @@ fn decorate(op: &mut Operation, endpoint: &Endpoint) {
         } else if endpoint.path.starts_with("/v2/catalog") {
             add("400", "Invalid query parameters; `errors` lists every failure.");
         }
+        add("429", "A rate limit window is exhausted; `detail` names it and `Retry-After` says when to retry.");
         add("500", "Internal error; nothing internal is disclosed.");
         op.security = Some(vec![SecurityRequirement::new("bearerAuth", Vec::<String>::new())]);
+        for (status, response) in op.responses.responses.iter_mut() {
+            if let RefOr::T(response) = response
+                && status != "401"
+            {
+                add_rate_limit_headers(response, status == "429");
+            }
+        }
+    }
+}
+
+/// Every authenticated response carries the limit headers (exempt users excepted).
+fn add_rate_limit_headers(response: &mut Response, with_retry_after: bool) {
+    let string_header = |description: &str| {
+        HeaderBuilder::new()
+            .schema(Some(utoipa::openapi::ObjectBuilder::new().schema_type(utoipa::openapi::Type::String)))
+            .description(Some(description))
+            .build()
+            .into()
+    };
+    response.headers.insert(
+        "RateLimit-Policy".into(),
+        string_header("Quota per window: `\"minute\";q=600;w=60, \"hour\";q=20000;w=3600, \"day\";q=200000;w=86400`"),
+    );
+    response.headers.insert(
+        "RateLimit".into(),
+        string_header("Remaining requests and seconds to reset per window: `\"minute\";r=599;t=42, …`"),
+    );
+    if with_retry_after {
+        let header = HeaderBuilder::new()
+            .schema(Some(utoipa::openapi::ObjectBuilder::new().schema_type(utoipa::openapi::Type::Integer)))
+            .description(Some("Seconds until the exceeded window's quota returns"))
+            .build();
+        response.headers.insert("Retry-After".into(), header.into());
     }
 }

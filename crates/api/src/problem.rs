@@ -44,6 +44,8 @@ pub enum ApiError {
     #[error("request body exceeds the limit of {0} bytes")]
     PayloadTooLarge(usize),
     #[error("{0}")]
+    TooManyRequests(String),
+    #[error("{0}")]
     Unavailable(String),
     /// The cause is logged where it happened; clients see nothing of it.
     #[error("internal server error")]
@@ -92,6 +94,7 @@ impl ResponseError for ApiError {
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }

@@ -3,6 +3,7 @@ use std::path::{Path, PathBuf};
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
 use gantry_catalog::DataCenter;
+use gantry_ratelimit::{FailMode, Policy};
 use serde::{Deserialize, Serialize};
 
 /// All of Gantry's configuration: defaults, then a TOML file, then `GANTRY_…`
@@ -18,9 +19,13 @@ pub struct Settings {
     pub data_dir: PathBuf,
     /// `sqlite://…` or `postgres://…`; unset means SQLite in the data dir.
     pub database_url: Option<String>,
+    /// `redis://…`: rate limit counters live in Redis (shared by every API
+    /// process). Unset means the in-process limiter.
+    pub redis_url: Option<String>,
     /// A tracing filter, e.g. `info` or `gantry_api=debug,info`.
     pub log: String,
     pub http: HttpSettings,
+    pub rate_limits: RateLimitSettings,
     pub auth: AuthSettings,
     pub catalog: CatalogSettings,
 }
@@ -42,6 +47,34 @@ pub struct AuthSettings {
     pub cache_ttl_ms: u64,
 }
 
+/// Per-user request quotas. Users can be given their own with `gantry users set-limits`.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct RateLimitSettings {
+    /// Default quotas for the management API.
+    pub management: Policy,
+    /// Default quotas for the public model endpoints (counted separately).
+    pub public: Policy,
+    /// What to do when Redis cannot answer: `open` admits, `closed` answers 503.
+    pub fail_mode: FailMode,
+    /// Budget for one Redis decision, in milliseconds.
+    pub redis_timeout_ms: u64,
+    /// Multiplexed Redis connections the decisions are spread over.
+    pub redis_connections: usize,
+}
+
+impl Default for RateLimitSettings {
+    fn default() -> Self {
+        Self {
+            management: Policy::new(600, 20_000, 200_000),
+            public: Policy::new(600, 20_000, 200_000),
+            fail_mode: FailMode::Open,
+            redis_timeout_ms: 50,
+            redis_connections: 4,
+        }
+    }
+}
+
 #[derive(Debug, Clone, Default, Serialize, Deserialize)]
 #[serde(default)]
 pub struct CatalogSettings {
@@ -56,8 +89,10 @@ impl Default for Settings {
             public_addr: "127.0.0.1:8081".into(),
             data_dir: PathBuf::from("./data"),
             database_url: None,
+            redis_url: None,
             log: "info".into(),
             http: HttpSettings::default(),
+            rate_limits: RateLimitSettings::default(),
             auth: AuthSettings::default(),
             catalog: CatalogSettings::default(),
         }

@@ -9,6 +9,10 @@ pub mod user {
         #[sea_orm(unique)]
         pub email: String,
         pub created_at: i64,
+        pub rate_minute: Option<i64>,
+        pub rate_hour: Option<i64>,
+        pub rate_day: Option<i64>,
+        pub rate_exempt: bool,
     }
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

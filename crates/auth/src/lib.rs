@@ -12,5 +12,5 @@ mod time;
 
 pub use key::{ApiKey, KeyFormatError};
 pub use scope::{Scope, ScopeParseError, ScopeSet};
-pub use service::{AuthError, AuthService, IssuedKey, KeyInfo, Principal, User, VerifyError};
+pub use service::{AuthError, AuthService, IssuedKey, KeyInfo, Principal, User, UserLimits, VerifyError};
 pub use time::{parse_duration, unix_now};

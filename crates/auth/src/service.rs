@@ -19,6 +19,16 @@ pub struct Principal {
     pub user_id: String,
     pub key_id: String,
     pub scopes: ScopeSet,
+    pub limits: UserLimits,
+}
+
+/// A user's rate limit overrides (`None`: the configured default) and exemption.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct UserLimits {
+    pub minute: Option<u64>,
+    pub hour: Option<u64>,
+    pub day: Option<u64>,
+    pub exempt: bool,
 }
 
 impl Principal {
@@ -32,6 +42,7 @@ pub struct User {
     pub id: String,
     pub email: String,
     pub created_at: i64,
+    pub limits: UserLimits,
 }
 
 /// A key as listed: never the secret, only enough to recognise it.
@@ -124,11 +135,19 @@ impl AuthService {
             id: new_id("usr_"),
             email: email.clone(),
             created_at: unix_now(),
+            rate_minute: None,
+            rate_hour: None,
+            rate_day: None,
+            rate_exempt: false,
         };
         let active = user::ActiveModel {
             id: Set(model.id.clone()),
             email: Set(model.email.clone()),
             created_at: Set(model.created_at),
+            rate_minute: Set(None),
+            rate_hour: Set(None),
+            rate_day: Set(None),
+            rate_exempt: Set(false),
         };
         match user::Entity::insert(active).exec_without_returning(&self.db).await {
             Ok(_) => Ok(user_from(model)),
@@ -151,6 +170,26 @@ impl AuthService {
             .await?
             .map(user_from)
             .ok_or(AuthError::NoSuchUser(email))
+    }
+
+    /// Stores a user's rate limit overrides; other processes see them within the cache TTL.
+    pub async fn set_limits(&self, email: &str, limits: UserLimits) -> Result<User, AuthError> {
+        let mut user = self.find_user(email).await?;
+        let as_i64 = |v: Option<u64>| v.map(|n| n.min(i64::MAX as u64) as i64);
+        let active = user::ActiveModel {
+            id: Set(user.id.clone()),
+            rate_minute: Set(as_i64(limits.minute)),
+            rate_hour: Set(as_i64(limits.hour)),
+            rate_day: Set(as_i64(limits.day)),
+            rate_exempt: Set(limits.exempt),
+            ..Default::default()
+        };
+        user::Entity::update(active).exec(&self.db).await?;
+        if let Ok(mut cache) = self.cache.write() {
+            cache.clear();
+        }
+        user.limits = limits;
+        Ok(user)
     }
 
     pub async fn issue_key(
@@ -283,14 +322,25 @@ impl AuthService {
         Ok(match row {
             None => Cached::Unknown,
             Some(row) if row.revoked_at.is_some() => Cached::Revoked,
-            Some(row) => Cached::Valid {
-                expires_at: row.expires_at,
-                principal: Principal {
-                    scopes: ScopeSet::parse(&row.scopes).unwrap_or_default(),
-                    user_id: row.user_id,
-                    key_id: row.id,
-                },
-            },
+            Some(row) => {
+                let owner = user::Entity::find_by_id(row.user_id.clone()).one(&self.db).await.map_err(|err| {
+                    tracing::error!(error = %err, "user lookup failed");
+                    VerifyError::Unavailable
+                })?;
+                match owner {
+                    // The user was deleted; their keys die with them.
+                    None => Cached::Unknown,
+                    Some(owner) => Cached::Valid {
+                        expires_at: row.expires_at,
+                        principal: Principal {
+                            scopes: ScopeSet::parse(&row.scopes).unwrap_or_default(),
+                            user_id: row.user_id,
+                            key_id: row.id,
+                            limits: limits_of(&owner),
+                        },
+                    },
+                }
+            }
         })
     }
 }
@@ -318,12 +368,18 @@ fn new_id(prefix: &str) -> String {
     format!("{prefix}{tail}")
 }
 
-fn user_from(model: user::Model) -> User {
-    User {
-        id: model.id,
-        email: model.email,
-        created_at: model.created_at,
+fn limits_of(model: &user::Model) -> UserLimits {
+    let as_u64 = |v: Option<i64>| v.map(|n| n.max(0) as u64);
+    UserLimits {
+        minute: as_u64(model.rate_minute),
+        hour: as_u64(model.rate_hour),
+        day: as_u64(model.rate_day),
+        exempt: model.rate_exempt,
     }
+}
+
+fn user_from(model: user::Model) -> User {
+    User { limits: limits_of(&model), id: model.id, email: model.email, created_at: model.created_at }
 }
 
 fn key_info_from(row: api_key::Model) -> KeyInfo {

@@ -4,7 +4,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use gantry_api::{Application, Settings, connect_database};
-use gantry_auth::{AuthError, AuthService, ScopeSet, parse_duration};
+use gantry_auth::{AuthError, AuthService, ScopeSet, UserLimits, parse_duration};
 
 #[derive(Parser)]
 #[command(name = "gantry", version, about = "A self-hostable GPU inference platform")]
@@ -34,6 +34,28 @@ enum Command {
 enum UsersCommand {
     /// Create a user.
     Create { email: String },
+    /// Give a user their own rate limits (unset windows keep the configured default).
+    SetLimits {
+        email: String,
+        /// Requests per minute.
+        #[arg(long)]
+        minute: Option<u64>,
+        /// Requests per hour.
+        #[arg(long)]
+        hour: Option<u64>,
+        /// Requests per day.
+        #[arg(long)]
+        day: Option<u64>,
+        /// Exempt the user from rate limiting altogether.
+        #[arg(long, conflicts_with = "no_exempt")]
+        exempt: bool,
+        /// End an exemption.
+        #[arg(long)]
+        no_exempt: bool,
+        /// Drop every override and the exemption: back to the configured defaults.
+        #[arg(long, conflicts_with_all = ["minute", "hour", "day", "exempt", "no_exempt"])]
+        reset: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -190,6 +212,29 @@ async fn users(cmd: UsersCommand, auth: AuthService) -> CliResult {
             let user = auth.create_user(&email).await?;
             println!("{}", user.id);
             eprintln!("created user {} ({})", user.email, user.id);
+        }
+        UsersCommand::SetLimits { email, minute, hour, day, exempt, no_exempt, reset } => {
+            let current = auth.find_user(&email).await?.limits;
+            let limits = if reset {
+                UserLimits::default()
+            } else {
+                UserLimits {
+                    minute: minute.or(current.minute),
+                    hour: hour.or(current.hour),
+                    day: day.or(current.day),
+                    exempt: (current.exempt || exempt) && !no_exempt,
+                }
+            };
+            let user = auth.set_limits(&email, limits).await?;
+            let show = |v: Option<u64>| v.map(|n| n.to_string()).unwrap_or_else(|| "default".into());
+            println!(
+                "{}: minute={} hour={} day={} exempt={}",
+                user.email,
+                show(user.limits.minute),
+                show(user.limits.hour),
+                show(user.limits.day),
+                user.limits.exempt
+            );
         }
     }
     Ok(())

@@ -8,4 +8,5 @@ mod catalog;
 mod cli;
 mod errors;
 mod openapi;
+mod ratelimits;
 mod volumes;

@@ -1,0 +1,487 @@
+//! The registry of connected workers and what runs where.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::time::{Duration, UNIX_EPOCH};
+
+use gantry_proto::v1::{
+    Assign, Cancel, Drain, Hello, SchedulerMessage, WorkerMessage, scheduler_message, worker_message::Kind,
+};
+use serde_json::Value;
+use tokio::sync::mpsc;
+use tokio::time::Instant;
+use tokio_util::sync::CancellationToken;
+use tonic::Status;
+
+use crate::status::StreamError;
+use crate::{AssignError, Assignment, DispatchConfig, Event, Health, ModelHealth, WorkerId, WorkerInfo};
+
+/// Messages to one worker. Unbounded: assignments are bounded by the
+/// worker's credits and the rest (cancel, drain) are rare.
+pub(crate) type Outbound = mpsc::UnboundedSender<Result<SchedulerMessage, Status>>;
+
+pub(crate) struct Inner {
+    pub(crate) config: DispatchConfig,
+    state: Mutex<Registry>,
+    events: mpsc::Sender<Event>,
+    next_conn: AtomicU64,
+}
+
+#[derive(Default)]
+struct Registry {
+    workers: HashMap<WorkerId, WorkerEntry>,
+    /// job id -> worker running it.
+    jobs: HashMap<String, WorkerId>,
+}
+
+struct WorkerEntry {
+    /// Which stream of this worker id the entry belongs to.
+    conn: u64,
+    hello: Hello,
+    credits: u32,
+    draining: bool,
+    /// job id -> attempt.
+    running: HashMap<String, u32>,
+    last_seen: Instant,
+    tx: Outbound,
+    /// Stops the stream's reader task.
+    kill: CancellationToken,
+}
+
+/// A freshly registered stream.
+pub(crate) struct Registration {
+    pub(crate) conn: u64,
+    pub(crate) kill: CancellationToken,
+}
+
+impl Inner {
+    pub(crate) fn new(config: DispatchConfig) -> (Arc<Self>, mpsc::Receiver<Event>) {
+        let (events, rx) = mpsc::channel(config.event_capacity.max(1));
+        let inner = Arc::new(Self {
+            config,
+            state: Mutex::new(Registry::default()),
+            events,
+            next_conn: AtomicU64::new(1),
+        });
+        (inner, rx)
+    }
+
+    fn state(&self) -> MutexGuard<'_, Registry> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    pub(crate) async fn emit(&self, event: Event) {
+        if self.events.send(event).await.is_err() {
+            tracing::debug!("event receiver dropped; event discarded");
+        }
+    }
+
+    /// Adds a worker whose HelloAck is already queued on `tx`. A previous
+    /// stream of the same worker id is ended and reported lost.
+    pub(crate) async fn register(&self, hello: Hello, tx: Outbound) -> Registration {
+        let conn = self.next_conn.fetch_add(1, Ordering::Relaxed);
+        let kill = CancellationToken::new();
+        let worker_id = hello.worker_id.clone();
+        let models = hello.models.clone();
+        let entry = WorkerEntry {
+            conn,
+            credits: hello.slots,
+            hello,
+            draining: false,
+            running: HashMap::new(),
+            last_seen: Instant::now(),
+            tx,
+            kill: kill.clone(),
+        };
+        let replaced = {
+            let mut state = self.state();
+            let old = state.remove_worker(&worker_id, None);
+            state.workers.insert(worker_id.clone(), entry);
+            old
+        };
+        if let Some(old) = replaced {
+            tracing::info!(%worker_id, "worker reconnected; dropping its previous stream");
+            self.report_lost(&worker_id, old, Some(StreamError::Replaced)).await;
+        }
+        tracing::info!(%worker_id, ?models, "worker connected");
+        for model in models {
+            self.emit(Event::CapacityAvailable { model }).await;
+        }
+        Registration { conn, kill }
+    }
+
+    /// Removes stream `conn` of `worker_id` (if still registered) and reports
+    /// it lost; `reason` is sent to the worker as the stream's final status.
+    pub(crate) async fn deregister(&self, worker_id: &str, conn: u64, reason: Option<StreamError>) {
+        let removed = self.state().remove_worker(worker_id, Some(conn));
+        if let Some(entry) = removed {
+            self.report_lost(worker_id, entry, reason).await;
+        }
+    }
+
+    async fn report_lost(&self, worker_id: &str, entry: WorkerEntry, reason: Option<StreamError>) {
+        if let Some(reason) = reason {
+            let _ = entry.tx.send(Err(reason.into()));
+        }
+        entry.kill.cancel();
+        let mut running_job_ids: Vec<String> = entry.running.into_keys().collect();
+        running_job_ids.sort();
+        if running_job_ids.is_empty() {
+            tracing::info!(%worker_id, "worker left");
+        } else {
+            tracing::warn!(%worker_id, ?running_job_ids, "worker lost with running jobs");
+        }
+        self.emit(Event::WorkerLost {
+            worker_id: worker_id.to_owned(),
+            running_job_ids,
+        })
+        .await;
+    }
+
+    /// Handles one message of stream `conn` of `worker_id`.
+    pub(crate) async fn on_message(&self, worker_id: &str, conn: u64, message: WorkerMessage) {
+        let outcome = {
+            let mut state = self.state();
+            let Some(entry) = state.workers.get_mut(worker_id).filter(|entry| entry.conn == conn) else {
+                return;
+            };
+            entry.last_seen = Instant::now();
+            let Some(kind) = message.kind else {
+                return;
+            };
+            let effect = state.apply(worker_id, &kind);
+            (effect, kind)
+        };
+        // Payloads are parsed outside the lock: outputs can be large.
+        match outcome {
+            (Effect::Ignore, _) => {}
+            (Effect::Capacity(models), _) => {
+                for model in models {
+                    self.emit(Event::CapacityAvailable { model }).await;
+                }
+            }
+            (Effect::Forward, kind) => {
+                if let Some(event) = job_event(worker_id, kind) {
+                    self.emit(event).await;
+                }
+            }
+        }
+    }
+
+    pub(crate) fn assign(&self, job: Assignment) -> Result<WorkerId, AssignError> {
+        let mut state = self.state();
+        if let Some(worker_id) = state.jobs.get(&job.job_id) {
+            return Err(AssignError::AlreadyRunning {
+                job_id: job.job_id,
+                worker_id: worker_id.clone(),
+            });
+        }
+        let mut candidates: Vec<(&WorkerId, &WorkerEntry)> = state
+            .workers
+            .iter()
+            .filter(|(_, w)| !w.draining && w.credits > 0 && w.hello.models.contains(&job.model))
+            .collect();
+        // Least loaded first: fewest running jobs per announced slot, then
+        // most credits, then id (for a stable order).
+        candidates.sort_by(|(a_id, a), (b_id, b)| {
+            let a_load = a.running.len() as u128 * u128::from(b.hello.slots.max(1));
+            let b_load = b.running.len() as u128 * u128::from(a.hello.slots.max(1));
+            a_load.cmp(&b_load).then(b.credits.cmp(&a.credits)).then(a_id.cmp(b_id))
+        });
+        let message = SchedulerMessage {
+            kind: Some(scheduler_message::Kind::Assign(Assign {
+                job_id: job.job_id.clone(),
+                attempt: job.attempt,
+                model: job.model.clone(),
+                input_json: job.input.to_string(),
+                deadline_unix_ms: job.deadline.map_or(0, |deadline| {
+                    deadline
+                        .duration_since(UNIX_EPOCH)
+                        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+                        // A deadline before 1970 has passed: 1 ms after epoch.
+                        .unwrap_or(1)
+                }),
+            })),
+        };
+        // A send fails only when the stream is going away; try the next one.
+        let chosen = candidates
+            .into_iter()
+            .find(|(_, w)| w.tx.send(Ok(message.clone())).is_ok())
+            .map(|(id, _)| id.clone());
+        let Some(worker_id) = chosen else {
+            return Err(AssignError::NoCapacity { model: job.model });
+        };
+        if let Some(entry) = state.workers.get_mut(&worker_id) {
+            entry.credits -= 1;
+            entry.running.insert(job.job_id.clone(), job.attempt);
+        }
+        tracing::debug!(job_id = %job.job_id, attempt = job.attempt, %worker_id, "job assigned");
+        state.jobs.insert(job.job_id, worker_id.clone());
+        Ok(worker_id)
+    }
+
+    pub(crate) fn cancel(&self, job_id: &str, reason: &str) -> Option<WorkerId> {
+        let state = self.state();
+        let worker_id = state.jobs.get(job_id)?;
+        let entry = state.workers.get(worker_id)?;
+        let message = scheduler_message::Kind::Cancel(Cancel {
+            job_id: job_id.to_owned(),
+            reason: reason.to_owned(),
+        });
+        let _ = entry.tx.send(Ok(SchedulerMessage { kind: Some(message) }));
+        Some(worker_id.clone())
+    }
+
+    pub(crate) fn drain(&self, worker_id: &str) -> bool {
+        let mut state = self.state();
+        let Some(entry) = state.workers.get_mut(worker_id) else {
+            return false;
+        };
+        entry.draining = true;
+        let message = scheduler_message::Kind::Drain(Drain {});
+        let _ = entry.tx.send(Ok(SchedulerMessage { kind: Some(message) }));
+        tracing::info!(%worker_id, "draining worker");
+        true
+    }
+
+    pub(crate) fn health(&self) -> Health {
+        let state = self.state();
+        let mut models: BTreeMap<String, ModelHealth> = BTreeMap::new();
+        for entry in state.workers.values() {
+            for model in &entry.hello.models {
+                let health = models.entry(model.clone()).or_default();
+                health.running_jobs += entry.running.len();
+                if entry.draining {
+                    health.draining_workers += 1;
+                    continue;
+                }
+                health.free_slots += u64::from(entry.credits);
+                if entry.running.is_empty() {
+                    health.idle_workers += 1;
+                } else {
+                    health.running_workers += 1;
+                }
+            }
+        }
+        Health { models }
+    }
+
+    pub(crate) fn workers(&self) -> Vec<WorkerInfo> {
+        let state = self.state();
+        let mut workers: Vec<WorkerInfo> = state
+            .workers
+            .iter()
+            .map(|(worker_id, entry)| {
+                let mut running_job_ids: Vec<String> = entry.running.keys().cloned().collect();
+                running_job_ids.sort();
+                WorkerInfo {
+                    worker_id: worker_id.clone(),
+                    models: entry.hello.models.clone(),
+                    slots: entry.hello.slots,
+                    free_slots: entry.credits,
+                    running_job_ids,
+                    draining: entry.draining,
+                    last_seen: entry.last_seen.elapsed(),
+                    gpu_name: entry.hello.gpu_name.clone(),
+                    gpu_memory_bytes: entry.hello.gpu_memory_bytes,
+                    version: entry.hello.version.clone(),
+                }
+            })
+            .collect();
+        workers.sort_by(|a, b| a.worker_id.cmp(&b.worker_id));
+        workers
+    }
+
+    /// Ends every worker stream with `UNAVAILABLE`.
+    pub(crate) async fn disconnect_all(&self) {
+        let removed: Vec<(WorkerId, WorkerEntry)> = self.state().workers.drain().collect();
+        self.state().jobs.clear();
+        for (worker_id, entry) in removed {
+            self.report_lost(&worker_id, entry, Some(StreamError::ShuttingDown))
+                .await;
+        }
+    }
+
+    /// Drops the workers whose lease ran out.
+    async fn expire_leases(&self) {
+        let lease = self.config.lease;
+        let expired: Vec<(WorkerId, WorkerEntry)> = {
+            let mut state = self.state();
+            let ids: Vec<WorkerId> = state
+                .workers
+                .iter()
+                .filter(|(_, entry)| entry.last_seen.elapsed() > lease)
+                .map(|(id, _)| id.clone())
+                .collect();
+            ids.into_iter()
+                .filter_map(|id| state.remove_worker(&id, None).map(|entry| (id, entry)))
+                .collect()
+        };
+        for (worker_id, entry) in expired {
+            tracing::warn!(%worker_id, ?lease, "worker missed its heartbeats");
+            self.report_lost(&worker_id, entry, Some(StreamError::LeaseExpired(lease)))
+                .await;
+        }
+    }
+}
+
+impl Registry {
+    /// Removes a worker (only stream `conn`, if given) and its jobs' index
+    /// entries.
+    fn remove_worker(&mut self, worker_id: &str, conn: Option<u64>) -> Option<WorkerEntry> {
+        let current = self.workers.get(worker_id)?.conn;
+        if conn.is_some_and(|conn| conn != current) {
+            return None;
+        }
+        let entry = self.workers.remove(worker_id)?;
+        for job_id in entry.running.keys() {
+            self.jobs.remove(job_id);
+        }
+        Some(entry)
+    }
+
+    /// Applies one worker message to the registry. Returns whether the job
+    /// layer should hear about it, and the models that gained capacity.
+    fn apply(&mut self, worker_id: &str, kind: &Kind) -> Effect {
+        let Some(entry) = self.workers.get_mut(worker_id) else {
+            return Effect::Ignore;
+        };
+        match kind {
+            Kind::Hello(_) => {
+                tracing::warn!(%worker_id, "ignoring a second hello");
+                Effect::Ignore
+            }
+            Kind::Heartbeat(_) => Effect::Ignore,
+            Kind::Draining(_) => {
+                tracing::info!(%worker_id, "worker is draining");
+                entry.draining = true;
+                Effect::Ignore
+            }
+            Kind::SlotCredit(credit) => {
+                entry.credits = entry.credits.saturating_add(credit.slots);
+                if entry.draining || credit.slots == 0 {
+                    Effect::Ignore
+                } else {
+                    Effect::Capacity(entry.hello.models.clone())
+                }
+            }
+            Kind::Progress(progress) => Effect::forward(entry.runs(&progress.job_id, progress.attempt)),
+            Kind::StreamChunk(chunk) => Effect::forward(entry.runs(&chunk.job_id, chunk.attempt)),
+            Kind::Result(result) => Effect::forward(self.finish(worker_id, &result.job_id, result.attempt)),
+            Kind::Failure(failure) => Effect::forward(self.finish(worker_id, &failure.job_id, failure.attempt)),
+            Kind::Cancelled(cancelled) => Effect::forward(self.finish(worker_id, &cancelled.job_id, cancelled.attempt)),
+        }
+    }
+
+    /// Ends an attempt running on `worker_id`; false if it was not running.
+    fn finish(&mut self, worker_id: &str, job_id: &str, attempt: u32) -> bool {
+        let Some(entry) = self.workers.get_mut(worker_id) else {
+            return false;
+        };
+        if !entry.runs(job_id, attempt) {
+            tracing::warn!(%worker_id, %job_id, attempt, "terminal message for an attempt not running there");
+            return false;
+        }
+        entry.running.remove(job_id);
+        self.jobs.remove(job_id);
+        true
+    }
+}
+
+impl WorkerEntry {
+    fn runs(&self, job_id: &str, attempt: u32) -> bool {
+        self.running.get(job_id) == Some(&attempt)
+    }
+}
+
+/// What a worker message means for the job layer.
+enum Effect {
+    Ignore,
+    /// Models whose capacity grew.
+    Capacity(Vec<String>),
+    /// A message about a job running there: turn it into an event.
+    Forward,
+}
+
+impl Effect {
+    fn forward(accepted: bool) -> Self {
+        if accepted { Self::Forward } else { Self::Ignore }
+    }
+}
+
+/// The event for a job message accepted by [`Registry::apply`].
+fn job_event(worker_id: &str, kind: Kind) -> Option<Event> {
+    let worker_id = worker_id.to_owned();
+    let event = match kind {
+        Kind::Progress(progress) => Event::Progress {
+            message: parse_lenient(progress.message_json),
+            job_id: progress.job_id,
+            attempt: progress.attempt,
+            worker_id,
+        },
+        Kind::StreamChunk(chunk) => Event::Chunk {
+            output: parse_lenient(chunk.output_json),
+            seq: chunk.seq,
+            job_id: chunk.job_id,
+            attempt: chunk.attempt,
+            worker_id,
+        },
+        Kind::Result(result) => match serde_json::from_str(&result.output_json) {
+            Ok(output) => Event::Completed {
+                job_id: result.job_id,
+                attempt: result.attempt,
+                worker_id,
+                output,
+                usage: result.usage.unwrap_or_default(),
+                timings: result.timings.unwrap_or_default(),
+            },
+            Err(error) => Event::Failed {
+                job_id: result.job_id,
+                attempt: result.attempt,
+                worker_id,
+                error: format!("worker sent output that is not JSON: {error}"),
+                retryable: true,
+            },
+        },
+        Kind::Failure(failure) => Event::Failed {
+            job_id: failure.job_id,
+            attempt: failure.attempt,
+            worker_id,
+            error: failure.error,
+            retryable: failure.retryable,
+        },
+        Kind::Cancelled(cancelled) => Event::Cancelled {
+            job_id: cancelled.job_id,
+            attempt: cancelled.attempt,
+            worker_id,
+        },
+        Kind::Hello(_) | Kind::Heartbeat(_) | Kind::Draining(_) | Kind::SlotCredit(_) => {
+            return None;
+        }
+    };
+    Some(event)
+}
+
+/// Parses a worker's JSON; keeps malformed text as a JSON string.
+fn parse_lenient(text: String) -> Value {
+    serde_json::from_str(&text).unwrap_or(Value::String(text))
+}
+
+/// Starts the task that expires leases. It holds only a weak reference and
+/// stops when the registry is dropped.
+pub(crate) fn spawn_reaper(inner: &Arc<Inner>) {
+    let weak: Weak<Inner> = Arc::downgrade(inner);
+    let period = (inner.config.lease / 4).max(Duration::from_millis(10));
+    tokio::spawn(async move {
+        let mut tick = tokio::time::interval(period);
+        tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            tick.tick().await;
+            let Some(inner) = weak.upgrade() else {
+                return;
+            };
+            inner.expire_leases().await;
+        }
+    });
+}

@@ -1,0 +1,120 @@
+//! The `WorkerGateway.Connect` handler.
+
+use std::sync::Arc;
+
+use gantry_proto::auth;
+use gantry_proto::v1::worker_gateway_server::WorkerGateway;
+use gantry_proto::v1::{Hello, HelloAck, SchedulerMessage, WorkerMessage, scheduler_message, worker_message::Kind};
+use tokio::sync::mpsc;
+use tokio_stream::wrappers::UnboundedReceiverStream;
+use tonic::{Request, Response, Status, Streaming};
+
+use crate::registry::Inner;
+use crate::status::StreamError;
+
+/// The gRPC service; get one from
+/// [`Dispatcher::service`](crate::Dispatcher::service).
+pub struct GatewayService {
+    inner: Arc<Inner>,
+}
+
+impl GatewayService {
+    pub(crate) fn new(inner: Arc<Inner>) -> Self {
+        Self { inner }
+    }
+}
+
+#[tonic::async_trait]
+impl WorkerGateway for GatewayService {
+    type ConnectStream = UnboundedReceiverStream<Result<SchedulerMessage, Status>>;
+
+    async fn connect(
+        &self,
+        request: Request<Streaming<WorkerMessage>>,
+    ) -> Result<Response<Self::ConnectStream>, Status> {
+        accept(&self.inner, request).await.map_err(|error| {
+            tracing::warn!(%error, "worker stream refused");
+            Status::from(error)
+        })
+    }
+}
+
+/// Authenticates, reads the Hello, answers with a HelloAck and hands the
+/// stream to a reader task.
+async fn accept(
+    inner: &Arc<Inner>,
+    request: Request<Streaming<WorkerMessage>>,
+) -> Result<Response<UnboundedReceiverStream<Result<SchedulerMessage, Status>>>, StreamError> {
+    let claims = auth::verify_metadata(request.metadata(), &inner.config.secret)?;
+    let mut inbound = request.into_inner();
+
+    let timeout = inner.config.hello_timeout;
+    let first = tokio::time::timeout(timeout, inbound.message())
+        .await
+        .map_err(|_| StreamError::HelloTimeout(timeout))?
+        .map_err(StreamError::Transport)?;
+    let hello = match first.and_then(|message| message.kind) {
+        Some(Kind::Hello(hello)) => hello,
+        _ => return Err(StreamError::BadHello("the first message must be a hello")),
+    };
+    check_hello(&hello, &claims)?;
+
+    let (tx, rx) = mpsc::unbounded_channel();
+    let ack = HelloAck {
+        scheduler_id: inner.config.scheduler_id.clone(),
+        heartbeat_interval_ms: u64::try_from(inner.config.heartbeat_interval.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1),
+    };
+    let _ = tx.send(Ok(SchedulerMessage {
+        kind: Some(scheduler_message::Kind::HelloAck(ack)),
+    }));
+
+    let inner = Arc::clone(inner);
+    tokio::spawn(async move {
+        let worker_id = hello.worker_id.clone();
+        let registration = inner.register(hello, tx).await;
+        let conn = registration.conn;
+        let kill = registration.kill;
+        let ended = loop {
+            tokio::select! {
+                () = kill.cancelled() => return,
+                message = inbound.message() => match message {
+                    Ok(Some(message)) => inner.on_message(&worker_id, conn, message).await,
+                    Ok(None) => break None,
+                    Err(status) => break Some(status),
+                },
+            }
+        };
+        if let Some(status) = ended {
+            tracing::info!(%worker_id, %status, "worker stream failed");
+        }
+        inner.deregister(&worker_id, conn, None).await;
+    });
+    Ok(Response::new(UnboundedReceiverStream::new(rx)))
+}
+
+fn check_hello(hello: &Hello, claims: &auth::WorkerClaims) -> Result<(), StreamError> {
+    if hello.worker_id.is_empty() {
+        return Err(StreamError::BadHello("worker_id is empty"));
+    }
+    if hello.models.is_empty() {
+        return Err(StreamError::BadHello("models is empty"));
+    }
+    if hello.models.iter().any(String::is_empty) {
+        return Err(StreamError::BadHello("a model id is empty"));
+    }
+    if hello.slots == 0 {
+        return Err(StreamError::BadHello("slots must be at least 1"));
+    }
+    if hello.worker_id != claims.sub {
+        return Err(StreamError::WrongWorker {
+            token: claims.sub.clone(),
+            hello: hello.worker_id.clone(),
+        });
+    }
+    if let Some(model) = hello.models.iter().find(|m| !claims.models.contains(m)) {
+        return Err(StreamError::ModelNotAllowed(model.clone()));
+    }
+    Ok(())
+}

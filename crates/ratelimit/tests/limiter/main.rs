@@ -1,0 +1,7 @@
+//! Integration tests for both limiters. Redis tests run against private redis-server children.
+
+mod config;
+mod memory;
+mod redis_limiter;
+mod sf;
+mod support;

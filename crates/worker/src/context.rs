@@ -1,0 +1,129 @@
+use std::sync::Arc;
+use std::time::SystemTime;
+
+use gantry_proto::v1::{Progress, StreamChunk, WorkerMessage, worker_message::Kind};
+use serde_json::Value;
+use tokio::sync::{Mutex, mpsc};
+use tokio_util::sync::CancellationToken;
+
+use crate::JobError;
+
+/// Handle a running job uses to talk to the scheduler.
+///
+/// Cheap to clone. Messages sent through it travel on the worker's single
+/// ordered stream, so every progress message and chunk reaches the scheduler
+/// before the job's result.
+#[derive(Clone)]
+pub struct JobContext {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    job_id: String,
+    attempt: u32,
+    deadline: Option<SystemTime>,
+    cancel: CancellationToken,
+    /// Weak, so a context kept alive past its job does not hold the stream
+    /// open.
+    out: mpsc::WeakSender<WorkerMessage>,
+    /// Next chunk sequence number; the lock is held while the chunk is
+    /// queued so sequence numbers and stream order always agree.
+    next_seq: Mutex<u64>,
+}
+
+impl JobContext {
+    pub(crate) fn new(
+        job_id: String,
+        attempt: u32,
+        deadline: Option<SystemTime>,
+        cancel: CancellationToken,
+        out: mpsc::WeakSender<WorkerMessage>,
+    ) -> Self {
+        Self {
+            inner: Arc::new(Inner {
+                job_id,
+                attempt,
+                deadline,
+                cancel,
+                out,
+                next_seq: Mutex::new(0),
+            }),
+        }
+    }
+
+    /// The job's id.
+    pub fn job_id(&self) -> &str {
+        &self.inner.job_id
+    }
+
+    /// The attempt number (the scheduler increments it on every retry).
+    pub fn attempt(&self) -> u32 {
+        self.inner.attempt
+    }
+
+    /// When the job must be finished, if it has a deadline. When it passes
+    /// the job is cancelled and reported as a non-retryable failure.
+    pub fn deadline(&self) -> Option<SystemTime> {
+        self.inner.deadline
+    }
+
+    /// Whether the job was cancelled (by the scheduler or its deadline).
+    pub fn is_cancelled(&self) -> bool {
+        self.inner.cancel.is_cancelled()
+    }
+
+    /// Resolves once the job is cancelled. Race it against long waits, e.g.
+    /// in `tokio::select!`, and return [`JobError::Cancelled`] when it wins.
+    /// A job that ignores cancellation is dropped at its next `.await` after a
+    /// grace period ([`WorkerConfig::cancel_grace`](crate::WorkerConfig)).
+    pub async fn cancelled(&self) {
+        self.inner.cancel.cancelled().await;
+    }
+
+    /// A token that is cancelled together with the job, to hand to code that
+    /// knows `tokio_util` tokens.
+    pub fn cancellation_token(&self) -> crate::CancellationToken {
+        self.inner.cancel.clone()
+    }
+
+    /// Reports progress (any JSON, e.g. `{"step": 3, "of": 20}`).
+    pub async fn progress(&self, message: Value) -> Result<(), JobError> {
+        let kind = Kind::Progress(Progress {
+            job_id: self.inner.job_id.clone(),
+            attempt: self.inner.attempt,
+            message_json: message.to_string(),
+        });
+        self.send(kind).await
+    }
+
+    /// Emits the next chunk of streamed output. Chunks are numbered from 0 in
+    /// the order of the calls.
+    pub async fn chunk(&self, output: Value) -> Result<(), JobError> {
+        let mut next_seq = self.inner.next_seq.lock().await;
+        let kind = Kind::StreamChunk(StreamChunk {
+            job_id: self.inner.job_id.clone(),
+            attempt: self.inner.attempt,
+            seq: *next_seq,
+            output_json: output.to_string(),
+        });
+        self.send(kind).await?;
+        *next_seq += 1;
+        Ok(())
+    }
+
+    async fn send(&self, kind: Kind) -> Result<(), JobError> {
+        let lost = || JobError::internal("connection to the scheduler was lost");
+        let out = self.inner.out.upgrade().ok_or_else(lost)?;
+        out.send(WorkerMessage { kind: Some(kind) }).await.map_err(|_| lost())
+    }
+}
+
+impl std::fmt::Debug for JobContext {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("JobContext")
+            .field("job_id", &self.inner.job_id)
+            .field("attempt", &self.inner.attempt)
+            .field("cancelled", &self.is_cancelled())
+            .finish_non_exhaustive()
+    }
+}

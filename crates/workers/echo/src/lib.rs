@@ -1,0 +1,144 @@
+//! `gantry-echo`, Gantry's diagnostic model.
+//!
+//! It returns its input unchanged as its output. When the input is a JSON
+//! object, these optional fields steer it (they are echoed back too):
+//!
+//! | field      | type            | effect                                                         |
+//! |------------|-----------------|----------------------------------------------------------------|
+//! | `fail`     | string or bool  | fail as bad input (never retried); a string becomes the error |
+//! | `sleep_ms` | unsigned int    | report progress `{"sleeping_ms": n}`, then sleep; a cancel or deadline ends the sleep at once |
+//! | `stream`   | unsigned int    | emit that many stream chunks `{"chunk": i}` before finishing   |
+//!
+//! `fail` is checked first, then the sleep, then the chunks. Every successful
+//! job bills exactly one unit of `"requests"`.
+//!
+//! In-process use:
+//!
+//! ```no_run
+//! # async fn start(shutdown: impl std::future::Future<Output = ()> + Send) -> Result<(), gantry_worker::WorkerError> {
+//! use gantry_worker::{Credentials, WorkerConfig};
+//! let config = WorkerConfig::new("http://127.0.0.1:7070", "echo-1", Credentials::Secret(b"secret".to_vec()));
+//! gantry_worker_echo::runtime(config).run_until(shutdown).await
+//! # }
+//! ```
+
+use std::time::Duration;
+
+use gantry_worker::{JobContext, JobError, Model, Output, Usage, WorkerConfig, WorkerRuntime};
+use serde_json::{Value, json};
+
+/// Model id of the echo model.
+pub const MODEL_ID: &str = "gantry-echo";
+
+/// Most chunks one job may ask for.
+pub const MAX_STREAM_CHUNKS: u64 = 10_000;
+
+/// The echo model. It holds no state, so loading it is free.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct EchoModel;
+
+impl EchoModel {
+    /// Loads the model (nothing to load; here for symmetry with real models).
+    pub async fn load() -> Result<Self, std::convert::Infallible> {
+        Ok(Self)
+    }
+}
+
+/// A [`WorkerRuntime`] serving [`EchoModel`] with `config`.
+pub fn runtime(config: WorkerConfig) -> WorkerRuntime<EchoModel> {
+    WorkerRuntime::new(EchoModel, config)
+}
+
+impl Model for EchoModel {
+    fn id(&self) -> &str {
+        MODEL_ID
+    }
+
+    async fn run(&self, input: Value, ctx: JobContext) -> Result<Output, JobError> {
+        let options = Options::parse(&input)?;
+        if let Some(message) = options.fail {
+            return Err(JobError::BadInput(message));
+        }
+        if options.sleep_ms > 0 {
+            ctx.progress(json!({ "sleeping_ms": options.sleep_ms })).await?;
+            tokio::select! {
+                () = tokio::time::sleep(Duration::from_millis(options.sleep_ms)) => {}
+                () = ctx.cancelled() => return Err(JobError::Cancelled),
+            }
+        }
+        for i in 0..options.stream {
+            if ctx.is_cancelled() {
+                return Err(JobError::Cancelled);
+            }
+            ctx.chunk(json!({ "chunk": i })).await?;
+        }
+        Ok(Output::new(input, Usage::whole("requests", 1)))
+    }
+}
+
+#[derive(Debug, Default, PartialEq)]
+struct Options {
+    fail: Option<String>,
+    sleep_ms: u64,
+    stream: u64,
+}
+
+impl Options {
+    fn parse(input: &Value) -> Result<Self, JobError> {
+        let Some(object) = input.as_object() else {
+            return Ok(Self::default());
+        };
+        let fail = match object.get("fail") {
+            None | Some(Value::Null) | Some(Value::Bool(false)) => None,
+            Some(Value::Bool(true)) => Some("failure requested by the input".to_owned()),
+            Some(Value::String(message)) => Some(message.clone()),
+            Some(_) => return Err(JobError::bad_input("`fail` must be a string or a bool")),
+        };
+        let count = |field: &str| match object.get(field) {
+            None | Some(Value::Null) => Ok(0),
+            Some(value) => value
+                .as_u64()
+                .ok_or_else(|| JobError::bad_input(format!("`{field}` must be a non-negative integer"))),
+        };
+        let sleep_ms = count("sleep_ms")?;
+        let stream = count("stream")?;
+        if stream > MAX_STREAM_CHUNKS {
+            return Err(JobError::bad_input(format!(
+                "`stream` may ask for at most {MAX_STREAM_CHUNKS} chunks"
+            )));
+        }
+        Ok(Self { fail, sleep_ms, stream })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn options_are_optional_and_validated() {
+        assert_eq!(Options::parse(&json!("text")).unwrap(), Options::default());
+        assert_eq!(Options::parse(&json!({"a": 1})).unwrap(), Options::default());
+        assert_eq!(
+            Options::parse(&json!({"fail": true, "sleep_ms": 5, "stream": 2})).unwrap(),
+            Options {
+                fail: Some("failure requested by the input".into()),
+                sleep_ms: 5,
+                stream: 2
+            }
+        );
+        assert_eq!(
+            Options::parse(&json!({"fail": "boom"})).unwrap().fail.as_deref(),
+            Some("boom")
+        );
+        assert_eq!(Options::parse(&json!({"fail": false})).unwrap().fail, None);
+        for bad in [
+            json!({"fail": 3}),
+            json!({"sleep_ms": -1}),
+            json!({"stream": "x"}),
+            json!({"stream": MAX_STREAM_CHUNKS + 1}),
+        ] {
+            assert!(matches!(Options::parse(&bad), Err(JobError::BadInput(_))), "{bad}");
+        }
+    }
+}
