@@ -130,18 +130,9 @@ impl Application {
             .http
             .workers
             .unwrap_or_else(|| std::thread::available_parallelism().map(|n| n.get()).unwrap_or(2));
-        let (management, management_addr) = serve(
-            &settings.management_addr,
-            state.clone(),
-            Surface::Management,
-            workers,
-        )?;
-        let (public, public_addr) = serve(
-            &settings.public_addr,
-            state.clone(),
-            Surface::Public,
-            workers,
-        )?;
+        let (management, management_addr) =
+            serve(&settings.management_addr, state.clone(), Surface::Management, workers)?;
+        let (public, public_addr) = serve(&settings.public_addr, state.clone(), Surface::Public, workers)?;
         Ok(Self {
             handles: vec![management.handle(), public.handle()],
             servers: vec![management, public],

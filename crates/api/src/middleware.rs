@@ -1,13 +1,13 @@
 use std::future::{Ready, ready};
 
+use actix_web::ResponseError;
 use actix_web::body::{EitherBody, MessageBody};
 use actix_web::dev::{Payload, ServiceRequest, ServiceResponse};
 use actix_web::http::header::{self, HeaderMap, HeaderName, HeaderValue};
-use actix_web::ResponseError;
-use gantry_ratelimit::{Decision, FailMode, Outcome, Policy};
 use actix_web::middleware::{ErrorHandlerResponse, Next};
 use actix_web::{FromRequest, HttpMessage, HttpRequest, web};
 use gantry_auth::{Principal, Scope};
+use gantry_ratelimit::{Decision, FailMode, Outcome, Policy};
 
 use crate::app::{AppState, Surface};
 use crate::problem::{ApiError, PROBLEM_JSON, problem_response};
@@ -45,20 +45,30 @@ pub async fn authenticate<B: MessageBody + 'static>(
         }
     };
     let decision = match outcome {
-        None | Some(Outcome::Unavailable { fail_mode: FailMode::Open }) => None,
-        Some(Outcome::Unavailable { fail_mode: FailMode::Closed }) => {
+        None
+        | Some(Outcome::Unavailable {
+            fail_mode: FailMode::Open,
+        }) => None,
+        Some(Outcome::Unavailable {
+            fail_mode: FailMode::Closed,
+        }) => {
             let err = ApiError::Unavailable("rate limiting is unavailable; try again shortly".into());
             let mut response = err.error_response();
-            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+            response
+                .headers_mut()
+                .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
             return Ok(req.into_response(response).map_into_right_body());
         }
         Some(Outcome::Decided(decision)) => Some(decision),
     };
     if let Some(decision) = decision.filter(|d| !d.allowed()) {
         let window = decision.exceeded_window().map(|w| w.name()).unwrap_or("minute");
-        let mut response = ApiError::TooManyRequests(format!("rate limit exceeded for the {window} window")).error_response();
+        let mut response =
+            ApiError::TooManyRequests(format!("rate limit exceeded for the {window} window")).error_response();
         let retry_after = decision.retry_after_secs().unwrap_or(1).max(1);
-        response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
+        response
+            .headers_mut()
+            .insert(header::RETRY_AFTER, HeaderValue::from(retry_after));
         stamp(response.headers_mut(), &decision);
         return Ok(req.into_response(response).map_into_right_body());
     }
@@ -84,7 +94,10 @@ fn policy_for(state: &AppState, principal: &Principal, surface: Surface) -> Poli
 }
 
 fn stamp(headers: &mut HeaderMap, decision: &Decision) {
-    for (name, value) in [(RATELIMIT_POLICY, decision.policy_header()), (RATELIMIT, decision.ratelimit_header())] {
+    for (name, value) in [
+        (RATELIMIT_POLICY, decision.policy_header()),
+        (RATELIMIT, decision.ratelimit_header()),
+    ] {
         if let Ok(value) = HeaderValue::try_from(value) {
             headers.insert(HeaderName::from_static(name), value);
         }

@@ -2,9 +2,9 @@
 //! problem responses and the security requirement are added from the route
 //! table, so every operation documents the errors it can actually return.
 use utoipa::OpenApi;
+use utoipa::openapi::header::HeaderBuilder;
 use utoipa::openapi::path::{Operation, PathItem};
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityRequirement, SecurityScheme};
-use utoipa::openapi::header::HeaderBuilder;
 use utoipa::openapi::{Content, HttpMethod, Ref, RefOr, Response, ResponseBuilder};
 
 use crate::handlers::{catalog, meta, volumes};
@@ -104,7 +104,10 @@ fn decorate(op: &mut Operation, endpoint: &Endpoint) {
         } else if endpoint.path.starts_with("/v2/catalog") {
             add("400", "Invalid query parameters; `errors` lists every failure.");
         }
-        add("429", "A rate limit window is exhausted; `detail` names it and `Retry-After` says when to retry.");
+        add(
+            "429",
+            "A rate limit window is exhausted; `detail` names it and `Retry-After` says when to retry.",
+        );
         add("500", "Internal error; nothing internal is disclosed.");
         op.security = Some(vec![SecurityRequirement::new("bearerAuth", Vec::<String>::new())]);
         for (status, response) in op.responses.responses.iter_mut() {
@@ -121,7 +124,9 @@ fn decorate(op: &mut Operation, endpoint: &Endpoint) {
 fn add_rate_limit_headers(response: &mut Response, with_retry_after: bool) {
     let string_header = |description: &str| {
         HeaderBuilder::new()
-            .schema(Some(utoipa::openapi::ObjectBuilder::new().schema_type(utoipa::openapi::Type::String)))
+            .schema(Some(
+                utoipa::openapi::ObjectBuilder::new().schema_type(utoipa::openapi::Type::String),
+            ))
             .description(Some(description))
             .build()
             .into()
@@ -136,7 +141,9 @@ fn add_rate_limit_headers(response: &mut Response, with_retry_after: bool) {
     );
     if with_retry_after {
         let header = HeaderBuilder::new()
-            .schema(Some(utoipa::openapi::ObjectBuilder::new().schema_type(utoipa::openapi::Type::Integer)))
+            .schema(Some(
+                utoipa::openapi::ObjectBuilder::new().schema_type(utoipa::openapi::Type::Integer),
+            ))
             .description(Some("Seconds until the exceeded window's quota returns"))
             .build();
         response.headers.insert("Retry-After".into(), header.into());

@@ -323,10 +323,13 @@ impl AuthService {
             None => Cached::Unknown,
             Some(row) if row.revoked_at.is_some() => Cached::Revoked,
             Some(row) => {
-                let owner = user::Entity::find_by_id(row.user_id.clone()).one(&self.db).await.map_err(|err| {
-                    tracing::error!(error = %err, "user lookup failed");
-                    VerifyError::Unavailable
-                })?;
+                let owner = user::Entity::find_by_id(row.user_id.clone())
+                    .one(&self.db)
+                    .await
+                    .map_err(|err| {
+                        tracing::error!(error = %err, "user lookup failed");
+                        VerifyError::Unavailable
+                    })?;
                 match owner {
                     // The user was deleted; their keys die with them.
                     None => Cached::Unknown,
@@ -379,7 +382,12 @@ fn limits_of(model: &user::Model) -> UserLimits {
 }
 
 fn user_from(model: user::Model) -> User {
-    User { limits: limits_of(&model), id: model.id, email: model.email, created_at: model.created_at }
+    User {
+        limits: limits_of(&model),
+        id: model.id,
+        email: model.email,
+        created_at: model.created_at,
+    }
 }
 
 fn key_info_from(row: api_key::Model) -> KeyInfo {

@@ -213,7 +213,15 @@ async fn users(cmd: UsersCommand, auth: AuthService) -> CliResult {
             println!("{}", user.id);
             eprintln!("created user {} ({})", user.email, user.id);
         }
-        UsersCommand::SetLimits { email, minute, hour, day, exempt, no_exempt, reset } => {
+        UsersCommand::SetLimits {
+            email,
+            minute,
+            hour,
+            day,
+            exempt,
+            no_exempt,
+            reset,
+        } => {
             let current = auth.find_user(&email).await?.limits;
             let limits = if reset {
                 UserLimits::default()

@@ -97,4 +97,3 @@ impl Drop for RedisServer {
         self.kill();
     }
 }
-

@@ -3,8 +3,8 @@ use std::time::Duration;
 
 use gantry_api::{Application, Settings};
 use gantry_auth::{AuthService, ScopeSet};
-use reqwest::{Client, Method, RequestBuilder, Response};
 use gantry_testkit::PgDatabase;
+use reqwest::{Client, Method, RequestBuilder, Response};
 use sea_orm::{ConnectionTrait, Database};
 use serde_json::Value;
 
@@ -161,4 +161,3 @@ pub fn errors_of(body: &Value) -> Vec<String> {
         .map(|a| a.iter().filter_map(|e| e.as_str().map(String::from)).collect())
         .unwrap_or_default()
 }
-

@@ -29,7 +29,9 @@ async fn spawn(limiter: Limiter, policy: Policy, fail_mode: FailMode) -> (TestAp
 
 /// Fixed windows reset on the minute: start a counting test well clear of the edge.
 async fn away_from_minute_edge() {
-    let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap();
     let into_minute = now.as_secs_f64() % 60.0;
     if into_minute > 50.0 {
         tokio::time::sleep(Duration::from_secs_f64(60.2 - into_minute)).await;
@@ -43,12 +45,18 @@ fn parse_list(header: &str) -> Vec<(String, Vec<(String, u64)>)> {
         .map(|member| {
             let mut parts = member.split(';');
             let name = parts.next().unwrap();
-            assert!(name.starts_with('"') && name.ends_with('"') && name.len() > 2, "quoted name: {member}");
+            assert!(
+                name.starts_with('"') && name.ends_with('"') && name.len() > 2,
+                "quoted name: {member}"
+            );
             let params = parts
                 .map(|p| {
                     let (k, v) = p.split_once('=').unwrap();
                     assert!(k.chars().all(|c| c.is_ascii_lowercase()), "param key: {p}");
-                    (k.to_string(), v.parse::<u64>().unwrap_or_else(|_| panic!("integer param: {p}")))
+                    (
+                        k.to_string(),
+                        v.parse::<u64>().unwrap_or_else(|_| panic!("integer param: {p}")),
+                    )
                 })
                 .collect();
             (name.trim_matches('"').to_string(), params)
@@ -98,8 +106,12 @@ async fn headers_count_down_and_429_names_the_window(limiter: Limiter) {
     let responses = [
         app.get("/v2/network-volumes", &key).await,
         app.get("/v2/network-volumes/missing", &key).await,
-        app.send_json(Method::POST, "/v2/network-volumes", &key, &json!({})).await,
-        app.request(Method::PUT, "/v2/network-volumes", Some(&key)).send().await.unwrap(),
+        app.send_json(Method::POST, "/v2/network-volumes", &key, &json!({}))
+            .await,
+        app.request(Method::PUT, "/v2/network-volumes", Some(&key))
+            .send()
+            .await
+            .unwrap(),
         app.get("/v2/network-volumes", &key).await,
     ];
     let statuses: Vec<u16> = responses.iter().map(|r| r.status().as_u16()).collect();
@@ -108,13 +120,20 @@ async fn headers_count_down_and_429_names_the_window(limiter: Limiter) {
         assert_eq!(header(res, "ratelimit-policy").as_deref(), Some(policy));
         let windows = remaining(res);
         let used = i as u64 + 1;
-        assert_eq!(windows.iter().map(|w| w.0).collect::<Vec<_>>(), [5 - used, 100 - used, 1000 - used]);
+        assert_eq!(
+            windows.iter().map(|w| w.0).collect::<Vec<_>>(),
+            [5 - used, 100 - used, 1000 - used]
+        );
     }
 
     let denied = app.get("/v2/network-volumes", &key).await;
     assert_eq!(header(&denied, "ratelimit-policy").as_deref(), Some(policy));
     let windows = remaining(&denied);
-    assert_eq!(windows.iter().map(|w| w.0).collect::<Vec<_>>(), [0, 95, 995], "a denial consumes nothing");
+    assert_eq!(
+        windows.iter().map(|w| w.0).collect::<Vec<_>>(),
+        [0, 95, 995],
+        "a denial consumes nothing"
+    );
     let retry_after: u64 = header(&denied, "retry-after").unwrap().parse().unwrap();
     assert_eq!(retry_after, windows[0].1, "Retry-After is the minute window's reset");
     let body = problem(denied, 429).await;
@@ -122,7 +141,11 @@ async fn headers_count_down_and_429_names_the_window(limiter: Limiter) {
     assert_eq!(body["detail"], "rate limit exceeded for the minute window");
 
     // Unauthenticated answers carry no limit headers.
-    let anonymous = app.request(Method::GET, "/v2/network-volumes", None).send().await.unwrap();
+    let anonymous = app
+        .request(Method::GET, "/v2/network-volumes", None)
+        .send()
+        .await
+        .unwrap();
     assert!(header(&anonymous, "ratelimit").is_none() && header(&anonymous, "ratelimit-policy").is_none());
 }
 
@@ -135,8 +158,14 @@ async fn the_longest_exceeded_window_decides_retry_after() {
     }
     let denied = app.get("/v2/network-volumes", &key).await;
     let windows = remaining(&denied);
-    assert_eq!(header(&denied, "retry-after").unwrap().parse::<u64>().unwrap(), windows[1].1);
-    assert_eq!(problem(denied, 429).await["detail"], "rate limit exceeded for the hour window");
+    assert_eq!(
+        header(&denied, "retry-after").unwrap().parse::<u64>().unwrap(),
+        windows[1].1
+    );
+    assert_eq!(
+        problem(denied, 429).await["detail"],
+        "rate limit exceeded for the hour window"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -160,7 +189,11 @@ async fn exactly_the_quota_is_admitted_under_a_race(limiter: Limiter) {
     assert_eq!((admitted.len(), denied), (20, 44));
     let mut left: Vec<u64> = admitted.iter().map(|r| remaining(r)[0].0).collect();
     left.sort_unstable();
-    assert_eq!(left, (0..20).collect::<Vec<_>>(), "each admitted request saw its own count");
+    assert_eq!(
+        left,
+        (0..20).collect::<Vec<_>>(),
+        "each admitted request saw its own count"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -195,7 +228,11 @@ async fn per_user_overrides_and_exemptions_from_the_command_line() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     let res = app.get("/v2/network-volumes", &key).await;
     assert_eq!(res.status(), 200, "back on the default minute quota of 5 (3 used)");
-    assert!(header(&res, "ratelimit-policy").unwrap().starts_with(r#""minute";q=5;w=60"#));
+    assert!(
+        header(&res, "ratelimit-policy")
+            .unwrap()
+            .starts_with(r#""minute";q=5;w=60"#)
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

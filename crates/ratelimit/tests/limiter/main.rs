@@ -1,3 +1,4 @@
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 //! Integration tests for both limiters. Redis tests run against private redis-server children.
 
 mod config;
