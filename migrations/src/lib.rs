@@ -3,6 +3,7 @@ pub use sea_orm_migration::prelude::*;
 
 mod m20261121_000001_accounts_and_volumes;
 mod m20261121_000002_user_rate_limits;
+mod m20261121_000003_jobs_and_billing;
 
 pub struct Migrator;
 
@@ -12,6 +13,7 @@ impl MigratorTrait for Migrator {
         vec![
             Box::new(m20261121_000001_accounts_and_volumes::Migration),
             Box::new(m20261121_000002_user_rate_limits::Migration),
+            Box::new(m20261121_000003_jobs_and_billing::Migration),
         ]
     }
 }

@@ -6,9 +6,11 @@ use actix_web::dev::ServerHandle;
 use actix_web::middleware::ErrorHandlers;
 use actix_web::{App, HttpServer, web};
 use gantry_auth::AuthService;
-use gantry_catalog::Catalog;
+use gantry_catalog::{Catalog, ModelCatalog};
+use gantry_dispatch::Dispatcher;
 use gantry_migrations::{Migrator, MigratorTrait};
 use gantry_ratelimit::{RateLimiter, RedisConfig};
+use gantry_scheduler::JobStore;
 use gantry_volumes::VolumeService;
 use sea_orm::{ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend};
 
@@ -24,8 +26,28 @@ pub struct AppState {
     pub catalog: Arc<Catalog>,
     pub body_limit: usize,
     pub limiter: RateLimiter,
+    pub jobs: JobStore,
+    pub models: Arc<ModelCatalog>,
+    /// The in-process scheduler's workers, when this process runs one.
+    pub workers: Option<WorkerCounts>,
     pub(crate) rate_limits: crate::settings::RateLimitSettings,
     pub(crate) openapi: web::Bytes,
+    pub(crate) openapi_public: web::Bytes,
+}
+
+/// Idle and running workers per model, from the in-process dispatcher.
+#[derive(Clone)]
+pub struct WorkerCounts(pub Dispatcher);
+
+impl WorkerCounts {
+    pub fn counts(&self, model: &str) -> (usize, usize) {
+        self.0
+            .health()
+            .models
+            .get(model)
+            .map(|m| (m.idle_workers, m.running_workers))
+            .unwrap_or((0, 0))
+    }
 }
 
 /// Which listener a request came in on; each has its own rate limit policy and counters.
@@ -89,7 +111,9 @@ fn redact(url: &str) -> String {
 }
 
 impl Application {
-    pub async fn build(settings: Settings) -> Result<Self, StartError> {
+    /// Builds the HTTP side. `dispatcher` is the in-process scheduler's, when there is one
+    /// (it only feeds the workers' counts of `/health`).
+    pub async fn build(settings: Settings, dispatcher: Option<Dispatcher>) -> Result<Self, StartError> {
         let catalog = if settings.catalog.data_centers.is_empty() {
             Catalog::default()
         } else {
@@ -111,8 +135,9 @@ impl Application {
                     .map_err(|e| StartError::Config(e.to_string()))?
             }
         };
-        let openapi =
-            serde_json::to_vec(&crate::openapi::openapi_document()).map_err(|e| StartError::Config(e.to_string()))?;
+        let document = |doc| serde_json::to_vec(&doc).map_err(|e| StartError::Config(e.to_string()));
+        let openapi = document(crate::openapi::openapi_document())?;
+        let openapi_public = document(crate::openapi::public_openapi_document())?;
         let state = web::Data::new(AppState {
             auth: Arc::new(AuthService::new(
                 db.clone(),
@@ -122,8 +147,12 @@ impl Application {
             catalog: Arc::new(catalog),
             body_limit: settings.http.body_limit_bytes,
             limiter,
+            jobs: JobStore::new(db.clone(), settings.scheduler.job_config()),
+            models: Arc::new(settings.models.clone()),
+            workers: dispatcher.map(WorkerCounts),
             rate_limits: settings.rate_limits.clone(),
             openapi: openapi.into(),
+            openapi_public: openapi_public.into(),
             db,
         });
         let workers = settings

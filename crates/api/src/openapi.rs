@@ -7,9 +7,9 @@ use utoipa::openapi::path::{Operation, PathItem};
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::{Content, HttpMethod, Ref, RefOr, Response, ResponseBuilder};
 
-use crate::handlers::{catalog, meta, volumes};
+use crate::handlers::{catalog, jobs, meta, volumes};
 use crate::problem::{PROBLEM_JSON, Problem};
-use crate::routes::{Endpoint, management_endpoints};
+use crate::routes::{Endpoint, management_endpoints, public_endpoints};
 
 #[derive(OpenApi)]
 #[openapi(
@@ -25,9 +25,30 @@ use crate::routes::{Endpoint, management_endpoints};
 )]
 struct ApiDoc;
 
-/// The management API's document as JSON.
+#[derive(OpenApi)]
+#[openapi(
+    info(title = "Gantry model endpoints", version = "2.0.0",
+        description = "The public model endpoints of Gantry: run a model synchronously or asynchronously, poll, stream, cancel. Every error is an RFC 9457 problem document."),
+    paths(
+        jobs::run, jobs::runsync, jobs::status, jobs::stream, jobs::cancel, jobs::retry, jobs::purge_queue, jobs::health,
+        meta::openapi, meta::healthz, meta::readyz,
+    ),
+    components(schemas(Problem)),
+    tags((name = "Model endpoints"), (name = "Meta")),
+)]
+struct PublicDoc;
+
+/// The management API's document.
 pub fn openapi_document() -> utoipa::openapi::OpenApi {
-    let mut doc = ApiDoc::openapi();
+    finish(ApiDoc::openapi(), &management_endpoints())
+}
+
+/// The public listener's document.
+pub fn public_openapi_document() -> utoipa::openapi::OpenApi {
+    finish(PublicDoc::openapi(), &public_endpoints())
+}
+
+fn finish(mut doc: utoipa::openapi::OpenApi, endpoints: &[Endpoint]) -> utoipa::openapi::OpenApi {
     let components = doc.components.get_or_insert_with(Default::default);
     components.add_security_scheme(
         "bearerAuth",
@@ -38,9 +59,9 @@ pub fn openapi_document() -> utoipa::openapi::OpenApi {
                 .build(),
         ),
     );
-    for endpoint in management_endpoints() {
-        if let Some(op) = operation(&mut doc.paths.paths.get_mut(endpoint.path), &endpoint) {
-            decorate(op, &endpoint);
+    for endpoint in endpoints {
+        if let Some(op) = operation(&mut doc.paths.paths.get_mut(endpoint.path), endpoint) {
+            decorate(op, endpoint);
         }
     }
     doc
@@ -93,7 +114,7 @@ fn decorate(op: &mut Operation, endpoint: &Endpoint) {
         if endpoint.path.contains('{') {
             add("404", "Not found, or not the caller's.");
         }
-        if matches!(endpoint.method.as_str(), "POST" | "PATCH" | "PUT") {
+        if op.request_body.is_some() {
             add(
                 "400",
                 "Malformed JSON, or a request that conflicts with the resource's rules.",

@@ -44,6 +44,8 @@ pub enum ApiError {
     #[error("request body exceeds the limit of {0} bytes")]
     PayloadTooLarge(usize),
     #[error("{0}")]
+    Conflict(String),
+    #[error("{0}")]
     TooManyRequests(String),
     #[error("{0}")]
     Unavailable(String),
@@ -94,6 +96,7 @@ impl ResponseError for ApiError {
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
             ApiError::Internal => StatusCode::INTERNAL_SERVER_ERROR,

@@ -4,7 +4,7 @@ use actix_web::http::Method;
 use actix_web::middleware::from_fn;
 use actix_web::{Route, web};
 
-use crate::handlers::{catalog, meta, volumes};
+use crate::handlers::{catalog, jobs, meta, volumes};
 use crate::middleware::authenticate;
 use crate::problem::ApiError;
 
@@ -60,6 +60,25 @@ pub fn management_endpoints() -> Vec<Endpoint> {
 
 pub fn public_endpoints() -> Vec<Endpoint> {
     vec![
+        keyed(Method::POST, "/v2/{model_id}/run", || web::post().to(jobs::run)),
+        keyed(Method::POST, "/v2/{model_id}/runsync", || web::post().to(jobs::runsync)),
+        keyed(Method::GET, "/v2/{model_id}/status/{job_id}", || {
+            web::get().to(jobs::status)
+        }),
+        keyed(Method::GET, "/v2/{model_id}/stream/{job_id}", || {
+            web::get().to(jobs::stream)
+        }),
+        keyed(Method::POST, "/v2/{model_id}/cancel/{job_id}", || {
+            web::post().to(jobs::cancel)
+        }),
+        keyed(Method::POST, "/v2/{model_id}/retry/{job_id}", || {
+            web::post().to(jobs::retry)
+        }),
+        keyed(Method::POST, "/v2/{model_id}/purge-queue", || {
+            web::post().to(jobs::purge_queue)
+        }),
+        keyed(Method::GET, "/v2/{model_id}/health", || web::get().to(jobs::health)),
+        open(Method::GET, "/v2/openapi.json", || web::get().to(meta::openapi)),
         open(Method::GET, "/healthz", || web::get().to(meta::healthz)),
         open(Method::GET, "/readyz", || web::get().to(meta::readyz)),
     ]

@@ -2,7 +2,7 @@ use std::path::{Path, PathBuf};
 
 use figment::Figment;
 use figment::providers::{Env, Format, Serialized, Toml};
-use gantry_catalog::DataCenter;
+use gantry_catalog::{DataCenter, ModelCatalog};
 use gantry_ratelimit::{FailMode, Policy};
 use serde::{Deserialize, Serialize};
 
@@ -27,6 +27,9 @@ pub struct Settings {
     pub http: HttpSettings,
     pub rate_limits: RateLimitSettings,
     pub auth: AuthSettings,
+    pub scheduler: SchedulerSettings,
+    /// The models served under `/v2/<model_id>/…` with their billing unit and price.
+    pub models: ModelCatalog,
     pub catalog: CatalogSettings,
 }
 
@@ -45,6 +48,62 @@ pub struct AuthSettings {
     /// How long a verified key is trusted without a fresh lookup. Bounds how
     /// long a revocation made by another process takes to take effect.
     pub cache_ttl_ms: u64,
+}
+
+/// The job layer: the scheduler's gRPC listener for workers, and job policies.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SchedulerSettings {
+    /// Where workers connect (gRPC).
+    pub addr: String,
+    /// HS256 secret worker tokens are signed with. Unset in `serve`: a random one
+    /// per process, which only the bundled workers know. Set it to run external workers.
+    pub worker_secret: Option<String>,
+    /// Models whose bundled worker `gantry serve` runs in-process.
+    pub bundled_workers: Vec<String>,
+    /// Concurrent jobs of each bundled worker.
+    pub bundled_slots: u32,
+    /// Dispatches a job may get before a crash or a lost worker fails it.
+    pub max_attempts: u32,
+    /// Results of `/run` jobs are kept this long after they finish, in seconds.
+    pub async_retention_secs: u64,
+    /// Results of `/runsync` jobs are kept this long after they finish, in seconds.
+    pub sync_retention_secs: u64,
+    /// How long a scheduler holds the jobs it runs without renewing, in milliseconds.
+    pub lease_ms: u64,
+    /// Period of the scheduler's sweeps (timeouts, expiry, lost leases), in milliseconds.
+    pub sweep_interval_ms: u64,
+    /// How often workers heartbeat, in milliseconds; a worker silent for 3 intervals is lost.
+    pub heartbeat_interval_ms: u64,
+}
+
+impl Default for SchedulerSettings {
+    fn default() -> Self {
+        Self {
+            addr: "127.0.0.1:50051".into(),
+            worker_secret: None,
+            bundled_workers: vec!["gantry-echo".into()],
+            bundled_slots: 16,
+            max_attempts: 3,
+            async_retention_secs: 30 * 60,
+            sync_retention_secs: 60,
+            lease_ms: 30_000,
+            sweep_interval_ms: 1_000,
+            heartbeat_interval_ms: 5_000,
+        }
+    }
+}
+
+impl SchedulerSettings {
+    pub fn job_config(&self) -> gantry_scheduler::SchedulerConfig {
+        let mut config = gantry_scheduler::SchedulerConfig::default();
+        config.max_attempts = self.max_attempts.max(1);
+        config.async_retention = std::time::Duration::from_secs(self.async_retention_secs);
+        config.sync_retention = std::time::Duration::from_secs(self.sync_retention_secs);
+        config.lease = std::time::Duration::from_millis(self.lease_ms.max(100));
+        config.sweep_interval = std::time::Duration::from_millis(self.sweep_interval_ms.max(10));
+        config
+    }
 }
 
 /// Per-user request quotas. Users can be given their own with `gantry users set-limits`.
@@ -93,6 +152,8 @@ impl Default for Settings {
             log: "info".into(),
             http: HttpSettings::default(),
             rate_limits: RateLimitSettings::default(),
+            scheduler: SchedulerSettings::default(),
+            models: ModelCatalog::default(),
             auth: AuthSettings::default(),
             catalog: CatalogSettings::default(),
         }

@@ -2,8 +2,10 @@
 //! resource availability). It comes from configuration, with a built-in default set.
 mod datacenter;
 mod defaults;
+mod models;
 
 pub use datacenter::{
     AvailabilityLevel, Catalog, Compliance, DataCenter, DataCenterFilter, DataCenterInclude, DataCenterRegion,
     DataCenterView, ResourceAvailability, TierError, VolumeType,
 };
+pub use models::{ModelCatalog, ModelKind, ModelSpec, Price};

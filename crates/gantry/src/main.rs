@@ -3,8 +3,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
+use gantry::{Platform, SchedulerRole, Workers};
 use gantry_api::{Application, Settings, connect_database};
 use gantry_auth::{AuthError, AuthService, ScopeSet, UserLimits, parse_duration};
+use gantry_worker::Credentials;
 
 #[derive(Parser)]
 #[command(name = "gantry", version, about = "A self-hostable GPU inference platform")]
@@ -18,8 +20,27 @@ struct Cli {
 
 #[derive(Subcommand)]
 enum Command {
-    /// Run the whole platform in one process.
+    /// Run the whole platform in one process: both HTTP listeners, the scheduler and the bundled workers.
     Serve,
+    /// Run only the HTTP listeners (management API and public endpoints); jobs are run by `gantry scheduler`.
+    Api,
+    /// Run only the scheduler: it claims jobs from the database and dispatches them to workers over gRPC.
+    Scheduler,
+    /// Run one worker that connects to a scheduler.
+    Worker {
+        /// The model to serve (a worker crate built into this binary).
+        #[arg(long)]
+        model: String,
+        /// The scheduler's gRPC URL.
+        #[arg(long, default_value = "http://127.0.0.1:50051")]
+        scheduler: String,
+        /// Concurrent jobs.
+        #[arg(long, default_value_t = 4)]
+        slots: u32,
+        /// The worker's id (default: model, host name and process id).
+        #[arg(long)]
+        id: Option<String>,
+    },
     /// Apply pending database migrations and exit.
     Migrate,
     /// Manage users.
@@ -127,6 +148,14 @@ type CliResult = Result<(), Box<dyn std::error::Error>>;
 async fn run(command: Command, settings: Settings) -> CliResult {
     match command {
         Command::Serve => serve(settings).await,
+        Command::Api => api(settings).await,
+        Command::Scheduler => scheduler(settings).await,
+        Command::Worker {
+            model,
+            scheduler,
+            slots,
+            id,
+        } => worker(settings, model, scheduler, slots, id).await,
         Command::Migrate => {
             connect_database(&settings).await?;
             eprintln!("migrations applied");
@@ -146,24 +175,82 @@ async fn auth_service(settings: &Settings) -> Result<AuthService, Box<dyn std::e
 }
 
 async fn serve(settings: Settings) -> CliResult {
-    let app = Application::build(settings).await?;
+    let Platform {
+        app,
+        scheduler,
+        workers,
+    } = Platform::start(settings).await?;
     bootstrap_admin(&app.state().auth).await?;
     // Listen for signals before announcing readiness, so an early SIGTERM is graceful too.
     let signal = shutdown_signal()?;
-    let handles = app.handles();
-    tokio::spawn(async move {
-        signal.await;
-        tracing::info!("shutting down: finishing in-flight requests");
-        for handle in handles {
-            handle.stop(true).await;
-        }
-    });
     tracing::info!(
         management = %app.management_addr(),
         public = %app.public_addr(),
+        scheduler = %scheduler.addr,
         "gantry is serving"
     );
-    app.run_until_stopped().await?;
+    serve_until(app, signal).await?;
+    workers.shutdown().await;
+    scheduler.shutdown().await;
+    Ok(())
+}
+
+/// Runs the HTTP listeners until a signal, then lets in-flight requests finish.
+async fn serve_until(app: Application, signal: impl std::future::Future<Output = ()>) -> CliResult {
+    let handles = app.handles();
+    let mut servers = tokio::spawn(app.run_until_stopped());
+    tokio::select! {
+        _ = signal => {
+            tracing::info!("shutting down: finishing in-flight requests");
+            for handle in handles {
+                handle.stop(true).await;
+            }
+            servers.await??;
+        }
+        result = &mut servers => result??,
+    }
+    Ok(())
+}
+
+async fn api(settings: Settings) -> CliResult {
+    let app = Application::build(settings, None).await?;
+    bootstrap_admin(&app.state().auth).await?;
+    let signal = shutdown_signal()?;
+    tracing::info!(management = %app.management_addr(), public = %app.public_addr(), "gantry api is serving");
+    serve_until(app, signal).await
+}
+
+async fn scheduler(settings: Settings) -> CliResult {
+    if settings.scheduler.worker_secret.as_deref().is_none_or(str::is_empty) {
+        return Err(
+            "set scheduler.worker_secret (GANTRY_SCHEDULER__WORKER_SECRET): workers sign their tokens with it".into(),
+        );
+    }
+    let db = connect_database(&settings).await?;
+    let store = gantry_scheduler::JobStore::new(db, settings.scheduler.job_config());
+    let secret = gantry::worker_secret(&settings);
+    let dispatcher = SchedulerRole::dispatcher(&settings, &secret);
+    let role = SchedulerRole::start(&settings, store, dispatcher, secret).await?;
+    shutdown_signal()?.await;
+    tracing::info!("shutting down the scheduler");
+    role.shutdown().await;
+    Ok(())
+}
+
+async fn worker(settings: Settings, model: String, scheduler: String, slots: u32, id: Option<String>) -> CliResult {
+    let secret = match settings.scheduler.worker_secret.as_deref() {
+        Some(secret) if !secret.is_empty() => secret.as_bytes().to_vec(),
+        _ => return Err("set scheduler.worker_secret (GANTRY_SCHEDULER__WORKER_SECRET) to the scheduler's".into()),
+    };
+    let id = id.unwrap_or_else(|| format!("{model}-{}", std::process::id()));
+    let mut config = gantry::worker_config(&scheduler, &id, Credentials::Secret(secret), &settings);
+    config.slots = slots.max(1);
+    let mut workers = Workers::new();
+    workers.start(&model, config)?;
+    tracing::info!(%model, %scheduler, worker = %id, slots, "worker started");
+    shutdown_signal()?.await;
+    tracing::info!("draining: finishing running jobs, taking no new ones");
+    workers.shutdown().await;
     Ok(())
 }
 

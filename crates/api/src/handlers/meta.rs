@@ -1,16 +1,18 @@
 use actix_web::{HttpResponse, web};
 use serde_json::json;
 
-use crate::app::AppState;
+use crate::app::{AppState, Surface};
 use crate::problem::ApiError;
 
 #[utoipa::path(get, path = "/v2/openapi.json", operation_id = "getOpenApiDocument", tag = "Meta",
     description = "This document.", security(()),
     responses((status = 200, description = "The OpenAPI 3.1 document", content_type = "application/json")))]
-pub async fn openapi(state: web::Data<AppState>) -> HttpResponse {
-    HttpResponse::Ok()
-        .content_type("application/json")
-        .body(state.openapi.clone())
+pub async fn openapi(state: web::Data<AppState>, req: actix_web::HttpRequest) -> HttpResponse {
+    let document = match req.app_data::<Surface>() {
+        Some(Surface::Public) => state.openapi_public.clone(),
+        _ => state.openapi.clone(),
+    };
+    HttpResponse::Ok().content_type("application/json").body(document)
 }
 
 #[utoipa::path(get, path = "/healthz", operation_id = "healthz", tag = "Meta",

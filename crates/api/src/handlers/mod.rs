@@ -1,3 +1,4 @@
 pub mod catalog;
+pub mod jobs;
 pub mod meta;
 pub mod volumes;

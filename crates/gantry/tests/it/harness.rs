@@ -1,7 +1,8 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use gantry_api::{Application, Settings};
+use gantry::Platform;
+use gantry_api::Settings;
 use gantry_auth::{AuthService, ScopeSet};
 use gantry_testkit::PgDatabase;
 use reqwest::{Client, Method, RequestBuilder, Response};
@@ -36,6 +37,8 @@ pub struct TestApp {
     pub auth: Arc<AuthService>,
     pub database_url: String,
     pub settings: Settings,
+    _scheduler: gantry::SchedulerRole,
+    _workers: gantry::Workers,
     handles: Vec<gantry_api::ServerHandle>,
     _database: Option<PgDatabase>,
     _dir: tempfile::TempDir,
@@ -63,14 +66,23 @@ impl TestApp {
             ..Settings::default()
         };
         settings.http.workers = Some(1);
+        settings.scheduler.addr = "127.0.0.1:0".into();
+        settings.scheduler.heartbeat_interval_ms = 200;
+        settings.scheduler.sweep_interval_ms = 100;
         tweak(&mut settings);
-        let app = Application::build(settings.clone()).await.expect("application starts");
+        let Platform {
+            app,
+            scheduler,
+            workers,
+        } = Platform::start(settings.clone()).await.expect("platform starts");
         let base = format!("http://{}", app.management_addr());
         let public_base = format!("http://{}", app.public_addr());
         let auth = app.state().auth.clone();
         let handles = app.handles();
         tokio::spawn(app.run_until_stopped());
         TestApp {
+            _scheduler: scheduler,
+            _workers: workers,
             base,
             public_base,
             client: Client::builder()

@@ -7,6 +7,7 @@ mod auth;
 mod catalog;
 mod cli;
 mod errors;
+mod jobs;
 mod openapi;
 mod ratelimits;
 mod volumes;

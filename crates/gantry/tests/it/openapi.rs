@@ -93,3 +93,37 @@ async fn the_document_describes_exactly_the_routes_that_exist() {
         "#/components/schemas/ErrorResponse"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_public_listener_documents_its_own_routes() {
+    let app = TestApp::spawn(Backend::Sqlite).await;
+    let doc: Value = app
+        .client
+        .get(format!("{}/v2/openapi.json", app.public_base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let mut documented = BTreeSet::new();
+    for (path, item) in doc["paths"].as_object().unwrap() {
+        for method in item.as_object().unwrap().keys() {
+            if ["get", "post", "put", "patch", "delete"].contains(&method.as_str()) {
+                documented.insert((method.to_uppercase(), path.clone()));
+            }
+        }
+    }
+    let registered: BTreeSet<(String, String)> = gantry_api::public_endpoints()
+        .iter()
+        .map(|e| (e.method.to_string(), e.path.to_string()))
+        .collect();
+    assert_eq!(registered, documented);
+    let run = &doc["paths"]["/v2/{model_id}/run"]["post"];
+    for status in ["401", "403", "404", "413", "422", "429"] {
+        assert!(run["responses"].get(status).is_some(), "run documents {status}");
+    }
+    assert!(run["responses"]["429"]["headers"].get("Retry-After").is_some());
+    let cancel = &doc["paths"]["/v2/{model_id}/cancel/{job_id}"]["post"];
+    assert!(cancel["responses"].get("413").is_none(), "no body, no body errors");
+}

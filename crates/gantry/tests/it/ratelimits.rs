@@ -286,3 +286,40 @@ async fn a_redis_outage_fails_closed_when_configured() {
     }
     assert!(recovered, "serving resumes when Redis is back");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn public_endpoints_have_their_own_policy_and_counters() {
+    let app = TestApp::spawn_with(Backend::Sqlite, |s| {
+        s.rate_limits.management = Policy::new(50, 1000, 1000);
+        s.rate_limits.public = Policy::new(2, 1000, 1000);
+    })
+    .await;
+    let (_, key) = app.user_with_key("all").await;
+    away_from_minute_edge().await;
+    let run = || {
+        app.client
+            .post(format!("{}/v2/gantry-echo/run", app.public_base))
+            .bearer_auth(&key)
+            .json(&json!({"input": {}}))
+            .send()
+    };
+    let first = run().await.unwrap();
+    assert_eq!(first.status(), 200);
+    assert_eq!(
+        header(&first, "ratelimit-policy").as_deref(),
+        Some(r#""minute";q=2;w=60, "hour";q=1000;w=3600, "day";q=1000;w=86400"#)
+    );
+    assert_eq!(remaining(&first)[0].0, 1);
+    assert_eq!(run().await.unwrap().status(), 200);
+    let denied = run().await.unwrap();
+    assert!(header(&denied, "retry-after").is_some());
+    assert_eq!(
+        problem(denied, 429).await["detail"],
+        "rate limit exceeded for the minute window"
+    );
+
+    // The management API counts separately, under its own policy.
+    let managed = app.get("/v2/network-volumes", &key).await;
+    assert_eq!(managed.status(), 200);
+    assert_eq!(remaining(&managed)[0].0, 49);
+}

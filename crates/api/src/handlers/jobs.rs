@@ -1,0 +1,332 @@
+//! The public model endpoints: `/v2/{model_id}/run`, `/runsync`, status, stream,
+//! cancel, retry, purge-queue and health.
+use std::time::Duration;
+
+use actix_web::{HttpRequest, HttpResponse, web};
+use gantry_auth::Scope;
+use gantry_catalog::ModelSpec;
+use gantry_scheduler::{JobError, JobPolicy, JobStatus, JobView, Mode, NewJob};
+use serde::Serialize;
+use serde_json::{Value, json};
+use utoipa::ToSchema;
+
+use crate::app::AppState;
+use crate::body::{ObjectValidator, read_json};
+use crate::middleware::Caller;
+use crate::problem::ApiError;
+
+/// Largest `/run` request body.
+pub const RUN_BODY_LIMIT: usize = 10 * 1024 * 1024;
+/// Largest `/runsync` request body.
+pub const RUNSYNC_BODY_LIMIT: usize = 20 * 1024 * 1024;
+const WAIT_DEFAULT_MS: u64 = 90_000;
+const WAIT_RANGE_MS: std::ops::RangeInclusive<u64> = 1_000..=300_000;
+
+impl From<JobError> for ApiError {
+    fn from(err: JobError) -> Self {
+        match err {
+            JobError::NotFound => ApiError::NotFound("job not found".into()),
+            JobError::Invalid(message) => ApiError::Unprocessable(vec![message]),
+            JobError::NotRetryable(_) => ApiError::Conflict(err.to_string()),
+            JobError::Database(db) => ApiError::internal("job storage failed", &db),
+        }
+    }
+}
+
+/// `{id, status}`: what `/run` answers, and `/runsync` when the job is not done in time.
+#[derive(Serialize, ToSchema)]
+pub struct JobRef {
+    pub id: String,
+    #[schema(value_type = String, example = "IN_QUEUE")]
+    pub status: JobStatus,
+}
+
+/// A job request as documented; validation is field by field.
+#[derive(ToSchema)]
+#[schema(as = RunRequest)]
+#[allow(dead_code)]
+pub struct RunRequest {
+    /// The model's input (a JSON object).
+    input: Object,
+    /// http(s) URL that receives the final job as a POST.
+    webhook: Option<String>,
+    policy: Option<RunPolicy>,
+}
+
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct Object {}
+
+/// Per-job policy.
+#[derive(ToSchema)]
+#[allow(dead_code)]
+struct RunPolicy {
+    /// Longest the job may run, in ms (default 600000).
+    #[schema(rename = "executionTimeout", minimum = 1)]
+    execution_timeout: Option<u64>,
+    /// Longest the job may live, queue plus run, in ms (default 24 h).
+    #[schema(minimum = 1)]
+    ttl: Option<u64>,
+    /// Dispatch after the jobs without it.
+    #[schema(rename = "lowPriority")]
+    low_priority: Option<bool>,
+}
+
+/// A job: `output` when COMPLETED, `error` when FAILED or TIMED_OUT.
+#[derive(ToSchema)]
+#[schema(as = Job)]
+#[allow(dead_code)]
+pub struct JobDoc {
+    id: String,
+    #[schema(example = "COMPLETED")]
+    status: String,
+    /// Time in the queue, ms.
+    #[schema(rename = "delayTime")]
+    delay_time: u64,
+    /// Run time, ms.
+    #[schema(rename = "executionTime")]
+    execution_time: u64,
+    #[schema(rename = "workerId")]
+    worker_id: Option<String>,
+    /// The model's output, with `cost` (USD) added by the platform.
+    output: Option<Object>,
+    error: Option<String>,
+}
+
+fn model<'a>(state: &'a AppState, caller: &Caller, model_id: &str) -> Result<&'a ModelSpec, ApiError> {
+    caller.require(Scope::EndpointsRun)?;
+    state
+        .models
+        .get(model_id)
+        .ok_or_else(|| ApiError::NotFound(format!("model '{model_id}' not found")))
+}
+
+/// Validates a run request; every failure at once.
+fn new_job(body: &Value) -> Result<NewJob, ApiError> {
+    let mut v = ObjectValidator::root(body)?;
+    v.only(&["input", "webhook", "policy"]);
+    let input = match body.get("input") {
+        Some(Value::Object(_)) => body.get("input").cloned(),
+        Some(_) => {
+            v.fail("input", "must be a JSON object");
+            None
+        }
+        None => {
+            v.fail("input", "required property is missing");
+            None
+        }
+    };
+    let webhook = v.string("webhook", false).map(str::to_string);
+    if let Some(url) = &webhook {
+        let scheme_ok = url.starts_with("http://") || url.starts_with("https://");
+        let has_host = url
+            .split_once("://")
+            .is_some_and(|(_, rest)| !rest.is_empty() && !rest.starts_with('/'));
+        if !(scheme_ok && has_host) {
+            v.fail("webhook", "must be an http or https URL");
+        }
+    }
+    let mut policy = JobPolicy::default();
+    match body.get("policy") {
+        None => {}
+        Some(Value::Object(fields)) => {
+            for key in fields.keys() {
+                if !["executionTimeout", "ttl", "lowPriority"].contains(&key.as_str()) {
+                    v.fail(&format!("policy.{key}"), "unknown property");
+                }
+            }
+            let positive = |v: &mut ObjectValidator, name: &str| match fields.get(name) {
+                None => None,
+                Some(value) => match value.as_u64() {
+                    Some(n) if n >= 1 => Some(n),
+                    _ => {
+                        v.fail(&format!("policy.{name}"), "must be a positive integer (milliseconds)");
+                        None
+                    }
+                },
+            };
+            policy.execution_timeout_ms = positive(&mut v, "executionTimeout");
+            policy.ttl_ms = positive(&mut v, "ttl");
+            match fields.get("lowPriority") {
+                None => {}
+                Some(Value::Bool(b)) => policy.low_priority = *b,
+                Some(_) => v.fail("policy.lowPriority", "must be a boolean"),
+            }
+        }
+        Some(_) => v.fail("policy", "must be a JSON object"),
+    }
+    v.finish()?;
+    Ok(NewJob {
+        input: input.unwrap_or_default(),
+        webhook,
+        policy,
+    })
+}
+
+fn wait_param(req: &HttpRequest) -> Result<Duration, ApiError> {
+    let pairs: Vec<(String, String)> = serde_urlencoded::from_str(req.query_string())
+        .map_err(|e| ApiError::bad_request(format!("query string could not be parsed: {e}")))?;
+    let mut wait = WAIT_DEFAULT_MS;
+    for (key, value) in pairs {
+        match (key.as_str(), value.parse::<u64>()) {
+            ("wait", Ok(ms)) if WAIT_RANGE_MS.contains(&ms) => wait = ms,
+            ("wait", _) => {
+                return Err(ApiError::BadRequest {
+                    detail: "invalid query parameters".into(),
+                    errors: vec![format!("wait: must be an integer from 1000 to 300000 (got '{value}')")],
+                });
+            }
+            (other, _) => {
+                return Err(ApiError::BadRequest {
+                    detail: "invalid query parameters".into(),
+                    errors: vec![format!("{other}: unknown query parameter (supported: wait)")],
+                });
+            }
+        }
+    }
+    Ok(Duration::from_millis(wait))
+}
+
+fn job_ref(view: &JobView) -> HttpResponse {
+    HttpResponse::Ok().json(JobRef {
+        id: view.id.clone(),
+        status: view.status,
+    })
+}
+
+#[utoipa::path(post, path = "/v2/{model_id}/run", operation_id = "run", tag = "Model endpoints",
+    description = "Queues a job and answers at once with its id. Requires `endpoints:run`. Bodies over 10 MB: 413.",
+    params(("model_id" = String, Path, description = "Model identifier", example = "gantry-echo")),
+    request_body = RunRequest,
+    responses((status = 200, description = "Queued", body = JobRef)))]
+pub async fn run(
+    state: web::Data<AppState>,
+    caller: Caller,
+    path: web::Path<String>,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let spec = model(&state, &caller, &path)?;
+    let body = read_json(&req, payload, RUN_BODY_LIMIT).await?;
+    let job = new_job(&body)?;
+    let view = state.jobs.submit(caller.user_id(), spec, job, Mode::Async).await?;
+    Ok(job_ref(&view))
+}
+
+#[utoipa::path(post, path = "/v2/{model_id}/runsync", operation_id = "runSync", tag = "Model endpoints",
+    description = "Runs a job and waits for it, up to `wait` ms (default 90000, 1000 to 300000). A finished job is returned whole; otherwise `{id, status}` to poll. Requires `endpoints:run`. Bodies over 20 MB: 413.",
+    params(("model_id" = String, Path, description = "Model identifier", example = "gantry-echo"),
+        ("wait" = Option<u64>, Query, description = "Longest wait in ms, 1000 to 300000")),
+    request_body = RunRequest,
+    responses((status = 200, description = "The finished job, or `{id, status}`", body = JobDoc)))]
+pub async fn runsync(
+    state: web::Data<AppState>,
+    caller: Caller,
+    path: web::Path<String>,
+    req: HttpRequest,
+    payload: web::Payload,
+) -> Result<HttpResponse, ApiError> {
+    let spec = model(&state, &caller, &path)?;
+    let wait = wait_param(&req)?;
+    let body = read_json(&req, payload, RUNSYNC_BODY_LIMIT).await?;
+    let job = new_job(&body)?;
+    let user = caller.user_id();
+    let queued = state.jobs.submit(user, spec, job, Mode::Sync).await?;
+    let view = state.jobs.wait(user, &spec.id, &queued.id, wait).await?;
+    if view.status.is_final() {
+        Ok(HttpResponse::Ok().json(view))
+    } else {
+        Ok(job_ref(&view))
+    }
+}
+
+#[utoipa::path(get, path = "/v2/{model_id}/status/{job_id}", operation_id = "status", tag = "Model endpoints",
+    description = "The job as it is now. Requires `endpoints:run`.",
+    params(("model_id" = String, Path), ("job_id" = String, Path)),
+    responses((status = 200, description = "The job", body = JobDoc)))]
+pub async fn status(
+    state: web::Data<AppState>,
+    caller: Caller,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, ApiError> {
+    let (model_id, job_id) = path.into_inner();
+    model(&state, &caller, &model_id)?;
+    Ok(HttpResponse::Ok().json(state.jobs.get(caller.user_id(), &model_id, &job_id).await?))
+}
+
+#[utoipa::path(get, path = "/v2/{model_id}/stream/{job_id}", operation_id = "stream", tag = "Model endpoints",
+    description = "The job's status and the stream chunks not read before, in order: `{status, stream: [{output}]}`. Requires `endpoints:run`.",
+    params(("model_id" = String, Path), ("job_id" = String, Path)),
+    responses((status = 200, description = "Status and unread chunks")))]
+pub async fn stream(
+    state: web::Data<AppState>,
+    caller: Caller,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, ApiError> {
+    let (model_id, job_id) = path.into_inner();
+    model(&state, &caller, &model_id)?;
+    let view = state.jobs.read_stream(caller.user_id(), &model_id, &job_id).await?;
+    let stream: Vec<Value> = view
+        .chunks
+        .into_iter()
+        .map(|output| json!({ "output": output }))
+        .collect();
+    Ok(HttpResponse::Ok().json(json!({ "status": view.status, "stream": stream })))
+}
+
+#[utoipa::path(post, path = "/v2/{model_id}/cancel/{job_id}", operation_id = "cancel", tag = "Model endpoints",
+    description = "Cancels a queued or running job; a finished job is returned unchanged. Requires `endpoints:run`.",
+    params(("model_id" = String, Path), ("job_id" = String, Path)),
+    responses((status = 200, description = "`{id, status}`", body = JobRef)))]
+pub async fn cancel(
+    state: web::Data<AppState>,
+    caller: Caller,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, ApiError> {
+    let (model_id, job_id) = path.into_inner();
+    model(&state, &caller, &model_id)?;
+    Ok(job_ref(&state.jobs.cancel(caller.user_id(), &model_id, &job_id).await?))
+}
+
+#[utoipa::path(post, path = "/v2/{model_id}/retry/{job_id}", operation_id = "retry", tag = "Model endpoints",
+    description = "Queues a FAILED or TIMED_OUT job again, with the same id and input; other states: 409. Requires `endpoints:run`.",
+    params(("model_id" = String, Path), ("job_id" = String, Path)),
+    responses((status = 200, description = "`{id, status}`", body = JobRef)))]
+pub async fn retry(
+    state: web::Data<AppState>,
+    caller: Caller,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, ApiError> {
+    let (model_id, job_id) = path.into_inner();
+    model(&state, &caller, &model_id)?;
+    Ok(job_ref(&state.jobs.retry(caller.user_id(), &model_id, &job_id).await?))
+}
+
+#[utoipa::path(post, path = "/v2/{model_id}/purge-queue", operation_id = "purgeQueue", tag = "Model endpoints",
+    description = "Removes the caller's queued jobs of this model: `{removed, status}`. Requires `endpoints:run`.",
+    params(("model_id" = String, Path)),
+    responses((status = 200, description = "How many were removed")))]
+pub async fn purge_queue(
+    state: web::Data<AppState>,
+    caller: Caller,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    model(&state, &caller, &path)?;
+    let removed = state.jobs.purge_queue(caller.user_id(), &path).await?;
+    Ok(HttpResponse::Ok().json(json!({ "removed": removed, "status": "completed" })))
+}
+
+#[utoipa::path(get, path = "/v2/{model_id}/health", operation_id = "health", tag = "Model endpoints",
+    description = "Job counts of the model and its workers: `{jobs: {completed, failed, inProgress, inQueue, retried}, workers: {idle, running}}`. Requires `endpoints:run`.",
+    params(("model_id" = String, Path)),
+    responses((status = 200, description = "Counts")))]
+pub async fn health(
+    state: web::Data<AppState>,
+    caller: Caller,
+    path: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    model(&state, &caller, &path)?;
+    let jobs = state.jobs.health(&path).await?;
+    let (idle, running) = state.workers.as_ref().map(|w| w.counts(&path)).unwrap_or((0, 0));
+    Ok(HttpResponse::Ok().json(json!({ "jobs": jobs, "workers": { "idle": idle, "running": running } })))
+}

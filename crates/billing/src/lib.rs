@@ -1,0 +1,299 @@
+//! Billing: usage to cost, and the ledger.
+//!
+//! Money is exact: amounts are integer micro-dollars (`i64`, 1 USD =
+//! 1 000 000), quantities are integer millionths of a unit (as workers report
+//! them), and prices are integer micro-dollars per integer number of units
+//! ([`Price`]). The only float is [`usd`], for rendering.
+//!
+//! A charge is a row of `ledger_entries`, unique on the job id, so charging a
+//! job twice is impossible. [`record_charges`] takes any connection, so the
+//! scheduler writes the charge in the same transaction as the job's
+//! completion.
+mod entity;
+
+use gantry_catalog::{ModelSpec, Price};
+use rand::RngExt;
+use sea_orm::sea_query::{Expr, OnConflict, Query};
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
+};
+use serde::Serialize;
+
+use entity::{Column, Entity};
+
+/// Micro-units in one whole unit (of money or of usage).
+pub const MICROS: i64 = 1_000_000;
+
+/// Why a usage has no cost.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum CostError {
+    #[error("usage reported in {got:?}, but model {model:?} bills in {expected:?}")]
+    UnitMismatch {
+        model: String,
+        expected: String,
+        got: String,
+    },
+    #[error("usage quantity must not be negative (got {0} micro-units)")]
+    NegativeQuantity(i64),
+    #[error("cost does not fit in 64 bits")]
+    Overflow,
+}
+
+/// The cost in micro-USD of `quantity_micros` millionths of `unit` on `model`.
+///
+/// Exactly `quantity_micros × price.micro_usd / (price.per × 10⁶)`, rounded
+/// half up to a whole micro-dollar (0.5 µUSD and above round up, below round
+/// down). Computed in 128 bits, so only a result beyond `i64::MAX` overflows.
+pub fn cost(quantity_micros: i64, unit: &str, model: &ModelSpec) -> Result<i64, CostError> {
+    if unit != model.unit {
+        return Err(CostError::UnitMismatch {
+            model: model.id.clone(),
+            expected: model.unit.clone(),
+            got: unit.to_string(),
+        });
+    }
+    if quantity_micros < 0 {
+        return Err(CostError::NegativeQuantity(quantity_micros));
+    }
+    price_of(quantity_micros, model.price)
+}
+
+fn price_of(quantity_micros: i64, price: Price) -> Result<i64, CostError> {
+    let numerator = i128::from(quantity_micros) * i128::from(price.micro_usd());
+    // `per` ≥ 1, so the denominator is a positive even number.
+    let denominator = i128::from(price.per()) * i128::from(MICROS);
+    let rounded = (numerator + denominator / 2) / denominator;
+    i64::try_from(rounded).map_err(|_| CostError::Overflow)
+}
+
+/// Micro-USD as a USD float, for display only (e.g. `output.cost`).
+pub fn usd(micro_usd: i64) -> f64 {
+    micro_usd as f64 / MICROS as f64
+}
+
+/// One job's charge.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Charge {
+    pub user_id: String,
+    pub job_id: String,
+    pub model: String,
+    pub unit: String,
+    pub quantity_micros: i64,
+    pub amount_micro_usd: i64,
+}
+
+/// Writes `charges` at `at_ms` (Unix ms) in one statement; a job already
+/// charged is skipped. Returns how many were written. Pass a transaction to
+/// commit the charges together with whatever else it holds.
+pub async fn record_charges<C: ConnectionTrait>(db: &C, charges: &[Charge], at_ms: i64) -> Result<u64, DbErr> {
+    if charges.is_empty() {
+        return Ok(0);
+    }
+    let mut insert = Query::insert();
+    insert.into_table(Entity).columns([
+        Column::Id,
+        Column::UserId,
+        Column::JobId,
+        Column::Model,
+        Column::Unit,
+        Column::QuantityMicros,
+        Column::AmountMicroUsd,
+        Column::CreatedAt,
+    ]);
+    for charge in charges {
+        insert
+            .values([
+                new_entry_id().into(),
+                charge.user_id.clone().into(),
+                charge.job_id.clone().into(),
+                charge.model.clone().into(),
+                charge.unit.clone().into(),
+                charge.quantity_micros.into(),
+                charge.amount_micro_usd.into(),
+                at_ms.into(),
+            ])
+            .map_err(|e| DbErr::Custom(e.to_string()))?;
+    }
+    insert.on_conflict(OnConflict::column(Column::JobId).do_nothing().to_owned());
+    Ok(db.execute(&insert).await?.rows_affected())
+}
+
+/// A ledger entry, as the billing history shows it.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "camelCase")]
+pub struct LedgerEntry {
+    pub id: String,
+    pub job_id: String,
+    pub model: String,
+    pub unit: String,
+    pub quantity_micros: i64,
+    pub amount_micro_usd: i64,
+    /// Unix milliseconds.
+    pub created_at: i64,
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum BillingError {
+    #[error(transparent)]
+    Database(#[from] DbErr),
+}
+
+/// Read side of the ledger, scoped to one user.
+#[derive(Clone)]
+pub struct Ledger {
+    db: DatabaseConnection,
+}
+
+impl Ledger {
+    pub fn new(db: DatabaseConnection) -> Self {
+        Self { db }
+    }
+
+    /// `user`'s charges with `from_ms ≤ created_at < to_ms`, oldest first.
+    pub async fn charges(&self, user: &str, from_ms: i64, to_ms: i64) -> Result<Vec<LedgerEntry>, BillingError> {
+        let rows = Entity::find()
+            .filter(Column::UserId.eq(user))
+            .filter(Column::CreatedAt.gte(from_ms))
+            .filter(Column::CreatedAt.lt(to_ms))
+            .order_by_asc(Column::CreatedAt)
+            .order_by_asc(Column::JobId)
+            .all(&self.db)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|row| LedgerEntry {
+                id: row.id,
+                job_id: row.job_id,
+                model: row.model,
+                unit: row.unit,
+                quantity_micros: row.quantity_micros,
+                amount_micro_usd: row.amount_micro_usd,
+                created_at: row.created_at,
+            })
+            .collect())
+    }
+
+    /// Sum in micro-USD of `user`'s charges with `from_ms ≤ created_at < to_ms`.
+    pub async fn total(&self, user: &str, from_ms: i64, to_ms: i64) -> Result<i64, BillingError> {
+        let total: Option<i64> = Entity::find()
+            .select_only()
+            .expr_as(
+                Expr::cust("CAST(COALESCE(SUM(amount_micro_usd), 0) AS BIGINT)"),
+                "total",
+            )
+            .filter(Column::UserId.eq(user))
+            .filter(Column::CreatedAt.gte(from_ms))
+            .filter(Column::CreatedAt.lt(to_ms))
+            .into_tuple()
+            .one(&self.db)
+            .await?;
+        Ok(total.unwrap_or(0))
+    }
+}
+
+/// `le_` and 20 lowercase base-36 characters.
+fn new_entry_id() -> String {
+    const ALPHABET: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyz";
+    let mut rng = rand::rng();
+    let tail: String = (0..20)
+        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
+        .collect();
+    format!("le_{tail}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use gantry_catalog::{ModelCatalog, ModelKind};
+
+    fn model(id: &str) -> ModelSpec {
+        ModelCatalog::default().get(id).unwrap().clone()
+    }
+
+    #[test]
+    fn prices_are_exact() {
+        // 1 MP on flux-dev (0.02 USD/MP) and flux-schnell (0.0024 USD/MP).
+        assert_eq!(cost(1_000_000, "megapixels", &model("flux-dev")), Ok(20_000));
+        assert_eq!(cost(1_000_000, "megapixels", &model("flux-schnell")), Ok(2_400));
+        // 1024×1024 = 1.048576 MP × 0.02 = 0.02097152 USD -> 20971.52 µUSD -> 20972.
+        assert_eq!(cost(1_048_576, "megapixels", &model("flux-dev")), Ok(20_972));
+        // 5 s of video = 0.50 USD; 1 s = 0.10 USD.
+        assert_eq!(cost(5_000_000, "seconds", &model("wan-video")), Ok(500_000));
+        assert_eq!(cost(1_000_000, "seconds", &model("wan-video")), Ok(100_000));
+        // 1000 characters = 0.05 USD; 1 character = 50 µUSD.
+        assert_eq!(cost(1_000_000_000, "characters", &model("kokoro-tts")), Ok(50_000));
+        assert_eq!(cost(1_000_000, "characters", &model("kokoro-tts")), Ok(50));
+        // 1M tokens = 10 USD; 1 token = 10 µUSD.
+        assert_eq!(cost(1_000_000_000_000, "tokens", &model("qwen-text")), Ok(10_000_000));
+        assert_eq!(cost(1_000_000, "tokens", &model("qwen-text")), Ok(10));
+        // Echo: 0.00001 USD per request.
+        assert_eq!(cost(1_000_000, "requests", &model("gantry-echo")), Ok(10));
+        assert_eq!(cost(0, "requests", &model("gantry-echo")), Ok(0));
+    }
+
+    #[test]
+    fn rounds_half_up() {
+        let spec = ModelSpec::new("m", ModelKind::Text, "tokens", Price::new(1, 1).unwrap());
+        // 1 µUSD per unit: 0.5 unit -> 0.5 µUSD -> 1; 0.499999 -> 0.
+        assert_eq!(cost(500_000, "tokens", &spec), Ok(1));
+        assert_eq!(cost(499_999, "tokens", &spec), Ok(0));
+        assert_eq!(cost(1_500_000, "tokens", &spec), Ok(2));
+        assert_eq!(cost(2_499_999, "tokens", &spec), Ok(2));
+    }
+
+    #[test]
+    fn rejects_mismatch_negative_and_overflow() {
+        let echo = model("gantry-echo");
+        assert!(matches!(cost(1, "tokens", &echo), Err(CostError::UnitMismatch { .. })));
+        assert_eq!(cost(-1, "requests", &echo), Err(CostError::NegativeQuantity(-1)));
+        let dear = ModelSpec::new("m", ModelKind::Text, "tokens", Price::new(i64::MAX, 1).unwrap());
+        assert_eq!(cost(i64::MAX, "tokens", &dear), Err(CostError::Overflow));
+        assert_eq!(cost(1_000_000, "tokens", &dear), Ok(i64::MAX));
+    }
+
+    #[test]
+    fn renders_usd() {
+        assert_eq!(usd(10), 0.00001);
+        assert_eq!(usd(20_972), 0.020972);
+        assert_eq!(usd(10_000_000), 10.0);
+    }
+
+    #[tokio::test]
+    async fn ledger_is_idempotent_per_job() {
+        use gantry_migrations::MigratorTrait;
+        let db = sea_orm::Database::connect("sqlite::memory:").await.unwrap();
+        gantry_migrations::Migrator::up(&db, None).await.unwrap();
+        let charge = |job: &str, amount| Charge {
+            user_id: "u1".into(),
+            job_id: job.into(),
+            model: "gantry-echo".into(),
+            unit: "requests".into(),
+            quantity_micros: 1_000_000,
+            amount_micro_usd: amount,
+        };
+        assert_eq!(
+            record_charges(&db, &[charge("a", 10), charge("b", 15)], 100)
+                .await
+                .unwrap(),
+            2
+        );
+        assert_eq!(record_charges(&db, &[charge("a", 10)], 200).await.unwrap(), 0);
+        assert_eq!(
+            record_charges(&db, &[charge("a", 99), charge("c", 5)], 300)
+                .await
+                .unwrap(),
+            1
+        );
+        let ledger = Ledger::new(db);
+        let all = ledger.charges("u1", 0, 1_000).await.unwrap();
+        assert_eq!(
+            all.iter()
+                .map(|e| (e.job_id.as_str(), e.amount_micro_usd))
+                .collect::<Vec<_>>(),
+            [("a", 10), ("b", 15), ("c", 5)]
+        );
+        assert_eq!(ledger.total("u1", 0, 1_000).await.unwrap(), 30);
+        assert_eq!(ledger.total("u1", 0, 300).await.unwrap(), 25);
+        assert_eq!(ledger.total("u2", 0, 1_000).await.unwrap(), 0);
+    }
+}

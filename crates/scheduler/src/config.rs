@@ -1,0 +1,63 @@
+use std::time::Duration;
+
+/// Settings of the job layer, shared by [`crate::JobStore`] and [`crate::Scheduler`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct SchedulerConfig {
+    /// Dispatches a job may get before a crash or a lost worker fails it. Default 3.
+    pub max_attempts: u32,
+    /// `executionTimeout` when the request names none. Default 10 min.
+    pub default_execution_timeout: Duration,
+    /// `ttl` (queue plus run) when the request names none. Default 24 h.
+    pub default_ttl: Duration,
+    /// Largest accepted `executionTimeout` and `ttl`. Default 7 days.
+    pub max_timeout: Duration,
+    /// How long finished results of `/run` (async) jobs are kept. Default 30 min.
+    pub async_retention: Duration,
+    /// How long finished results of `/runsync` jobs are kept. Default 1 min.
+    pub sync_retention: Duration,
+    /// A scheduler's hold on the jobs it runs; another scheduler requeues them
+    /// once it lapses. Default 30 s.
+    pub lease: Duration,
+    /// Period of the sweeps (lease renewal, timeouts, expiry, claiming what is
+    /// left queued). Default 1 s.
+    pub sweep_interval: Duration,
+    /// Most jobs claimed by one statement. Default 64.
+    pub claim_batch: u32,
+    /// Webhook deliveries tried per job. Default 3.
+    pub webhook_attempts: u32,
+    /// Timeout of one webhook request. Default 10 s.
+    pub webhook_timeout: Duration,
+}
+
+impl Default for SchedulerConfig {
+    fn default() -> Self {
+        Self {
+            max_attempts: 3,
+            default_execution_timeout: Duration::from_secs(600),
+            default_ttl: Duration::from_secs(24 * 3600),
+            max_timeout: Duration::from_secs(7 * 24 * 3600),
+            async_retention: Duration::from_secs(30 * 60),
+            sync_retention: Duration::from_secs(60),
+            lease: Duration::from_secs(30),
+            sweep_interval: Duration::from_secs(1),
+            claim_batch: 64,
+            webhook_attempts: 3,
+            webhook_timeout: Duration::from_secs(10),
+        }
+    }
+}
+
+impl SchedulerConfig {
+    pub(crate) fn retention_ms(&self, sync: bool) -> i64 {
+        millis(if sync {
+            self.sync_retention
+        } else {
+            self.async_retention
+        })
+    }
+}
+
+pub(crate) fn millis(duration: Duration) -> i64 {
+    i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
+}

@@ -1,0 +1,73 @@
+//! The `jobs` and `job_chunks` tables (see the migration for the schema).
+
+pub mod job {
+    use sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "jobs")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub id: String,
+        pub user_id: String,
+        pub model: String,
+        pub status: String,
+        #[sea_orm(column_type = "Text")]
+        pub input: String,
+        #[sea_orm(column_type = "Text", nullable)]
+        pub output: Option<String>,
+        #[sea_orm(column_type = "Text", nullable)]
+        pub error: Option<String>,
+        #[sea_orm(column_type = "Text", nullable)]
+        pub webhook: Option<String>,
+        pub low_priority: bool,
+        pub sync: bool,
+        pub execution_timeout_ms: i64,
+        pub ttl_ms: i64,
+        /// Dispatches so far; an attempt is identified by (id, attempt).
+        pub attempt: i32,
+        pub max_attempts: i32,
+        /// Times the job went back to the queue after a failed or lost attempt, or a retry.
+        pub retries: i32,
+        pub worker_id: Option<String>,
+        /// Scheduler instance running the job, and until when its lease holds.
+        pub owner: Option<String>,
+        pub lease_until_ms: Option<i64>,
+        pub run_deadline_ms: Option<i64>,
+        pub created_at_ms: i64,
+        pub queued_at_ms: i64,
+        pub started_at_ms: Option<i64>,
+        pub completed_at_ms: Option<i64>,
+        /// While queued or running: the TTL deadline; once finished: the end of result retention.
+        pub expires_at_ms: i64,
+        pub cost_micro_usd: Option<i64>,
+        pub usage_unit: Option<String>,
+        pub usage_quantity_micros: Option<i64>,
+        /// Stream chunks already returned by `read_stream`.
+        pub chunks_read: i64,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+pub mod chunk {
+    use sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "job_chunks")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub job_id: String,
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub seq: i64,
+        #[sea_orm(column_type = "Text")]
+        pub output: String,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}

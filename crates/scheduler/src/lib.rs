@@ -1,0 +1,25 @@
+//! Gantry's job layer.
+//!
+//! Jobs live in the database (SQLite embedded, PostgreSQL distributed):
+//! `IN_QUEUE -> IN_PROGRESS -> COMPLETED | FAILED | CANCELLED | TIMED_OUT`.
+//!
+//! * [`JobStore`] is the database half, all an API process needs: submit, get,
+//!   wait, cancel, retry, read a stream, purge a queue, health counts.
+//! * [`Scheduler`] is the running half: it claims queued jobs (a guarded
+//!   batch `UPDATE … RETURNING`, `FOR UPDATE SKIP LOCKED` on PostgreSQL),
+//!   assigns them through a [`gantry_dispatch::Dispatcher`], settles results
+//!   (completion and ledger charge in one transaction), retries crashed
+//!   attempts, and sweeps leases, timeouts and expired jobs.
+//!
+//! Any number of schedulers may share one PostgreSQL database. See
+//! `docs/scheduler.md` for the lifecycle, leases and billing rules.
+mod config;
+mod entity;
+mod scheduler;
+mod store;
+mod types;
+
+pub use config::SchedulerConfig;
+pub use scheduler::Scheduler;
+pub use store::JobStore;
+pub use types::{JobCounts, JobError, JobPolicy, JobStatus, JobView, Mode, NewJob, SchedulerError, StreamView};

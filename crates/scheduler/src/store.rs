@@ -1,0 +1,491 @@
+//! The database half of the job layer: what API processes call.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use gantry_catalog::ModelSpec;
+use rand::RngExt;
+use sea_orm::sea_query::Expr;
+use sea_orm::{ActiveValue::Set, ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+use serde_json::Value;
+use tokio::sync::{Notify, oneshot};
+
+use crate::config::{SchedulerConfig, millis};
+use crate::entity::{chunk, job};
+use crate::types::{JobCounts, JobError, JobStatus, JobView, Mode, NewJob, StreamView};
+
+use job::Column as J;
+
+/// Durable job storage and the client-facing operations on it. Needs only the
+/// database: an API process without a scheduler uses it as is. Cheap to clone;
+/// clones share the in-process notifications (waiters and scheduler wake-ups).
+#[derive(Clone)]
+pub struct JobStore {
+    pub(crate) db: DatabaseConnection,
+    pub(crate) config: Arc<SchedulerConfig>,
+    pub(crate) hub: Arc<Hub>,
+}
+
+impl JobStore {
+    pub fn new(db: DatabaseConnection, config: SchedulerConfig) -> Self {
+        Self {
+            db,
+            config: Arc::new(config),
+            hub: Arc::new(Hub::default()),
+        }
+    }
+
+    pub fn config(&self) -> &SchedulerConfig {
+        &self.config
+    }
+
+    /// Validates and stores a job (IN_QUEUE); it is durable when this returns.
+    /// Bad input writes nothing.
+    pub async fn submit(&self, user: &str, model: &ModelSpec, req: NewJob, mode: Mode) -> Result<JobView, JobError> {
+        if !req.input.is_object() {
+            return Err(JobError::Invalid("`input` must be a JSON object".into()));
+        }
+        if let Some(url) = &req.webhook {
+            let parsed = reqwest::Url::parse(url).map_err(|e| JobError::Invalid(format!("`webhook`: {e}")))?;
+            if !matches!(parsed.scheme(), "http" | "https") {
+                return Err(JobError::Invalid("`webhook` must be an http(s) URL".into()));
+            }
+        }
+        let max = millis(self.config.max_timeout);
+        let bounded = |name: &str, value: Option<u64>, default: Duration| -> Result<i64, JobError> {
+            match value {
+                None => Ok(millis(default)),
+                Some(ms) => match i64::try_from(ms) {
+                    Ok(ms) if (1..=max).contains(&ms) => Ok(ms),
+                    _ => Err(JobError::Invalid(format!("`{name}` must be between 1 and {max} ms"))),
+                },
+            }
+        };
+        let execution_timeout_ms = bounded(
+            "executionTimeout",
+            req.policy.execution_timeout_ms,
+            self.config.default_execution_timeout,
+        )?;
+        let ttl_ms = bounded("ttl", req.policy.ttl_ms, self.config.default_ttl)?;
+        let input = serde_json::to_string(&req.input).map_err(|e| JobError::Invalid(e.to_string()))?;
+        let now = now_ms();
+        let row = job::Model {
+            id: new_job_id(now),
+            user_id: user.to_string(),
+            model: model.id.clone(),
+            status: JobStatus::InQueue.as_str().to_string(),
+            input,
+            output: None,
+            error: None,
+            webhook: req.webhook,
+            low_priority: req.policy.low_priority,
+            sync: mode == Mode::Sync,
+            execution_timeout_ms,
+            ttl_ms,
+            attempt: 0,
+            max_attempts: i32::try_from(self.config.max_attempts).unwrap_or(i32::MAX),
+            retries: 0,
+            worker_id: None,
+            owner: None,
+            lease_until_ms: None,
+            run_deadline_ms: None,
+            created_at_ms: now,
+            queued_at_ms: now,
+            started_at_ms: None,
+            completed_at_ms: None,
+            expires_at_ms: now.saturating_add(ttl_ms),
+            cost_micro_usd: None,
+            usage_unit: None,
+            usage_quantity_micros: None,
+            chunks_read: 0,
+        };
+        let active = job::ActiveModel {
+            id: Set(row.id.clone()),
+            user_id: Set(row.user_id.clone()),
+            model: Set(row.model.clone()),
+            status: Set(row.status.clone()),
+            input: Set(row.input.clone()),
+            output: Set(None),
+            error: Set(None),
+            webhook: Set(row.webhook.clone()),
+            low_priority: Set(row.low_priority),
+            sync: Set(row.sync),
+            execution_timeout_ms: Set(row.execution_timeout_ms),
+            ttl_ms: Set(row.ttl_ms),
+            attempt: Set(row.attempt),
+            max_attempts: Set(row.max_attempts),
+            retries: Set(0),
+            worker_id: Set(None),
+            owner: Set(None),
+            lease_until_ms: Set(None),
+            run_deadline_ms: Set(None),
+            created_at_ms: Set(now),
+            queued_at_ms: Set(now),
+            started_at_ms: Set(None),
+            completed_at_ms: Set(None),
+            expires_at_ms: Set(row.expires_at_ms),
+            cost_micro_usd: Set(None),
+            usage_unit: Set(None),
+            usage_quantity_micros: Set(None),
+            chunks_read: Set(0),
+        };
+        job::Entity::insert(active).exec_without_returning(&self.db).await?;
+        self.hub.wake(&row.model);
+        Ok(JobView::of(&row, now))
+    }
+
+    /// The job, if it belongs to `user` and `model_id` and has not expired.
+    pub async fn get(&self, user: &str, model_id: &str, job_id: &str) -> Result<JobView, JobError> {
+        let now = now_ms();
+        self.find(user, model_id, job_id, now)
+            .await
+            .map(|row| JobView::of(&row, now))
+    }
+
+    /// Waits until the job is final or `timeout` passes, then returns its view.
+    /// Woken at once by a scheduler in this process; otherwise polls the
+    /// database with backoff (25 ms doubling to 500 ms).
+    pub async fn wait(&self, user: &str, model_id: &str, job_id: &str, timeout: Duration) -> Result<JobView, JobError> {
+        let deadline = tokio::time::Instant::now() + timeout;
+        // Register before reading, so a result settled in between is not missed.
+        let mut waiter = self.hub.register(job_id);
+        let mut poll = Duration::from_millis(25);
+        loop {
+            let view = self.get(user, model_id, job_id).await?;
+            let now = tokio::time::Instant::now();
+            if view.status.is_final() || now >= deadline {
+                return Ok(view);
+            }
+            let nap = poll.min(deadline - now);
+            tokio::select! {
+                notified = waiter.receiver(), if waiter.is_open() => match notified {
+                    Some(view) => return Ok(view),
+                    None => continue,
+                },
+                () = tokio::time::sleep(nap) => {}
+            }
+            poll = (poll * 2).min(Duration::from_millis(500));
+        }
+    }
+
+    /// Cancels a queued or running job (a running one is also stopped on its
+    /// worker). A job that is already final is returned unchanged.
+    pub async fn cancel(&self, user: &str, model_id: &str, job_id: &str) -> Result<JobView, JobError> {
+        let now = now_ms();
+        let rows = job::Entity::update_many()
+            .col_expr(J::Status, Expr::value(JobStatus::Cancelled.as_str()))
+            .col_expr(J::CompletedAtMs, Expr::value(now))
+            .col_expr(J::ExpiresAtMs, retention_expr(&self.config, now))
+            .col_expr(J::LeaseUntilMs, Expr::value(Option::<i64>::None))
+            .col_expr(J::RunDeadlineMs, Expr::value(Option::<i64>::None))
+            .filter(J::Id.eq(job_id))
+            .filter(J::UserId.eq(user))
+            .filter(J::Model.eq(model_id))
+            .filter(J::Status.is_in([JobStatus::InQueue.as_str(), JobStatus::InProgress.as_str()]))
+            .filter(J::ExpiresAtMs.gt(now))
+            .exec_with_returning(&self.db)
+            .await?;
+        match rows.first() {
+            Some(row) => {
+                let view = JobView::of(row, now);
+                self.hub.cancel(job_id);
+                self.hub.finished(std::slice::from_ref(&view));
+                Ok(view)
+            }
+            None => self.get(user, model_id, job_id).await,
+        }
+    }
+
+    /// Sends a `FAILED` or `TIMED_OUT` job back to the queue: same id, same
+    /// input, a fresh TTL and a fresh budget of attempts.
+    pub async fn retry(&self, user: &str, model_id: &str, job_id: &str) -> Result<JobView, JobError> {
+        let now = now_ms();
+        let attempts = i64::from(self.config.max_attempts);
+        let rows = job::Entity::update_many()
+            .col_expr(J::Status, Expr::value(JobStatus::InQueue.as_str()))
+            .col_expr(J::Output, Expr::value(Option::<String>::None))
+            .col_expr(J::Error, Expr::value(Option::<String>::None))
+            .col_expr(J::WorkerId, Expr::value(Option::<String>::None))
+            .col_expr(J::Owner, Expr::value(Option::<String>::None))
+            .col_expr(J::StartedAtMs, Expr::value(Option::<i64>::None))
+            .col_expr(J::CompletedAtMs, Expr::value(Option::<i64>::None))
+            .col_expr(J::QueuedAtMs, Expr::value(now))
+            .col_expr(J::ExpiresAtMs, Expr::cust(format!("{now} + ttl_ms")))
+            .col_expr(J::Retries, plus(J::Retries, 1))
+            .col_expr(J::MaxAttempts, plus(J::Attempt, attempts))
+            .filter(J::Id.eq(job_id))
+            .filter(J::UserId.eq(user))
+            .filter(J::Model.eq(model_id))
+            .filter(J::Status.is_in([JobStatus::Failed.as_str(), JobStatus::TimedOut.as_str()]))
+            .filter(J::ExpiresAtMs.gt(now))
+            .exec_with_returning(&self.db)
+            .await?;
+        match rows.first() {
+            Some(row) => {
+                self.hub.wake(&row.model);
+                Ok(JobView::of(row, now))
+            }
+            None => {
+                let view = self.get(user, model_id, job_id).await?;
+                Err(JobError::NotRetryable(view.status))
+            }
+        }
+    }
+
+    /// The job's status and the stream chunks not returned before, in order;
+    /// advances the read cursor past them.
+    pub async fn read_stream(&self, user: &str, model_id: &str, job_id: &str) -> Result<StreamView, JobError> {
+        loop {
+            let now = now_ms();
+            // Status first: if it is final, every chunk is already stored.
+            let row = self.find(user, model_id, job_id, now).await?;
+            let status = JobStatus::parse(&row.status).unwrap_or(JobStatus::Failed);
+            let stored = chunk::Entity::find()
+                .filter(chunk::Column::JobId.eq(job_id))
+                .filter(chunk::Column::Seq.gte(row.chunks_read))
+                .order_by_asc(chunk::Column::Seq)
+                .all(&self.db)
+                .await?;
+            // Only the contiguous run after the cursor, so order is never broken.
+            let mut chunks = Vec::with_capacity(stored.len());
+            for (expected, piece) in (row.chunks_read..).zip(&stored) {
+                if piece.seq != expected {
+                    break;
+                }
+                chunks.push(serde_json::from_str(&piece.output).unwrap_or(Value::Null));
+            }
+            if chunks.is_empty() {
+                return Ok(StreamView { status, chunks });
+            }
+            let cursor = row.chunks_read + chunks.len() as i64;
+            let moved = job::Entity::update_many()
+                .col_expr(J::ChunksRead, Expr::value(cursor))
+                .filter(J::Id.eq(job_id))
+                .filter(J::ChunksRead.eq(row.chunks_read))
+                .exec(&self.db)
+                .await?;
+            if moved.rows_affected == 1 {
+                return Ok(StreamView { status, chunks });
+            }
+            // Another reader took these chunks first: read again after them.
+        }
+    }
+
+    /// Cancels every queued job of `user` on `model_id`; returns how many.
+    /// Running jobs are not touched.
+    pub async fn purge_queue(&self, user: &str, model_id: &str) -> Result<u64, JobError> {
+        let now = now_ms();
+        let result = job::Entity::update_many()
+            .col_expr(J::Status, Expr::value(JobStatus::Cancelled.as_str()))
+            .col_expr(J::CompletedAtMs, Expr::value(now))
+            .col_expr(J::ExpiresAtMs, retention_expr(&self.config, now))
+            .filter(J::UserId.eq(user))
+            .filter(J::Model.eq(model_id))
+            .filter(J::Status.eq(JobStatus::InQueue.as_str()))
+            .filter(J::ExpiresAtMs.gt(now))
+            .exec(&self.db)
+            .await?;
+        Ok(result.rows_affected)
+    }
+
+    /// Counts of the jobs of `model_id` currently kept, over all users.
+    pub async fn health(&self, model_id: &str) -> Result<JobCounts, JobError> {
+        let rows: Vec<(String, i64, i64)> = job::Entity::find()
+            .select_only()
+            .column(J::Status)
+            .expr_as(Expr::cust("CAST(COUNT(*) AS BIGINT)"), "jobs")
+            .expr_as(
+                Expr::cust("CAST(SUM(CASE WHEN retries > 0 THEN 1 ELSE 0 END) AS BIGINT)"),
+                "retried",
+            )
+            .filter(J::Model.eq(model_id))
+            .filter(J::ExpiresAtMs.gt(now_ms()))
+            .group_by(J::Status)
+            .into_tuple()
+            .all(&self.db)
+            .await?;
+        let mut counts = JobCounts::default();
+        for (status, jobs, retried) in rows {
+            let jobs = u64::try_from(jobs).unwrap_or(0);
+            counts.retried += u64::try_from(retried).unwrap_or(0);
+            match JobStatus::parse(&status) {
+                Some(JobStatus::Completed) => counts.completed += jobs,
+                Some(JobStatus::Failed | JobStatus::TimedOut) => counts.failed += jobs,
+                Some(JobStatus::InProgress) => counts.in_progress += jobs,
+                Some(JobStatus::InQueue) => counts.in_queue += jobs,
+                Some(JobStatus::Cancelled) | None => {}
+            }
+        }
+        Ok(counts)
+    }
+
+    async fn find(&self, user: &str, model_id: &str, job_id: &str, now: i64) -> Result<job::Model, JobError> {
+        job::Entity::find()
+            .filter(J::Id.eq(job_id))
+            .filter(J::UserId.eq(user))
+            .filter(J::Model.eq(model_id))
+            .filter(J::ExpiresAtMs.gt(now))
+            .one(&self.db)
+            .await?
+            .ok_or(JobError::NotFound)
+    }
+}
+
+/// `expires_at_ms` of a job finishing at `now`: the retention of its mode.
+pub(crate) fn retention_expr(config: &SchedulerConfig, now: i64) -> Expr {
+    let sync = now.saturating_add(config.retention_ms(true));
+    let async_ = now.saturating_add(config.retention_ms(false));
+    Expr::cust(format!("CASE WHEN sync THEN {sync} ELSE {async_} END"))
+}
+
+pub(crate) fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// A UUIDv7-shaped id: 48 bits of Unix ms, a 12-bit counter that keeps ids of
+/// this process strictly increasing, and 62 random bits. Ids sort by creation
+/// (FIFO order in the claim query).
+pub(crate) fn new_job_id(now: i64) -> String {
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let floor = (u64::try_from(now).unwrap_or(0) & 0xffff_ffff_ffff) << 12;
+    let mut last = LAST.load(Ordering::Relaxed);
+    let stamp = loop {
+        let next = floor.max(last + 1);
+        match LAST.compare_exchange_weak(last, next, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => break next,
+            Err(seen) => last = seen,
+        }
+    };
+    let ms = (stamp >> 12) & 0xffff_ffff_ffff;
+    let counter = stamp & 0xfff;
+    let random: u64 = rand::rng().random();
+    format!(
+        "{:08x}-{:04x}-7{:03x}-{:04x}-{:012x}",
+        ms >> 16,
+        ms & 0xffff,
+        counter,
+        0x8000 | ((random >> 48) & 0x3fff),
+        random & 0xffff_ffff_ffff
+    )
+}
+
+/// Waiters by job id: (waiter id, where to send the final view).
+type Waiters = HashMap<String, Vec<(u64, oneshot::Sender<JobView>)>>;
+
+/// In-process signals between the store and a scheduler sharing it.
+#[derive(Default)]
+pub(crate) struct Hub {
+    waiters: Mutex<Waiters>,
+    next_waiter: AtomicU64,
+    pending: Mutex<Pending>,
+    pub(crate) notify: Notify,
+}
+
+#[derive(Default)]
+pub(crate) struct Pending {
+    pub(crate) models: HashSet<String>,
+    pub(crate) cancels: Vec<String>,
+}
+
+impl Hub {
+    fn lock_waiters(&self) -> MutexGuard<'_, Waiters> {
+        self.waiters.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn lock_pending(&self) -> MutexGuard<'_, Pending> {
+        self.pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    pub(crate) fn wake(&self, model: &str) {
+        let mut pending = self.lock_pending();
+        if !pending.models.contains(model) {
+            pending.models.insert(model.to_string());
+        }
+        drop(pending);
+        self.notify.notify_one();
+    }
+
+    pub(crate) fn cancel(&self, job_id: &str) {
+        self.lock_pending().cancels.push(job_id.to_string());
+        self.notify.notify_one();
+    }
+
+    pub(crate) fn take_pending(&self) -> Pending {
+        std::mem::take(&mut *self.lock_pending())
+    }
+
+    /// Hands final views to whoever waits on them.
+    pub(crate) fn finished(&self, views: &[JobView]) {
+        let mut waiters = self.lock_waiters();
+        if waiters.is_empty() {
+            return;
+        }
+        for view in views {
+            if let Some(list) = waiters.remove(&view.id) {
+                for (_, sender) in list {
+                    let _ = sender.send(view.clone());
+                }
+            }
+        }
+    }
+
+    fn register(self: &Arc<Self>, job_id: &str) -> Waiter {
+        let id = self.next_waiter.fetch_add(1, Ordering::Relaxed);
+        let (sender, receiver) = oneshot::channel();
+        self.lock_waiters()
+            .entry(job_id.to_string())
+            .or_default()
+            .push((id, sender));
+        Waiter {
+            hub: Arc::clone(self),
+            job_id: job_id.to_string(),
+            id,
+            receiver: Some(receiver),
+        }
+    }
+}
+
+/// A registered waiter; unregisters itself when dropped.
+struct Waiter {
+    hub: Arc<Hub>,
+    job_id: String,
+    id: u64,
+    receiver: Option<oneshot::Receiver<JobView>>,
+}
+
+impl Waiter {
+    fn is_open(&self) -> bool {
+        self.receiver.is_some()
+    }
+
+    /// The view once settled; `None` (and closed for good) if the sender went away.
+    async fn receiver(&mut self) -> Option<JobView> {
+        let receiver = self.receiver.as_mut()?;
+        let result = receiver.await.ok();
+        self.receiver = None;
+        result
+    }
+}
+
+impl Drop for Waiter {
+    fn drop(&mut self) {
+        let mut waiters = self.hub.lock_waiters();
+        if let Some(list) = waiters.get_mut(&self.job_id) {
+            list.retain(|(id, _)| *id != self.id);
+            if list.is_empty() {
+                waiters.remove(&self.job_id);
+            }
+        }
+    }
+}
+
+/// `column + n`.
+pub(crate) fn plus(column: J, n: i64) -> Expr {
+    use sea_orm::sea_query::ExprTrait;
+    Expr::col(column).add(n)
+}

@@ -1,0 +1,366 @@
+//! Databases, dispatchers, schedulers and echo workers for the tests. Real
+//! gRPC on loopback, real SDK workers; nothing is mocked.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use gantry_catalog::{ModelCatalog, ModelSpec};
+use gantry_dispatch::{DispatchConfig, Dispatcher, Event};
+use gantry_migrations::MigratorTrait;
+use gantry_scheduler::{JobStatus, JobStore, JobView, Mode, NewJob, Scheduler, SchedulerConfig};
+use gantry_worker::{Credentials, JobContext, JobError, Model, Output, WorkerConfig, WorkerRuntime};
+use sea_orm::{ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement};
+use serde_json::Value;
+use tokio::sync::{mpsc, oneshot};
+use tokio::task::JoinHandle;
+
+pub const SECRET: &[u8] = b"scheduler-test-secret";
+pub const ECHO: &str = gantry_worker_echo::MODEL_ID;
+pub const USER: &str = "user-1";
+/// Upper bound for anything a test waits for.
+pub const WAIT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Backend {
+    Sqlite,
+    Postgres,
+}
+
+/// One test per backend from an `async fn name(Backend)`.
+#[macro_export]
+macro_rules! on_both_backends {
+    ($($name:ident),* $(,)?) => {
+        mod sqlite {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+               async fn $name() { super::$name($crate::harness::Backend::Sqlite).await } )*
+        }
+        mod postgres {
+            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+               async fn $name() { super::$name($crate::harness::Backend::Postgres).await } )*
+        }
+    };
+}
+
+/// Quick sweeps and a short lease, so crash recovery shows within a second.
+pub fn config() -> SchedulerConfig {
+    let mut config = SchedulerConfig::default();
+    config.sweep_interval = Duration::from_millis(50);
+    config.lease = Duration::from_millis(600);
+    config
+}
+
+/// A migrated database (SQLite file in a temp dir, or a fresh PostgreSQL database).
+pub struct Env {
+    pub db: DatabaseConnection,
+    pub catalog: Arc<ModelCatalog>,
+    pub store: JobStore,
+    _pg: Option<PgDatabase>,
+    _dir: tempfile::TempDir,
+}
+
+impl Env {
+    pub async fn new(backend: Backend) -> Env {
+        Self::with_config(backend, config()).await
+    }
+
+    pub async fn with_config(backend: Backend, config: SchedulerConfig) -> Env {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let (url, pg) = match backend {
+            Backend::Sqlite => (format!("sqlite://{}/gantry.db?mode=rwc", dir.path().display()), None),
+            Backend::Postgres => {
+                let pg = PgDatabase::create().await;
+                (pg.url.clone(), Some(pg))
+            }
+        };
+        let db = Database::connect(&url).await.expect("connect");
+        if backend == Backend::Sqlite {
+            // As `gantry serve` does.
+            db.execute_unprepared("PRAGMA journal_mode=WAL").await.expect("wal");
+        }
+        gantry_migrations::Migrator::up(&db, None).await.expect("migrate");
+        let store = JobStore::new(db.clone(), config);
+        Env {
+            db,
+            catalog: Arc::new(ModelCatalog::default()),
+            store,
+            _pg: pg,
+            _dir: dir,
+        }
+    }
+
+    pub fn echo(&self) -> ModelSpec {
+        self.catalog.get(ECHO).expect("echo in catalog").clone()
+    }
+
+    /// Submits an async echo job for [`USER`].
+    pub async fn submit(&self, input: Value) -> JobView {
+        self.store
+            .submit(USER, &self.echo(), NewJob::new(input), Mode::Async)
+            .await
+            .expect("submit")
+    }
+
+    pub async fn get(&self, id: &str) -> JobView {
+        self.store.get(USER, ECHO, id).await.expect("get")
+    }
+
+    /// Waits for the job to be final; fails the test after [`WAIT`].
+    pub async fn finished(&self, id: &str) -> JobView {
+        let view = self.store.wait(USER, ECHO, id, WAIT).await.expect("wait");
+        assert!(view.status.is_final(), "job did not finish in time: {view:?}");
+        view
+    }
+
+    /// Polls until the job has the status.
+    pub async fn until_status(&self, id: &str, status: JobStatus) -> JobView {
+        let deadline = tokio::time::Instant::now() + WAIT;
+        loop {
+            let view = self.get(id).await;
+            if view.status == status {
+                return view;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "never {status:?}: {view:?}");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
+    /// Ledger rows of a job.
+    pub async fn charges_of(&self, job_id: &str) -> Vec<i64> {
+        let rows = self
+            .db
+            .query_all_raw(Statement::from_sql_and_values(
+                self.db.get_database_backend(),
+                match self.db.get_database_backend() {
+                    DbBackend::Postgres => "SELECT amount_micro_usd FROM ledger_entries WHERE job_id = $1",
+                    _ => "SELECT amount_micro_usd FROM ledger_entries WHERE job_id = ?",
+                },
+                [job_id.into()],
+            ))
+            .await
+            .expect("ledger query");
+        rows.iter()
+            .map(|row| row.try_get::<i64>("", "amount_micro_usd").expect("amount"))
+            .collect()
+    }
+
+    pub async fn ledger_count(&self) -> i64 {
+        let row = self
+            .db
+            .query_one_raw(Statement::from_string(
+                self.db.get_database_backend(),
+                "SELECT CAST(COUNT(*) AS BIGINT) AS n FROM ledger_entries",
+            ))
+            .await
+            .expect("count")
+            .expect("row");
+        row.try_get::<i64>("", "n").expect("n")
+    }
+}
+
+/// A dispatcher serving on 127.0.0.1:0 with a scheduler on top.
+pub struct Node {
+    pub url: String,
+    pub dispatcher: Dispatcher,
+    pub scheduler: Option<Scheduler>,
+    stop_serving: Option<oneshot::Sender<()>>,
+}
+
+impl Node {
+    pub async fn start(store: &JobStore, catalog: &Arc<ModelCatalog>) -> Node {
+        Self::start_with(store, catalog, |events| events).await
+    }
+
+    /// `tap` may interpose on the dispatcher's events before the scheduler sees them.
+    pub async fn start_with(
+        store: &JobStore,
+        catalog: &Arc<ModelCatalog>,
+        tap: impl FnOnce(mpsc::Receiver<Event>) -> mpsc::Receiver<Event>,
+    ) -> Node {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let url = format!("http://{}", listener.local_addr().expect("addr"));
+        let (dispatcher, events) =
+            Dispatcher::new(DispatchConfig::new(SECRET).with_heartbeat(Duration::from_millis(300)));
+        let (stop_serving, stopped) = oneshot::channel::<()>();
+        tokio::spawn(dispatcher.clone().serve(listener, async {
+            let _ = stopped.await;
+        }));
+        let scheduler = Scheduler::start(store.clone(), Arc::clone(catalog), dispatcher.clone(), tap(events))
+            .await
+            .expect("scheduler starts");
+        Node {
+            url,
+            dispatcher,
+            scheduler: Some(scheduler),
+            stop_serving: Some(stop_serving),
+        }
+    }
+
+    pub fn echo_worker(&self, worker_id: &str, slots: u32) -> Worker {
+        Worker::spawn(gantry_worker_echo::runtime(worker_config(&self.url, worker_id, slots)))
+    }
+
+    /// An echo worker that counts the jobs it starts.
+    pub fn counting_worker(&self, worker_id: &str, slots: u32, runs: Arc<AtomicUsize>) -> Worker {
+        Worker::spawn(WorkerRuntime::new(
+            Counting { runs },
+            worker_config(&self.url, worker_id, slots),
+        ))
+    }
+
+    pub async fn shutdown(mut self) {
+        if let Some(scheduler) = self.scheduler.take() {
+            scheduler.shutdown().await;
+        }
+    }
+}
+
+impl Drop for Node {
+    fn drop(&mut self) {
+        if let Some(stop) = self.stop_serving.take() {
+            let _ = stop.send(());
+        }
+    }
+}
+
+pub fn worker_config(url: &str, worker_id: &str, slots: u32) -> WorkerConfig {
+    let mut config = WorkerConfig::new(url, worker_id, Credentials::Secret(SECRET.to_vec()));
+    config.slots = slots;
+    config.backoff_initial = Duration::from_millis(20);
+    config.backoff_max = Duration::from_millis(200);
+    config.connect_timeout = Duration::from_secs(2);
+    config.cancel_grace = Duration::from_millis(300);
+    config
+}
+
+/// A worker runtime on the test's Tokio runtime.
+pub struct Worker {
+    handle: JoinHandle<Result<(), gantry_worker::WorkerError>>,
+}
+
+impl Worker {
+    fn spawn<M: Model>(runtime: WorkerRuntime<M>) -> Worker {
+        Worker {
+            handle: tokio::spawn(runtime.run_until(std::future::pending())),
+        }
+    }
+
+    /// Kills the worker abruptly: its connection and running jobs vanish.
+    pub fn kill(self) {
+        self.handle.abort();
+    }
+}
+
+impl Drop for Worker {
+    fn drop(&mut self) {
+        self.handle.abort();
+    }
+}
+
+/// The echo model, counting its runs.
+pub struct Counting {
+    runs: Arc<AtomicUsize>,
+}
+
+impl Model for Counting {
+    fn id(&self) -> &str {
+        ECHO
+    }
+
+    async fn run(&self, input: Value, ctx: JobContext) -> Result<Output, JobError> {
+        self.runs.fetch_add(1, Ordering::SeqCst);
+        gantry_worker_echo::EchoModel.run(input, ctx).await
+    }
+}
+
+pub fn unique() -> u64 {
+    use std::sync::atomic::AtomicU64;
+    static NEXT: AtomicU64 = AtomicU64::new(0);
+    NEXT.fetch_add(1, Ordering::Relaxed)
+}
+
+/// The PostgreSQL server the suite runs against; never its shared databases' tables.
+pub fn postgres_admin_url() -> String {
+    std::env::var("GANTRY_TEST_POSTGRES_URL").unwrap_or_else(|_| "postgres://postgres@127.0.0.1:5432/postgres".into())
+}
+
+/// A fresh database for one test, dropped afterwards.
+pub struct PgDatabase {
+    pub url: String,
+    name: String,
+}
+
+static ORPHANS_SWEPT: tokio::sync::OnceCell<()> = tokio::sync::OnceCell::const_new();
+
+impl PgDatabase {
+    async fn create() -> PgDatabase {
+        let admin_url = postgres_admin_url();
+        let admin = Database::connect(&admin_url).await.unwrap_or_else(|e| {
+            panic!(
+                "PostgreSQL is not reachable at {admin_url} ({e}). The suite needs it: start it with \
+                 `pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start`, or point \
+                 GANTRY_TEST_POSTGRES_URL at a server"
+            )
+        });
+        ORPHANS_SWEPT.get_or_init(|| sweep_orphans(&admin)).await;
+        let name = format!("gantry_s_{}_{}", std::process::id(), unique());
+        admin
+            .execute_unprepared(&format!("CREATE DATABASE {name}"))
+            .await
+            .expect("create test database");
+        admin.close().await.ok();
+        let base = admin_url
+            .rsplit_once('/')
+            .map(|(b, _)| b.to_string())
+            .unwrap_or(admin_url);
+        PgDatabase {
+            url: format!("{base}/{name}"),
+            name,
+        }
+    }
+}
+
+/// Drops databases left by test processes that no longer run.
+async fn sweep_orphans(admin: &DatabaseConnection) {
+    let rows = admin
+        .query_all_raw(Statement::from_string(
+            DbBackend::Postgres,
+            "SELECT datname FROM pg_database WHERE datname LIKE 'gantry_s_%'",
+        ))
+        .await
+        .unwrap_or_default();
+    for row in rows {
+        let Ok(name) = row.try_get::<String>("", "datname") else {
+            continue;
+        };
+        let pid = name.split('_').nth(2).and_then(|p| p.parse::<u32>().ok());
+        if pid.is_some_and(|pid| !std::path::Path::new(&format!("/proc/{pid}")).exists()) {
+            admin
+                .execute_unprepared(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                .await
+                .ok();
+        }
+    }
+}
+
+impl Drop for PgDatabase {
+    fn drop(&mut self) {
+        let name = self.name.clone();
+        let admin_url = postgres_admin_url();
+        let dropper = std::thread::spawn(move || {
+            let Ok(rt) = tokio::runtime::Builder::new_current_thread().enable_all().build() else {
+                return;
+            };
+            rt.block_on(async move {
+                if let Ok(admin) = Database::connect(&admin_url).await {
+                    admin
+                        .execute_unprepared(&format!("DROP DATABASE IF EXISTS {name} WITH (FORCE)"))
+                        .await
+                        .ok();
+                    admin.close().await.ok();
+                }
+            });
+        });
+        dropper.join().ok();
+    }
+}

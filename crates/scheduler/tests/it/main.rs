@@ -1,0 +1,9 @@
+//! The job layer end to end: a real dispatcher on loopback gRPC, real echo
+//! workers, SQLite and PostgreSQL.
+
+#![allow(clippy::unwrap_used, clippy::expect_used)]
+
+mod bench;
+mod harness;
+mod jobs;
+mod recovery;

@@ -1,0 +1,211 @@
+//! Crashes and concurrency: lost workers, restarted and crashed schedulers,
+//! duplicate results, two schedulers on one database.
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use gantry_dispatch::Event;
+use gantry_scheduler::{JobStatus, JobStore};
+use serde_json::json;
+use tokio::sync::mpsc;
+
+use crate::harness::{Backend, ECHO, Env, Node, USER, WAIT};
+
+crate::on_both_backends!(
+    killed_worker_job_completes_elsewhere_charged_once,
+    restarted_scheduler_loses_no_queued_job,
+    crashed_scheduler_jobs_are_requeued,
+    duplicate_and_late_results_never_charge_twice,
+    low_priority_runs_after_others,
+);
+
+async fn killed_worker_job_completes_elsewhere_charged_once(backend: Backend) {
+    let env = Env::new(backend).await;
+    let node = Node::start(&env.store, &env.catalog).await;
+    let first = node.echo_worker("w1", 1);
+
+    let job = env.submit(json!({"sleep_ms": 1500})).await;
+    env.until_status(&job.id, JobStatus::InProgress).await;
+    let _second = node.echo_worker("w2", 1);
+    first.kill();
+
+    let done = env.finished(&job.id).await;
+    assert_eq!(done.status, JobStatus::Completed, "{done:?}");
+    assert_eq!(done.worker_id.as_deref(), Some("w2"));
+    assert_eq!(env.charges_of(&job.id).await, [10]);
+    assert_eq!(env.store.health(ECHO).await.unwrap().retried, 1);
+    node.shutdown().await;
+}
+
+async fn restarted_scheduler_loses_no_queued_job(backend: Backend) {
+    let env = Env::new(backend).await;
+    // No worker: everything stays queued.
+    let first = Node::start(&env.store, &env.catalog).await;
+    let mut ids = Vec::new();
+    for i in 0..5 {
+        ids.push(env.submit(json!({"i": i})).await.id);
+    }
+    first.shutdown().await;
+
+    let second = Node::start(&env.store, &env.catalog).await;
+    let _worker = second.echo_worker("w1", 2);
+    for id in &ids {
+        assert_eq!(env.finished(id).await.status, JobStatus::Completed);
+        assert_eq!(env.charges_of(id).await, [10]);
+    }
+    second.shutdown().await;
+}
+
+async fn crashed_scheduler_jobs_are_requeued(backend: Backend) {
+    let env = Env::new(backend).await;
+    let mut first = Node::start(&env.store, &env.catalog).await;
+    let old_worker = first.echo_worker("w1", 1);
+    let job = env.submit(json!({"sleep_ms": 400})).await;
+    env.until_status(&job.id, JobStatus::InProgress).await;
+    // Crash: the scheduler's task dies without releasing anything.
+    drop(first.scheduler.take());
+    drop(first);
+    old_worker.kill();
+
+    // A new instance (own dispatcher, own worker) requeues the job once the
+    // lease (600 ms in tests) lapses, and runs it.
+    let second = Node::start(&env.store, &env.catalog).await;
+    let _worker = second.echo_worker("w2", 1);
+    let done = env.finished(&job.id).await;
+    assert_eq!(done.status, JobStatus::Completed, "{done:?}");
+    assert_eq!(done.worker_id.as_deref(), Some("w2"));
+    assert_eq!(env.charges_of(&job.id).await, [10]);
+    second.shutdown().await;
+}
+
+async fn duplicate_and_late_results_never_charge_twice(backend: Backend) {
+    let env = Env::new(backend).await;
+    let (inject, injected) = mpsc::channel::<Event>(16);
+    let node = Node::start_with(&env.store, &env.catalog, |mut events| {
+        // Forward every event; repeat each Completed right away, and once more
+        // later (as a late duplicate from another batch).
+        let (tx, rx) = mpsc::channel(1024);
+        tokio::spawn(async move {
+            let mut injected = injected;
+            loop {
+                let event = tokio::select! {
+                    Some(event) = events.recv() => event,
+                    Some(event) = injected.recv() => event,
+                    else => return,
+                };
+                let again = matches!(event, Event::Completed { .. }).then(|| event.clone());
+                if tx.send(event).await.is_err() {
+                    return;
+                }
+                if let Some(again) = again {
+                    let _ = tx.send(again).await;
+                }
+            }
+        });
+        rx
+    })
+    .await;
+    let _worker = node.echo_worker("w1", 1);
+
+    let job = env.submit(json!({"x": 1})).await;
+    let done = env.finished(&job.id).await;
+    assert_eq!(done.status, JobStatus::Completed);
+    // A late result of the same attempt, with a different output and usage.
+    inject
+        .send(Event::Completed {
+            job_id: job.id.clone(),
+            attempt: 1,
+            worker_id: "w1".into(),
+            output: json!({"other": true}),
+            usage: gantry_dispatch::Usage {
+                unit: "requests".into(),
+                quantity_micros: 5_000_000,
+            },
+            timings: Default::default(),
+        })
+        .await
+        .unwrap();
+    // Let it be processed, then check nothing changed.
+    let next = env.submit(json!({"y": 2})).await;
+    env.finished(&next.id).await;
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    assert_eq!(env.get(&job.id).await.output, Some(json!({"x": 1, "cost": 0.00001})));
+    assert_eq!(env.charges_of(&job.id).await, [10]);
+    assert_eq!(env.ledger_count().await, 2);
+    node.shutdown().await;
+}
+
+async fn low_priority_runs_after_others(backend: Backend) {
+    let env = Env::new(backend).await;
+    let node = Node::start(&env.store, &env.catalog).await;
+    let echo = env.echo();
+    let mut low = gantry_scheduler::NewJob::new(json!({"low": true}));
+    low.policy.low_priority = true;
+    let low = env
+        .store
+        .submit(USER, &echo, low, gantry_scheduler::Mode::Async)
+        .await
+        .unwrap();
+    let normal = env.submit(json!({"low": false, "sleep_ms": 300})).await;
+    // One slot: jobs run one at a time, in claim order.
+    let _worker = node.echo_worker("w1", 1);
+    let normal_done = env.finished(&normal.id).await;
+    let low_done = env.finished(&low.id).await;
+    assert_eq!(
+        (normal_done.status, low_done.status),
+        (JobStatus::Completed, JobStatus::Completed)
+    );
+    // Submitted first, the low-priority job still waited for the normal one to run.
+    assert!(low_done.delay_time_ms >= 300, "{normal_done:?} {low_done:?}");
+    assert!(normal_done.delay_time_ms < 300, "{normal_done:?} {low_done:?}");
+    node.shutdown().await;
+}
+
+/// Two schedulers (each with its own dispatcher and workers) on one
+/// PostgreSQL database: every job runs exactly once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_schedulers_share_one_postgres() {
+    const JOBS: usize = 40;
+    let env = Env::new(Backend::Postgres).await;
+    // Separate stores: no in-process wake-ups between the two instances.
+    let store_b = JobStore::new(env.db.clone(), crate::harness::config());
+    let a = Node::start(&env.store, &env.catalog).await;
+    let b = Node::start(&store_b, &env.catalog).await;
+    let runs = Arc::new(AtomicUsize::new(0));
+    let _workers = [
+        a.counting_worker("a1", 2, Arc::clone(&runs)),
+        a.counting_worker("a2", 2, Arc::clone(&runs)),
+        b.counting_worker("b1", 2, Arc::clone(&runs)),
+        b.counting_worker("b2", 2, Arc::clone(&runs)),
+    ];
+    let echo = env.echo();
+    let mut ids = Vec::new();
+    for i in 0..JOBS {
+        let store = if i % 2 == 0 { &env.store } else { &store_b };
+        let job = store
+            .submit(
+                USER,
+                &echo,
+                gantry_scheduler::NewJob::new(json!({"i": i, "sleep_ms": 20})),
+                gantry_scheduler::Mode::Async,
+            )
+            .await
+            .unwrap();
+        ids.push(job.id);
+    }
+    let mut workers_seen = std::collections::HashSet::new();
+    for id in &ids {
+        let done = env.store.wait(USER, ECHO, id, WAIT).await.unwrap();
+        assert_eq!(done.status, JobStatus::Completed, "{done:?}");
+        workers_seen.insert(done.worker_id.unwrap());
+    }
+    assert_eq!(env.ledger_count().await, JOBS as i64);
+    assert_eq!(runs.load(Ordering::SeqCst), JOBS);
+    assert!(
+        workers_seen.len() >= 2,
+        "both instances should have worked: {workers_seen:?}"
+    );
+    a.shutdown().await;
+    b.shutdown().await;
+}
