@@ -14,14 +14,15 @@ MGMT=127.0.0.1:18080
 PUBLIC=127.0.0.1:18081
 BARE=127.0.0.1:18090
 
-cargo build --release -q -p gantry -p gantry-api --example bare_json
+cargo build --release -q -p gantry --bin gantry
+cargo build --release -q -p gantry-api --example bare_json
 BIN=target/release/gantry
 DATA=$(mktemp -d)
 pids=()
 cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -rf "$DATA"; }
 trap cleanup EXIT
 
-export GANTRY_DATA_DIR=$DATA GANTRY_LOG=warn GANTRY_HTTP__WORKERS=$WORKERS
+export GANTRY_DATA_DIR=$DATA GANTRY_LOG=warn GANTRY_HTTP__WORKERS=$WORKERS GANTRY_SCHEDULER__ADDR=127.0.0.1:0
 wait_up() { for _ in $(seq 1 2000); do curl -sf "http://$1/healthz" >/dev/null 2>&1 && return 0; sleep 0.001; done; return 1; }
 rss_mib() { awk '/VmRSS/ {printf "%.1f", $2/1024}' "/proc/$1/status"; }
 

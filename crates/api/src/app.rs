@@ -12,7 +12,8 @@ use gantry_migrations::{Migrator, MigratorTrait};
 use gantry_ratelimit::{RateLimiter, RedisConfig};
 use gantry_scheduler::JobStore;
 use gantry_volumes::VolumeService;
-use sea_orm::{ConnectOptions, ConnectionTrait, Database, DatabaseConnection, DbBackend};
+use sea_orm::sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
+use sea_orm::{ConnectOptions, Database, DatabaseConnection};
 
 use crate::middleware::ensure_problem;
 use crate::routes::{self, Endpoint};
@@ -85,20 +86,31 @@ pub async fn connect_database(settings: &Settings) -> Result<DatabaseConnection,
         url: redact(&url),
         source,
     };
-    if url.starts_with("sqlite:") {
+    let sqlite = url.starts_with("sqlite:");
+    if sqlite {
         std::fs::create_dir_all(&settings.data_dir)?;
     }
     let mut options = ConnectOptions::new(url.clone());
     options
-        .max_connections(if url.starts_with("sqlite:") { 8 } else { 16 })
+        .max_connections(
+            settings
+                .database_max_connections
+                .unwrap_or(if sqlite { 8 } else { 16 })
+                .max(1),
+        )
         .min_connections(1)
         .connect_timeout(Duration::from_secs(10))
         .sqlx_logging(false);
-    let db = Database::connect(options).await.map_err(db_err)?;
-    if db.get_database_backend() == DbBackend::Sqlite {
-        // WAL lets readers proceed during a write; NORMAL sync is durable in WAL mode.
-        db.execute_unprepared("PRAGMA journal_mode=WAL").await.map_err(db_err)?;
+    if sqlite {
+        // WAL lets readers proceed during a write; with WAL, synchronous=NORMAL loses
+        // nothing when a process crashes (only an OS crash can drop the last commits).
+        options.map_sqlx_sqlite_opts(|o| {
+            o.journal_mode(SqliteJournalMode::Wal)
+                .synchronous(SqliteSynchronous::Normal)
+                .busy_timeout(Duration::from_secs(5))
+        });
     }
+    let db = Database::connect(options).await.map_err(db_err)?;
     Migrator::up(&db, None).await.map_err(db_err)?;
     Ok(db)
 }

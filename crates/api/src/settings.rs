@@ -19,6 +19,8 @@ pub struct Settings {
     pub data_dir: PathBuf,
     /// `sqlite://…` or `postgres://…`; unset means SQLite in the data dir.
     pub database_url: Option<String>,
+    /// Connections in the database pool; unset means 8 for SQLite, 16 for PostgreSQL.
+    pub database_max_connections: Option<u32>,
     /// `redis://…`: rate limit counters live in Redis (shared by every API
     /// process). Unset means the in-process limiter.
     pub redis_url: Option<String>,
@@ -148,6 +150,7 @@ impl Default for Settings {
             public_addr: "127.0.0.1:8081".into(),
             data_dir: PathBuf::from("./data"),
             database_url: None,
+            database_max_connections: None,
             redis_url: None,
             log: "info".into(),
             http: HttpSettings::default(),

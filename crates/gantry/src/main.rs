@@ -230,8 +230,10 @@ async fn scheduler(settings: Settings) -> CliResult {
     let store = gantry_scheduler::JobStore::new(db, settings.scheduler.job_config());
     let secret = gantry::worker_secret(&settings);
     let dispatcher = SchedulerRole::dispatcher(&settings, &secret);
+    // Handlers first: a SIGTERM right after the ready line must still shut down gracefully.
+    let signal = shutdown_signal()?;
     let role = SchedulerRole::start(&settings, store, dispatcher, secret).await?;
-    shutdown_signal()?.await;
+    signal.await;
     tracing::info!("shutting down the scheduler");
     role.shutdown().await;
     Ok(())
@@ -245,10 +247,11 @@ async fn worker(settings: Settings, model: String, scheduler: String, slots: u32
     let id = id.unwrap_or_else(|| format!("{model}-{}", std::process::id()));
     let mut config = gantry::worker_config(&scheduler, &id, Credentials::Secret(secret), &settings);
     config.slots = slots.max(1);
+    let signal = shutdown_signal()?;
     let mut workers = Workers::new();
     workers.start(&model, config)?;
     tracing::info!(%model, %scheduler, worker = %id, slots, "worker started");
-    shutdown_signal()?.await;
+    signal.await;
     tracing::info!("draining: finishing running jobs, taking no new ones");
     workers.shutdown().await;
     Ok(())

@@ -9,5 +9,6 @@ mod cli;
 mod errors;
 mod jobs;
 mod openapi;
+mod processes;
 mod ratelimits;
 mod volumes;

@@ -1,0 +1,712 @@
+//! The distributed deployment as real processes: `gantry api`, `gantry scheduler`
+//! and `gantry worker` children of this test, sharing one fresh PostgreSQL
+//! database, killed (SIGKILL) or stopped (SIGTERM) the way an operator or a
+//! crash would. What is asserted is what must survive that: every job runs to
+//! COMPLETED and is charged exactly once.
+use std::collections::{BTreeMap, BTreeSet, HashMap};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, ExitStatus, Stdio};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use gantry_testkit::PgDatabase;
+use reqwest::Client;
+use sea_orm::{ConnectionTrait, Database, DbBackend, QueryResult, Statement};
+use serde_json::{Value, json};
+
+/// The bound of every wait in this module.
+const WAIT: Duration = Duration::from_secs(30);
+/// Shared by the schedulers and the workers of a test.
+const WORKER_SECRET: &str = "processes-test-worker-secret-0123456789";
+
+type Log = Arc<Mutex<Vec<String>>>;
+
+/// One `gantry` child process. Its stderr (the log) is drained by a thread into
+/// memory, so the child never blocks on a full pipe; it is killed on drop.
+struct Proc {
+    name: String,
+    child: Child,
+    log: Log,
+}
+
+impl Proc {
+    fn spawn(name: &str, mut command: Command) -> Proc {
+        command
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped());
+        let mut child = command.spawn().unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
+        let stderr = child.stderr.take().expect("piped stderr");
+        let log: Log = Arc::default();
+        let sink = Arc::clone(&log);
+        std::thread::spawn(move || {
+            let mut reader = BufReader::new(stderr);
+            let mut line = Vec::new();
+            loop {
+                line.clear();
+                match reader.read_until(b'\n', &mut line) {
+                    Ok(0) | Err(_) => break,
+                    Ok(_) => {
+                        let text = String::from_utf8_lossy(&line).trim_end().to_string();
+                        sink.lock().unwrap().push(text);
+                    }
+                }
+            }
+        });
+        Proc {
+            name: name.to_string(),
+            child,
+            log,
+        }
+    }
+
+    fn pid(&self) -> u32 {
+        self.child.id()
+    }
+
+    /// The last lines of the log, for failure messages.
+    fn tail(&self) -> String {
+        let log = self.log.lock().unwrap();
+        let from = log.len().saturating_sub(25);
+        format!(
+            "--- {} (pid {}) ---\n{}\n",
+            self.name,
+            self.pid(),
+            log[from..].join("\n")
+        )
+    }
+
+    /// Waits for a log line containing `needle`; fails if the process exits first.
+    async fn wait_for_log(&mut self, needle: &str) -> String {
+        let started = Instant::now();
+        loop {
+            if let Some(line) = self.log.lock().unwrap().iter().find(|l| l.contains(needle)) {
+                return line.clone();
+            }
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                // Give the drain thread a moment to collect the last lines.
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                panic!(
+                    "{} exited ({status}) before logging {needle:?}\n{}",
+                    self.name,
+                    self.tail()
+                );
+            }
+            assert!(
+                started.elapsed() < WAIT,
+                "{} did not log {needle:?} within {WAIT:?}\n{}",
+                self.name,
+                self.tail()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    /// SIGKILL: the process dies at once, without any cleanup of its own.
+    fn kill(&mut self) {
+        self.child.kill().expect("SIGKILL");
+        self.child.wait().expect("reap the killed process");
+    }
+
+    /// SIGTERM: the graceful stop.
+    fn terminate(&self) {
+        let status = Command::new("kill")
+            .args(["-TERM", &self.pid().to_string()])
+            .status()
+            .expect("run kill");
+        assert!(status.success(), "kill -TERM {} failed", self.pid());
+    }
+
+    async fn wait_exit(&mut self, within: Duration) -> ExitStatus {
+        let started = Instant::now();
+        loop {
+            if let Some(status) = self.child.try_wait().expect("try_wait") {
+                return status;
+            }
+            assert!(
+                started.elapsed() < within,
+                "{} did not exit within {within:?}\n{}",
+                self.name,
+                self.tail()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+}
+
+impl Drop for Proc {
+    fn drop(&mut self) {
+        if matches!(self.child.try_wait(), Ok(None)) {
+            let _ = self.child.kill();
+        }
+        let _ = self.child.wait();
+    }
+}
+
+/// The value of `key=` in a tracing log line.
+fn log_field(line: &str, key: &str) -> String {
+    let needle = format!(" {key}=");
+    let at = line
+        .find(&needle)
+        .unwrap_or_else(|| panic!("no {key}= in log line {line:?}"));
+    line[at + needle.len()..]
+        .split_whitespace()
+        .next()
+        .unwrap_or_default()
+        .to_string()
+}
+
+/// A `gantry api` process: the management API and the public endpoints.
+struct Api {
+    proc: Proc,
+    /// `http://host:port` of the public endpoints.
+    public: String,
+}
+
+/// A `gantry scheduler` process.
+struct Sched {
+    proc: Proc,
+    /// The gRPC URL workers dial.
+    url: String,
+}
+
+/// One deployment: a fresh database and the settings all its processes share.
+struct Cluster {
+    dir: tempfile::TempDir,
+    env: Vec<(String, String)>,
+    client: Client,
+    /// Every process started, for failure messages.
+    logs: Mutex<Vec<(String, Log)>>,
+    db: PgDatabase,
+}
+
+impl Cluster {
+    /// `env`: extra `GANTRY_*` settings for every process of this deployment.
+    async fn new(env: &[(&str, &str)]) -> Cluster {
+        let db = PgDatabase::create().await;
+        let mut all = vec![
+            ("GANTRY_DATABASE_URL".to_string(), db.url.clone()),
+            ("GANTRY_SCHEDULER__WORKER_SECRET".into(), WORKER_SECRET.into()),
+            ("GANTRY_MANAGEMENT_ADDR".into(), "127.0.0.1:0".into()),
+            ("GANTRY_PUBLIC_ADDR".into(), "127.0.0.1:0".into()),
+            ("GANTRY_SCHEDULER__ADDR".into(), "127.0.0.1:0".into()),
+            ("GANTRY_HTTP__WORKERS".into(), "1".into()),
+            ("GANTRY_LOG".into(), "info".into()),
+        ];
+        all.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
+        Cluster {
+            dir: tempfile::tempdir().expect("temp dir"),
+            env: all,
+            client: Client::builder()
+                .timeout(Duration::from_secs(40))
+                .build()
+                .expect("client"),
+            logs: Mutex::default(),
+            db,
+        }
+    }
+
+    /// The `gantry` binary with this deployment's settings and nothing inherited.
+    fn command(&self, args: &[&str]) -> Command {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_gantry"));
+        command.args(args).current_dir(self.dir.path());
+        for (key, _) in std::env::vars_os() {
+            if key.to_string_lossy().starts_with("GANTRY_") {
+                command.env_remove(key);
+            }
+        }
+        command
+            .env_remove("RUST_LOG")
+            .env("GANTRY_DATA_DIR", self.dir.path())
+            .envs(self.env.iter().map(|(k, v)| (k, v)));
+        command
+    }
+
+    /// Runs a CLI command to completion; returns its stdout.
+    fn cli(&self, args: &[&str]) -> String {
+        let output = self.command(args).stdin(Stdio::null()).output().expect("run gantry");
+        assert!(
+            output.status.success(),
+            "gantry {args:?} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+        String::from_utf8(output.stdout).expect("utf-8 stdout")
+    }
+
+    /// A user (exempt from rate limits: the tests poll a lot) with an `endpoints:run` key,
+    /// made with the CLI. This also applies the migrations, before any server starts.
+    fn user_key(&self) -> String {
+        let email = format!("procs{}@example.test", crate::harness::unique());
+        self.cli(&["users", "create", &email]);
+        self.cli(&["users", "set-limits", &email, "--exempt"]);
+        let key = self.cli(&["keys", "create", "--user", &email, "--scopes", "endpoints:run"]);
+        let key = key.trim().to_string();
+        assert!(key.starts_with("gk_"), "a key on stdout: {key:?}");
+        key
+    }
+
+    fn spawn(&self, name: &str, args: &[&str], extra_env: &[(&str, &str)]) -> Proc {
+        let mut command = self.command(args);
+        command.envs(extra_env.iter().copied());
+        let proc = Proc::spawn(name, command);
+        self.logs
+            .lock()
+            .unwrap()
+            .push((format!("{name} (pid {})", proc.pid()), Arc::clone(&proc.log)));
+        proc
+    }
+
+    /// Starts `gantry api` (ready once [`Cluster::ready_api`] returns).
+    fn api(&self, name: &str) -> Proc {
+        self.spawn(name, &["api"], &[])
+    }
+
+    async fn ready_api(mut proc: Proc) -> Api {
+        let line = proc.wait_for_log("gantry api is serving").await;
+        let public = format!("http://{}", log_field(&line, "public"));
+        Api { proc, public }
+    }
+
+    fn scheduler(&self, name: &str) -> Proc {
+        self.spawn(name, &["scheduler"], &[])
+    }
+
+    async fn ready_scheduler(mut proc: Proc) -> Sched {
+        let line = proc.wait_for_log("scheduler is listening for workers").await;
+        let url = format!("http://{}", log_field(&line, "scheduler"));
+        Sched { proc, url }
+    }
+
+    fn worker(&self, id: &str, scheduler: &Sched, slots: u32) -> Proc {
+        let slots = slots.to_string();
+        let args = [
+            "worker",
+            "--model",
+            "gantry-echo",
+            "--scheduler",
+            scheduler.url.as_str(),
+            "--slots",
+            slots.as_str(),
+            "--id",
+            id,
+        ];
+        self.spawn(id, &args, &[])
+    }
+
+    /// The last lines of every process's log.
+    fn logs(&self) -> String {
+        let logs = self.logs.lock().unwrap();
+        let mut out = String::new();
+        for (name, log) in logs.iter() {
+            let log = log.lock().unwrap();
+            let from = log.len().saturating_sub(15);
+            out.push_str(&format!("--- {name} ---\n{}\n", log[from..].join("\n")));
+        }
+        out
+    }
+
+    async fn submit(&self, api: &Api, endpoint: &str, key: &str, input: Value) -> Value {
+        let response = self
+            .client
+            .post(format!("{}/v2/gantry-echo/{endpoint}", api.public))
+            .bearer_auth(key)
+            .json(&json!({ "input": input }))
+            .send()
+            .await
+            .expect("submit");
+        assert_eq!(response.status(), 200, "{endpoint} through {}", api.proc.name);
+        response.json().await.expect("a JSON job")
+    }
+
+    async fn status(&self, api: &Api, key: &str, id: &str) -> Value {
+        let response = self
+            .client
+            .get(format!("{}/v2/gantry-echo/status/{id}", api.public))
+            .bearer_auth(key)
+            .send()
+            .await
+            .expect("status");
+        assert_eq!(response.status(), 200, "status of {id} through {}", api.proc.name);
+        response.json().await.expect("a JSON job")
+    }
+
+    /// Polls (through `api`) until every job is final; returns the final views by id.
+    async fn until_final(&self, api: &Api, key: &str, ids: &[String], within: Duration) -> HashMap<String, Value> {
+        let started = Instant::now();
+        let mut done = HashMap::new();
+        loop {
+            for id in ids
+                .iter()
+                .filter(|id| !done.contains_key(*id))
+                .cloned()
+                .collect::<Vec<_>>()
+            {
+                let job = self.status(api, key, &id).await;
+                if !["IN_QUEUE", "IN_PROGRESS"].contains(&job["status"].as_str().unwrap_or_default()) {
+                    done.insert(id, job);
+                }
+            }
+            if done.len() == ids.len() {
+                return done;
+            }
+            assert!(
+                started.elapsed() < within,
+                "{} of {} jobs not final within {within:?}\n{}",
+                ids.len() - done.len(),
+                ids.len(),
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Polls until `check` accepts the job's view; returns it.
+    async fn until_status(&self, api: &Api, key: &str, id: &str, what: &str, check: impl Fn(&Value) -> bool) -> Value {
+        let started = Instant::now();
+        loop {
+            let job = self.status(api, key, id).await;
+            if check(&job) {
+                return job;
+            }
+            assert!(
+                started.elapsed() < WAIT,
+                "job {id} never got {what} within {WAIT:?}: {job}\n{}",
+                self.logs()
+            );
+            tokio::time::sleep(Duration::from_millis(20)).await;
+        }
+    }
+
+    async fn query(&self, sql: &str) -> Vec<QueryResult> {
+        let db = Database::connect(&self.db.url).await.expect("connect");
+        let rows = db
+            .query_all_raw(Statement::from_string(DbBackend::Postgres, sql))
+            .await
+            .unwrap_or_else(|e| panic!("{sql}: {e}"));
+        db.close().await.ok();
+        rows
+    }
+
+    /// Every job row: id -> (status, worker_id, attempt, cost_micro_usd).
+    async fn jobs(&self) -> BTreeMap<String, JobRow> {
+        self.query("SELECT id, status, worker_id, attempt, cost_micro_usd FROM jobs")
+            .await
+            .into_iter()
+            .map(|row| {
+                let id: String = row.try_get("", "id").expect("id");
+                let job = JobRow {
+                    status: row.try_get("", "status").expect("status"),
+                    worker_id: row.try_get("", "worker_id").expect("worker_id"),
+                    attempt: row.try_get("", "attempt").expect("attempt"),
+                    cost: row.try_get("", "cost_micro_usd").expect("cost_micro_usd"),
+                };
+                (id, job)
+            })
+            .collect()
+    }
+
+    /// Every ledger entry as (job_id, amount_micro_usd).
+    async fn ledger(&self) -> Vec<(String, i64)> {
+        self.query("SELECT job_id, amount_micro_usd FROM ledger_entries")
+            .await
+            .into_iter()
+            .map(|row| {
+                (
+                    row.try_get("", "job_id").expect("job_id"),
+                    row.try_get("", "amount_micro_usd").expect("amount"),
+                )
+            })
+            .collect()
+    }
+
+    /// The database says: exactly these jobs exist, each COMPLETED, each with exactly
+    /// one ledger entry of the job's own cost, and nothing else is charged.
+    async fn assert_each_completed_and_charged_once(&self, ids: &[String]) -> BTreeMap<String, JobRow> {
+        let jobs = self.jobs().await;
+        let ledger = self.ledger().await;
+        let expected: BTreeSet<&String> = ids.iter().collect();
+        let stored: BTreeSet<&String> = jobs.keys().collect();
+        assert_eq!(stored, expected, "the jobs table holds exactly the submitted jobs");
+        for (id, job) in &jobs {
+            assert_eq!(job.status, "COMPLETED", "job {id}: {job:?}");
+        }
+        assert_eq!(ledger.len(), ids.len(), "one ledger entry per job: {ledger:?}");
+        let mut charged: HashMap<&str, usize> = HashMap::new();
+        for (job_id, amount) in &ledger {
+            *charged.entry(job_id.as_str()).or_default() += 1;
+            let job = jobs
+                .get(job_id)
+                .unwrap_or_else(|| panic!("a charge for an unknown job {job_id}"));
+            assert_eq!(job.cost, Some(*amount), "job {job_id} costs what it was charged");
+            assert!(*amount > 0, "gantry-echo is not free: {amount}");
+        }
+        for id in ids {
+            assert_eq!(charged.get(id.as_str()), Some(&1), "job {id} charged exactly once");
+        }
+        jobs
+    }
+}
+
+#[derive(Debug)]
+struct JobRow {
+    status: String,
+    worker_id: Option<String>,
+    attempt: i32,
+    cost: Option<i64>,
+}
+
+fn id_of(job: &Value) -> String {
+    job["id"]
+        .as_str()
+        .unwrap_or_else(|| panic!("a job id: {job}"))
+        .to_string()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_schedulers_two_apis_run_every_job_exactly_once() {
+    const N: usize = 60;
+    let cluster = Cluster::new(&[("GANTRY_SCHEDULER__SWEEP_INTERVAL_MS", "100")]).await;
+    let key = cluster.user_key();
+    // Start all four servers at once, then wait for each.
+    let (api1, api2) = (cluster.api("api-1"), cluster.api("api-2"));
+    let (s1, s2) = (cluster.scheduler("scheduler-1"), cluster.scheduler("scheduler-2"));
+    let apis = [Cluster::ready_api(api1).await, Cluster::ready_api(api2).await];
+    let s1 = Cluster::ready_scheduler(s1).await;
+    let s2 = Cluster::ready_scheduler(s2).await;
+    assert_ne!(s1.url, s2.url, "two scheduler listeners");
+    let mut workers = [cluster.worker("worker-a", &s1, 2), cluster.worker("worker-b", &s2, 2)];
+    for worker in &mut workers {
+        worker.wait_for_log("connected to the scheduler").await;
+    }
+
+    // Jobs alternate between the two API processes; none of them runs a scheduler.
+    let mut ids = Vec::new();
+    for n in 0..N {
+        let queued = cluster
+            .submit(&apis[n % 2], "run", &key, json!({ "n": n, "sleep_ms": 50 }))
+            .await;
+        assert_eq!(queued["status"], "IN_QUEUE", "{queued}");
+        ids.push(id_of(&queued));
+    }
+    // A synchronous job answered by API 1, run by a scheduler of another process.
+    let sync = cluster
+        .submit(&apis[0], "runsync?wait=30000", &key, json!({ "n": "sync" }))
+        .await;
+    assert_eq!(sync["status"], "COMPLETED", "runsync answered with the result: {sync}");
+    assert_eq!(sync["output"]["n"], "sync", "{sync}");
+    assert!(sync["output"]["cost"].as_f64().is_some_and(|c| c > 0.0), "{sync}");
+    let sync_worker = sync["workerId"].as_str().unwrap_or_default();
+    assert!(
+        ["worker-a", "worker-b"].contains(&sync_worker),
+        "run by one of the worker processes: {sync}"
+    );
+
+    // Every job is visible, and final, through the API it was NOT submitted to.
+    let mut finals = HashMap::new();
+    for (parity, api) in apis.iter().enumerate() {
+        let mine: Vec<String> = ids.iter().skip(1 - parity).step_by(2).cloned().collect();
+        finals.extend(cluster.until_final(api, &key, &mine, WAIT).await);
+    }
+    for (n, id) in ids.iter().enumerate() {
+        let job = &finals[id];
+        assert_eq!(job["status"], "COMPLETED", "{job}");
+        assert_eq!(job["output"]["n"], n, "job {id} has its own output: {job}");
+    }
+
+    let mut all = ids.clone();
+    all.push(id_of(&sync));
+    let rows = cluster.assert_each_completed_and_charged_once(&all).await;
+    for (id, row) in &rows {
+        assert_eq!(row.attempt, 1, "job {id} was dispatched exactly once: {row:?}");
+    }
+    let used: BTreeSet<&str> = rows.values().filter_map(|r| r.worker_id.as_deref()).collect();
+    assert_eq!(
+        used,
+        BTreeSet::from(["worker-a", "worker-b"]),
+        "jobs ran through both schedulers (each worker dials one)\n{}",
+        cluster.logs()
+    );
+    for worker in ["worker-a", "worker-b"] {
+        let count = rows.values().filter(|r| r.worker_id.as_deref() == Some(worker)).count();
+        eprintln!("{worker} ran {count} of {} jobs", all.len());
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_killed_mid_job_loses_nothing_and_charges_once() {
+    let cluster = Cluster::new(&[
+        ("GANTRY_SCHEDULER__SWEEP_INTERVAL_MS", "100"),
+        ("GANTRY_SCHEDULER__HEARTBEAT_INTERVAL_MS", "250"),
+    ])
+    .await;
+    let key = cluster.user_key();
+    let (api, sched) = (cluster.api("api"), cluster.scheduler("scheduler"));
+    let api = Cluster::ready_api(api).await;
+    let sched = Cluster::ready_scheduler(sched).await;
+    let mut workers: HashMap<String, Proc> = HashMap::new();
+    for id in ["worker-a", "worker-b"] {
+        let mut worker = cluster.worker(id, &sched, 1);
+        worker.wait_for_log("connected to the scheduler").await;
+        workers.insert(id.to_string(), worker);
+    }
+
+    let queued = cluster.submit(&api, "run", &key, json!({ "sleep_ms": 1500 })).await;
+    let id = id_of(&queued);
+    let running = cluster
+        .until_status(&api, &key, &id, "a worker", |job| {
+            job["status"] == "IN_PROGRESS" && job["workerId"].is_string()
+        })
+        .await;
+    let victim = running["workerId"].as_str().unwrap().to_string();
+    let survivor = if victim == "worker-a" { "worker-b" } else { "worker-a" };
+    workers
+        .get_mut(&victim)
+        .unwrap_or_else(|| panic!("an unknown worker runs the job: {running}"))
+        .kill();
+
+    let done = cluster.until_final(&api, &key, std::slice::from_ref(&id), WAIT).await;
+    let job = &done[&id];
+    assert_eq!(job["status"], "COMPLETED", "the job survives its worker: {job}");
+    assert_eq!(job["workerId"], survivor, "finished on the other worker: {job}");
+    assert!(
+        job["executionTime"].as_u64().is_some_and(|ms| ms >= 1400),
+        "the whole job ran again: {job}"
+    );
+    let rows = cluster
+        .assert_each_completed_and_charged_once(std::slice::from_ref(&id))
+        .await;
+    assert!(rows[&id].attempt >= 2, "the lost attempt was counted: {:?}", rows[&id]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn restarting_the_scheduler_loses_no_queued_job() {
+    let cluster = Cluster::new(&[("GANTRY_SCHEDULER__SWEEP_INTERVAL_MS", "100")]).await;
+    let key = cluster.user_key();
+    let (api, first) = (cluster.api("api"), cluster.scheduler("scheduler-1"));
+    let api = Cluster::ready_api(api).await;
+    let mut first = Cluster::ready_scheduler(first).await;
+
+    let mut ids = Vec::new();
+    for n in 0..6 {
+        ids.push(id_of(&cluster.submit(&api, "run", &key, json!({ "n": n })).await));
+    }
+    // Several sweeps of the scheduler pass; with no worker nothing may leave the queue.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    for id in &ids {
+        let job = cluster.status(&api, &key, id).await;
+        assert_eq!(job["status"], "IN_QUEUE", "no worker yet: {job}");
+    }
+    first.proc.kill();
+
+    let second = Cluster::ready_scheduler(cluster.scheduler("scheduler-2")).await;
+    let mut worker = cluster.worker("worker", &second, 2);
+    worker.wait_for_log("connected to the scheduler").await;
+    let done = cluster.until_final(&api, &key, &ids, WAIT).await;
+    for (n, id) in ids.iter().enumerate() {
+        assert_eq!(done[id]["status"], "COMPLETED", "{}", done[id]);
+        assert_eq!(done[id]["output"]["n"], n, "{}", done[id]);
+    }
+    let rows = cluster.assert_each_completed_and_charged_once(&ids).await;
+    for (id, row) in &rows {
+        assert_eq!(row.attempt, 1, "job {id} was dispatched once: {row:?}");
+        assert_eq!(row.worker_id.as_deref(), Some("worker"), "{row:?}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_drains_a_worker() {
+    let cluster = Cluster::new(&[("GANTRY_SCHEDULER__SWEEP_INTERVAL_MS", "100")]).await;
+    let key = cluster.user_key();
+    let (api, sched) = (cluster.api("api"), cluster.scheduler("scheduler"));
+    let api = Cluster::ready_api(api).await;
+    let sched = Cluster::ready_scheduler(sched).await;
+    let mut worker = cluster.worker("worker", &sched, 1);
+    worker.wait_for_log("connected to the scheduler").await;
+
+    let submitted = Instant::now();
+    let id = id_of(&cluster.submit(&api, "run", &key, json!({ "sleep_ms": 1500 })).await);
+    cluster
+        .until_status(&api, &key, &id, "its worker", |job| {
+            job["status"] == "IN_PROGRESS" && job["workerId"] == "worker"
+        })
+        .await;
+    worker.terminate();
+    let status = worker.wait_exit(WAIT).await;
+    assert!(
+        status.success(),
+        "a drained worker exits 0: {status}\n{}",
+        worker.tail()
+    );
+    assert!(
+        submitted.elapsed() >= Duration::from_millis(1500),
+        "the worker waited for its job before exiting\n{}",
+        worker.tail()
+    );
+
+    // No worker is left: only a job finished by the drained worker can be final now.
+    let done = cluster
+        .until_final(&api, &key, std::slice::from_ref(&id), Duration::from_secs(5))
+        .await;
+    let job = &done[&id];
+    assert_eq!(job["status"], "COMPLETED", "the running job was finished: {job}");
+    assert_eq!(job["workerId"], "worker", "{job}");
+    let rows = cluster
+        .assert_each_completed_and_charged_once(std::slice::from_ref(&id))
+        .await;
+    assert_eq!(rows[&id].attempt, 1, "not run twice: {:?}", rows[&id]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_scheduler_killed_mid_job_hands_it_over_once_its_lease_lapses() {
+    let cluster = Cluster::new(&[
+        ("GANTRY_SCHEDULER__SWEEP_INTERVAL_MS", "100"),
+        ("GANTRY_SCHEDULER__LEASE_MS", "1000"),
+    ])
+    .await;
+    let key = cluster.user_key();
+    let (api, s1, s2) = (
+        cluster.api("api"),
+        cluster.scheduler("scheduler-1"),
+        cluster.scheduler("scheduler-2"),
+    );
+    let api = Cluster::ready_api(api).await;
+    let mut schedulers = HashMap::new();
+    for (worker_id, sched) in [("worker-a", s1), ("worker-b", s2)] {
+        let sched = Cluster::ready_scheduler(sched).await;
+        let mut worker = cluster.worker(worker_id, &sched, 1);
+        worker.wait_for_log("connected to the scheduler").await;
+        schedulers.insert(worker_id.to_string(), (sched, worker));
+    }
+
+    let id = id_of(&cluster.submit(&api, "run", &key, json!({ "sleep_ms": 1500 })).await);
+    let running = cluster
+        .until_status(&api, &key, &id, "a worker", |job| {
+            job["status"] == "IN_PROGRESS" && job["workerId"].is_string()
+        })
+        .await;
+    let victim = running["workerId"].as_str().unwrap().to_string();
+    let survivor = if victim == "worker-a" { "worker-b" } else { "worker-a" };
+    // The scheduler that dispatched the job dies; its worker stays, cut off.
+    schedulers
+        .get_mut(&victim)
+        .unwrap_or_else(|| panic!("an unknown worker runs the job: {running}"))
+        .0
+        .proc
+        .kill();
+
+    let done = cluster.until_final(&api, &key, std::slice::from_ref(&id), WAIT).await;
+    let job = &done[&id];
+    assert_eq!(job["status"], "COMPLETED", "the job survives its scheduler: {job}");
+    assert_eq!(
+        job["workerId"], survivor,
+        "run again through the other scheduler: {job}"
+    );
+    let rows = cluster
+        .assert_each_completed_and_charged_once(std::slice::from_ref(&id))
+        .await;
+    assert!(
+        rows[&id].attempt >= 2,
+        "the lapsed attempt was counted: {:?}",
+        rows[&id]
+    );
+}
