@@ -100,7 +100,10 @@ pub async fn connect_database(settings: &Settings) -> Result<DatabaseConnection,
         )
         .min_connections(1)
         .connect_timeout(Duration::from_secs(10))
-        .sqlx_logging(false);
+        .sqlx_logging(false)
+        // A file-backed SQLite connection cannot go stale; skip the ping that would cost
+        // one extra trip through the connection's worker thread on every query.
+        .test_before_acquire(!sqlite);
     if sqlite {
         // WAL lets readers proceed during a write; with WAL, synchronous=NORMAL loses
         // nothing when a process crashes (only an OS crash can drop the last commits).

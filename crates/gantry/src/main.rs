@@ -114,7 +114,13 @@ fn main() -> ExitCode {
             return ExitCode::from(2);
         }
     };
-    init_tracing(&settings.log);
+    // Admin commands print their answer; only problems belong on stderr.
+    let quiet = matches!(cli.command, Command::Users(_) | Command::Keys(_) | Command::Migrate);
+    init_tracing(if quiet && std::env::var_os("GANTRY_LOG").is_none() {
+        "warn"
+    } else {
+        &settings.log
+    });
     let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
         Ok(rt) => rt,
         Err(err) => {
@@ -367,12 +373,12 @@ async fn keys(cmd: KeysCommand, auth: AuthService) -> CliResult {
                     _ => "active",
                 };
                 println!(
-                    "{:<22} {:<14} {:<8} {:<12} {:<12} {:<12} {}",
+                    "{:<22} {:<14} {:<8} {:<20} {:<20} {:<12} {}",
                     key.id,
                     format!("{}…{}", key.prefix, key.last_four),
                     state,
-                    key.created_at,
-                    key.expires_at.map(|t| t.to_string()).unwrap_or_else(|| "never".into()),
+                    utc_date(key.created_at),
+                    key.expires_at.map(utc_date).unwrap_or_else(|| "never".into()),
                     key.name.as_deref().unwrap_or("-"),
                     key.scopes.to_storage(),
                 );
@@ -384,4 +390,34 @@ async fn keys(cmd: KeysCommand, auth: AuthService) -> CliResult {
         }
     }
     Ok(())
+}
+
+/// Unix seconds as an RFC 3339 UTC timestamp (days-from-civil, inverted).
+fn utc_date(unix: i64) -> String {
+    let (days, secs) = (unix.div_euclid(86_400), unix.rem_euclid(86_400));
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z.rem_euclid(146_097);
+    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let day = doy - (153 * mp + 2) / 5 + 1;
+    let month = if mp < 10 { mp + 3 } else { mp - 9 };
+    let year = yoe + era * 400 + i64::from(month <= 2);
+    format!(
+        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
+        secs / 3_600,
+        secs % 3_600 / 60,
+        secs % 60
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn utc_dates() {
+        assert_eq!(super::utc_date(0), "1970-01-01T00:00:00Z");
+        assert_eq!(super::utc_date(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(super::utc_date(1_795_289_883), "2026-11-21T19:38:03Z");
+    }
 }
