@@ -34,6 +34,8 @@ pub struct AppState {
     pub(crate) rate_limits: crate::settings::RateLimitSettings,
     pub(crate) openapi: web::Bytes,
     pub(crate) openapi_public: web::Bytes,
+    /// Held while serving an SQLite database: one serving process per file.
+    _sqlite_lock: Option<std::fs::File>,
 }
 
 /// Idle and running workers per model, from the in-process dispatcher.
@@ -135,6 +137,7 @@ impl Application {
             Catalog::new(settings.catalog.data_centers.clone())
         };
         catalog.validate().map_err(StartError::Config)?;
+        let lock = lock_sqlite(&settings)?;
         let db = connect_database(&settings).await?;
         let limiter = match settings.redis_url.as_deref().filter(|u| !u.trim().is_empty()) {
             None => RateLimiter::in_memory(),
@@ -158,7 +161,12 @@ impl Application {
                 db.clone(),
                 Duration::from_millis(settings.auth.cache_ttl_ms),
             )),
-            volumes: VolumeService::new(db.clone()),
+            volumes: match &lock {
+                // Sole writer of this SQLite file: volume lists can be served from memory.
+                Some(_) => VolumeService::new(db.clone()).with_list_cache(),
+                None => VolumeService::new(db.clone()),
+            },
+            _sqlite_lock: lock,
             catalog: Arc::new(catalog),
             body_limit: settings.http.body_limit_bytes,
             limiter,
@@ -242,4 +250,37 @@ fn serve(
     .map_err(bind_err)?
     .run();
     Ok((server, local))
+}
+
+/// Takes an exclusive lock next to an SQLite database file, so that two serving
+/// processes never share one embedded database.
+fn lock_sqlite(settings: &Settings) -> Result<Option<std::fs::File>, StartError> {
+    let url = settings.database_url();
+    let Some(rest) = url.strip_prefix("sqlite://").or_else(|| url.strip_prefix("sqlite:")) else {
+        return Ok(None);
+    };
+    let path = rest.split('?').next().unwrap_or_default();
+    if path.is_empty() || path.starts_with(':') {
+        return Ok(None); // in-memory
+    }
+    if let Some(dir) = std::path::Path::new(path)
+        .parent()
+        .filter(|d| !d.as_os_str().is_empty())
+    {
+        std::fs::create_dir_all(dir)?;
+    }
+    let lock_path = format!("{path}.lock");
+    let file = std::fs::OpenOptions::new()
+        .create(true)
+        .truncate(false)
+        .write(true)
+        .open(&lock_path)?;
+    match file.try_lock() {
+        Ok(()) => Ok(Some(file)),
+        Err(std::fs::TryLockError::WouldBlock) => Err(StartError::Config(format!(
+            "another Gantry process is serving the SQLite database {path} (lock {lock_path} is held); \
+             run one process per SQLite file, or use PostgreSQL for several"
+        ))),
+        Err(std::fs::TryLockError::Error(err)) => Err(err.into()),
+    }
 }

@@ -1,3 +1,4 @@
+use std::sync::Arc;
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use gantry_catalog::VolumeType;
@@ -5,6 +6,7 @@ use rand::RngExt;
 use sea_orm::sea_query::Expr;
 use sea_orm::{ActiveValue::Set, ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder};
 
+use crate::cache::ListCache;
 use crate::entity::{self, Column, Entity};
 use crate::model::{NetworkVolume, NewVolume, VolumeUpdate};
 
@@ -25,21 +27,45 @@ pub enum VolumeError {
 #[derive(Clone)]
 pub struct VolumeService {
     db: DatabaseConnection,
+    cache: Option<Arc<ListCache>>,
 }
 
 impl VolumeService {
     pub fn new(db: DatabaseConnection) -> Self {
-        Self { db }
+        Self { db, cache: None }
     }
 
-    pub async fn list(&self, owner: &str) -> Result<Vec<NetworkVolume>, VolumeError> {
+    /// Serves lists from memory. Only for a process that is the sole writer of the
+    /// volumes table (the caller guarantees it, e.g. with a lock on the SQLite file).
+    pub fn with_list_cache(mut self) -> Self {
+        self.cache = Some(Arc::new(ListCache::default()));
+        self
+    }
+
+    fn written(&self, owner: &str) {
+        if let Some(cache) = &self.cache {
+            cache.invalidate(owner);
+        }
+    }
+
+    /// The owner's volumes, oldest first.
+    pub async fn list(&self, owner: &str) -> Result<Arc<Vec<NetworkVolume>>, VolumeError> {
+        let generation = match self.cache.as_ref().map(|c| c.get(owner)) {
+            Some(Ok(hit)) => return Ok(hit),
+            Some(Err(generation)) => Some(generation),
+            None => None,
+        };
         let rows = Entity::find()
             .filter(Column::UserId.eq(owner))
             .order_by_asc(Column::CreatedAt)
             .order_by_asc(Column::Id)
             .all(&self.db)
             .await?;
-        Ok(rows.into_iter().map(view).collect())
+        let list = Arc::new(rows.into_iter().map(view).collect::<Vec<_>>());
+        if let (Some(cache), Some(generation)) = (&self.cache, generation) {
+            cache.put(owner, generation, list.clone());
+        }
+        Ok(list)
     }
 
     pub async fn get(&self, owner: &str, id: &str) -> Result<NetworkVolume, VolumeError> {
@@ -69,6 +95,7 @@ impl VolumeService {
             updated_at: Set(now),
         };
         Entity::insert(active).exec_without_returning(&self.db).await?;
+        self.written(owner);
         Ok(view(row))
     }
 
@@ -92,6 +119,9 @@ impl VolumeService {
                 .filter(Column::Size.lte(gb));
         }
         let result = query.exec(&self.db).await?;
+        if result.rows_affected > 0 {
+            self.written(owner);
+        }
         let current = self.find(owner, id).await?;
         if let (0, Some(size)) = (result.rows_affected, update.size) {
             return Err(VolumeError::SizeDecrease {
@@ -109,10 +139,10 @@ impl VolumeService {
             .exec(&self.db)
             .await?;
         if result.rows_affected == 0 {
-            Err(VolumeError::NotFound)
-        } else {
-            Ok(())
+            return Err(VolumeError::NotFound);
         }
+        self.written(owner);
+        Ok(())
     }
 
     async fn find(&self, owner: &str, id: &str) -> Result<entity::Model, VolumeError> {

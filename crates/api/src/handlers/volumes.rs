@@ -12,10 +12,18 @@ use crate::problem::ApiError;
 
 const TIERS: [&str; 2] = ["STANDARD", "HIGH_PERFORMANCE"];
 
-#[derive(Serialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
+/// The documented list shape; `ListBody` writes it without copying the list.
+#[derive(ToSchema)]
+#[allow(dead_code)]
 pub struct ListNetworkVolumesResponse {
-    pub network_volumes: Vec<NetworkVolume>,
+    #[schema(rename = "networkVolumes")]
+    network_volumes: Vec<NetworkVolume>,
+}
+
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct ListBody<'a> {
+    network_volumes: &'a [NetworkVolume],
 }
 
 /// The creation request as documented; validation itself is done field by field.
@@ -69,8 +77,8 @@ impl From<VolumeError> for ApiError {
     responses((status = 200, description = "OK", body = ListNetworkVolumesResponse)))]
 pub async fn list(state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
     let principal = caller.require(Scope::VolumesRead)?;
-    let network_volumes = state.volumes.list(&principal.user_id).await?;
-    Ok(HttpResponse::Ok().json(ListNetworkVolumesResponse { network_volumes }))
+    let list = state.volumes.list(&principal.user_id).await?;
+    Ok(HttpResponse::Ok().json(ListBody { network_volumes: &list }))
 }
 
 #[utoipa::path(post, path = "/v2/network-volumes", operation_id = "createNetworkVolume", tag = "Network Volumes",

@@ -164,3 +164,28 @@ fn first_start_prints_one_admin_key_and_later_starts_do_not() {
     assert!(!second.contains("gk_"), "no key on later starts: {second}");
     assert!(dir.path().join("gantry.db").exists(), "SQLite under the data dir");
 }
+
+/// Two serving processes on one SQLite file would each trust their own caches.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_second_server_on_the_same_sqlite_file_refuses_to_start() {
+    let app = TestApp::spawn(Backend::Sqlite).await;
+    let output = Command::new(env!("CARGO_BIN_EXE_gantry"))
+        .arg("serve")
+        .env("GANTRY_DATABASE_URL", &app.database_url)
+        .env("GANTRY_DATA_DIR", &app.settings.data_dir)
+        .env("GANTRY_MANAGEMENT_ADDR", "127.0.0.1:0")
+        .env("GANTRY_PUBLIC_ADDR", "127.0.0.1:0")
+        .env("GANTRY_SCHEDULER__ADDR", "127.0.0.1:0")
+        .stdin(Stdio::null())
+        .output()
+        .unwrap();
+    assert!(!output.status.success());
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("another Gantry process is serving the SQLite database"),
+        "{stderr}"
+    );
+    // The first one is unaffected.
+    let (_, key) = app.user_with_key("volumes:read").await;
+    assert_eq!(app.get("/v2/network-volumes", &key).await.status(), 200);
+}

@@ -118,7 +118,7 @@ async fn unknown_routes_and_wrong_methods(backend: Backend) {
 async fn internal_errors_disclose_nothing(backend: Backend) {
     let app = TestApp::spawn(backend).await;
     let (_, key) = app.user_with_key("all").await;
-    assert_eq!(app.get("/v2/network-volumes", &key).await.status(), 200);
+    assert_eq!(app.get("/v2/catalog/datacenters", &key).await.status(), 200);
     // Break the storage behind the service's back.
     app.sql("DROP TABLE network_volumes").await;
     let res = app.get("/v2/network-volumes", &key).await;

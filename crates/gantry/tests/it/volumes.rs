@@ -70,6 +70,20 @@ async fn lifecycle_create_list_rename_grow_delete(backend: Backend) {
         json!({"id": id, "name": "renamed", "size": 200, "dataCenter": "EU-RO-1", "type": "HIGH_PERFORMANCE"})
     );
     assert_eq!(app.get(&path, &key).await.json::<Value>().await.unwrap(), grown);
+    assert_eq!(
+        list(&app, &key).await,
+        vec![grown.clone()],
+        "the list shows the new size at once"
+    );
+    let rejected = app
+        .send_json(Method::PATCH, &path, &key, &json!({"name": "nope", "size": 20}))
+        .await;
+    assert_eq!(rejected.status(), 400);
+    assert_eq!(
+        list(&app, &key).await,
+        vec![grown.clone()],
+        "a rejected update changes nothing"
+    );
 
     let deleted = app.request(Method::DELETE, &path, Some(&key)).send().await.unwrap();
     assert_eq!(deleted.status(), 204);
