@@ -109,17 +109,24 @@ async fn users_and_keys_from_the_command_line(backend: Backend) {
     }
 }
 
-/// `gantry serve` on a fresh data dir: prints one admin key on the first start only.
-#[test]
-fn first_start_prints_one_admin_key_and_later_starts_do_not() {
-    let dir = tempfile::tempdir().unwrap();
-    let start = || {
+/// A real `gantry serve` process on its own data dir and free ports.
+struct ServeProcess {
+    child: std::process::Child,
+    management: String,
+    public: String,
+    stdout: std::sync::Arc<std::sync::Mutex<String>>,
+    readers: Vec<std::thread::JoinHandle<()>>,
+}
+
+impl ServeProcess {
+    fn start(dir: &std::path::Path) -> ServeProcess {
         let started = Instant::now();
         let mut child = Command::new(env!("CARGO_BIN_EXE_gantry"))
             .arg("serve")
-            .env("GANTRY_DATA_DIR", dir.path())
+            .env("GANTRY_DATA_DIR", dir)
             .env("GANTRY_MANAGEMENT_ADDR", "127.0.0.1:0")
             .env("GANTRY_PUBLIC_ADDR", "127.0.0.1:0")
+            .env("GANTRY_SCHEDULER__ADDR", "127.0.0.1:0")
             .env("GANTRY_HTTP__WORKERS", "1")
             .env_remove("GANTRY_DATABASE_URL")
             .env_remove("RUST_LOG")
@@ -128,41 +135,126 @@ fn first_start_prints_one_admin_key_and_later_starts_do_not() {
             .stderr(Stdio::piped())
             .spawn()
             .unwrap();
+        // Everything printed on stdout is kept; the log is drained so the server never blocks.
+        let stdout = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let mut pipe = child.stdout.take().unwrap();
+        let sink = stdout.clone();
+        let out_reader = std::thread::spawn(move || {
+            let mut text = String::new();
+            let mut buf = [0u8; 4096];
+            while let Ok(n) = pipe.read(&mut buf) {
+                if n == 0 {
+                    break;
+                }
+                text.push_str(&String::from_utf8_lossy(&buf[..n]));
+                *sink.lock().unwrap() = text.clone();
+            }
+        });
         // The log line naming the listeners says it is up.
         let mut stderr = BufReader::new(child.stderr.take().unwrap()).lines();
-        let mut management = None;
+        let mut addrs = None;
         for line in stderr.by_ref() {
             let line = line.unwrap();
-            if let Some(at) = line.find("management=") {
-                management = line[at + 11..].split_whitespace().next().map(String::from);
+            let field = |name: &str| {
+                line.find(name)
+                    .and_then(|at| line[at + name.len()..].split_whitespace().next().map(String::from))
+            };
+            if let (Some(management), Some(public)) = (field("management="), field("public=")) {
+                addrs = Some((management, public));
                 break;
             }
             assert!(started.elapsed() < Duration::from_secs(30), "serve did not start");
         }
-        let management = management.expect("serve logged its address");
-        // Keep draining the log so the server never writes into a closed pipe.
-        let drain = std::thread::spawn(move || stderr.count());
-        // Shut it down gracefully, then read what it printed.
-        std::process::Command::new("kill")
+        let (management, public) = addrs.expect("serve logged its addresses");
+        let log_reader = std::thread::spawn(move || {
+            stderr.for_each(drop);
+        });
+        ServeProcess {
+            child,
+            management,
+            public,
+            stdout,
+            readers: vec![out_reader, log_reader],
+        }
+    }
+
+    /// The admin key printed on a first start.
+    fn admin_key(&self) -> Option<String> {
+        let started = Instant::now();
+        loop {
+            let out = self.stdout.lock().unwrap().clone();
+            if let Some(key) = out.split_whitespace().find(|w| w.starts_with("gk_")) {
+                return Some(key.to_string());
+            }
+            if started.elapsed() > Duration::from_secs(2) {
+                return None;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    /// SIGTERM, a graceful exit with status 0, and everything it printed on stdout.
+    fn stop(mut self) -> String {
+        Command::new("kill")
             .arg("-TERM")
-            .arg(child.id().to_string())
+            .arg(self.child.id().to_string())
             .status()
             .unwrap();
-        let status = child.wait().unwrap();
+        let status = self.child.wait().unwrap();
         assert!(status.success(), "graceful shutdown exits 0");
-        drain.join().unwrap();
-        let mut out = String::new();
-        child.stdout.take().unwrap().read_to_string(&mut out).unwrap();
-        (management, out)
-    };
-    let (addr, first) = start();
-    assert!(addr.starts_with("127.0.0.1:"));
+        for reader in self.readers.drain(..) {
+            reader.join().unwrap();
+        }
+        self.stdout.lock().unwrap().clone()
+    }
+}
+
+impl Drop for ServeProcess {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// `gantry serve` on a fresh data dir: prints one admin key on the first start only.
+#[test]
+fn first_start_prints_one_admin_key_and_later_starts_do_not() {
+    let dir = tempfile::tempdir().unwrap();
+    let first = ServeProcess::start(dir.path());
+    assert!(first.management.starts_with("127.0.0.1:"));
+    let first = first.stop();
     let keys: Vec<&str> = first.split_whitespace().filter(|w| w.starts_with("gk_")).collect();
     assert_eq!(keys.len(), 1, "one key on first start: {first}");
     assert!(first.contains("admin@localhost"));
-    let (_, second) = start();
+    let second = ServeProcess::start(dir.path()).stop();
     assert!(!second.contains("gk_"), "no key on later starts: {second}");
     assert!(dir.path().join("gantry.db").exists(), "SQLite under the data dir");
+}
+
+/// Two platforms on one machine, each with its own listeners, scheduler and workers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_serve_instances_run_side_by_side() {
+    let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let (a, b) = (ServeProcess::start(a_dir.path()), ServeProcess::start(b_dir.path()));
+    let client = reqwest::Client::new();
+    for server in [&a, &b] {
+        let key = server.admin_key().expect("admin key on first start");
+        let job: serde_json::Value = client
+            .post(format!("http://{}/v2/gantry-echo/runsync", server.public))
+            .bearer_auth(&key)
+            .json(&serde_json::json!({"input": {"from": server.public}}))
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(job["status"], "COMPLETED", "{job}");
+        assert_eq!(job["output"]["from"], server.public.as_str());
+    }
+    assert_ne!(a.public, b.public);
+    a.stop();
+    b.stop();
 }
 
 /// Two serving processes on one SQLite file would each trust their own caches.
