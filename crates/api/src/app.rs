@@ -106,6 +106,10 @@ pub async fn connect_database(settings: &Settings) -> Result<DatabaseConnection,
         // A file-backed SQLite connection cannot go stale; skip the ping that would cost
         // one extra trip through the connection's worker thread on every query.
         .test_before_acquire(!sqlite);
+    if !sqlite {
+        // A server connection can die while idle; check only those, not every busy one.
+        options.test_before_acquire_if_idle_for(Duration::from_secs(30));
+    }
     if sqlite {
         // WAL lets readers proceed during a write; with WAL, synchronous=NORMAL loses
         // nothing when a process crashes (only an OS crash can drop the last commits).

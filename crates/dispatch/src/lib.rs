@@ -285,7 +285,8 @@ impl Dispatcher {
         tonic::transport::Server::builder()
             .serve_with_incoming_shutdown(
                 self.service(),
-                tonic::transport::server::TcpIncoming::from(listener),
+                // Small frames (results, credits) must not wait for Nagle.
+                tonic::transport::server::TcpIncoming::from(listener).with_nodelay(Some(true)),
                 signal,
             )
             .await

@@ -12,7 +12,8 @@ use gantry_dispatch::{AssignError, Assignment, Dispatcher, Event, Usage};
 use rand::RngExt;
 use sea_orm::sea_query::{Expr, LockBehavior, LockType, OnConflict, Order, Query};
 use sea_orm::{
-    ColumnTrait, ConnectionTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QuerySelect, TransactionTrait,
+    ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, IdenStatic, Iterable, QueryFilter,
+    QuerySelect, Statement, TransactionTrait,
 };
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
@@ -20,7 +21,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::millis;
 use crate::entity::{chunk, job};
-use crate::store::{JobStore, now_ms, plus, retention_expr};
+use crate::store::{JobStore, now_ms, plus, retention_expr, serialize_writes};
 use crate::types::{JobStatus, JobView, SchedulerError};
 
 use job::Column as J;
@@ -29,6 +30,11 @@ use job::Column as J;
 const EVENT_BATCH: usize = 256;
 /// Ids per `IN (…)` list.
 const ID_CHUNK: usize = 500;
+/// Jobs completed by one `UPDATE … FROM (VALUES …)` statement (7 bind values each).
+const COMPLETE_CHUNK: usize = 256;
+/// Expired jobs deleted per round, and rounds per sweep.
+const EXPIRE_BATCH: u64 = 1000;
+const EXPIRE_ROUNDS: usize = 10;
 /// The error a worker reports when the attempt's deadline passed.
 const DEADLINE_EXCEEDED: &str = "deadline exceeded";
 
@@ -134,6 +140,8 @@ struct Outcome {
     finals: Vec<job::Model>,
     settled: Vec<String>,
     refill: HashSet<String>,
+    /// Jobs claimed in the same transaction: (model, how many were asked for, rows).
+    claims: Vec<(String, u64, Vec<job::Model>)>,
 }
 
 impl Core {
@@ -246,15 +254,49 @@ impl Core {
                 self.to_fill.insert(model);
             }
         }
+        // Place what the transaction claimed; a model whose queue may hold
+        // more stays marked for filling.
+        for (model, want, rows) in outcome.claims {
+            match self.place(&model, want, rows).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    self.to_fill.remove(&model);
+                }
+                Err(error) => tracing::warn!(%model, %error, "assigning claimed jobs failed"),
+            }
+        }
+    }
+
+    /// Models to claim for in the settlement transaction of `batch`: those
+    /// marked for filling, those whose slots it freed (unless their queue was
+    /// found empty), and those it requeues jobs of.
+    fn claim_models(&self, batch: &[Event], refill: &HashSet<String>) -> Vec<String> {
+        let mut models: Vec<String> = self.to_fill.iter().cloned().collect();
+        for event in batch {
+            if let Event::CapacityAvailable { model } = event
+                && !self.drained.contains(model)
+                && !models.contains(model)
+            {
+                models.push(model.clone());
+            }
+        }
+        for model in refill {
+            if !models.contains(model) {
+                models.push(model.clone());
+            }
+        }
+        models
     }
 
     async fn settle_once(&self, batch: &[Event]) -> Result<Outcome, DbErr> {
         let now = now_ms();
         let config = &self.store.config;
+        let _guard = serialize_writes(&self.store.hub.write_lock, &self.db).await;
         let txn = self.db.begin().await?;
         let mut outcome = Outcome::default();
         let mut chunks: Vec<(String, i64, String)> = Vec::new();
-        let mut charges = Vec::new();
+        // Completions are written together, in one statement, at the end.
+        let mut completions: Vec<Completion> = Vec::new();
         // Jobs already settled earlier in this batch (duplicates are ignored).
         let mut done: HashSet<&str> = HashSet::new();
         for event in batch {
@@ -320,20 +362,14 @@ impl Core {
                             continue;
                         }
                     };
-                    let rows = complete(job_id, *attempt, worker_id, output, usage, amount, now, config)
-                        .exec_with_returning(&txn)
-                        .await?;
-                    for row in rows {
-                        charges.push(Charge {
-                            user_id: row.user_id.clone(),
-                            job_id: row.id.clone(),
-                            model: row.model.clone(),
-                            unit: usage.unit.clone(),
-                            quantity_micros: usage.quantity_micros,
-                            amount_micro_usd: amount,
-                        });
-                        outcome.finals.push(row);
-                    }
+                    completions.push(Completion {
+                        job_id,
+                        attempt: i64::from(*attempt),
+                        worker_id,
+                        output: output_with_cost(output, amount),
+                        usage,
+                        amount,
+                    });
                 }
                 Event::Failed {
                     job_id,
@@ -400,7 +436,34 @@ impl Core {
             }
         }
         insert_chunks(&txn, &mut chunks).await?;
+        let mut charges = Vec::with_capacity(completions.len());
+        if !completions.is_empty() {
+            let by_id: HashMap<&str, &Completion> = completions.iter().map(|c| (c.job_id, c)).collect();
+            for row in complete_all(&txn, &completions, now, config).await? {
+                if let Some(done) = by_id.get(row.id.as_str()) {
+                    charges.push(Charge {
+                        user_id: row.user_id.clone(),
+                        job_id: row.id.clone(),
+                        model: row.model.clone(),
+                        unit: done.usage.unit.clone(),
+                        quantity_micros: done.usage.quantity_micros,
+                        amount_micro_usd: done.amount,
+                    });
+                }
+                outcome.finals.push(row);
+            }
+        }
         record_charges(&txn, &charges, now).await?;
+        // The slots these results freed: claim their next jobs in the same
+        // commit (one write lock and one commit fewer per round). They are
+        // assigned after the commit.
+        for model in self.claim_models(batch, &outcome.refill) {
+            let want = self.want(&model);
+            if want > 0 {
+                let rows = self.claim_on(&txn, &model, want).await?;
+                outcome.claims.push((model, want, rows));
+            }
+        }
         txn.commit().await?;
         Ok(outcome)
     }
@@ -460,17 +523,32 @@ impl Core {
 
     async fn fill_model(&mut self, model: &str) -> Result<(), DbErr> {
         loop {
-            let free = self
-                .dispatcher
-                .health()
-                .models
-                .get(model)
-                .map_or(0, |health| health.free_slots);
-            let want = free.min(u64::from(self.store.config.claim_batch.max(1)));
+            let want = self.want(model);
             if want == 0 {
                 return Ok(());
             }
-            let mut rows = self.claim(model, want).await?;
+            let rows = self.claim(model, want).await?;
+            if !self.place(model, want, rows).await? {
+                return Ok(());
+            }
+        }
+    }
+
+    /// How many jobs of `model` to claim now: its workers' free slots, at most `claim_batch`.
+    fn want(&self, model: &str) -> u64 {
+        let free = self
+            .dispatcher
+            .health()
+            .models
+            .get(model)
+            .map_or(0, |health| health.free_slots);
+        free.min(u64::from(self.store.config.claim_batch.max(1)))
+    }
+
+    /// Assigns just-claimed jobs of `model` (`want` were asked for) to workers.
+    /// Returns whether the queue may hold more for free slots (claim again).
+    async fn place(&mut self, model: &str, want: u64, mut rows: Vec<job::Model>) -> Result<bool, DbErr> {
+        {
             let claimed = rows.len() as u64;
             rows.sort_by(|a, b| (a.low_priority, &a.id).cmp(&(b.low_priority, &b.id)));
             let mut put_back = Vec::new();
@@ -513,6 +591,8 @@ impl Core {
             }
             let now = now_ms();
             for (job_id, attempt, error) in &failed {
+                let lock = Arc::clone(&self.store.hub.write_lock);
+                let _guard = serialize_writes(&lock, &self.db).await;
                 let rows = finish(
                     job_id,
                     u32::try_from(*attempt).unwrap_or(0),
@@ -528,13 +608,14 @@ impl Core {
             }
             if !put_back.is_empty() {
                 self.put_back(&put_back).await?;
-                return Ok(());
+                return Ok(false);
             }
             if claimed < want {
                 self.drained.insert(model.to_string());
-                return Ok(());
+                return Ok(false);
             }
             self.drained.remove(model);
+            Ok(true)
         }
     }
 
@@ -543,6 +624,13 @@ impl Core {
     /// (SELECT … FOR UPDATE SKIP LOCKED) AND status = 'IN_QUEUE' RETURNING *`
     /// (SQLite ignores the lock clause; its writes are serialized anyway).
     async fn claim(&self, model: &str, limit: u64) -> Result<Vec<job::Model>, DbErr> {
+        let _guard = serialize_writes(&self.store.hub.write_lock, &self.db).await;
+        self.claim_on(&self.db, model, limit).await
+    }
+
+    /// The claim statement of [`Core::claim`], on any connection (the
+    /// settlement transaction claims for the slots its results freed).
+    async fn claim_on<C: ConnectionTrait>(&self, db: &C, model: &str, limit: u64) -> Result<Vec<job::Model>, DbErr> {
         let now = now_ms();
         let lease_until = now.saturating_add(millis(self.store.config.lease));
         let candidates = Query::select()
@@ -566,13 +654,14 @@ impl Core {
             .col_expr(J::RunDeadlineMs, Expr::cust(format!("{now} + execution_timeout_ms")))
             .filter(J::Id.in_subquery(candidates))
             .filter(J::Status.eq(JobStatus::InQueue.as_str()))
-            .exec_with_returning(&self.db)
+            .exec_with_returning(db)
             .await
     }
 
     /// Returns just-claimed jobs no worker took; the attempt was never sent,
     /// so it is not counted.
     async fn put_back(&self, ids: &[String]) -> Result<(), DbErr> {
+        let _guard = serialize_writes(&self.store.hub.write_lock, &self.db).await;
         job::Entity::update_many()
             .col_expr(J::Status, Expr::value(JobStatus::InQueue.as_str()))
             .col_expr(J::Attempt, plus(J::Attempt, -1))
@@ -615,7 +704,9 @@ impl Core {
         let lease_until = now_ms().saturating_add(millis(self.store.config.lease));
         let ids: Vec<String> = self.running.keys().cloned().collect();
         let mut alive: HashSet<(String, i32)> = HashSet::new();
+        let lock = Arc::clone(&self.store.hub.write_lock);
         for part in ids.chunks(ID_CHUNK) {
+            let _guard = serialize_writes(&lock, &self.db).await;
             let rows: Vec<(String, i32)> = job::Entity::update_many()
                 .col_expr(J::LeaseUntilMs, Expr::value(lease_until))
                 .filter(J::Id.is_in(part.iter().map(String::as_str)))
@@ -644,6 +735,8 @@ impl Core {
 
     /// Ends every running job (of any scheduler) past its execution timeout.
     async fn time_out(&mut self) -> Result<(), DbErr> {
+        let lock = Arc::clone(&self.store.hub.write_lock);
+        let guard = serialize_writes(&lock, &self.db).await;
         let now = now_ms();
         let rows = job::Entity::update_many()
             .col_expr(J::Status, Expr::value(JobStatus::TimedOut.as_str()))
@@ -655,6 +748,7 @@ impl Core {
             .filter(J::RunDeadlineMs.lte(now))
             .exec_with_returning(&self.db)
             .await?;
+        drop(guard);
         // Every job of ours that is due has now ended: timed out by this
         // statement, or already finished elsewhere. Stop them all.
         let due: Vec<String> = self
@@ -675,12 +769,15 @@ impl Core {
     /// Requeues running jobs whose scheduler's lease lapsed (it crashed or lost
     /// the database), or fails them once out of attempts.
     async fn requeue_orphans(&mut self) -> Result<(), DbErr> {
+        let lock = Arc::clone(&self.store.hub.write_lock);
+        let guard = serialize_writes(&lock, &self.db).await;
         let now = now_ms();
         let rows = requeue_or_fail("scheduler lost", now, &self.store.config)
             .filter(J::Status.eq(JobStatus::InProgress.as_str()))
             .filter(J::LeaseUntilMs.lt(now))
             .exec_with_returning(&self.db)
             .await?;
+        drop(guard);
         for row in &rows {
             if self.running.remove(&row.id).is_some() {
                 self.pending_workers.remove(&row.id);
@@ -697,16 +794,30 @@ impl Core {
     /// Deletes jobs past their TTL (queued or running) or their result
     /// retention (finished), with their chunks.
     async fn expire(&mut self) -> Result<(), DbErr> {
+        // A few rounds per sweep, so a backlog shrinks at high throughput.
+        for _ in 0..EXPIRE_ROUNDS {
+            if self.expire_some().await? < EXPIRE_BATCH {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes up to `EXPIRE_BATCH` expired jobs; returns how many were found.
+    async fn expire_some(&mut self) -> Result<u64, DbErr> {
         let now = now_ms();
         let doomed: Vec<String> = job::Entity::find()
             .select_only()
             .column(J::Id)
             .filter(J::ExpiresAtMs.lte(now))
-            .limit(1000)
+            .limit(EXPIRE_BATCH)
             .into_tuple()
             .all(&self.db)
             .await?;
+        let found = doomed.len() as u64;
+        let lock = Arc::clone(&self.store.hub.write_lock);
         for part in doomed.chunks(ID_CHUNK) {
+            let _guard = serialize_writes(&lock, &self.db).await;
             let txn = self.db.begin().await?;
             chunk::Entity::delete_many()
                 .filter(chunk::Column::JobId.is_in(part.iter().map(String::as_str)))
@@ -725,7 +836,7 @@ impl Core {
                 self.dispatcher.cancel(&job_id, "ttl expired");
             }
         }
-        Ok(())
+        Ok(found)
     }
 
     /// Writes the worker ids of running jobs (one statement per worker).
@@ -737,8 +848,10 @@ impl Core {
         for (job_id, worker_id) in self.pending_workers.drain() {
             by_worker.entry(worker_id).or_default().push(job_id);
         }
+        let lock = Arc::clone(&self.store.hub.write_lock);
         for (worker_id, jobs) in by_worker {
             for part in jobs.chunks(ID_CHUNK) {
+                let _guard = serialize_writes(&lock, &self.db).await;
                 job::Entity::update_many()
                     .col_expr(J::WorkerId, Expr::value(worker_id.as_str()))
                     .filter(J::Id.is_in(part.iter().map(String::as_str)))
@@ -758,6 +871,7 @@ impl Core {
             self.dispatcher.cancel(job_id, "scheduler shutting down");
         }
         self.running.clear();
+        let _guard = serialize_writes(&self.store.hub.write_lock, &self.db).await;
         job::Entity::update_many()
             .col_expr(J::Status, Expr::value(JobStatus::InQueue.as_str()))
             .col_expr(J::Owner, Expr::value(Option::<String>::None))
@@ -776,41 +890,102 @@ impl Core {
 
 // ---- statements ----
 
-/// COMPLETED, guarded on (id, attempt, IN_PROGRESS).
-#[allow(clippy::too_many_arguments)]
-fn complete(
-    job_id: &str,
-    attempt: u32,
-    worker_id: &str,
-    output: &Value,
-    usage: &Usage,
+/// A job's result, to be written with the others of its batch.
+struct Completion<'a> {
+    job_id: &'a str,
+    attempt: i64,
+    worker_id: &'a str,
+    output: String,
+    usage: &'a Usage,
     amount: i64,
+}
+
+/// The stored output: an object gets `"cost"` (USD); anything else is stored
+/// as the model returned it (the cost is in the ledger).
+fn output_with_cost(output: &Value, amount: i64) -> String {
+    match output {
+        Value::Object(map) => {
+            let cost = serde_json::Number::from_f64(gantry_billing::usd(amount)).map_or(Value::Null, Value::Number);
+            let mut map = map.clone();
+            map.insert("cost".into(), cost);
+            Value::Object(map).to_string()
+        }
+        other => other.to_string(),
+    }
+}
+
+/// COMPLETED for a batch of results, each guarded on (id, attempt,
+/// IN_PROGRESS), in one statement per `COMPLETE_CHUNK` jobs:
+///
+/// ```sql
+/// WITH b (b_id, b_attempt, …) AS (VALUES (?, ?, …), …)
+/// UPDATE jobs SET status = 'COMPLETED', output = b.b_output, …
+///   FROM b WHERE jobs.id = b.b_id AND jobs.attempt = b.b_attempt AND jobs.status = 'IN_PROGRESS'
+/// RETURNING <every column>
+/// ```
+///
+/// Returns the rows that changed (a stale attempt changes nothing).
+async fn complete_all<C: ConnectionTrait>(
+    db: &C,
+    completions: &[Completion<'_>],
     now: i64,
     config: &crate::SchedulerConfig,
-) -> sea_orm::UpdateMany<job::Entity> {
-    let output = match output.clone() {
-        Value::Object(mut map) => {
-            let cost = serde_json::Number::from_f64(gantry_billing::usd(amount)).map_or(Value::Null, Value::Number);
-            map.insert("cost".into(), cost);
-            Value::Object(map)
+) -> Result<Vec<job::Model>, DbErr> {
+    let backend = db.get_database_backend();
+    let sync_until = now.saturating_add(config.retention_ms(true));
+    let async_until = now.saturating_add(config.retention_ms(false));
+    let returning = job::Column::iter()
+        .map(|c| format!("\"{}\"", c.as_str()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut changed = Vec::with_capacity(completions.len());
+    for part in completions.chunks(COMPLETE_CHUNK) {
+        let mut sql = String::with_capacity(256 + part.len() * 128 + returning.len());
+        let mut values: Vec<sea_orm::Value> = Vec::with_capacity(part.len() * 7);
+        sql.push_str("WITH b (b_id, b_attempt, b_output, b_worker, b_cost, b_unit, b_quantity) AS (VALUES ");
+        for (i, done) in part.iter().enumerate() {
+            if i > 0 {
+                sql.push_str(", ");
+            }
+            let row: [(sea_orm::Value, &str); 7] = [
+                (done.job_id.into(), "TEXT"),
+                (done.attempt.into(), "INTEGER"),
+                (done.output.as_str().into(), "TEXT"),
+                (done.worker_id.into(), "TEXT"),
+                (done.amount.into(), "BIGINT"),
+                (done.usage.unit.as_str().into(), "TEXT"),
+                (done.usage.quantity_micros.into(), "BIGINT"),
+            ];
+            sql.push('(');
+            for (k, (value, ty)) in row.into_iter().enumerate() {
+                if k > 0 {
+                    sql.push_str(", ");
+                }
+                values.push(value);
+                match backend {
+                    DbBackend::Postgres => sql.push_str(&format!("CAST(${} AS {ty})", values.len())),
+                    _ => sql.push_str(&format!("CAST(? AS {ty})")),
+                }
+            }
+            sql.push(')');
         }
-        // Not an object: stored as the model returned it (the cost is in the ledger).
-        other => other,
-    };
-    job::Entity::update_many()
-        .col_expr(J::Status, Expr::value(JobStatus::Completed.as_str()))
-        .col_expr(J::Output, Expr::value(output.to_string()))
-        .col_expr(J::Error, Expr::value(Option::<String>::None))
-        .col_expr(J::WorkerId, Expr::value(worker_id))
-        .col_expr(J::CostMicroUsd, Expr::value(amount))
-        .col_expr(J::UsageUnit, Expr::value(usage.unit.as_str()))
-        .col_expr(J::UsageQuantityMicros, Expr::value(usage.quantity_micros))
-        .col_expr(J::CompletedAtMs, Expr::value(now))
-        .col_expr(J::ExpiresAtMs, retention_expr(config, now))
-        .col_expr(J::LeaseUntilMs, Expr::value(Option::<i64>::None))
-        .filter(J::Id.eq(job_id))
-        .filter(J::Attempt.eq(i64::from(attempt)))
-        .filter(J::Status.eq(JobStatus::InProgress.as_str()))
+        sql.push_str(&format!(
+            ") UPDATE jobs SET status = '{completed}', output = b.b_output, error = NULL, worker_id = b.b_worker, \
+             cost_micro_usd = b.b_cost, usage_unit = b.b_unit, usage_quantity_micros = b.b_quantity, \
+             completed_at_ms = {now}, expires_at_ms = CASE WHEN sync THEN {sync_until} ELSE {async_until} END, \
+             lease_until_ms = NULL \
+             FROM b WHERE jobs.id = b.b_id AND jobs.attempt = b.b_attempt AND jobs.status = '{in_progress}' \
+             RETURNING {returning}",
+            completed = JobStatus::Completed.as_str(),
+            in_progress = JobStatus::InProgress.as_str(),
+        ));
+        let rows = job::Entity::find()
+            .from_raw_sql(Statement::from_sql_and_values(backend, sql, values))
+            .all(db)
+            .await?;
+        changed.extend(rows);
+    }
+    Ok(changed)
 }
 
 /// A final status other than COMPLETED, guarded on (id, attempt, IN_PROGRESS).

@@ -2,15 +2,18 @@
 
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard};
-use std::time::{Duration, SystemTime, UNIX_EPOCH};
+use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use gantry_catalog::ModelSpec;
 use rand::RngExt;
 use sea_orm::sea_query::Expr;
-use sea_orm::{ActiveValue::Set, ColumnTrait, DatabaseConnection, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+use sea_orm::{
+    ActiveValue::Set, ColumnTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, QueryFilter, QueryOrder,
+    QuerySelect,
+};
 use serde_json::Value;
-use tokio::sync::{Notify, oneshot};
+use tokio::sync::{Notify, mpsc, oneshot};
 
 use crate::config::{SchedulerConfig, millis};
 use crate::entity::{chunk, job};
@@ -131,9 +134,47 @@ impl JobStore {
             usage_quantity_micros: Set(None),
             chunks_read: Set(0),
         };
-        job::Entity::insert(active).exec_without_returning(&self.db).await?;
+        // A sync job's caller waits for it right away: register that waiter now,
+        // so `wait` needs no read to learn what it already knows.
+        let parked = mode == Mode::Sync;
+        if parked {
+            self.hub.park(&row);
+        }
+        if let Err(error) = self.insert(active).await {
+            if parked {
+                self.hub.unpark(&row.id);
+            }
+            return Err(error.into());
+        }
         self.hub.wake(&row.model);
         Ok(JobView::of(&row, now))
+    }
+
+    /// Inserts one job row, committed when this returns. Concurrent inserts are
+    /// grouped: one writer task writes whatever is queued as one multi-row
+    /// `INSERT` (one commit, one fsync) and answers each caller after it.
+    async fn insert(&self, row: job::ActiveModel) -> Result<(), DbErr> {
+        let writer = self
+            .hub
+            .inserts
+            .get_or_init(|| spawn_insert_writer(self.db.clone(), Arc::clone(&self.hub.write_lock)));
+        let (reply, committed) = oneshot::channel();
+        match writer.send((row, reply)) {
+            Ok(()) => match committed.await {
+                Ok(result) => result,
+                // The writer's runtime is gone (e.g. a test runtime ended): the
+                // row may or may not be written, which the caller must treat as
+                // a failure (nothing was accepted).
+                Err(_) => Err(DbErr::Custom("the job writer stopped".into())),
+            },
+            Err(mpsc::error::SendError((row, _))) => {
+                let _guard = serialize_writes(&self.hub.write_lock, &self.db).await;
+                job::Entity::insert(row)
+                    .exec_without_returning(&self.db)
+                    .await
+                    .map(drop)
+            }
+        }
     }
 
     /// The job, if it belongs to `user` and `model_id` and has not expired.
@@ -146,19 +187,30 @@ impl JobStore {
 
     /// Waits until the job is final or `timeout` passes, then returns its view.
     /// Woken at once by a scheduler in this process; otherwise polls the
-    /// database with backoff (25 ms doubling to 500 ms).
+    /// database with backoff (25 ms doubling to 500 ms). Right after a sync
+    /// `submit` in this process, the first read is skipped (see `Hub::park`).
     pub async fn wait(&self, user: &str, model_id: &str, job_id: &str, timeout: Duration) -> Result<JobView, JobError> {
         let deadline = tokio::time::Instant::now() + timeout;
-        // Register before reading, so a result settled in between is not missed.
-        let mut waiter = self.hub.register(job_id);
+        // A sync job submitted by this process already has its waiter, registered
+        // before the row was written: no read is needed to know it is not final.
+        let (mut waiter, mut known_pending) = match self.hub.take_parked(job_id, user, model_id) {
+            Some(waiter) => (waiter, true),
+            // Register before reading, so a result settled in between is not missed.
+            None => (self.hub.register(job_id), false),
+        };
         let mut poll = Duration::from_millis(25);
         loop {
-            let view = self.get(user, model_id, job_id).await?;
             let now = tokio::time::Instant::now();
-            if view.status.is_final() || now >= deadline {
-                return Ok(view);
+            if !known_pending || now >= deadline {
+                let view = self.get(user, model_id, job_id).await?;
+                let now = tokio::time::Instant::now();
+                if view.status.is_final() || now >= deadline {
+                    return Ok(view);
+                }
             }
-            let nap = poll.min(deadline - now);
+            known_pending = false;
+            let now = tokio::time::Instant::now();
+            let nap = poll.min(deadline.saturating_duration_since(now));
             tokio::select! {
                 notified = waiter.receiver(), if waiter.is_open() => match notified {
                     Some(view) => return Ok(view),
@@ -173,6 +225,7 @@ impl JobStore {
     /// Cancels a queued or running job (a running one is also stopped on its
     /// worker). A job that is already final is returned unchanged.
     pub async fn cancel(&self, user: &str, model_id: &str, job_id: &str) -> Result<JobView, JobError> {
+        let guard = serialize_writes(&self.hub.write_lock, &self.db).await;
         let now = now_ms();
         let rows = job::Entity::update_many()
             .col_expr(J::Status, Expr::value(JobStatus::Cancelled.as_str()))
@@ -187,6 +240,7 @@ impl JobStore {
             .filter(J::ExpiresAtMs.gt(now))
             .exec_with_returning(&self.db)
             .await?;
+        drop(guard);
         match rows.first() {
             Some(row) => {
                 let view = JobView::of(row, now);
@@ -201,6 +255,7 @@ impl JobStore {
     /// Sends a `FAILED` or `TIMED_OUT` job back to the queue: same id, same
     /// input, a fresh TTL and a fresh budget of attempts.
     pub async fn retry(&self, user: &str, model_id: &str, job_id: &str) -> Result<JobView, JobError> {
+        let guard = serialize_writes(&self.hub.write_lock, &self.db).await;
         let now = now_ms();
         let attempts = i64::from(self.config.max_attempts);
         let rows = job::Entity::update_many()
@@ -222,6 +277,7 @@ impl JobStore {
             .filter(J::ExpiresAtMs.gt(now))
             .exec_with_returning(&self.db)
             .await?;
+        drop(guard);
         match rows.first() {
             Some(row) => {
                 self.hub.wake(&row.model);
@@ -260,6 +316,7 @@ impl JobStore {
                 return Ok(StreamView { status, chunks });
             }
             let cursor = row.chunks_read + chunks.len() as i64;
+            let _guard = serialize_writes(&self.hub.write_lock, &self.db).await;
             let moved = job::Entity::update_many()
                 .col_expr(J::ChunksRead, Expr::value(cursor))
                 .filter(J::Id.eq(job_id))
@@ -276,6 +333,7 @@ impl JobStore {
     /// Cancels every queued job of `user` on `model_id`; returns how many.
     /// Running jobs are not touched.
     pub async fn purge_queue(&self, user: &str, model_id: &str) -> Result<u64, JobError> {
+        let _guard = serialize_writes(&self.hub.write_lock, &self.db).await;
         let now = now_ms();
         let result = job::Entity::update_many()
             .col_expr(J::Status, Expr::value(JobStatus::Cancelled.as_str()))
@@ -340,6 +398,72 @@ pub(crate) fn retention_expr(config: &SchedulerConfig, now: i64) -> Expr {
     Expr::cust(format!("CASE WHEN sync THEN {sync} ELSE {async_} END"))
 }
 
+/// Most rows of one grouped `INSERT` (28 bind values each: well under the
+/// limits of both backends).
+const INSERT_BATCH: usize = 256;
+
+/// Grouped inserts in flight at once on PostgreSQL, where concurrent commits
+/// share WAL flushes. SQLite writes one at a time anyway.
+const POSTGRES_INSERTS_IN_FLIGHT: usize = 4;
+
+/// Starts the task that writes submitted rows in groups (see `JobStore::insert`).
+fn spawn_insert_writer(db: DatabaseConnection, lock: Arc<tokio::sync::Mutex<()>>) -> mpsc::UnboundedSender<Insert> {
+    let (sender, mut queue) = mpsc::unbounded_channel::<Insert>();
+    let in_flight = match db.get_database_backend() {
+        DbBackend::Postgres => POSTGRES_INSERTS_IN_FLIGHT,
+        _ => 1,
+    };
+    let slots = Arc::new(tokio::sync::Semaphore::new(in_flight));
+    tokio::spawn(async move {
+        loop {
+            // Take a slot first, so the group grows while earlier ones commit.
+            let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
+                return;
+            };
+            // A power of two of what is queued (at least one): few distinct
+            // statements, so the prepared-statement caches keep them.
+            let take = match queue.len().min(INSERT_BATCH) {
+                0 | 1 => 1,
+                queued => 1 << queued.ilog2(),
+            };
+            let mut batch = Vec::with_capacity(take);
+            if queue.recv_many(&mut batch, take).await == 0 {
+                return;
+            }
+            let (db, lock) = (db.clone(), Arc::clone(&lock));
+            tokio::spawn(async move {
+                let (rows, replies): (Vec<job::ActiveModel>, Vec<oneshot::Sender<Result<(), DbErr>>>) =
+                    batch.into_iter().unzip();
+                let guard = serialize_writes(&lock, &db).await;
+                // One statement: all rows commit together, or none does.
+                let result = job::Entity::insert_many(rows).exec_without_returning(&db).await;
+                drop(guard);
+                drop(slot);
+                for reply in replies {
+                    let _ = reply.send(result.as_ref().map(drop).map_err(|e| DbErr::Custom(e.to_string())));
+                }
+            });
+        }
+    });
+    sender
+}
+
+type Insert = (job::ActiveModel, oneshot::Sender<Result<(), DbErr>>);
+
+/// On SQLite, takes the in-process write lock: writers queue here (woken in
+/// order) instead of in SQLite's busy handler, which sleeps for milliseconds.
+/// PostgreSQL locks rows, so nothing is taken there.
+pub(crate) async fn serialize_writes<'a>(
+    lock: &'a tokio::sync::Mutex<()>,
+    db: &DatabaseConnection,
+) -> Option<tokio::sync::MutexGuard<'a, ()>> {
+    if db.get_database_backend() == DbBackend::Sqlite {
+        Some(lock.lock().await)
+    } else {
+        None
+    }
+}
+
 pub(crate) fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
@@ -377,6 +501,17 @@ pub(crate) fn new_job_id(now: i64) -> String {
 /// Waiters by job id: (waiter id, where to send the final view).
 type Waiters = HashMap<String, Vec<(u64, oneshot::Sender<JobView>)>>;
 
+/// A waiter registered by `submit` for the `wait` that follows it.
+struct Parked {
+    user: String,
+    model: String,
+    since: Instant,
+    waiter: Waiter,
+}
+
+/// Parked waiters older than this were abandoned (their `wait` never came).
+const PARKED_MAX_AGE: Duration = Duration::from_secs(60);
+
 /// In-process signals between the store and a scheduler sharing it.
 #[derive(Default)]
 pub(crate) struct Hub {
@@ -384,6 +519,10 @@ pub(crate) struct Hub {
     next_waiter: AtomicU64,
     pending: Mutex<Pending>,
     pub(crate) notify: Notify,
+    parked: Mutex<HashMap<String, Parked>>,
+    /// Serializes this process's writes on SQLite (see [`serialize_writes`]).
+    pub(crate) write_lock: Arc<tokio::sync::Mutex<()>>,
+    inserts: OnceLock<mpsc::UnboundedSender<Insert>>,
 }
 
 #[derive(Default)]
@@ -432,6 +571,57 @@ impl Hub {
                 }
             }
         }
+    }
+
+    fn lock_parked(&self) -> MutexGuard<'_, HashMap<String, Parked>> {
+        self.parked.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Registers a waiter for a job about to be inserted, kept for `take_parked`.
+    fn park(self: &Arc<Self>, row: &job::Model) {
+        let waiter = self.register(&row.id);
+        let now = Instant::now();
+        let mut parked = self.lock_parked();
+        let mut abandoned = Vec::new();
+        if parked.len() >= 1024 {
+            let stale: Vec<String> = parked
+                .iter()
+                .filter(|(_, p)| now.duration_since(p.since) > PARKED_MAX_AGE)
+                .map(|(id, _)| id.clone())
+                .collect();
+            for id in stale {
+                abandoned.extend(parked.remove(&id));
+            }
+        }
+        parked.insert(
+            row.id.clone(),
+            Parked {
+                user: row.user_id.clone(),
+                model: row.model.clone(),
+                since: now,
+                waiter,
+            },
+        );
+        drop(parked);
+        // Dropping a waiter takes the waiters lock: not under the parked lock.
+        drop(abandoned);
+    }
+
+    fn unpark(&self, job_id: &str) {
+        let parked = self.lock_parked().remove(job_id);
+        drop(parked);
+    }
+
+    /// The waiter `submit` parked for this job, if this caller may have it.
+    fn take_parked(&self, job_id: &str, user: &str, model: &str) -> Option<Waiter> {
+        let mut parked = self.lock_parked();
+        let entry = parked.get(job_id)?;
+        if entry.user != user || entry.model != model {
+            return None;
+        }
+        let entry = parked.remove(job_id)?;
+        drop(parked);
+        Some(entry.waiter)
     }
 
     fn register(self: &Arc<Self>, job_id: &str) -> Waiter {

@@ -66,6 +66,7 @@ impl TestApp {
             ..Settings::default()
         };
         settings.http.workers = Some(1);
+        settings.database_max_connections = Some(8);
         settings.scheduler.addr = "127.0.0.1:0".into();
         settings.scheduler.heartbeat_interval_ms = 200;
         settings.scheduler.sweep_interval_ms = 100;

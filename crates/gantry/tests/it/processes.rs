@@ -191,6 +191,8 @@ impl Cluster {
             ("GANTRY_PUBLIC_ADDR".into(), "127.0.0.1:0".into()),
             ("GANTRY_SCHEDULER__ADDR".into(), "127.0.0.1:0".into()),
             ("GANTRY_HTTP__WORKERS".into(), "1".into()),
+            // Several processes per test, tests in parallel: stay well under max_connections.
+            ("GANTRY_DATABASE_MAX_CONNECTIONS".into(), "4".into()),
             ("GANTRY_LOG".into(), "info".into()),
         ];
         all.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));

@@ -3,6 +3,7 @@
 
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+mod batching;
 mod bench;
 mod harness;
 mod jobs;
