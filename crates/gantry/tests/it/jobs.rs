@@ -30,6 +30,13 @@ impl TestApp {
             .unwrap()
     }
 
+    /// A request to the public listener that must answer 200 with JSON.
+    pub async fn public_ok(&self, method: Method, path: &str, key: &str) -> Value {
+        let res = self.public(method, path, key).send().await.unwrap();
+        assert_eq!(res.status(), 200, "{path}");
+        res.json().await.unwrap()
+    }
+
     /// Polls the status until the job is final (at most 20 s).
     pub async fn until_final(&self, key: &str, id: &str) -> Value {
         let started = Instant::now();
@@ -74,13 +81,8 @@ async fn runsync_returns_the_output_with_its_cost(backend: Backend) {
     // The same job is visible through status.
     let id = job["id"].as_str().unwrap();
     let again: Value = app
-        .public(Method::GET, &format!("/v2/gantry-echo/status/{id}"), &key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .public_ok(Method::GET, &format!("/v2/gantry-echo/status/{id}"), &key)
+        .await;
     assert_eq!(again["output"], job["output"]);
 }
 
@@ -95,14 +97,7 @@ async fn run_then_poll_until_completed(backend: Backend) {
     let job = app.until_final(&key, queued["id"].as_str().unwrap()).await;
     assert_eq!(job["status"], "COMPLETED");
     assert!(job["executionTime"].as_u64().unwrap() >= 150, "{job}");
-    let health: Value = app
-        .public(Method::GET, "/v2/gantry-echo/health", &key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let health: Value = app.public_ok(Method::GET, "/v2/gantry-echo/health", &key).await;
     assert_eq!(health["jobs"]["completed"], 1, "{health}");
     assert_eq!(health["jobs"]["inQueue"], 0);
     assert_eq!(health["workers"]["idle"], 1, "{health}");
@@ -154,13 +149,8 @@ async fn stream_chunks_arrive_in_order_then_complete(backend: Backend) {
     }
     assert_eq!(chunks, (0..5).collect::<Vec<_>>(), "every chunk once, in order");
     let after: Value = app
-        .public(Method::GET, &format!("/v2/gantry-echo/stream/{id}"), &key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .public_ok(Method::GET, &format!("/v2/gantry-echo/stream/{id}"), &key)
+        .await;
     assert_eq!(after["stream"], json!([]), "chunks are read once");
 }
 
@@ -177,13 +167,8 @@ async fn cancel_a_running_job(backend: Backend) {
     let started = Instant::now();
     loop {
         let job: Value = app
-            .public(Method::GET, &format!("/v2/gantry-echo/status/{id}"), &key)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
+            .public_ok(Method::GET, &format!("/v2/gantry-echo/status/{id}"), &key)
+            .await;
         if job["status"] == "IN_PROGRESS" {
             break;
         }
@@ -325,39 +310,20 @@ async fn request_rules_and_ownership(backend: Backend) {
     .await;
     app.submit("run", &key, json!({"input": {"n": 2}})).await;
     app.submit("run", &other, json!({"input": {"n": 3}})).await;
-    let purged: Value = app
-        .public(Method::POST, "/v2/gantry-echo/purge-queue", &key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let purged: Value = app.public_ok(Method::POST, "/v2/gantry-echo/purge-queue", &key).await;
     assert_eq!(
         purged,
         json!({"removed": 2, "status": "completed"}),
         "only the caller's queued jobs"
     );
     let purged_job: Value = app
-        .public(Method::GET, &format!("/v2/gantry-echo/status/{id}"), &key)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+        .public_ok(Method::GET, &format!("/v2/gantry-echo/status/{id}"), &key)
+        .await;
     assert_eq!(
         purged_job["status"], "CANCELLED",
         "a purged job reads as cancelled until its retention ends"
     );
-    let health: Value = app
-        .public(Method::GET, "/v2/gantry-echo/health", &other)
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let health: Value = app.public_ok(Method::GET, "/v2/gantry-echo/health", &other).await;
     assert_eq!(health["jobs"]["inQueue"], 1, "{health}");
     assert_eq!(health["workers"], json!({"idle": 0, "running": 0}));
 }
