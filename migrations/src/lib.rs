@@ -4,6 +4,7 @@ pub use sea_orm_migration::prelude::*;
 mod m20261121_000001_accounts_and_volumes;
 mod m20261121_000002_user_rate_limits;
 mod m20261121_000003_jobs_and_billing;
+mod m20261121_000004_worker_presence;
 
 pub struct Migrator;
 
@@ -14,6 +15,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261121_000001_accounts_and_volumes::Migration),
             Box::new(m20261121_000002_user_rate_limits::Migration),
             Box::new(m20261121_000003_jobs_and_billing::Migration),
+            Box::new(m20261121_000004_worker_presence::Migration),
         ]
     }
 }

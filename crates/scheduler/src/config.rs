@@ -49,6 +49,13 @@ impl Default for SchedulerConfig {
 }
 
 impl SchedulerConfig {
+    /// How recent a scheduler's `worker_presence` rows must be to count:
+    /// three sweeps, at least 3 s. Rows of a crashed scheduler stop counting
+    /// after this.
+    pub(crate) fn presence_window_ms(&self) -> i64 {
+        millis(self.sweep_interval.saturating_mul(3)).max(3_000)
+    }
+
     pub(crate) fn retention_ms(&self, sync: bool) -> i64 {
         millis(if sync {
             self.sync_retention

@@ -1,4 +1,4 @@
-//! The `jobs` and `job_chunks` tables (see the migration for the schema).
+//! The `jobs`, `job_chunks` and `worker_presence` tables (see the migrations for the schema).
 
 pub mod job {
     use sea_orm::entity::prelude::*;
@@ -64,6 +64,28 @@ pub mod chunk {
         pub seq: i64,
         #[sea_orm(column_type = "Text")]
         pub output: String,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+pub mod presence {
+    use sea_orm::entity::prelude::*;
+
+    /// Worker counts of one scheduler instance for one model (see `Core::publish_presence`).
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "worker_presence")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub scheduler_id: String,
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub model: String,
+        pub idle: i32,
+        pub running: i32,
+        pub updated_at_ms: i64,
     }
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -8,7 +8,7 @@ use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use gantry_billing::{Charge, record_charges};
 use gantry_catalog::ModelCatalog;
-use gantry_dispatch::{AssignError, Assignment, Dispatcher, Event, Usage};
+use gantry_dispatch::{AssignError, Assignment, Dispatcher, Event, Health, Usage};
 use rand::RngExt;
 use sea_orm::sea_query::{Expr, LockBehavior, LockType, OnConflict, Order, Query};
 use sea_orm::{
@@ -20,7 +20,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::config::millis;
-use crate::entity::{chunk, job};
+use crate::entity::{chunk, job, presence};
 use crate::store::{JobStore, now_ms, plus, retention_expr, serialize_writes};
 use crate::types::{JobStatus, JobView, SchedulerError};
 
@@ -37,6 +37,9 @@ const EXPIRE_BATCH: u64 = 1000;
 const EXPIRE_ROUNDS: usize = 10;
 /// The error a worker reports when the attempt's deadline passed.
 const DEADLINE_EXCEEDED: &str = "deadline exceeded";
+/// `worker_presence` rows of any instance not refreshed for this long (and
+/// at least the freshness window) are deleted, at most once per this period.
+const PRESENCE_PRUNE_MS: i64 = 60_000;
 
 /// The scheduler's loops, running on a Tokio task. Stop it with
 /// [`Scheduler::shutdown`]; dropping it instead behaves like a crash (its jobs
@@ -74,6 +77,8 @@ impl Scheduler {
             to_fill: HashSet::new(),
             drained: HashSet::new(),
             webhooks,
+            presence: HashSet::new(),
+            presence_pruned_ms: 0,
         };
         core.sweep().await?;
         let (stop, stopped) = oneshot::channel();
@@ -132,6 +137,10 @@ struct Core {
     /// not trigger a claim for them (a submit, a requeue or a sweep does).
     drained: HashSet<String>,
     webhooks: Option<reqwest::Client>,
+    /// Models this instance has `worker_presence` rows for.
+    presence: HashSet<String>,
+    /// When this instance last pruned long-stale `worker_presence` rows.
+    presence_pruned_ms: i64,
 }
 
 /// What one settled batch produced, applied after its commit.
@@ -206,6 +215,9 @@ impl Core {
         }
         if let Err(error) = self.release().await {
             tracing::warn!(%error, "could not hand running jobs back to the queue");
+        }
+        if let Err(error) = self.withdraw_presence().await {
+            tracing::warn!(%error, "could not remove this scheduler's worker presence");
         }
     }
 
@@ -685,12 +697,99 @@ impl Core {
         self.requeue_orphans().await?;
         self.expire().await?;
         self.flush_workers().await?;
+        let health = self.dispatcher.health();
+        self.publish_presence(&health).await?;
         // Claim anything left queued (submitted elsewhere, or a lost wake-up).
-        for (model, health) in self.dispatcher.health().models {
+        for (model, health) in health.models {
             if health.free_slots > 0 {
                 self.to_fill.insert(model);
             }
         }
+        Ok(())
+    }
+
+    /// Publishes this instance's worker counts to `worker_presence`: one row
+    /// per model it has workers for (one upsert statement), its rows of models
+    /// without workers any more deleted. API processes without a dispatcher
+    /// read them ([`JobStore::workers`]). Once a minute it also deletes rows
+    /// long stale (of crashed instances).
+    async fn publish_presence(&mut self, health: &Health) -> Result<(), DbErr> {
+        use presence::Column as P;
+        let now = now_ms();
+        let clamp = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
+        let counts: Vec<(&String, i32, i32)> = health
+            .models
+            .iter()
+            .filter(|(_, h)| h.idle_workers + h.running_workers + h.draining_workers > 0)
+            .map(|(model, h)| (model, clamp(h.idle_workers), clamp(h.running_workers)))
+            .collect();
+        let gone: Vec<&str> = self
+            .presence
+            .iter()
+            .filter(|model| !counts.iter().any(|(m, ..)| m == model))
+            .map(String::as_str)
+            .collect();
+        let prune_before = now.saturating_sub(self.store.config.presence_window_ms().max(PRESENCE_PRUNE_MS));
+        let prune = now.saturating_sub(self.presence_pruned_ms) >= PRESENCE_PRUNE_MS;
+        let lock = Arc::clone(&self.store.hub.write_lock);
+        let guard = serialize_writes(&lock, &self.db).await;
+        if !counts.is_empty() {
+            let mut upsert = Query::insert();
+            upsert.into_table(presence::Entity).columns([
+                P::SchedulerId,
+                P::Model,
+                P::Idle,
+                P::Running,
+                P::UpdatedAtMs,
+            ]);
+            for (model, idle, running) in &counts {
+                upsert
+                    .values([
+                        self.instance.as_str().into(),
+                        model.as_str().into(),
+                        (*idle).into(),
+                        (*running).into(),
+                        now.into(),
+                    ])
+                    .map_err(|e| DbErr::Custom(e.to_string()))?;
+            }
+            upsert.on_conflict(
+                OnConflict::columns([P::SchedulerId, P::Model])
+                    .update_columns([P::Idle, P::Running, P::UpdatedAtMs])
+                    .to_owned(),
+            );
+            self.db.execute(&upsert).await?;
+        }
+        if !gone.is_empty() {
+            presence::Entity::delete_many()
+                .filter(P::SchedulerId.eq(self.instance.as_str()))
+                .filter(P::Model.is_in(gone))
+                .exec(&self.db)
+                .await?;
+        }
+        if prune {
+            presence::Entity::delete_many()
+                .filter(P::UpdatedAtMs.lt(prune_before))
+                .exec(&self.db)
+                .await?;
+        }
+        drop(guard);
+        if prune {
+            self.presence_pruned_ms = now;
+        }
+        self.presence = counts.into_iter().map(|(model, ..)| model.clone()).collect();
+        Ok(())
+    }
+
+    /// On shutdown: deletes this instance's `worker_presence` rows, so its
+    /// workers stop counting at once.
+    async fn withdraw_presence(&mut self) -> Result<(), DbErr> {
+        let _guard = serialize_writes(&self.store.hub.write_lock, &self.db).await;
+        presence::Entity::delete_many()
+            .filter(presence::Column::SchedulerId.eq(self.instance.as_str()))
+            .exec(&self.db)
+            .await?;
+        self.presence.clear();
         Ok(())
     }
 

@@ -16,7 +16,7 @@ use serde_json::Value;
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use crate::config::{SchedulerConfig, millis};
-use crate::entity::{chunk, job};
+use crate::entity::{chunk, job, presence};
 use crate::types::{JobCounts, JobError, JobStatus, JobView, Mode, NewJob, StreamView};
 
 use job::Column as J;
@@ -377,6 +377,26 @@ impl JobStore {
             }
         }
         Ok(counts)
+    }
+
+    /// Idle and running workers of `model_id`, over every live scheduler: the
+    /// sums of the `worker_presence` rows the schedulers refreshed within
+    /// [`SchedulerConfig::presence_window_ms`] (a crashed scheduler's rows stop
+    /// counting then). For an API process without an in-process dispatcher.
+    pub async fn workers(&self, model_id: &str) -> Result<(u64, u64), JobError> {
+        use presence::Column as P;
+        let since = now_ms().saturating_sub(self.config.presence_window_ms());
+        let row: Option<(i64, i64)> = presence::Entity::find()
+            .select_only()
+            .expr_as(Expr::cust("CAST(COALESCE(SUM(idle), 0) AS BIGINT)"), "idle")
+            .expr_as(Expr::cust("CAST(COALESCE(SUM(running), 0) AS BIGINT)"), "running")
+            .filter(P::Model.eq(model_id))
+            .filter(P::UpdatedAtMs.gte(since))
+            .into_tuple()
+            .one(&self.db)
+            .await?;
+        let (idle, running) = row.unwrap_or((0, 0));
+        Ok((u64::try_from(idle).unwrap_or(0), u64::try_from(running).unwrap_or(0)))
     }
 
     async fn find(&self, user: &str, model_id: &str, job_id: &str, now: i64) -> Result<job::Model, JobError> {

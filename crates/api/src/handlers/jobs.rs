@@ -327,6 +327,14 @@ pub async fn health(
 ) -> Result<HttpResponse, ApiError> {
     model(&state, &caller, &path)?;
     let jobs = state.jobs.health(&path).await?;
-    let (idle, running) = state.workers.as_ref().map(|w| w.counts(&path)).unwrap_or((0, 0));
+    // The in-process dispatcher is exact and free; an API-only process reads
+    // what the live schedulers publish.
+    let (idle, running) = match state.workers.as_ref() {
+        Some(workers) => {
+            let (idle, running) = workers.counts(&path);
+            (idle as u64, running as u64)
+        }
+        None => state.jobs.workers(&path).await?,
+    };
     Ok(HttpResponse::Ok().json(json!({ "jobs": jobs, "workers": { "idle": idle, "running": running } })))
 }

@@ -712,3 +712,39 @@ async fn a_scheduler_killed_mid_job_hands_it_over_once_its_lease_lapses() {
         rows[&id]
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_process_reports_workers_of_schedulers_elsewhere() {
+    let cluster = Cluster::new(&[("GANTRY_SCHEDULER__SWEEP_INTERVAL_MS", "100")]).await;
+    let key = cluster.user_key();
+    let (api, sched) = (cluster.api("api"), cluster.scheduler("scheduler"));
+    let api = Cluster::ready_api(api).await;
+    let sched = Cluster::ready_scheduler(sched).await;
+    let mut worker = cluster.worker("worker", &sched, 1);
+    worker.wait_for_log("connected to the scheduler").await;
+
+    // The API process has no dispatcher: it reports what the scheduler publishes.
+    let started = Instant::now();
+    loop {
+        let response = cluster
+            .client
+            .get(format!("{}/v2/gantry-echo/health", api.public))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .expect("health");
+        assert_eq!(response.status(), 200, "health through {}", api.proc.name);
+        let health: Value = response.json().await.expect("JSON health");
+        assert!(health["jobs"].is_object(), "{health}");
+        assert!(health["workers"]["running"].is_u64(), "{health}");
+        if health["workers"]["idle"].as_u64().is_some_and(|idle| idle >= 1) {
+            break;
+        }
+        assert!(
+            started.elapsed() < WAIT,
+            "the API never reported the worker: {health}\n{}",
+            cluster.logs()
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}

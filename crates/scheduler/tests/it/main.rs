@@ -7,4 +7,5 @@ mod batching;
 mod bench;
 mod harness;
 mod jobs;
+mod presence;
 mod recovery;
