@@ -2,7 +2,7 @@ use serde_json::Value;
 
 use crate::harness::{Backend, TestApp, errors_of, problem};
 
-crate::on_both_backends!(data_centers_list_filter_and_get);
+gantry_testkit::on_both_backends!(data_centers_list_filter_and_get);
 
 async fn ids(app: &TestApp, key: &str, query: &str) -> Vec<String> {
     let res = app.get(&format!("/v2/catalog/datacenters{query}"), key).await;

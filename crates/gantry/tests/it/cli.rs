@@ -26,7 +26,7 @@ fn stdout(output: &Output) -> String {
     String::from_utf8(output.stdout.clone()).unwrap()
 }
 
-crate::on_both_backends!(users_and_keys_from_the_command_line);
+gantry_testkit::on_both_backends!(users_and_keys_from_the_command_line);
 
 async fn users_and_keys_from_the_command_line(backend: Backend) {
     let app = TestApp::spawn(backend).await;

@@ -3,7 +3,7 @@ use serde_json::json;
 
 use crate::harness::{Backend, TestApp, errors_of, problem};
 
-crate::on_both_backends!(
+gantry_testkit::on_both_backends!(
     malformed_bodies_are_problems_and_change_nothing,
     unknown_routes_and_wrong_methods,
     internal_errors_disclose_nothing,

@@ -9,26 +9,7 @@ use reqwest::{Client, Method, RequestBuilder, Response};
 use sea_orm::{ConnectionTrait, Database};
 use serde_json::Value;
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
-    Sqlite,
-    Postgres,
-}
-
-/// Generates one test per backend from an `async fn name(Backend)`.
-#[macro_export]
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-               async fn $name() { super::$name($crate::harness::Backend::Sqlite).await } )*
-        }
-        mod postgres {
-            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-               async fn $name() { super::$name($crate::harness::Backend::Postgres).await } )*
-        }
-    };
-}
+pub use gantry_testkit::Backend;
 
 pub struct TestApp {
     pub base: String,

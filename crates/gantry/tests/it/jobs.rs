@@ -5,7 +5,7 @@ use serde_json::{Value, json};
 
 use crate::harness::{Backend, TestApp, errors_of, problem};
 
-crate::on_both_backends!(
+gantry_testkit::on_both_backends!(
     runsync_returns_the_output_with_its_cost,
     run_then_poll_until_completed,
     a_runsync_that_outlasts_wait_returns_the_id_to_poll,

@@ -3,7 +3,7 @@ use serde_json::{Value, json};
 
 use crate::harness::{Backend, TestApp, errors_of, problem};
 
-crate::on_both_backends!(
+gantry_testkit::on_both_backends!(
     lifecycle_create_list_rename_grow_delete,
     omitted_type_takes_the_data_centers_default_tier,
     create_reports_every_validation_failure_and_writes_nothing,

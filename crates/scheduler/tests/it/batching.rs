@@ -9,7 +9,7 @@ use serde_json::json;
 
 use crate::harness::{Backend, ECHO, Env, Node, USER, WAIT};
 
-crate::on_both_backends!(
+gantry_testkit::on_both_backends!(
     concurrent_jobs_complete_once_with_their_own_output,
     late_wait_on_a_sync_job_still_gets_its_result,
     wait_for_another_user_does_not_take_the_parked_waiter,

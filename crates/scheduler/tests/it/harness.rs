@@ -21,26 +21,7 @@ pub const USER: &str = "user-1";
 /// Upper bound for anything a test waits for.
 pub const WAIT: Duration = Duration::from_secs(10);
 
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Backend {
-    Sqlite,
-    Postgres,
-}
-
-/// One test per backend from an `async fn name(Backend)`.
-#[macro_export]
-macro_rules! on_both_backends {
-    ($($name:ident),* $(,)?) => {
-        mod sqlite {
-            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-               async fn $name() { super::$name($crate::harness::Backend::Sqlite).await } )*
-        }
-        mod postgres {
-            $( #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-               async fn $name() { super::$name($crate::harness::Backend::Postgres).await } )*
-        }
-    };
-}
+pub use gantry_testkit::Backend;
 
 /// Quick sweeps and a short lease, so crash recovery shows within a second.
 pub fn config() -> SchedulerConfig {

@@ -8,7 +8,7 @@ use serde_json::json;
 
 use crate::harness::{Backend, ECHO, Env, Node, USER};
 
-crate::on_both_backends!(
+gantry_testkit::on_both_backends!(
     completes_with_cost_and_one_charge,
     bad_input_fails_uncharged_and_can_be_retried,
     cancels_queued_and_running_jobs,

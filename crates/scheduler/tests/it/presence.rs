@@ -8,7 +8,7 @@ use serde_json::json;
 
 use crate::harness::{Backend, ECHO, Env, Node, WAIT};
 
-crate::on_both_backends!(schedulers_publish_their_workers_and_withdraw_them_on_shutdown);
+gantry_testkit::on_both_backends!(schedulers_publish_their_workers_and_withdraw_them_on_shutdown);
 
 /// Polls `JobStore::workers` until it reports `(idle, running)`.
 async fn until_workers(env: &Env, expected: (u64, u64)) {

@@ -12,7 +12,7 @@ use tokio::sync::mpsc;
 
 use crate::harness::{Backend, ECHO, Env, Node, USER, WAIT};
 
-crate::on_both_backends!(
+gantry_testkit::on_both_backends!(
     killed_worker_job_completes_elsewhere_charged_once,
     restarted_scheduler_loses_no_queued_job,
     crashed_scheduler_jobs_are_requeued,
