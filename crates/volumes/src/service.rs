@@ -4,7 +4,10 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use gantry_catalog::VolumeType;
 use rand::RngExt;
 use sea_orm::sea_query::Expr;
-use sea_orm::{ActiveValue::Set, ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder};
+use sea_orm::{
+    ActiveValue::Set, ColumnTrait, ConnectionTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder,
+    TransactionTrait,
+};
 
 use crate::cache::ListCache;
 use crate::entity::{self, Column, Entity};
@@ -118,11 +121,16 @@ impl VolumeService {
                 .col_expr(Column::Size, Expr::value(gb))
                 .filter(Column::Size.lte(gb));
         }
-        let result = query.exec(&self.db).await?;
+        // The row stays locked until commit, so the read below sees exactly this update,
+        // not one that a concurrent request commits in between.
+        let txn = self.db.begin().await?;
+        let result = query.exec(&txn).await?;
+        let current = find(&txn, owner, id).await;
+        txn.commit().await?;
         if result.rows_affected > 0 {
             self.written(owner);
         }
-        let current = self.find(owner, id).await?;
+        let current = current?;
         if let (0, Some(size)) = (result.rows_affected, update.size) {
             return Err(VolumeError::SizeDecrease {
                 current: current.size as u32,
@@ -146,13 +154,17 @@ impl VolumeService {
     }
 
     async fn find(&self, owner: &str, id: &str) -> Result<entity::Model, VolumeError> {
-        Entity::find()
-            .filter(Column::Id.eq(id))
-            .filter(Column::UserId.eq(owner))
-            .one(&self.db)
-            .await?
-            .ok_or(VolumeError::NotFound)
+        find(&self.db, owner, id).await
     }
+}
+
+async fn find(db: &impl ConnectionTrait, owner: &str, id: &str) -> Result<entity::Model, VolumeError> {
+    Entity::find()
+        .filter(Column::Id.eq(id))
+        .filter(Column::UserId.eq(owner))
+        .one(db)
+        .await?
+        .ok_or(VolumeError::NotFound)
 }
 
 fn view(row: entity::Model) -> NetworkVolume {
