@@ -9,8 +9,8 @@ use gantry_catalog::ModelSpec;
 use rand::RngExt;
 use sea_orm::sea_query::Expr;
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, QueryFilter, QueryOrder,
-    QuerySelect,
+    ActiveValue::Set, ColumnTrait, Condition, DatabaseConnection, DbBackend, DbErr, EntityTrait, QueryFilter,
+    QueryOrder, QuerySelect,
 };
 use serde_json::Value;
 use tokio::sync::{Notify, mpsc, oneshot};
@@ -233,11 +233,8 @@ impl JobStore {
             .col_expr(J::ExpiresAtMs, retention_expr(&self.config, now))
             .col_expr(J::LeaseUntilMs, Expr::value(Option::<i64>::None))
             .col_expr(J::RunDeadlineMs, Expr::value(Option::<i64>::None))
-            .filter(J::Id.eq(job_id))
-            .filter(J::UserId.eq(user))
-            .filter(J::Model.eq(model_id))
+            .filter(callers_job(user, model_id, job_id, now))
             .filter(J::Status.is_in([JobStatus::InQueue.as_str(), JobStatus::InProgress.as_str()]))
-            .filter(J::ExpiresAtMs.gt(now))
             .exec_with_returning(&self.db)
             .await?;
         drop(guard);
@@ -270,11 +267,8 @@ impl JobStore {
             .col_expr(J::ExpiresAtMs, Expr::cust(format!("{now} + ttl_ms")))
             .col_expr(J::Retries, plus(J::Retries, 1))
             .col_expr(J::MaxAttempts, plus(J::Attempt, attempts))
-            .filter(J::Id.eq(job_id))
-            .filter(J::UserId.eq(user))
-            .filter(J::Model.eq(model_id))
+            .filter(callers_job(user, model_id, job_id, now))
             .filter(J::Status.is_in([JobStatus::Failed.as_str(), JobStatus::TimedOut.as_str()]))
-            .filter(J::ExpiresAtMs.gt(now))
             .exec_with_returning(&self.db)
             .await?;
         drop(guard);
@@ -401,10 +395,7 @@ impl JobStore {
 
     async fn find(&self, user: &str, model_id: &str, job_id: &str, now: i64) -> Result<job::Model, JobError> {
         job::Entity::find()
-            .filter(J::Id.eq(job_id))
-            .filter(J::UserId.eq(user))
-            .filter(J::Model.eq(model_id))
-            .filter(J::ExpiresAtMs.gt(now))
+            .filter(callers_job(user, model_id, job_id, now))
             .one(&self.db)
             .await?
             .ok_or(JobError::NotFound)
@@ -698,4 +689,14 @@ impl Drop for Waiter {
 pub(crate) fn plus(column: J, n: i64) -> Expr {
     use sea_orm::sea_query::ExprTrait;
     Expr::col(column).add(n)
+}
+
+/// The one visibility rule: the caller's own job of this model, still within its
+/// TTL or retention. Anything else reads as not found.
+fn callers_job(user: &str, model_id: &str, job_id: &str, now: i64) -> Condition {
+    Condition::all()
+        .add(J::Id.eq(job_id))
+        .add(J::UserId.eq(user))
+        .add(J::Model.eq(model_id))
+        .add(J::ExpiresAtMs.gt(now))
 }
