@@ -191,8 +191,8 @@ impl Ledger {
     }
 }
 
-/// `le_` and 20 lowercase base-36 characters.
-fn new_entry_id() -> String {
+/// A new ledger entry id: `le_` and 20 random lowercase base-36 characters.
+pub fn new_entry_id() -> String {
     const ALPHABET: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyz";
     let mut rng = rand::rng();
     let tail: String = (0..20)

@@ -14,7 +14,9 @@
 //! Any number of schedulers may share one PostgreSQL database. See
 //! `docs/scheduler.md` for the lifecycle, leases and billing rules.
 mod config;
+mod engine;
 mod entity;
+mod plan;
 mod scheduler;
 mod store;
 mod types;

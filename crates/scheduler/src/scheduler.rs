@@ -6,14 +6,12 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use gantry_billing::{Charge, record_charges};
 use gantry_catalog::ModelCatalog;
-use gantry_dispatch::{AssignError, Assignment, Dispatcher, Event, Health, Usage};
+use gantry_dispatch::{AssignError, Assignment, Dispatcher, Event, Health};
 use rand::RngExt;
-use sea_orm::sea_query::{Expr, LockBehavior, LockType, OnConflict, Order, Query};
+use sea_orm::sea_query::{Expr, OnConflict, Query};
 use sea_orm::{
-    ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, IdenStatic, Iterable, QueryFilter,
-    QuerySelect, Statement, TransactionTrait,
+    ColumnTrait, ConnectionTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QuerySelect, TransactionTrait,
 };
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
@@ -21,6 +19,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::millis;
 use crate::entity::{chunk, job, presence};
+use crate::plan::{self, Plan, Settled, Step, is_final};
 use crate::store::{JobStore, now_ms, plus, retention_expr, serialize_writes};
 use crate::types::{JobStatus, JobView, SchedulerError};
 
@@ -30,8 +29,6 @@ use job::Column as J;
 const EVENT_BATCH: usize = 256;
 /// Ids per `IN (…)` list.
 const ID_CHUNK: usize = 500;
-/// Jobs completed by one `UPDATE … FROM (VALUES …)` statement (7 bind values each).
-const COMPLETE_CHUNK: usize = 256;
 /// Expired jobs deleted per round, and rounds per sweep.
 const EXPIRE_BATCH: u64 = 1000;
 const EXPIRE_ROUNDS: usize = 10;
@@ -79,7 +76,9 @@ impl Scheduler {
             webhooks,
             presence: HashSet::new(),
             presence_pruned_ms: 0,
+            fast_lane: false,
         };
+        core.fast_lane = core.store.hub.open_lane(&core.instance, millis(core.store.config.lease));
         core.sweep().await?;
         let (stop, stopped) = oneshot::channel();
         let task = tokio::spawn(core.run(events, stopped));
@@ -141,6 +140,8 @@ struct Core {
     presence: HashSet<String>,
     /// When this instance last pruned long-stale `worker_presence` rows.
     presence_pruned_ms: i64,
+    /// Whether this instance has the process's fast lane (see `store::Lane`).
+    fast_lane: bool,
 }
 
 /// What one settled batch produced, applied after its commit.
@@ -185,6 +186,10 @@ impl Core {
                     }
                 }
                 () = hub.notify.notified() => {
+                    let adopted = hub.adopt(&self.instance);
+                    if !adopted.is_empty() {
+                        self.adopt(adopted).await;
+                    }
                     let pending = hub.take_pending();
                     for model in pending.models {
                         self.drained.remove(&model);
@@ -212,6 +217,14 @@ impl Core {
                 },
             }
             self.fill().await;
+            if self.fast_lane {
+                self.refresh_credits();
+            }
+        }
+        if self.fast_lane {
+            // Rows handed over but not adopted are this instance's too: the
+            // release below requeues them with the rest.
+            drop(hub.close_lane(&self.instance));
         }
         if let Err(error) = self.release().await {
             tracing::warn!(%error, "could not hand running jobs back to the queue");
@@ -301,14 +314,8 @@ impl Core {
     }
 
     async fn settle_once(&self, batch: &[Event]) -> Result<Outcome, DbErr> {
-        let now = now_ms();
-        let config = &self.store.config;
-        let _guard = serialize_writes(&self.store.hub.write_lock, &self.db).await;
-        let txn = self.db.begin().await?;
+        let mut plan = Plan::new(now_ms(), &self.store.config, &self.instance);
         let mut outcome = Outcome::default();
-        let mut chunks: Vec<(String, i64, String)> = Vec::new();
-        // Completions are written together, in one statement, at the end.
-        let mut completions: Vec<Completion> = Vec::new();
         // Jobs already settled earlier in this batch (duplicates are ignored).
         let mut done: HashSet<&str> = HashSet::new();
         for event in batch {
@@ -327,16 +334,9 @@ impl Core {
                 } => {
                     if current(job_id, *attempt).is_some() {
                         let seq = i64::try_from(*seq).unwrap_or(i64::MAX);
-                        chunks.push((job_id.clone(), seq, output.to_string()));
+                        plan.chunks.push((job_id.clone(), seq, output.to_string()));
                     }
-                    continue;
                 }
-                Event::Progress { .. } | Event::CapacityAvailable { .. } => continue,
-                _ => {}
-            }
-            // Chunks of a job precede its terminal event: store them first.
-            insert_chunks(&txn, &mut chunks).await?;
-            match event {
                 Event::Completed {
                     job_id,
                     attempt,
@@ -356,31 +356,23 @@ impl Core {
                             .map_err(|e| format!("cannot bill the result: {e}")),
                         None => Err(format!("model {:?} is not in the catalog", running.model)),
                     };
-                    let amount = match priced {
-                        Ok(amount) => amount,
-                        Err(error) => {
-                            let rows = finish(
-                                job_id,
-                                *attempt,
-                                JobStatus::Failed,
-                                Some(&error),
-                                Some(worker_id),
-                                now,
-                                config,
-                            )
-                            .exec_with_returning(&txn)
-                            .await?;
-                            outcome.finals.extend(rows);
-                            continue;
-                        }
-                    };
-                    completions.push(Completion {
-                        job_id,
-                        attempt: i64::from(*attempt),
-                        worker_id,
-                        output: output_with_cost(output, amount),
-                        usage,
-                        amount,
+                    plan.steps.push(match priced {
+                        Ok(amount) => Step::Complete {
+                            job_id: job_id.clone(),
+                            attempt: i64::from(*attempt),
+                            worker_id: worker_id.clone(),
+                            output: output_with_cost(output, amount),
+                            unit: usage.unit.clone(),
+                            quantity_micros: usage.quantity_micros,
+                            amount,
+                        },
+                        Err(error) => Step::Finish {
+                            job_id: job_id.clone(),
+                            attempt: i64::from(*attempt),
+                            status: JobStatus::Failed,
+                            error: Some(error),
+                            worker_id: Some(worker_id.clone()),
+                        },
                     });
                 }
                 Event::Failed {
@@ -395,25 +387,27 @@ impl Core {
                     };
                     done.insert(job_id);
                     outcome.settled.push(job_id.clone());
-                    let rows = if *retryable {
+                    if *retryable {
                         outcome.refill.insert(running.model.clone());
-                        requeue_or_fail(error, now, config)
-                            .filter(J::Id.eq(job_id.as_str()))
-                            .filter(J::Attempt.eq(running.attempt))
-                            .filter(J::Status.eq(JobStatus::InProgress.as_str()))
-                            .exec_with_returning(&txn)
-                            .await?
+                        plan.steps.push(Step::Requeue {
+                            job_id: job_id.clone(),
+                            attempt: i64::from(running.attempt),
+                            error: error.clone(),
+                        });
                     } else {
                         let status = if error == DEADLINE_EXCEEDED {
                             JobStatus::TimedOut
                         } else {
                             JobStatus::Failed
                         };
-                        finish(job_id, *attempt, status, Some(error), Some(worker_id), now, config)
-                            .exec_with_returning(&txn)
-                            .await?
-                    };
-                    outcome.finals.extend(rows.into_iter().filter(is_final));
+                        plan.steps.push(Step::Finish {
+                            job_id: job_id.clone(),
+                            attempt: i64::from(*attempt),
+                            status,
+                            error: Some(error.clone()),
+                            worker_id: Some(worker_id.clone()),
+                        });
+                    }
                 }
                 Event::Cancelled { job_id, attempt, .. } => {
                     if current(job_id, *attempt).is_none() {
@@ -422,10 +416,13 @@ impl Core {
                     done.insert(job_id);
                     outcome.settled.push(job_id.clone());
                     // Normally already CANCELLED (or TIMED_OUT) in the database.
-                    let rows = finish(job_id, *attempt, JobStatus::Cancelled, None, None, now, config)
-                        .exec_with_returning(&txn)
-                        .await?;
-                    outcome.finals.extend(rows);
+                    plan.steps.push(Step::Finish {
+                        job_id: job_id.clone(),
+                        attempt: i64::from(*attempt),
+                        status: JobStatus::Cancelled,
+                        error: None,
+                        worker_id: None,
+                    });
                 }
                 Event::WorkerLost { running_job_ids, .. } => {
                     for job_id in running_job_ids {
@@ -435,49 +432,45 @@ impl Core {
                         done.insert(job_id);
                         outcome.settled.push(job_id.clone());
                         outcome.refill.insert(running.model.clone());
-                        let rows = requeue_or_fail("worker lost", now, config)
-                            .filter(J::Id.eq(job_id.as_str()))
-                            .filter(J::Attempt.eq(running.attempt))
-                            .filter(J::Status.eq(JobStatus::InProgress.as_str()))
-                            .exec_with_returning(&txn)
-                            .await?;
-                        outcome.finals.extend(rows.into_iter().filter(is_final));
+                        plan.steps.push(Step::Requeue {
+                            job_id: job_id.clone(),
+                            attempt: i64::from(running.attempt),
+                            error: "worker lost".into(),
+                        });
                     }
                 }
-                Event::Chunk { .. } | Event::Progress { .. } | Event::CapacityAvailable { .. } => {}
+                Event::Progress { .. } | Event::CapacityAvailable { .. } => {}
             }
         }
-        insert_chunks(&txn, &mut chunks).await?;
-        let mut charges = Vec::with_capacity(completions.len());
-        if !completions.is_empty() {
-            let by_id: HashMap<&str, &Completion> = completions.iter().map(|c| (c.job_id, c)).collect();
-            for row in complete_all(&txn, &completions, now, config).await? {
-                if let Some(done) = by_id.get(row.id.as_str()) {
-                    charges.push(Charge {
-                        user_id: row.user_id.clone(),
-                        job_id: row.id.clone(),
-                        model: row.model.clone(),
-                        unit: done.usage.unit.clone(),
-                        quantity_micros: done.usage.quantity_micros,
-                        amount_micro_usd: done.amount,
-                    });
-                }
-                outcome.finals.push(row);
-            }
-        }
-        record_charges(&txn, &charges, now).await?;
         // The slots these results freed: claim their next jobs in the same
         // commit (one write lock and one commit fewer per round). They are
         // assigned after the commit.
         for model in self.claim_models(batch, &outcome.refill) {
             let want = self.want(&model);
             if want > 0 {
-                let rows = self.claim_on(&txn, &model, want).await?;
-                outcome.claims.push((model, want, rows));
+                plan.claims.push((model, want));
             }
         }
-        txn.commit().await?;
+        if plan.is_empty() {
+            return Ok(outcome);
+        }
+        let settled = self.execute(plan).await?;
+        outcome.finals = settled.finals;
+        outcome.claims = settled.claims;
         Ok(outcome)
+    }
+
+    /// Runs `plan` as one transaction: on the SQLite writer thread when
+    /// there is one, else through sea-orm.
+    async fn execute(&self, plan: Plan) -> Result<Settled, DbErr> {
+        if let Some(engine) = &self.store.hub.engine {
+            return engine.settle(plan).await;
+        }
+        let _guard = serialize_writes(&self.store.hub.write_lock, &self.db).await;
+        let txn = self.db.begin().await?;
+        let settled = plan::execute(&txn, &plan).await?;
+        txn.commit().await?;
+        Ok(settled)
     }
 
     /// Wakes in-process waiters and sends webhooks for jobs that just ended.
@@ -559,115 +552,119 @@ impl Core {
 
     /// Assigns just-claimed jobs of `model` (`want` were asked for) to workers.
     /// Returns whether the queue may hold more for free slots (claim again).
-    async fn place(&mut self, model: &str, want: u64, mut rows: Vec<job::Model>) -> Result<bool, DbErr> {
-        {
-            let claimed = rows.len() as u64;
-            rows.sort_by(|a, b| (a.low_priority, &a.id).cmp(&(b.low_priority, &b.id)));
-            let mut put_back = Vec::new();
-            let mut failed = Vec::new();
-            for row in rows {
-                let input: Value = match serde_json::from_str(&row.input) {
-                    Ok(input) => input,
-                    Err(error) => {
-                        failed.push((row.id, row.attempt, format!("stored input is not JSON: {error}")));
-                        continue;
-                    }
-                };
-                let deadline_ms = row.run_deadline_ms.unwrap_or(i64::MAX);
-                let assignment = Assignment {
-                    job_id: row.id.clone(),
-                    attempt: u32::try_from(row.attempt).unwrap_or(0),
-                    model: row.model.clone(),
-                    input,
-                    deadline: system_time(deadline_ms),
-                };
-                match self.dispatcher.assign(assignment) {
-                    Ok(worker_id) => {
-                        self.pending_workers.insert(row.id.clone(), worker_id);
-                        self.running.insert(
-                            row.id,
-                            Running {
-                                attempt: row.attempt,
-                                model: row.model,
-                                deadline_ms,
-                            },
-                        );
-                    }
-                    Err(AssignError::NoCapacity { .. }) => put_back.push(row.id),
-                    Err(AssignError::AlreadyRunning { .. }) => {
-                        // A stale attempt still runs there: stop it, try again later.
-                        self.dispatcher.cancel(&row.id, "superseded by a newer attempt");
-                        put_back.push(row.id);
-                    }
+    async fn place(&mut self, model: &str, want: u64, rows: Vec<job::Model>) -> Result<bool, DbErr> {
+        let claimed = rows.len() as u64;
+        if !self.assign(rows).await? {
+            return Ok(false);
+        }
+        if claimed < want {
+            self.drained.insert(model.to_string());
+            return Ok(false);
+        }
+        self.drained.remove(model);
+        Ok(true)
+    }
+
+    /// Places jobs that submits wrote already claimed by this instance.
+    async fn adopt(&mut self, rows: Vec<job::Model>) {
+        let models: HashSet<String> = rows.iter().map(|row| row.model.clone()).collect();
+        match self.assign(rows).await {
+            Ok(true) => {}
+            // Some went back to the queue: claim them when a slot frees.
+            Ok(false) => {
+                for model in models {
+                    self.drained.remove(&model);
                 }
             }
-            let now = now_ms();
-            for (job_id, attempt, error) in &failed {
-                let lock = Arc::clone(&self.store.hub.write_lock);
-                let _guard = serialize_writes(&lock, &self.db).await;
-                let rows = finish(
-                    job_id,
-                    u32::try_from(*attempt).unwrap_or(0),
-                    JobStatus::Failed,
-                    Some(error),
-                    None,
-                    now,
-                    &self.store.config,
-                )
-                .exec_with_returning(&self.db)
-                .await?;
-                self.publish(&rows);
-            }
-            if !put_back.is_empty() {
-                self.put_back(&put_back).await?;
-                return Ok(false);
-            }
-            if claimed < want {
-                self.drained.insert(model.to_string());
-                return Ok(false);
-            }
-            self.drained.remove(model);
-            Ok(true)
+            Err(error) => tracing::warn!(%error, "assigning handed-over jobs failed"),
         }
     }
 
-    /// Claims up to `limit` queued jobs of `model` for this instance, normal
-    /// priority first, oldest first. One statement: `UPDATE … WHERE id IN
-    /// (SELECT … FOR UPDATE SKIP LOCKED) AND status = 'IN_QUEUE' RETURNING *`
-    /// (SQLite ignores the lock clause; its writes are serialized anyway).
-    async fn claim(&self, model: &str, limit: u64) -> Result<Vec<job::Model>, DbErr> {
-        let _guard = serialize_writes(&self.store.hub.write_lock, &self.db).await;
-        self.claim_on(&self.db, model, limit).await
+    /// Gives the fast lane a credit per free slot of each model whose queue
+    /// was found empty.
+    fn refresh_credits(&self) {
+        let health = self.dispatcher.health();
+        let free = health
+            .models
+            .into_iter()
+            .filter(|(model, health)| health.free_slots > 0 && self.drained.contains(model))
+            .map(|(model, health)| (model, health.free_slots));
+        self.store.hub.set_credits(&self.instance, free);
     }
 
-    /// The claim statement of [`Core::claim`], on any connection (the
-    /// settlement transaction claims for the slots its results freed).
-    async fn claim_on<C: ConnectionTrait>(&self, db: &C, model: &str, limit: u64) -> Result<Vec<job::Model>, DbErr> {
+    /// Assigns jobs claimed by this instance to workers, lowest priority last.
+    /// Jobs no worker took go back to the queue; returns whether all were placed.
+    async fn assign(&mut self, mut rows: Vec<job::Model>) -> Result<bool, DbErr> {
+        rows.sort_by(|a, b| (a.low_priority, &a.id).cmp(&(b.low_priority, &b.id)));
+        let mut put_back = Vec::new();
+        let mut failed = Vec::new();
+        for row in rows {
+            let input: Value = match serde_json::from_str(&row.input) {
+                Ok(input) => input,
+                Err(error) => {
+                    failed.push((row.id, row.attempt, format!("stored input is not JSON: {error}")));
+                    continue;
+                }
+            };
+            let deadline_ms = row.run_deadline_ms.unwrap_or(i64::MAX);
+            let assignment = Assignment {
+                job_id: row.id.clone(),
+                attempt: u32::try_from(row.attempt).unwrap_or(0),
+                model: row.model.clone(),
+                input,
+                deadline: system_time(deadline_ms),
+            };
+            match self.dispatcher.assign(assignment) {
+                Ok(worker_id) => {
+                    self.pending_workers.insert(row.id.clone(), worker_id);
+                    self.running.insert(
+                        row.id,
+                        Running {
+                            attempt: row.attempt,
+                            model: row.model,
+                            deadline_ms,
+                        },
+                    );
+                }
+                Err(AssignError::NoCapacity { .. }) => put_back.push(row.id),
+                Err(AssignError::AlreadyRunning { .. }) => {
+                    // A stale attempt still runs there: stop it, try again later.
+                    self.dispatcher.cancel(&row.id, "superseded by a newer attempt");
+                    put_back.push(row.id);
+                }
+            }
+        }
         let now = now_ms();
-        let lease_until = now.saturating_add(millis(self.store.config.lease));
-        let candidates = Query::select()
-            .column(J::Id)
-            .from(job::Entity)
-            .and_where(J::Model.eq(model))
-            .and_where(J::Status.eq(JobStatus::InQueue.as_str()))
-            .and_where(J::ExpiresAtMs.gt(now))
-            .order_by(J::LowPriority, Order::Asc)
-            .order_by(J::Id, Order::Asc)
-            .limit(limit)
-            .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked)
-            .to_owned();
-        job::Entity::update_many()
-            .col_expr(J::Status, Expr::value(JobStatus::InProgress.as_str()))
-            .col_expr(J::Attempt, plus(J::Attempt, 1))
-            .col_expr(J::Owner, Expr::value(self.instance.as_str()))
-            .col_expr(J::LeaseUntilMs, Expr::value(lease_until))
-            .col_expr(J::StartedAtMs, Expr::value(now))
-            .col_expr(J::WorkerId, Expr::value(Option::<String>::None))
-            .col_expr(J::RunDeadlineMs, Expr::cust(format!("{now} + execution_timeout_ms")))
-            .filter(J::Id.in_subquery(candidates))
-            .filter(J::Status.eq(JobStatus::InQueue.as_str()))
-            .exec_with_returning(db)
-            .await
+        for (job_id, attempt, error) in &failed {
+            let lock = Arc::clone(&self.store.hub.write_lock);
+            let _guard = serialize_writes(&lock, &self.db).await;
+            let rows = finish(
+                job_id,
+                u32::try_from(*attempt).unwrap_or(0),
+                JobStatus::Failed,
+                Some(error),
+                None,
+                now,
+                &self.store.config,
+            )
+            .exec_with_returning(&self.db)
+            .await?;
+            self.publish(&rows);
+        }
+        if put_back.is_empty() {
+            return Ok(true);
+        }
+        self.put_back(&put_back).await?;
+        Ok(false)
+    }
+
+    /// Claims up to `limit` queued jobs of `model` for this instance, normal
+    /// priority first, oldest first (see `plan.rs`).
+    async fn claim(&self, model: &str, limit: u64) -> Result<Vec<job::Model>, DbErr> {
+        let mut plan = Plan::new(now_ms(), &self.store.config, &self.instance);
+        plan.claims.push((model.to_string(), limit));
+        let settled = self.execute(plan).await?;
+        Ok(settled.claims.into_iter().next().map(|(_, _, rows)| rows).unwrap_or_default())
     }
 
     /// Returns just-claimed jobs no worker took; the attempt was never sent,
@@ -871,7 +868,12 @@ impl Core {
         let lock = Arc::clone(&self.store.hub.write_lock);
         let guard = serialize_writes(&lock, &self.db).await;
         let now = now_ms();
-        let rows = requeue_or_fail("scheduler lost", now, &self.store.config)
+        let config = &self.store.config;
+        let (sync_until, async_until) = (
+            now.saturating_add(config.retention_ms(true)),
+            now.saturating_add(config.retention_ms(false)),
+        );
+        let rows = plan::requeue_or_fail("scheduler lost", now, sync_until, async_until)
             .filter(J::Status.eq(JobStatus::InProgress.as_str()))
             .filter(J::LeaseUntilMs.lt(now))
             .exec_with_returning(&self.db)
@@ -989,16 +991,6 @@ impl Core {
 
 // ---- statements ----
 
-/// A job's result, to be written with the others of its batch.
-struct Completion<'a> {
-    job_id: &'a str,
-    attempt: i64,
-    worker_id: &'a str,
-    output: String,
-    usage: &'a Usage,
-    amount: i64,
-}
-
 /// The stored output: an object gets `"cost"` (USD); anything else is stored
 /// as the model returned it (the cost is in the ledger).
 fn output_with_cost(output: &Value, amount: i64) -> String {
@@ -1011,80 +1003,6 @@ fn output_with_cost(output: &Value, amount: i64) -> String {
         }
         other => other.to_string(),
     }
-}
-
-/// COMPLETED for a batch of results, each guarded on (id, attempt,
-/// IN_PROGRESS), in one statement per `COMPLETE_CHUNK` jobs:
-///
-/// ```sql
-/// WITH b (b_id, b_attempt, …) AS (VALUES (?, ?, …), …)
-/// UPDATE jobs SET status = 'COMPLETED', output = b.b_output, …
-///   FROM b WHERE jobs.id = b.b_id AND jobs.attempt = b.b_attempt AND jobs.status = 'IN_PROGRESS'
-/// RETURNING <every column>
-/// ```
-///
-/// Returns the rows that changed (a stale attempt changes nothing).
-async fn complete_all<C: ConnectionTrait>(
-    db: &C,
-    completions: &[Completion<'_>],
-    now: i64,
-    config: &crate::SchedulerConfig,
-) -> Result<Vec<job::Model>, DbErr> {
-    let backend = db.get_database_backend();
-    let sync_until = now.saturating_add(config.retention_ms(true));
-    let async_until = now.saturating_add(config.retention_ms(false));
-    let returning = job::Column::iter()
-        .map(|c| format!("\"{}\"", c.as_str()))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let mut changed = Vec::with_capacity(completions.len());
-    for part in completions.chunks(COMPLETE_CHUNK) {
-        let mut sql = String::with_capacity(256 + part.len() * 128 + returning.len());
-        let mut values: Vec<sea_orm::Value> = Vec::with_capacity(part.len() * 7);
-        sql.push_str("WITH b (b_id, b_attempt, b_output, b_worker, b_cost, b_unit, b_quantity) AS (VALUES ");
-        for (i, done) in part.iter().enumerate() {
-            if i > 0 {
-                sql.push_str(", ");
-            }
-            let row: [(sea_orm::Value, &str); 7] = [
-                (done.job_id.into(), "TEXT"),
-                (done.attempt.into(), "INTEGER"),
-                (done.output.as_str().into(), "TEXT"),
-                (done.worker_id.into(), "TEXT"),
-                (done.amount.into(), "BIGINT"),
-                (done.usage.unit.as_str().into(), "TEXT"),
-                (done.usage.quantity_micros.into(), "BIGINT"),
-            ];
-            sql.push('(');
-            for (k, (value, ty)) in row.into_iter().enumerate() {
-                if k > 0 {
-                    sql.push_str(", ");
-                }
-                values.push(value);
-                match backend {
-                    DbBackend::Postgres => sql.push_str(&format!("CAST(${} AS {ty})", values.len())),
-                    _ => sql.push_str(&format!("CAST(? AS {ty})")),
-                }
-            }
-            sql.push(')');
-        }
-        sql.push_str(&format!(
-            ") UPDATE jobs SET status = '{completed}', output = b.b_output, error = NULL, worker_id = b.b_worker, \
-             cost_micro_usd = b.b_cost, usage_unit = b.b_unit, usage_quantity_micros = b.b_quantity, \
-             completed_at_ms = {now}, expires_at_ms = CASE WHEN sync THEN {sync_until} ELSE {async_until} END, \
-             lease_until_ms = NULL \
-             FROM b WHERE jobs.id = b.b_id AND jobs.attempt = b.b_attempt AND jobs.status = '{in_progress}' \
-             RETURNING {returning}",
-            completed = JobStatus::Completed.as_str(),
-            in_progress = JobStatus::InProgress.as_str(),
-        ));
-        let rows = job::Entity::find()
-            .from_raw_sql(Statement::from_sql_and_values(backend, sql, values))
-            .all(db)
-            .await?;
-        changed.extend(rows);
-    }
-    Ok(changed)
 }
 
 /// A final status other than COMPLETED, guarded on (id, attempt, IN_PROGRESS).
@@ -1112,69 +1030,6 @@ fn finish(
         .filter(J::Id.eq(job_id))
         .filter(J::Attempt.eq(i64::from(attempt)))
         .filter(J::Status.eq(JobStatus::InProgress.as_str()))
-}
-
-/// Back to IN_QUEUE while attempts remain, else FAILED with `error`. The
-/// caller adds the filters.
-fn requeue_or_fail(error: &str, now: i64, config: &crate::SchedulerConfig) -> sea_orm::UpdateMany<job::Entity> {
-    let more = "attempt < max_attempts";
-    let sync_until = now.saturating_add(config.retention_ms(true));
-    let async_until = now.saturating_add(config.retention_ms(false));
-    job::Entity::update_many()
-        .col_expr(
-            J::Status,
-            Expr::cust(format!("CASE WHEN {more} THEN 'IN_QUEUE' ELSE 'FAILED' END")),
-        )
-        .col_expr(J::Error, Expr::value(error))
-        .col_expr(
-            J::Retries,
-            Expr::cust(format!("CASE WHEN {more} THEN retries + 1 ELSE retries END")),
-        )
-        .col_expr(
-            J::QueuedAtMs,
-            Expr::cust(format!("CASE WHEN {more} THEN {now} ELSE queued_at_ms END")),
-        )
-        .col_expr(
-            J::CompletedAtMs,
-            Expr::cust(format!("CASE WHEN {more} THEN NULL ELSE {now} END")),
-        )
-        .col_expr(
-            J::ExpiresAtMs,
-            Expr::cust(format!(
-                "CASE WHEN {more} THEN expires_at_ms WHEN sync THEN {sync_until} ELSE {async_until} END"
-            )),
-        )
-        .col_expr(J::Owner, Expr::value(Option::<String>::None))
-        .col_expr(J::LeaseUntilMs, Expr::value(Option::<i64>::None))
-        .col_expr(J::RunDeadlineMs, Expr::value(Option::<i64>::None))
-}
-
-/// Stores chunks (skipping sequence numbers already stored by an earlier
-/// attempt) and empties `chunks`.
-async fn insert_chunks<C: ConnectionTrait>(db: &C, chunks: &mut Vec<(String, i64, String)>) -> Result<(), DbErr> {
-    if chunks.is_empty() {
-        return Ok(());
-    }
-    let mut insert = Query::insert();
-    insert
-        .into_table(chunk::Entity)
-        .columns([chunk::Column::JobId, chunk::Column::Seq, chunk::Column::Output]);
-    for (job_id, seq, output) in chunks.drain(..) {
-        insert
-            .values([job_id.into(), seq.into(), output.into()])
-            .map_err(|e| DbErr::Custom(e.to_string()))?;
-    }
-    insert.on_conflict(
-        OnConflict::columns([chunk::Column::JobId, chunk::Column::Seq])
-            .do_nothing()
-            .to_owned(),
-    );
-    db.execute(&insert).await?;
-    Ok(())
-}
-
-fn is_final(row: &job::Model) -> bool {
-    JobStatus::parse(&row.status).is_some_and(JobStatus::is_final)
 }
 
 fn terminal_job(event: &Event) -> Option<&str> {

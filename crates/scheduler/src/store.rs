@@ -9,13 +9,14 @@ use gantry_catalog::ModelSpec;
 use rand::RngExt;
 use sea_orm::sea_query::Expr;
 use sea_orm::{
-    ActiveValue::Set, ColumnTrait, Condition, DatabaseConnection, DbBackend, DbErr, EntityTrait, QueryFilter,
-    QueryOrder, QuerySelect,
+    ActiveModelTrait, ColumnTrait, Condition, DatabaseConnection, DbBackend, DbErr, EntityTrait, QueryFilter,
+    IntoActiveModel, QueryOrder, QuerySelect,
 };
 use serde_json::Value;
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use crate::config::{SchedulerConfig, millis};
+use crate::engine::Engine;
 use crate::entity::{chunk, job, presence};
 use crate::types::{JobCounts, JobError, JobStatus, JobView, Mode, NewJob, StreamView};
 
@@ -32,11 +33,18 @@ pub struct JobStore {
 }
 
 impl JobStore {
+    /// On SQLite with a database file, the hot writes (submits, settlements,
+    /// claims) go through a writer thread of this store's own (see `engine.rs`).
     pub fn new(db: DatabaseConnection, config: SchedulerConfig) -> Self {
+        let mut hub = Hub::default();
+        if db.get_database_backend() == DbBackend::Sqlite {
+            let options = db.get_sqlite_connection_pool().connect_options();
+            hub.engine = Engine::open(options.get_filename(), Arc::clone(&hub.write_lock));
+        }
         Self {
             db,
             config: Arc::new(config),
-            hub: Arc::new(Hub::default()),
+            hub: Arc::new(hub),
         }
     }
 
@@ -74,7 +82,7 @@ impl JobStore {
         let ttl_ms = bounded("ttl", req.policy.ttl_ms, self.config.default_ttl)?;
         let input = serde_json::to_string(&req.input).map_err(|e| JobError::Invalid(e.to_string()))?;
         let now = now_ms();
-        let row = job::Model {
+        let mut row = job::Model {
             id: new_job_id(now),
             user_id: user.to_string(),
             model: model.id.clone(),
@@ -104,56 +112,51 @@ impl JobStore {
             usage_quantity_micros: None,
             chunks_read: 0,
         };
-        let active = job::ActiveModel {
-            id: Set(row.id.clone()),
-            user_id: Set(row.user_id.clone()),
-            model: Set(row.model.clone()),
-            status: Set(row.status.clone()),
-            input: Set(row.input.clone()),
-            output: Set(None),
-            error: Set(None),
-            webhook: Set(row.webhook.clone()),
-            low_priority: Set(row.low_priority),
-            sync: Set(row.sync),
-            execution_timeout_ms: Set(row.execution_timeout_ms),
-            ttl_ms: Set(row.ttl_ms),
-            attempt: Set(row.attempt),
-            max_attempts: Set(row.max_attempts),
-            retries: Set(0),
-            worker_id: Set(None),
-            owner: Set(None),
-            lease_until_ms: Set(None),
-            run_deadline_ms: Set(None),
-            created_at_ms: Set(now),
-            queued_at_ms: Set(now),
-            started_at_ms: Set(None),
-            completed_at_ms: Set(None),
-            expires_at_ms: Set(row.expires_at_ms),
-            cost_micro_usd: Set(None),
-            usage_unit: Set(None),
-            usage_quantity_micros: Set(None),
-            chunks_read: Set(0),
-        };
+        // What the caller is told: accepted into the queue.
+        let view = JobView::of(&row, now);
         // A sync job's caller waits for it right away: register that waiter now,
         // so `wait` needs no read to learn what it already knows.
         let parked = mode == Mode::Sync;
         if parked {
             self.hub.park(&row);
         }
-        if let Err(error) = self.insert(active).await {
+        // A scheduler of this process has a free slot and nothing queued for
+        // this model: write the job already claimed by it (one write instead of
+        // an insert and a claim) and hand it over once committed.
+        let claimed = self.hub.take_credit(&row.model);
+        if let Some(lane) = &claimed {
+            row.status = JobStatus::InProgress.as_str().to_string();
+            row.attempt = 1;
+            row.owner = Some(lane.instance.clone());
+            row.lease_until_ms = Some(now.saturating_add(lane.lease_ms));
+            row.started_at_ms = Some(now);
+            row.run_deadline_ms = Some(now.saturating_add(execution_timeout_ms));
+        }
+        if let Err(error) = self.insert(&row).await {
             if parked {
                 self.hub.unpark(&row.id);
             }
+            if claimed.is_some() {
+                self.hub.return_credit(&row.model);
+            }
             return Err(error.into());
         }
-        self.hub.wake(&row.model);
-        Ok(JobView::of(&row, now))
+        if claimed.is_some() {
+            self.hub.hand_over(row);
+        } else {
+            self.hub.wake(&row.model);
+        }
+        Ok(view)
     }
 
     /// Inserts one job row, committed when this returns. Concurrent inserts are
     /// grouped: one writer task writes whatever is queued as one multi-row
     /// `INSERT` (one commit, one fsync) and answers each caller after it.
-    async fn insert(&self, row: job::ActiveModel) -> Result<(), DbErr> {
+    async fn insert(&self, row: &job::Model) -> Result<(), DbErr> {
+        if let Some(engine) = &self.hub.engine {
+            return engine.insert(row.clone()).await;
+        }
+        let row = row.clone().into_active_model().reset_all();
         let writer = self
             .hub
             .inserts
@@ -534,6 +537,34 @@ pub(crate) struct Hub {
     /// Serializes this process's writes on SQLite (see [`serialize_writes`]).
     pub(crate) write_lock: Arc<tokio::sync::Mutex<()>>,
     inserts: OnceLock<mpsc::UnboundedSender<Insert>>,
+    /// The SQLite writer thread, when the database is a SQLite file.
+    pub(crate) engine: Option<Engine>,
+    /// Submits written already claimed for this process's scheduler.
+    lane: Mutex<Option<Lane>>,
+}
+
+/// The fast lane of one scheduler instance (at most one per process): while
+/// it has free slots for a model whose queue it found empty, a submit writes
+/// the job `IN_PROGRESS` owned by it (attempt 1, leased) and hands the row
+/// over after the commit, so no claim statement and no queue round trip are
+/// needed. A job handed over that no worker can take goes back to the queue
+/// like any unplaced claim; a crash before it runs requeues it when its lease
+/// lapses. Credits are a hint the scheduler refreshes on every turn of its loop.
+struct Lane {
+    instance: String,
+    lease_ms: i64,
+    /// Jobs a submit may still write claimed, per model.
+    credits: HashMap<String, u64>,
+    /// Credits taken whose rows the scheduler has not adopted yet, per model.
+    pending: HashMap<String, u64>,
+    /// Committed rows waiting for the scheduler.
+    handed: Vec<job::Model>,
+}
+
+/// A credit taken from the lane: whom to write the job as claimed by.
+pub(crate) struct Credit {
+    pub(crate) instance: String,
+    pub(crate) lease_ms: i64,
 }
 
 #[derive(Default)]
@@ -563,6 +594,102 @@ impl Hub {
     pub(crate) fn cancel(&self, job_id: &str) {
         self.lock_pending().cancels.push(job_id.to_string());
         self.notify.notify_one();
+    }
+
+    fn lock_lane(&self) -> MutexGuard<'_, Option<Lane>> {
+        self.lane.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Opens the fast lane for scheduler `instance`; false if another
+    /// scheduler of this process has it.
+    pub(crate) fn open_lane(&self, instance: &str, lease_ms: i64) -> bool {
+        let mut lane = self.lock_lane();
+        if lane.is_some() {
+            return false;
+        }
+        *lane = Some(Lane {
+            instance: instance.to_string(),
+            lease_ms,
+            credits: HashMap::new(),
+            pending: HashMap::new(),
+            handed: Vec::new(),
+        });
+        true
+    }
+
+    /// Closes `instance`'s lane; returns the rows it had not adopted yet.
+    pub(crate) fn close_lane(&self, instance: &str) -> Vec<job::Model> {
+        let mut lane = self.lock_lane();
+        match lane.take() {
+            Some(open) if open.instance == instance => open.handed,
+            other => {
+                *lane = other;
+                Vec::new()
+            }
+        }
+    }
+
+    /// Sets `instance`'s credits from its free slots per model (only models
+    /// whose queue it found empty), less the credits already taken.
+    pub(crate) fn set_credits(&self, instance: &str, free: impl Iterator<Item = (String, u64)>) {
+        let mut guard = self.lock_lane();
+        let Some(lane) = guard.as_mut().filter(|lane| lane.instance == instance) else {
+            return;
+        };
+        lane.credits.clear();
+        for (model, slots) in free {
+            let taken = lane.pending.get(&model).copied().unwrap_or(0);
+            let left = slots.saturating_sub(taken);
+            if left > 0 {
+                lane.credits.insert(model, left);
+            }
+        }
+    }
+
+    fn take_credit(&self, model: &str) -> Option<Credit> {
+        let mut guard = self.lock_lane();
+        let lane = guard.as_mut()?;
+        let credits = lane.credits.get_mut(model).filter(|n| **n > 0)?;
+        *credits -= 1;
+        *lane.pending.entry(model.to_string()).or_insert(0) += 1;
+        Some(Credit {
+            instance: lane.instance.clone(),
+            lease_ms: lane.lease_ms,
+        })
+    }
+
+    fn return_credit(&self, model: &str) {
+        if let Some(lane) = self.lock_lane().as_mut()
+            && let Some(pending) = lane.pending.get_mut(model)
+        {
+            *pending = pending.saturating_sub(1);
+        }
+    }
+
+    fn hand_over(&self, row: job::Model) {
+        let mut guard = self.lock_lane();
+        // If the lane closed meanwhile, the row stays IN_PROGRESS until its
+        // lease lapses and a sweep requeues it.
+        if let Some(lane) = guard.as_mut() {
+            lane.handed.push(row);
+            drop(guard);
+            self.notify.notify_one();
+        }
+    }
+
+    /// Rows handed over to `instance`, to place on its workers.
+    pub(crate) fn adopt(&self, instance: &str) -> Vec<job::Model> {
+        let mut guard = self.lock_lane();
+        let Some(lane) = guard.as_mut().filter(|lane| lane.instance == instance) else {
+            return Vec::new();
+        };
+        let rows = std::mem::take(&mut lane.handed);
+        for row in &rows {
+            if let Some(pending) = lane.pending.get_mut(&row.model) {
+                *pending = pending.saturating_sub(1);
+            }
+        }
+        rows
     }
 
     pub(crate) fn take_pending(&self) -> Pending {

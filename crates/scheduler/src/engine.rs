@@ -1,0 +1,464 @@
+//! The SQLite write path of the job layer: one thread owns one connection
+//! (rusqlite, prepared statements cached) and runs every hot write (job
+//! inserts, settlements, claims). Whatever is queued while a transaction runs
+//! goes into the next one, so concurrent submits and settlements share one
+//! commit, and each operation costs one hand-off to the thread and one back
+//! (sqlx's SQLite driver costs one per statement and one per returned row).
+//!
+//! Each operation runs inside a savepoint: a failing one is rolled back alone
+//! and gets its error; the others commit. Replies are sent only after the
+//! commit, so a caller that hears `Ok` holds a durable write.
+//!
+//! The thread takes the process's write lock (the one `serialize_writes`
+//! takes) for each transaction, so it queues behind sea-orm writes of the
+//! same process instead of meeting them in SQLite's busy handler.
+
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::mpsc as std_mpsc;
+
+use rusqlite::{Connection, OptionalExtension, Row, params};
+use sea_orm::DbErr;
+use tokio::sync::oneshot;
+
+use crate::entity::job;
+use crate::plan::{Plan, Settled, Step, is_final};
+use crate::types::JobStatus;
+
+/// Most operations in one transaction.
+const MAX_OPS: usize = 1024;
+
+/// Every column of `jobs`, in the order of `job::Model`'s fields.
+const COLUMNS: &str = "id, user_id, model, status, input, output, error, webhook, low_priority, sync, \
+    execution_timeout_ms, ttl_ms, attempt, max_attempts, retries, worker_id, owner, lease_until_ms, \
+    run_deadline_ms, created_at_ms, queued_at_ms, started_at_ms, completed_at_ms, expires_at_ms, \
+    cost_micro_usd, usage_unit, usage_quantity_micros, chunks_read";
+
+/// One queued operation and where its result goes.
+struct Op {
+    work: Work,
+    reply: ReplyTo,
+}
+
+enum Work {
+    Insert(Box<job::Model>),
+    Settle(Box<Plan>),
+}
+
+enum Done {
+    Inserted,
+    Settled(Settled),
+}
+
+enum ReplyTo {
+    Insert(oneshot::Sender<Result<(), DbErr>>),
+    Settle(oneshot::Sender<Result<Settled, DbErr>>),
+}
+
+impl ReplyTo {
+    fn send(self, result: Result<Done, DbErr>) {
+        match (self, result) {
+            (ReplyTo::Insert(to), Ok(_)) => drop(to.send(Ok(()))),
+            (ReplyTo::Settle(to), Ok(Done::Settled(settled))) => drop(to.send(Ok(settled))),
+            (ReplyTo::Settle(to), Ok(Done::Inserted)) => drop(to.send(Ok(Settled::default()))),
+            (ReplyTo::Insert(to), Err(error)) => drop(to.send(Err(error))),
+            (ReplyTo::Settle(to), Err(error)) => drop(to.send(Err(error))),
+        }
+    }
+}
+
+/// Handle to the writer thread; the thread ends when the last handle is dropped.
+#[derive(Clone)]
+pub(crate) struct Engine {
+    ops: std_mpsc::Sender<Op>,
+}
+
+impl Engine {
+    /// Opens a second connection to the database file at `path` and starts
+    /// the writer thread. `None` for an in-memory database (nothing to share)
+    /// or if the file cannot be opened; the caller then writes through sea-orm.
+    pub(crate) fn open(path: &Path, write_lock: Arc<tokio::sync::Mutex<()>>) -> Option<Engine> {
+        if !path.is_file() {
+            return None;
+        }
+        let conn = match open_connection(path) {
+            Ok(conn) => conn,
+            Err(error) => {
+                tracing::warn!(%error, path = %path.display(), "SQLite write engine unavailable; using sea-orm");
+                return None;
+            }
+        };
+        let (ops, queue) = std_mpsc::channel();
+        let running = Arc::new(AtomicBool::new(true));
+        let checkpoints = open_connection(path).map_err(|e| e.to_string()).and_then(|conn| {
+            let running = Arc::clone(&running);
+            std::thread::Builder::new()
+                .name("gantry-sqlite-checkpoint".into())
+                .spawn(move || checkpoint(&conn, &running))
+                .map_err(|e| e.to_string())
+        });
+        if let Err(error) = checkpoints {
+            // The writer's own automatic checkpoints still bound the log.
+            tracing::warn!(%error, "no SQLite checkpoint thread");
+        }
+        let spawned = std::thread::Builder::new()
+            .name("gantry-sqlite-writer".into())
+            .spawn(move || {
+                run(conn, queue, &write_lock);
+                running.store(false, Ordering::Relaxed);
+            });
+        match spawned {
+            Ok(_) => Some(Engine { ops }),
+            Err(error) => {
+                tracing::warn!(%error, "could not start the SQLite writer thread; using sea-orm");
+                None
+            }
+        }
+    }
+
+    /// Inserts one job row; committed when this returns.
+    pub(crate) async fn insert(&self, row: job::Model) -> Result<(), DbErr> {
+        let (reply, done) = oneshot::channel();
+        self.send(Op {
+            work: Work::Insert(Box::new(row)),
+            reply: ReplyTo::Insert(reply),
+        })?;
+        done.await.map_err(|_| stopped())?
+    }
+
+    /// Runs a settlement plan in one transaction; committed when this returns.
+    pub(crate) async fn settle(&self, plan: Plan) -> Result<Settled, DbErr> {
+        let (reply, done) = oneshot::channel();
+        self.send(Op {
+            work: Work::Settle(Box::new(plan)),
+            reply: ReplyTo::Settle(reply),
+        })?;
+        done.await.map_err(|_| stopped())?
+    }
+
+    fn send(&self, op: Op) -> Result<(), DbErr> {
+        self.ops.send(op).map_err(|_| stopped())
+    }
+}
+
+fn stopped() -> DbErr {
+    DbErr::Custom("the SQLite writer stopped".into())
+}
+
+fn db_err(error: rusqlite::Error) -> DbErr {
+    DbErr::Custom(format!("sqlite: {error}"))
+}
+
+fn open_connection(path: &Path) -> rusqlite::Result<Connection> {
+    let conn = Connection::open(path)?;
+    conn.busy_timeout(std::time::Duration::from_secs(5))?;
+    // The same settings as the sea-orm pool's connections (WAL is a property
+    // of the file, set by the pool).
+    conn.pragma_update(None, "synchronous", "NORMAL")?;
+    conn.pragma_update(None, "foreign_keys", "ON")?;
+    conn.pragma_update(None, "temp_store", "MEMORY")?;
+    // 64 MiB of page cache: this connection is the process's only writer, so
+    // its cache stays valid between transactions.
+    conn.pragma_update(None, "cache_size", -65_536)?;
+    // Checkpoints normally run on their own thread (see `checkpoint`); this
+    // one only steps in if that thread falls far behind.
+    conn.pragma_update(None, "wal_autocheckpoint", WRITER_AUTOCHECKPOINT)?;
+    conn.set_prepared_statement_cache_capacity(64);
+    Ok(conn)
+}
+
+/// Pages in the write-ahead log after which the writer checkpoints itself.
+const WRITER_AUTOCHECKPOINT: i64 = 20_000;
+
+/// How often the checkpoint thread copies the log into the database file.
+const CHECKPOINT_EVERY: std::time::Duration = std::time::Duration::from_millis(100);
+
+/// Copies committed pages from the log into the database file (`PASSIVE`:
+/// never waits for, nor blocks, the writer or readers), so the writer's
+/// commits only append to the log. Ends when the writer thread has ended.
+fn checkpoint(conn: &Connection, running: &AtomicBool) {
+    while running.load(Ordering::Relaxed) {
+        std::thread::sleep(CHECKPOINT_EVERY);
+        if let Err(error) = conn.query_row("PRAGMA wal_checkpoint(PASSIVE)", [], |_| Ok(())) {
+            tracing::debug!(%error, "checkpoint failed; trying again");
+        }
+    }
+}
+
+fn run(mut conn: Connection, queue: std_mpsc::Receiver<Op>, write_lock: &tokio::sync::Mutex<()>) {
+    let mut batch: Vec<Op> = Vec::with_capacity(MAX_OPS);
+    while let Ok(first) = queue.recv() {
+        batch.push(first);
+        while batch.len() < MAX_OPS {
+            match queue.try_recv() {
+                Ok(op) => batch.push(op),
+                Err(_) => break,
+            }
+        }
+        let guard = write_lock.blocking_lock();
+        if std::env::var_os("GANTRY_ENGINE_STATS").is_some() {
+            use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+            static TX: AtomicU64 = AtomicU64::new(0);
+            static OPS: AtomicU64 = AtomicU64::new(0);
+            let t = TX.fetch_add(1, Relaxed) + 1;
+            let o = OPS.fetch_add(batch.len() as u64, Relaxed) + batch.len() as u64;
+            if t % 2000 == 0 { eprintln!("engine: {t} txns, {o} ops, {:.1} ops/txn", o as f64 / t as f64); }
+        }
+        commit_batch(&mut conn, &mut batch);
+        drop(guard);
+    }
+}
+
+/// Runs the batch in one transaction. If an operation fails, the
+/// transaction is rolled back and each operation is run again in one of its
+/// own, so that only the failing one fails (no savepoints: a savepoint makes
+/// SQLite journal every page it touches a second time).
+fn commit_batch(conn: &mut Connection, batch: &mut Vec<Op>) {
+    let ops: Vec<Op> = batch.drain(..).collect();
+    let works: Vec<&Work> = ops.iter().map(|op| &op.work).collect();
+    match run_all(conn, &works) {
+        Ok(results) => {
+            for (op, result) in ops.into_iter().zip(results) {
+                op.reply.send(Ok(result));
+            }
+        }
+        Err(error) if ops.len() == 1 => {
+            for op in ops {
+                op.reply.send(Err(copy(&error)));
+            }
+        }
+        Err(_) => {
+            for op in ops {
+                let result = run_all(conn, &[&op.work]).map(|mut done| done.remove(0));
+                op.reply.send(result);
+            }
+        }
+    }
+}
+
+/// One transaction for `works`; all commit, or none does.
+fn run_all(conn: &mut Connection, works: &[&Work]) -> Result<Vec<Done>, DbErr> {
+    let txn = conn
+        .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
+        .map_err(db_err)?;
+    let mut done = Vec::with_capacity(works.len());
+    for work in works {
+        done.push(match work {
+            Work::Insert(row) => insert(&txn, row).map(|()| Done::Inserted),
+            Work::Settle(plan) => settle(&txn, plan).map(Done::Settled),
+        }
+        .map_err(db_err)?);
+    }
+    txn.commit().map_err(db_err)?;
+    Ok(done)
+}
+
+fn copy(error: &DbErr) -> DbErr {
+    DbErr::Custom(error.to_string())
+}
+
+fn insert(conn: &Connection, row: &job::Model) -> rusqlite::Result<()> {
+    let mut statement = conn.prepare_cached(&format!(
+        "INSERT INTO jobs ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, \
+         ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28)"
+    ))?;
+    statement.execute(params![
+        row.id,
+        row.user_id,
+        row.model,
+        row.status,
+        row.input,
+        row.output,
+        row.error,
+        row.webhook,
+        row.low_priority,
+        row.sync,
+        row.execution_timeout_ms,
+        row.ttl_ms,
+        row.attempt,
+        row.max_attempts,
+        row.retries,
+        row.worker_id,
+        row.owner,
+        row.lease_until_ms,
+        row.run_deadline_ms,
+        row.created_at_ms,
+        row.queued_at_ms,
+        row.started_at_ms,
+        row.completed_at_ms,
+        row.expires_at_ms,
+        row.cost_micro_usd,
+        row.usage_unit,
+        row.usage_quantity_micros,
+        row.chunks_read,
+    ])?;
+    Ok(())
+}
+
+fn job_of(row: &Row<'_>) -> rusqlite::Result<job::Model> {
+    Ok(job::Model {
+        id: row.get(0)?,
+        user_id: row.get(1)?,
+        model: row.get(2)?,
+        status: row.get(3)?,
+        input: row.get(4)?,
+        output: row.get(5)?,
+        error: row.get(6)?,
+        webhook: row.get(7)?,
+        low_priority: row.get(8)?,
+        sync: row.get(9)?,
+        execution_timeout_ms: row.get(10)?,
+        ttl_ms: row.get(11)?,
+        attempt: row.get(12)?,
+        max_attempts: row.get(13)?,
+        retries: row.get(14)?,
+        worker_id: row.get(15)?,
+        owner: row.get(16)?,
+        lease_until_ms: row.get(17)?,
+        run_deadline_ms: row.get(18)?,
+        created_at_ms: row.get(19)?,
+        queued_at_ms: row.get(20)?,
+        started_at_ms: row.get(21)?,
+        completed_at_ms: row.get(22)?,
+        expires_at_ms: row.get(23)?,
+        cost_micro_usd: row.get(24)?,
+        usage_unit: row.get(25)?,
+        usage_quantity_micros: row.get(26)?,
+        chunks_read: row.get(27)?,
+    })
+}
+
+/// The plan's statements, in the order `plan::execute` runs them.
+fn settle(conn: &Connection, plan: &Plan) -> rusqlite::Result<Settled> {
+    let mut settled = Settled::default();
+    if !plan.chunks.is_empty() {
+        let mut statement = conn.prepare_cached(
+            "INSERT INTO job_chunks (job_id, seq, output) VALUES (?1, ?2, ?3) ON CONFLICT (job_id, seq) DO NOTHING",
+        )?;
+        for (job_id, seq, output) in &plan.chunks {
+            statement.execute(params![job_id, seq, output])?;
+        }
+    }
+    let in_progress = JobStatus::InProgress.as_str();
+    for step in &plan.steps {
+        match step {
+            Step::Complete {
+                job_id,
+                attempt,
+                worker_id,
+                output,
+                unit,
+                quantity_micros,
+                amount,
+            } => {
+                let mut complete = conn.prepare_cached(&format!(
+                    "UPDATE jobs SET status = '{completed}', output = ?3, error = NULL, worker_id = ?4, \
+                     cost_micro_usd = ?5, usage_unit = ?6, usage_quantity_micros = ?7, completed_at_ms = ?8, \
+                     expires_at_ms = CASE WHEN sync THEN ?9 ELSE ?10 END, lease_until_ms = NULL \
+                     WHERE id = ?1 AND attempt = ?2 AND status = '{in_progress}' RETURNING {COLUMNS}",
+                    completed = JobStatus::Completed.as_str(),
+                ))?;
+                let row = complete
+                    .query_row(
+                        params![
+                            job_id,
+                            attempt,
+                            output,
+                            worker_id,
+                            amount,
+                            unit,
+                            quantity_micros,
+                            plan.now,
+                            plan.sync_until,
+                            plan.async_until
+                        ],
+                        job_of,
+                    )
+                    .optional()?;
+                let Some(row) = row else { continue };
+                let mut charge = conn.prepare_cached(
+                    "INSERT INTO ledger_entries (id, user_id, job_id, model, unit, quantity_micros, \
+                     amount_micro_usd, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
+                     ON CONFLICT (job_id) DO NOTHING",
+                )?;
+                charge.execute(params![
+                    gantry_billing::new_entry_id(),
+                    row.user_id,
+                    row.id,
+                    row.model,
+                    unit,
+                    quantity_micros,
+                    amount,
+                    plan.now
+                ])?;
+                settled.finals.push(row);
+            }
+            Step::Finish {
+                job_id,
+                attempt,
+                status,
+                error,
+                worker_id,
+            } => {
+                let mut finish = conn.prepare_cached(&format!(
+                    "UPDATE jobs SET status = ?3, completed_at_ms = ?4, \
+                     expires_at_ms = CASE WHEN sync THEN ?5 ELSE ?6 END, lease_until_ms = NULL, \
+                     error = COALESCE(?7, error), worker_id = COALESCE(?8, worker_id) \
+                     WHERE id = ?1 AND attempt = ?2 AND status = '{in_progress}' RETURNING {COLUMNS}"
+                ))?;
+                let row = finish
+                    .query_row(
+                        params![
+                            job_id,
+                            attempt,
+                            status.as_str(),
+                            plan.now,
+                            plan.sync_until,
+                            plan.async_until,
+                            error,
+                            worker_id
+                        ],
+                        job_of,
+                    )
+                    .optional()?;
+                settled.finals.extend(row);
+            }
+            Step::Requeue { job_id, attempt, error } => {
+                let mut requeue = conn.prepare_cached(&format!(
+                    "UPDATE jobs SET \
+                     status = CASE WHEN attempt < max_attempts THEN 'IN_QUEUE' ELSE 'FAILED' END, error = ?3, \
+                     retries = CASE WHEN attempt < max_attempts THEN retries + 1 ELSE retries END, \
+                     queued_at_ms = CASE WHEN attempt < max_attempts THEN ?4 ELSE queued_at_ms END, \
+                     completed_at_ms = CASE WHEN attempt < max_attempts THEN NULL ELSE ?4 END, \
+                     expires_at_ms = CASE WHEN attempt < max_attempts THEN expires_at_ms \
+                       WHEN sync THEN ?5 ELSE ?6 END, \
+                     owner = NULL, lease_until_ms = NULL, run_deadline_ms = NULL \
+                     WHERE id = ?1 AND attempt = ?2 AND status = '{in_progress}' RETURNING {COLUMNS}"
+                ))?;
+                let row = requeue
+                    .query_row(
+                        params![job_id, attempt, error, plan.now, plan.sync_until, plan.async_until],
+                        job_of,
+                    )
+                    .optional()?;
+                settled.finals.extend(row.filter(is_final));
+            }
+        }
+    }
+    for (model, limit) in &plan.claims {
+        let mut claim = conn.prepare_cached(&format!(
+            "UPDATE jobs SET status = '{in_progress}', attempt = attempt + 1, owner = ?2, lease_until_ms = ?3, \
+             started_at_ms = ?4, worker_id = NULL, run_deadline_ms = ?4 + execution_timeout_ms \
+             WHERE id IN (SELECT id FROM jobs WHERE model = ?1 AND status = 'IN_QUEUE' AND expires_at_ms > ?4 \
+               ORDER BY low_priority ASC, id ASC LIMIT ?5) \
+             AND status = 'IN_QUEUE' RETURNING {COLUMNS}"
+        ))?;
+        let most = i64::try_from(*limit).unwrap_or(i64::MAX);
+        let rows = claim
+            .query_map(params![model, plan.instance, plan.lease_until, plan.now, most], job_of)?
+            .collect::<rusqlite::Result<Vec<_>>>()?;
+        settled.claims.push((model.clone(), *limit, rows));
+    }
+    Ok(settled)
+}

@@ -1,0 +1,350 @@
+//! What one settlement writes, decided before any statement runs, and its
+//! execution through sea-orm (PostgreSQL, or SQLite without a file). The
+//! SQLite engine (`engine.rs`) executes the same plan on its own thread.
+
+use std::collections::HashMap;
+
+use gantry_billing::{Charge, record_charges};
+use sea_orm::sea_query::{Expr, LockBehavior, LockType, OnConflict, Order, Query};
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, IdenStatic, Iterable, QueryFilter, Statement,
+};
+
+use crate::entity::{chunk, job};
+use crate::store::plus;
+use crate::types::JobStatus;
+
+use job::Column as J;
+
+/// Jobs completed by one `UPDATE … FROM (VALUES …)` statement (7 bind values each).
+const COMPLETE_CHUNK: usize = 256;
+
+/// Writes of one transaction: stream chunks, then terminal transitions (each
+/// guarded on `(id, attempt, IN_PROGRESS)`, so a stale attempt or a duplicate
+/// changes nothing), the charges of the completions that applied, then claims.
+pub(crate) struct Plan {
+    pub(crate) now: i64,
+    /// `expires_at_ms` of a job finishing now: sync and async retention.
+    pub(crate) sync_until: i64,
+    pub(crate) async_until: i64,
+    pub(crate) chunks: Vec<(String, i64, String)>,
+    pub(crate) steps: Vec<Step>,
+    /// Claims for this instance: (model, most jobs).
+    pub(crate) claims: Vec<(String, u64)>,
+    pub(crate) instance: String,
+    pub(crate) lease_until: i64,
+}
+
+pub(crate) enum Step {
+    /// COMPLETED with its output (cost included) and one ledger charge.
+    Complete {
+        job_id: String,
+        attempt: i64,
+        worker_id: String,
+        output: String,
+        unit: String,
+        quantity_micros: i64,
+        amount: i64,
+    },
+    /// Another final status; `error` and `worker_id` are kept when `None`.
+    Finish {
+        job_id: String,
+        attempt: i64,
+        status: JobStatus,
+        error: Option<String>,
+        worker_id: Option<String>,
+    },
+    /// Back to the queue while attempts remain, else FAILED with `error`.
+    Requeue { job_id: String, attempt: i64, error: String },
+}
+
+/// What a plan changed.
+#[derive(Default)]
+pub(crate) struct Settled {
+    /// Rows that reached a final status.
+    pub(crate) finals: Vec<job::Model>,
+    /// Per claim of the plan: (model, how many were asked for, rows claimed).
+    pub(crate) claims: Vec<(String, u64, Vec<job::Model>)>,
+}
+
+impl Plan {
+    pub(crate) fn new(now: i64, config: &crate::SchedulerConfig, instance: &str) -> Self {
+        Plan {
+            now,
+            sync_until: now.saturating_add(config.retention_ms(true)),
+            async_until: now.saturating_add(config.retention_ms(false)),
+            chunks: Vec::new(),
+            steps: Vec::new(),
+            claims: Vec::new(),
+            instance: instance.to_string(),
+            lease_until: now.saturating_add(crate::config::millis(config.lease)),
+        }
+    }
+
+    pub(crate) fn is_empty(&self) -> bool {
+        self.chunks.is_empty() && self.steps.is_empty() && self.claims.is_empty()
+    }
+}
+
+pub(crate) fn is_final(row: &job::Model) -> bool {
+    JobStatus::parse(&row.status).is_some_and(JobStatus::is_final)
+}
+
+/// Runs `plan` on `db` (a transaction, so it commits as one).
+pub(crate) async fn execute<C: ConnectionTrait>(db: &C, plan: &Plan) -> Result<Settled, DbErr> {
+    let mut settled = Settled::default();
+    insert_chunks(db, &plan.chunks).await?;
+    let retention = Expr::cust(format!(
+        "CASE WHEN sync THEN {} ELSE {} END",
+        plan.sync_until, plan.async_until
+    ));
+    let mut completions = Vec::new();
+    for step in &plan.steps {
+        match step {
+            Step::Complete { .. } => completions.push(step),
+            Step::Finish {
+                job_id,
+                attempt,
+                status,
+                error,
+                worker_id,
+            } => {
+                let mut update = job::Entity::update_many()
+                    .col_expr(J::Status, Expr::value(status.as_str()))
+                    .col_expr(J::CompletedAtMs, Expr::value(plan.now))
+                    .col_expr(J::ExpiresAtMs, retention.clone())
+                    .col_expr(J::LeaseUntilMs, Expr::value(Option::<i64>::None));
+                if let Some(error) = error {
+                    update = update.col_expr(J::Error, Expr::value(error.as_str()));
+                }
+                if let Some(worker_id) = worker_id {
+                    update = update.col_expr(J::WorkerId, Expr::value(worker_id.as_str()));
+                }
+                let rows = update
+                    .filter(J::Id.eq(job_id.as_str()))
+                    .filter(J::Attempt.eq(*attempt))
+                    .filter(J::Status.eq(JobStatus::InProgress.as_str()))
+                    .exec_with_returning(db)
+                    .await?;
+                settled.finals.extend(rows);
+            }
+            Step::Requeue { job_id, attempt, error } => {
+                let rows = requeue_or_fail(error, plan.now, plan.sync_until, plan.async_until)
+                    .filter(J::Id.eq(job_id.as_str()))
+                    .filter(J::Attempt.eq(*attempt))
+                    .filter(J::Status.eq(JobStatus::InProgress.as_str()))
+                    .exec_with_returning(db)
+                    .await?;
+                settled.finals.extend(rows.into_iter().filter(is_final));
+            }
+        }
+    }
+    let completed = complete_all(db, &completions, plan).await?;
+    let mut charges = Vec::with_capacity(completed.len());
+    let by_id: HashMap<&str, &Step> = completions
+        .iter()
+        .filter_map(|step| match step {
+            Step::Complete { job_id, .. } => Some((job_id.as_str(), *step)),
+            _ => None,
+        })
+        .collect();
+    for row in completed {
+        if let Some(Step::Complete {
+            unit,
+            quantity_micros,
+            amount,
+            ..
+        }) = by_id.get(row.id.as_str())
+        {
+            charges.push(Charge {
+                user_id: row.user_id.clone(),
+                job_id: row.id.clone(),
+                model: row.model.clone(),
+                unit: unit.clone(),
+                quantity_micros: *quantity_micros,
+                amount_micro_usd: *amount,
+            });
+        }
+        settled.finals.push(row);
+    }
+    record_charges(db, &charges, plan.now).await?;
+    for (model, limit) in &plan.claims {
+        let rows = claim(db, model, *limit, plan).await?;
+        settled.claims.push((model.clone(), *limit, rows));
+    }
+    Ok(settled)
+}
+
+/// Claims up to `limit` queued jobs of `model` for the plan's instance, normal
+/// priority first, oldest first. One statement: `UPDATE … WHERE id IN
+/// (SELECT … FOR UPDATE SKIP LOCKED) AND status = 'IN_QUEUE' RETURNING *`
+/// (SQLite ignores the lock clause; its writes are serialized anyway).
+async fn claim<C: ConnectionTrait>(db: &C, model: &str, limit: u64, plan: &Plan) -> Result<Vec<job::Model>, DbErr> {
+    let now = plan.now;
+    let candidates = Query::select()
+        .column(J::Id)
+        .from(job::Entity)
+        .and_where(J::Model.eq(model))
+        .and_where(J::Status.eq(JobStatus::InQueue.as_str()))
+        .and_where(J::ExpiresAtMs.gt(now))
+        .order_by(J::LowPriority, Order::Asc)
+        .order_by(J::Id, Order::Asc)
+        .limit(limit)
+        .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked)
+        .to_owned();
+    job::Entity::update_many()
+        .col_expr(J::Status, Expr::value(JobStatus::InProgress.as_str()))
+        .col_expr(J::Attempt, plus(J::Attempt, 1))
+        .col_expr(J::Owner, Expr::value(plan.instance.as_str()))
+        .col_expr(J::LeaseUntilMs, Expr::value(plan.lease_until))
+        .col_expr(J::StartedAtMs, Expr::value(now))
+        .col_expr(J::WorkerId, Expr::value(Option::<String>::None))
+        .col_expr(J::RunDeadlineMs, Expr::cust(format!("{now} + execution_timeout_ms")))
+        .filter(J::Id.in_subquery(candidates))
+        .filter(J::Status.eq(JobStatus::InQueue.as_str()))
+        .exec_with_returning(db)
+        .await
+}
+
+/// COMPLETED for a batch of results, each guarded on (id, attempt,
+/// IN_PROGRESS), in one statement per `COMPLETE_CHUNK` jobs:
+///
+/// ```sql
+/// WITH b (b_id, b_attempt, …) AS (VALUES (?, ?, …), …)
+/// UPDATE jobs SET status = 'COMPLETED', output = b.b_output, …
+///   FROM b WHERE jobs.id = b.b_id AND jobs.attempt = b.b_attempt AND jobs.status = 'IN_PROGRESS'
+/// RETURNING <every column>
+/// ```
+///
+/// Returns the rows that changed (a stale attempt changes nothing).
+async fn complete_all<C: ConnectionTrait>(db: &C, completions: &[&Step], plan: &Plan) -> Result<Vec<job::Model>, DbErr> {
+    let backend = db.get_database_backend();
+    let returning = job::Column::iter()
+        .map(|c| format!("\"{}\"", c.as_str()))
+        .collect::<Vec<_>>()
+        .join(", ");
+    let mut changed = Vec::with_capacity(completions.len());
+    for part in completions.chunks(COMPLETE_CHUNK) {
+        let mut sql = String::with_capacity(256 + part.len() * 128 + returning.len());
+        let mut values: Vec<sea_orm::Value> = Vec::with_capacity(part.len() * 7);
+        sql.push_str("WITH b (b_id, b_attempt, b_output, b_worker, b_cost, b_unit, b_quantity) AS (VALUES ");
+        for (i, step) in part.iter().enumerate() {
+            let Step::Complete {
+                job_id,
+                attempt,
+                worker_id,
+                output,
+                unit,
+                quantity_micros,
+                amount,
+            } = step
+            else {
+                continue;
+            };
+            if i > 0 {
+                sql.push_str(", ");
+            }
+            let row: [(sea_orm::Value, &str); 7] = [
+                (job_id.as_str().into(), "TEXT"),
+                ((*attempt).into(), "INTEGER"),
+                (output.as_str().into(), "TEXT"),
+                (worker_id.as_str().into(), "TEXT"),
+                ((*amount).into(), "BIGINT"),
+                (unit.as_str().into(), "TEXT"),
+                ((*quantity_micros).into(), "BIGINT"),
+            ];
+            sql.push('(');
+            for (k, (value, ty)) in row.into_iter().enumerate() {
+                if k > 0 {
+                    sql.push_str(", ");
+                }
+                values.push(value);
+                match backend {
+                    DbBackend::Postgres => sql.push_str(&format!("CAST(${} AS {ty})", values.len())),
+                    _ => sql.push_str(&format!("CAST(? AS {ty})")),
+                }
+            }
+            sql.push(')');
+        }
+        sql.push_str(&format!(
+            ") UPDATE jobs SET status = '{completed}', output = b.b_output, error = NULL, worker_id = b.b_worker, \
+             cost_micro_usd = b.b_cost, usage_unit = b.b_unit, usage_quantity_micros = b.b_quantity, \
+             completed_at_ms = {now}, expires_at_ms = CASE WHEN sync THEN {sync_until} ELSE {async_until} END, \
+             lease_until_ms = NULL \
+             FROM b WHERE jobs.id = b.b_id AND jobs.attempt = b.b_attempt AND jobs.status = '{in_progress}' \
+             RETURNING {returning}",
+            completed = JobStatus::Completed.as_str(),
+            in_progress = JobStatus::InProgress.as_str(),
+            now = plan.now,
+            sync_until = plan.sync_until,
+            async_until = plan.async_until,
+        ));
+        let rows = job::Entity::find()
+            .from_raw_sql(Statement::from_sql_and_values(backend, sql, values))
+            .all(db)
+            .await?;
+        changed.extend(rows);
+    }
+    Ok(changed)
+}
+
+/// Back to IN_QUEUE while attempts remain, else FAILED with `error`. The
+/// caller adds the filters.
+pub(crate) fn requeue_or_fail(
+    error: &str,
+    now: i64,
+    sync_until: i64,
+    async_until: i64,
+) -> sea_orm::UpdateMany<job::Entity> {
+    let more = "attempt < max_attempts";
+    job::Entity::update_many()
+        .col_expr(
+            J::Status,
+            Expr::cust(format!("CASE WHEN {more} THEN 'IN_QUEUE' ELSE 'FAILED' END")),
+        )
+        .col_expr(J::Error, Expr::value(error))
+        .col_expr(
+            J::Retries,
+            Expr::cust(format!("CASE WHEN {more} THEN retries + 1 ELSE retries END")),
+        )
+        .col_expr(
+            J::QueuedAtMs,
+            Expr::cust(format!("CASE WHEN {more} THEN {now} ELSE queued_at_ms END")),
+        )
+        .col_expr(
+            J::CompletedAtMs,
+            Expr::cust(format!("CASE WHEN {more} THEN NULL ELSE {now} END")),
+        )
+        .col_expr(
+            J::ExpiresAtMs,
+            Expr::cust(format!(
+                "CASE WHEN {more} THEN expires_at_ms WHEN sync THEN {sync_until} ELSE {async_until} END"
+            )),
+        )
+        .col_expr(J::Owner, Expr::value(Option::<String>::None))
+        .col_expr(J::LeaseUntilMs, Expr::value(Option::<i64>::None))
+        .col_expr(J::RunDeadlineMs, Expr::value(Option::<i64>::None))
+}
+
+/// Stores chunks, skipping sequence numbers already stored by an earlier attempt.
+async fn insert_chunks<C: ConnectionTrait>(db: &C, chunks: &[(String, i64, String)]) -> Result<(), DbErr> {
+    if chunks.is_empty() {
+        return Ok(());
+    }
+    let mut insert = Query::insert();
+    insert
+        .into_table(chunk::Entity)
+        .columns([chunk::Column::JobId, chunk::Column::Seq, chunk::Column::Output]);
+    for (job_id, seq, output) in chunks {
+        insert
+            .values([job_id.as_str().into(), (*seq).into(), output.as_str().into()])
+            .map_err(|e| DbErr::Custom(e.to_string()))?;
+    }
+    insert.on_conflict(
+        OnConflict::columns([chunk::Column::JobId, chunk::Column::Seq])
+            .do_nothing()
+            .to_owned(),
+    );
+    db.execute(&insert).await?;
+    Ok(())
+}
