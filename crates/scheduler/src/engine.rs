@@ -462,3 +462,113 @@ fn settle(conn: &Connection, plan: &Plan) -> rusqlite::Result<Settled> {
     }
     Ok(settled)
 }
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use gantry_migrations::MigratorTrait;
+    use sea_orm::{ConnectionTrait, Database, EntityTrait, PaginatorTrait};
+
+    fn row(id: &str) -> job::Model {
+        job::Model {
+            id: id.into(),
+            user_id: "u".into(),
+            model: "m".into(),
+            status: JobStatus::InQueue.as_str().into(),
+            input: "{}".into(),
+            output: None,
+            error: None,
+            webhook: None,
+            low_priority: false,
+            sync: false,
+            execution_timeout_ms: 1_000,
+            ttl_ms: 60_000,
+            attempt: 0,
+            max_attempts: 3,
+            retries: 0,
+            worker_id: None,
+            owner: None,
+            lease_until_ms: None,
+            run_deadline_ms: None,
+            created_at_ms: 1,
+            queued_at_ms: 1,
+            started_at_ms: None,
+            completed_at_ms: None,
+            expires_at_ms: i64::MAX,
+            cost_micro_usd: None,
+            usage_unit: None,
+            usage_quantity_micros: None,
+            chunks_read: 0,
+        }
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failing_operation_fails_alone_and_the_rest_commit() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("jobs.db");
+        let db = Database::connect(format!("sqlite://{}?mode=rwc", path.display()))
+            .await
+            .unwrap();
+        db.execute_unprepared("PRAGMA journal_mode=WAL").await.unwrap();
+        gantry_migrations::Migrator::up(&db, None).await.unwrap();
+        let engine = Engine::open(&path, Arc::new(tokio::sync::Mutex::new(()))).expect("engine");
+        engine.insert(row("a")).await.unwrap();
+
+        // Sent together, so they usually share a transaction; either way the
+        // duplicate fails and the others are committed.
+        let (b, dup, c) = tokio::join!(
+            engine.insert(row("b")),
+            engine.insert(row("a")),
+            engine.insert(row("c"))
+        );
+        b.unwrap();
+        c.unwrap();
+        assert!(dup.is_err(), "a duplicate id is refused");
+        assert_eq!(job::Entity::find().count(&db).await.unwrap(), 3);
+
+        // A claim and a completion as one plan, seen by the sea-orm pool.
+        let config = crate::SchedulerConfig::default();
+        let mut plan = Plan::new(10, &config, "sched-1");
+        plan.claims.push(("m".into(), 2));
+        let settled = engine.settle(plan).await.unwrap();
+        let claimed: Vec<&str> = settled.claims[0].2.iter().map(|r| r.id.as_str()).collect();
+        assert_eq!(claimed, ["a", "b"], "oldest first, at most the limit");
+        let mut plan = Plan::new(20, &config, "sched-1");
+        plan.steps.push(Step::Complete {
+            job_id: "a".into(),
+            attempt: 1,
+            worker_id: "w".into(),
+            output: "{}".into(),
+            unit: "request".into(),
+            quantity_micros: 1_000_000,
+            amount: 10,
+        });
+        // A stale attempt changes nothing and charges nothing.
+        plan.steps.push(Step::Complete {
+            job_id: "b".into(),
+            attempt: 7,
+            worker_id: "w".into(),
+            output: "{}".into(),
+            unit: "request".into(),
+            quantity_micros: 1_000_000,
+            amount: 10,
+        });
+        let settled = engine.settle(plan).await.unwrap();
+        assert_eq!(settled.finals.len(), 1);
+        assert_eq!(settled.finals[0].status, "COMPLETED");
+        let a = job::Entity::find_by_id("a").one(&db).await.unwrap().unwrap();
+        assert_eq!((a.status.as_str(), a.cost_micro_usd), ("COMPLETED", Some(10)));
+        let b = job::Entity::find_by_id("b").one(&db).await.unwrap().unwrap();
+        assert_eq!(b.status, "IN_PROGRESS");
+        let charges = db
+            .query_one_raw(sea_orm::Statement::from_string(
+                sea_orm::DbBackend::Sqlite,
+                "SELECT COUNT(*) AS n FROM ledger_entries",
+            ))
+            .await
+            .unwrap()
+            .unwrap();
+        assert_eq!(charges.try_get::<i64>("", "n").unwrap(), 1);
+    }
+}

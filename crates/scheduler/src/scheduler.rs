@@ -20,7 +20,7 @@ use tokio::task::JoinHandle;
 use crate::config::millis;
 use crate::entity::{chunk, job, presence};
 use crate::plan::{self, Plan, Settled, Step, is_final};
-use crate::store::{JobStore, now_ms, plus, retention_expr, serialize_writes};
+use crate::store::{Hub, JobStore, now_ms, plus, retention_expr, serialize_writes};
 use crate::types::{JobStatus, JobView, SchedulerError};
 
 use job::Column as J;
@@ -43,6 +43,7 @@ const PRESENCE_PRUNE_MS: i64 = 60_000;
 /// are requeued by whichever scheduler sweeps after its lease lapses).
 pub struct Scheduler {
     instance_id: String,
+    hub: Arc<Hub>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
 }
@@ -78,12 +79,14 @@ impl Scheduler {
             presence_pruned_ms: 0,
             fast_lane: false,
         };
-        core.fast_lane = core.store.hub.open_lane(&core.instance, millis(core.store.config.lease));
         core.sweep().await?;
+        core.fast_lane = core.store.hub.open_lane(&core.instance, millis(core.store.config.lease));
+        let hub = Arc::clone(&core.store.hub);
         let (stop, stopped) = oneshot::channel();
         let task = tokio::spawn(core.run(events, stopped));
         Ok(Scheduler {
             instance_id,
+            hub,
             stop: Some(stop),
             task: Some(task),
         })
@@ -110,6 +113,9 @@ impl Drop for Scheduler {
     fn drop(&mut self) {
         if let Some(task) = self.task.take() {
             task.abort();
+            // No more submits written as claimed by this instance; those
+            // already written are requeued when its lease lapses.
+            drop(self.hub.close_lane(&self.instance_id));
         }
     }
 }

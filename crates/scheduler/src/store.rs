@@ -827,3 +827,82 @@ fn callers_job(user: &str, model_id: &str, job_id: &str, now: i64) -> Condition 
         .add(J::Model.eq(model_id))
         .add(J::ExpiresAtMs.gt(now))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn row(model: &str) -> job::Model {
+        job::Model {
+            id: new_job_id(now_ms()),
+            user_id: "u".into(),
+            model: model.into(),
+            status: JobStatus::InProgress.as_str().into(),
+            input: "{}".into(),
+            output: None,
+            error: None,
+            webhook: None,
+            low_priority: false,
+            sync: false,
+            execution_timeout_ms: 1,
+            ttl_ms: 1,
+            attempt: 1,
+            max_attempts: 3,
+            retries: 0,
+            worker_id: None,
+            owner: Some("a".into()),
+            lease_until_ms: None,
+            run_deadline_ms: None,
+            created_at_ms: 0,
+            queued_at_ms: 0,
+            started_at_ms: None,
+            completed_at_ms: None,
+            expires_at_ms: 0,
+            cost_micro_usd: None,
+            usage_unit: None,
+            usage_quantity_micros: None,
+            chunks_read: 0,
+        }
+    }
+
+    fn free(model: &str, slots: u64) -> impl Iterator<Item = (String, u64)> {
+        std::iter::once((model.to_string(), slots))
+    }
+
+    #[test]
+    fn the_lane_never_hands_out_more_credits_than_free_slots() {
+        let hub = Hub::default();
+        assert!(hub.take_credit("m").is_none(), "no lane, no credit");
+        assert!(hub.open_lane("a", 500));
+        assert!(!hub.open_lane("b", 500), "one lane per process");
+        assert!(hub.take_credit("m").is_none(), "no credits until the scheduler sets them");
+
+        hub.set_credits("a", free("m", 2));
+        let credit = hub.take_credit("m").unwrap();
+        assert_eq!((credit.instance.as_str(), credit.lease_ms), ("a", 500));
+        assert!(hub.take_credit("m").is_some());
+        assert!(hub.take_credit("m").is_none(), "two slots, two credits");
+        assert!(hub.take_credit("other").is_none());
+
+        // Still two free slots (nothing placed yet), but both are spoken for.
+        hub.set_credits("a", free("m", 2));
+        assert!(hub.take_credit("m").is_none());
+        // One insert failed and gave its credit back; one row was handed over.
+        hub.return_credit("m");
+        hub.hand_over(row("m"));
+        assert!(hub.adopt("b").is_empty(), "only the lane's scheduler adopts");
+        assert_eq!(hub.adopt("a").len(), 1);
+        hub.set_credits("a", free("m", 1));
+        assert!(hub.take_credit("m").is_some());
+        assert!(hub.take_credit("m").is_none());
+
+        // Another instance cannot set credits, nor close the lane.
+        hub.set_credits("b", free("m", 5));
+        assert!(hub.take_credit("m").is_none());
+        hub.hand_over(row("m"));
+        assert!(hub.close_lane("b").is_empty());
+        assert_eq!(hub.close_lane("a").len(), 1, "unadopted rows are returned");
+        assert!(hub.take_credit("m").is_none(), "closed");
+        assert!(hub.open_lane("b", 500));
+    }
+}

@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod batching;
+mod fast_lane;
 mod bench;
 mod harness;
 mod jobs;

@@ -1,0 +1,103 @@
+//! The fast lane: a submit that finds a free slot and an empty queue is
+//! written already claimed by the scheduler of its process, and handed to it
+//! after the commit. It must behave like any claimed job: run once, charged
+//! once, and requeued if its scheduler dies.
+
+use std::time::Duration;
+
+use gantry_scheduler::JobStatus;
+use serde_json::json;
+
+use crate::harness::{Backend, Env, Node};
+
+gantry_testkit::on_both_backends!(
+    a_submit_with_a_free_slot_is_written_claimed,
+    a_handed_over_job_survives_its_scheduler_crashing,
+    submits_beyond_the_free_slots_queue_and_all_run_once,
+);
+
+/// Runs one job through, then gives the scheduler a moment to refresh the
+/// lane's credits (it found the queue empty when that job's slot freed).
+async fn prime(env: &Env) {
+    let first = env.submit(json!({})).await;
+    assert_eq!(env.finished(&first.id).await.status, JobStatus::Completed);
+    tokio::time::sleep(Duration::from_millis(100)).await;
+}
+
+async fn a_submit_with_a_free_slot_is_written_claimed(backend: Backend) {
+    let env = Env::new(backend).await;
+    let node = Node::start(&env.store, &env.catalog).await;
+    let _worker = node.echo_worker("w1", 2);
+    prime(&env).await;
+
+    let job = env.submit(json!({"sleep_ms": 300})).await;
+    // The caller is told the job was queued, as the API promises...
+    assert_eq!(job.status, JobStatus::InQueue);
+    // ...but the committed row is already running: no claim came in between.
+    assert_eq!(env.get(&job.id).await.status, JobStatus::InProgress);
+    let done = env.finished(&job.id).await;
+    assert_eq!(done.status, JobStatus::Completed, "{done:?}");
+    assert_eq!(done.worker_id.as_deref(), Some("w1"));
+    assert_eq!(env.charges_of(&job.id).await, [10]);
+    node.shutdown().await;
+}
+
+async fn a_handed_over_job_survives_its_scheduler_crashing(backend: Backend) {
+    let env = Env::new(backend).await;
+    let mut first = Node::start(&env.store, &env.catalog).await;
+    let old_worker = first.echo_worker("w1", 1);
+    prime(&env).await;
+    let job = env.submit(json!({"sleep_ms": 400})).await;
+    assert_eq!(env.get(&job.id).await.status, JobStatus::InProgress);
+    // Crash: the scheduler dies without releasing anything.
+    drop(first.scheduler.take());
+    drop(first);
+    old_worker.kill();
+
+    // A new scheduler requeues it once the lease (600 ms here) lapses.
+    let second = Node::start(&env.store, &env.catalog).await;
+    let _worker = second.echo_worker("w2", 1);
+    let done = env.finished(&job.id).await;
+    assert_eq!(done.status, JobStatus::Completed, "{done:?}");
+    assert_eq!(done.worker_id.as_deref(), Some("w2"));
+    assert_eq!(env.charges_of(&job.id).await, [10]);
+    second.shutdown().await;
+}
+
+async fn submits_beyond_the_free_slots_queue_and_all_run_once(backend: Backend) {
+    const JOBS: usize = 40;
+    let env = Env::new(backend).await;
+    let node = Node::start(&env.store, &env.catalog).await;
+    let _worker = node.echo_worker("w1", 3);
+    prime(&env).await;
+    // More at once than the lane has credits: the rest take the queue.
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..JOBS {
+        let env_store = env.store.clone();
+        let echo = env.echo();
+        tasks.spawn(async move {
+            env_store
+                .submit(
+                    crate::harness::USER,
+                    &echo,
+                    gantry_scheduler::NewJob::new(json!({"i": i, "sleep_ms": 20})),
+                    gantry_scheduler::Mode::Async,
+                )
+                .await
+                .unwrap()
+                .id
+        });
+    }
+    let mut ids = Vec::new();
+    while let Some(id) = tasks.join_next().await {
+        ids.push(id.unwrap());
+    }
+    for id in &ids {
+        let done = env.finished(id).await;
+        assert_eq!(done.status, JobStatus::Completed, "{done:?}");
+        assert_eq!(env.charges_of(id).await, [10]);
+    }
+    // The priming job and these, each charged once.
+    assert_eq!(env.ledger_count().await, JOBS as i64 + 1);
+    node.shutdown().await;
+}
