@@ -24,6 +24,11 @@ pub struct SchedulerConfig {
     pub sweep_interval: Duration,
     /// Most jobs claimed by one statement. Default 64.
     pub claim_batch: u32,
+    /// Jobs a scheduler keeps claimed beyond its workers' free slots, per
+    /// model, so that a freed slot gets its next job without waiting for the
+    /// database. They are leased like running jobs (a crash requeues them).
+    /// Claimed only while some slot is free. Default 64; 0 turns it off.
+    pub claim_ahead: u32,
     /// Webhook deliveries tried per job. Default 3.
     pub webhook_attempts: u32,
     /// Timeout of one webhook request. Default 10 s.
@@ -42,6 +47,7 @@ impl Default for SchedulerConfig {
             lease: Duration::from_secs(30),
             sweep_interval: Duration::from_secs(1),
             claim_batch: 64,
+            claim_ahead: 64,
             webhook_attempts: 3,
             webhook_timeout: Duration::from_secs(10),
         }

@@ -2,7 +2,7 @@
 //! dispatcher, settles what workers report, and sweeps (leases, timeouts,
 //! expiry).
 
-use std::collections::{HashMap, HashSet};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -78,6 +78,7 @@ impl Scheduler {
             presence: HashSet::new(),
             presence_pruned_ms: 0,
             fast_lane: false,
+            ready: HashMap::new(),
         };
         core.sweep().await?;
         core.fast_lane = core.store.hub.open_lane(&core.instance, millis(core.store.config.lease));
@@ -125,6 +126,8 @@ struct Running {
     attempt: i32,
     model: String,
     deadline_ms: i64,
+    /// False while it waits in `Core::ready` for a free slot.
+    assigned: bool,
 }
 
 struct Core {
@@ -148,6 +151,9 @@ struct Core {
     presence_pruned_ms: i64,
     /// Whether this instance has the process's fast lane (see `store::Lane`).
     fast_lane: bool,
+    /// Jobs claimed ahead of free slots, per model, oldest first (see
+    /// `SchedulerConfig::claim_ahead`). Also in `running`, not assigned.
+    ready: HashMap<String, VecDeque<Assignment>>,
 }
 
 /// What one settled batch produced, applied after its commit.
@@ -245,6 +251,10 @@ impl Core {
     /// Applies a batch of events in one transaction (retried a few times on a
     /// database error). Completion and charge of a job commit together.
     async fn settle(&mut self, batch: Vec<Event>) {
+        // Freed slots take jobs kept ready before anything is written.
+        if !self.ready.is_empty() {
+            self.assign_ready();
+        }
         let mut outcome = None;
         for attempt in 0..3u32 {
             match self.settle_once(&batch).await {
@@ -521,6 +531,9 @@ impl Core {
     /// Claims and assigns queued jobs for every model marked for filling, as
     /// long as its workers have free slots.
     async fn fill(&mut self) {
+        if !self.ready.is_empty() {
+            self.assign_ready();
+        }
         if self.to_fill.is_empty() {
             return;
         }
@@ -553,7 +566,54 @@ impl Core {
             .models
             .get(model)
             .map_or(0, |health| health.free_slots);
-        free.min(u64::from(self.store.config.claim_batch.max(1)))
+        if free == 0 {
+            return 0;
+        }
+        let batch = u64::from(self.store.config.claim_batch.max(1));
+        let ahead = u64::from(self.store.config.claim_ahead);
+        let ready = self.ready.get(model).map_or(0, |queue| queue.len() as u64);
+        free.saturating_add(ahead).saturating_sub(ready).min(batch.saturating_mul(2))
+    }
+
+    /// Assigns jobs kept claimed in `ready` to the slots that are free now.
+    fn assign_ready(&mut self) {
+        let Core {
+            ready,
+            running,
+            dispatcher,
+            pending_workers,
+            ..
+        } = self;
+        for queue in ready.values_mut() {
+            while let Some(next) = queue.front() {
+                // Cancelled, expired or timed out meanwhile: drop it.
+                let waiting = running
+                    .get(&next.job_id)
+                    .is_some_and(|r| !r.assigned && i64::from(r.attempt) == i64::from(next.attempt));
+                if !waiting {
+                    queue.pop_front();
+                    continue;
+                }
+                match dispatcher.assign(next.clone()) {
+                    Ok(worker_id) => {
+                        if let Some(r) = running.get_mut(&next.job_id) {
+                            r.assigned = true;
+                        }
+                        pending_workers.insert(next.job_id.clone(), worker_id);
+                        queue.pop_front();
+                    }
+                    Err(AssignError::NoCapacity { .. }) => break,
+                    Err(AssignError::AlreadyRunning { .. }) => {
+                        // A stale attempt still runs there: stop it; this
+                        // attempt's lease lapses and a sweep requeues it.
+                        dispatcher.cancel(&next.job_id, "superseded by a newer attempt");
+                        running.remove(&next.job_id);
+                        queue.pop_front();
+                    }
+                }
+            }
+        }
+        ready.retain(|_, queue| !queue.is_empty());
     }
 
     /// Assigns just-claimed jobs of `model` (`want` were asked for) to workers.
@@ -593,7 +653,9 @@ impl Core {
         let free = health
             .models
             .into_iter()
-            .filter(|(model, health)| health.free_slots > 0 && self.drained.contains(model))
+            .filter(|(model, health)| {
+                health.free_slots > 0 && self.drained.contains(model) && !self.ready.contains_key(model)
+            })
             .map(|(model, health)| (model, health.free_slots));
         self.store.hub.set_credits(&self.instance, free);
     }
@@ -620,6 +682,7 @@ impl Core {
                 input,
                 deadline: system_time(deadline_ms),
             };
+            let retry = assignment.clone();
             match self.dispatcher.assign(assignment) {
                 Ok(worker_id) => {
                     self.pending_workers.insert(row.id.clone(), worker_id);
@@ -629,10 +692,23 @@ impl Core {
                             attempt: row.attempt,
                             model: row.model,
                             deadline_ms,
+                            assigned: true,
                         },
                     );
                 }
-                Err(AssignError::NoCapacity { .. }) => put_back.push(row.id),
+                // Kept claimed for the next free slot (see `claim_ahead`).
+                Err(AssignError::NoCapacity { .. }) => {
+                    self.running.insert(
+                        row.id,
+                        Running {
+                            attempt: row.attempt,
+                            model: row.model,
+                            deadline_ms,
+                            assigned: false,
+                        },
+                    );
+                    self.ready.entry(retry.model.clone()).or_default().push_back(retry);
+                }
                 Err(AssignError::AlreadyRunning { .. }) => {
                     // A stale attempt still runs there: stop it, try again later.
                     self.dispatcher.cancel(&row.id, "superseded by a newer attempt");
@@ -978,6 +1054,7 @@ impl Core {
             self.dispatcher.cancel(job_id, "scheduler shutting down");
         }
         self.running.clear();
+        self.ready.clear();
         let _guard = serialize_writes(&self.store.hub.write_lock, &self.db).await;
         job::Entity::update_many()
             .col_expr(J::Status, Expr::value(JobStatus::InQueue.as_str()))
