@@ -19,7 +19,7 @@
 //! ```text
 //! cargo run --release -p gantry-bench-jobs -- [--postgres URL] [--scenario all|runsync|async]
 //!     [--concurrency 1,16,64] [--duration SECS] [--warmup SECS]
-//!     [--async-jobs M] [--async-conns N] [--slots S] [--db-connections N]
+//!     [--async-jobs M] [--async-conns N] [--slots S] [--db-connections N] [--claim-ahead N]
 //! ```
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -47,6 +47,7 @@ struct Args {
     async_conns: usize,
     slots: u32,
     db_connections: Option<u32>,
+    claim_ahead: u32,
 }
 
 fn parse_args() -> Args {
@@ -60,6 +61,7 @@ fn parse_args() -> Args {
         async_conns: 64,
         slots: 64,
         db_connections: None,
+        claim_ahead: 0,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -78,6 +80,7 @@ fn parse_args() -> Args {
             "--async-jobs" => args.async_jobs = value().parse().expect("async-jobs"),
             "--async-conns" => args.async_conns = value().parse().expect("async-conns"),
             "--slots" => args.slots = value().parse().expect("slots"),
+            "--claim-ahead" => args.claim_ahead = value().parse().expect("claim-ahead"),
             "--db-connections" => args.db_connections = Some(value().parse().expect("db-connections")),
             other => panic!("unknown argument {other}"),
         }
@@ -112,6 +115,7 @@ async fn run(args: Args) {
     settings.scheduler.addr = "127.0.0.1:0".into();
     settings.scheduler.bundled_workers = vec![MODEL.into()];
     settings.scheduler.bundled_slots = args.slots;
+    settings.scheduler.claim_ahead = args.claim_ahead;
     // Keep every job of the run (nothing expires while we count).
     settings.scheduler.sync_retention_secs = 3600;
     settings.scheduler.async_retention_secs = 3600;

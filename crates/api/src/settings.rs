@@ -77,6 +77,8 @@ pub struct SchedulerSettings {
     pub sweep_interval_ms: u64,
     /// How often workers heartbeat, in milliseconds; a worker silent for 3 intervals is lost.
     pub heartbeat_interval_ms: u64,
+    /// Jobs a scheduler keeps claimed beyond its free worker slots, per model (0: none).
+    pub claim_ahead: u32,
 }
 
 impl Default for SchedulerSettings {
@@ -92,6 +94,7 @@ impl Default for SchedulerSettings {
             lease_ms: 30_000,
             sweep_interval_ms: 1_000,
             heartbeat_interval_ms: 5_000,
+            claim_ahead: 0,
         }
     }
 }
@@ -104,6 +107,7 @@ impl SchedulerSettings {
         config.sync_retention = std::time::Duration::from_secs(self.sync_retention_secs);
         config.lease = std::time::Duration::from_millis(self.lease_ms.max(100));
         config.sweep_interval = std::time::Duration::from_millis(self.sweep_interval_ms.max(10));
+        config.claim_ahead = self.claim_ahead;
         config
     }
 }

@@ -26,8 +26,11 @@ pub struct SchedulerConfig {
     pub claim_batch: u32,
     /// Jobs a scheduler keeps claimed beyond its workers' free slots, per
     /// model, so that a freed slot gets its next job without waiting for the
-    /// database. They are leased like running jobs (a crash requeues them).
-    /// Claimed only while some slot is free. Default 64; 0 turns it off.
+    /// database. They are leased like running jobs (a crash requeues them)
+    /// and read as `IN_PROGRESS` while they wait. The cost: a job claimed
+    /// ahead runs before any job queued after its claim (even one of higher
+    /// priority), and its `delayTime` ends at the claim. Claimed only while
+    /// some slot is free. Default 0 (off).
     pub claim_ahead: u32,
     /// Webhook deliveries tried per job. Default 3.
     pub webhook_attempts: u32,
@@ -47,7 +50,7 @@ impl Default for SchedulerConfig {
             lease: Duration::from_secs(30),
             sweep_interval: Duration::from_secs(1),
             claim_batch: 64,
-            claim_ahead: 64,
+            claim_ahead: 0,
             webhook_attempts: 3,
             webhook_timeout: Duration::from_secs(10),
         }

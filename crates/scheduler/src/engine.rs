@@ -197,15 +197,7 @@ fn run(mut conn: Connection, queue: std_mpsc::Receiver<Op>, write_lock: &tokio::
             }
         }
         let guard = write_lock.blocking_lock();
-        if std::env::var_os("GANTRY_ENGINE_STATS").is_some() {
-            use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-            static TX: AtomicU64 = AtomicU64::new(0);
-            static OPS: AtomicU64 = AtomicU64::new(0);
-            let t = TX.fetch_add(1, Relaxed) + 1;
-            let o = OPS.fetch_add(batch.len() as u64, Relaxed) + batch.len() as u64;
-            if t % 2000 == 0 { eprintln!("engine: {t} txns, {o} ops, {:.1} ops/txn", o as f64 / t as f64); }
-        }
-        commit_batch(&mut conn, &mut batch);
+        commit_batch(&mut conn, std::mem::take(&mut batch));
         drop(guard);
     }
 }
@@ -214,8 +206,7 @@ fn run(mut conn: Connection, queue: std_mpsc::Receiver<Op>, write_lock: &tokio::
 /// transaction is rolled back and each operation is run again in one of its
 /// own, so that only the failing one fails (no savepoints: a savepoint makes
 /// SQLite journal every page it touches a second time).
-fn commit_batch(conn: &mut Connection, batch: &mut Vec<Op>) {
-    let ops: Vec<Op> = batch.drain(..).collect();
+fn commit_batch(conn: &mut Connection, ops: Vec<Op>) {
     let works: Vec<&Work> = ops.iter().map(|op| &op.work).collect();
     match run_all(conn, &works) {
         Ok(results) => {
@@ -244,11 +235,13 @@ fn run_all(conn: &mut Connection, works: &[&Work]) -> Result<Vec<Done>, DbErr> {
         .map_err(db_err)?;
     let mut done = Vec::with_capacity(works.len());
     for work in works {
-        done.push(match work {
-            Work::Insert(row) => insert(&txn, row).map(|()| Done::Inserted),
-            Work::Settle(plan) => settle(&txn, plan).map(Done::Settled),
-        }
-        .map_err(db_err)?);
+        done.push(
+            match work {
+                Work::Insert(row) => insert(&txn, row).map(|()| Done::Inserted),
+                Work::Settle(plan) => settle(&txn, plan).map(Done::Settled),
+            }
+            .map_err(db_err)?,
+        );
     }
     txn.commit().map_err(db_err)?;
     Ok(done)

@@ -11,7 +11,8 @@ use gantry_dispatch::{AssignError, Assignment, Dispatcher, Event, Health};
 use rand::RngExt;
 use sea_orm::sea_query::{Expr, OnConflict, Query};
 use sea_orm::{
-    ColumnTrait, ConnectionTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QuerySelect, TransactionTrait,
+    ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, QueryFilter, QuerySelect,
+    TransactionTrait,
 };
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
@@ -81,7 +82,10 @@ impl Scheduler {
             ready: HashMap::new(),
         };
         core.sweep().await?;
-        core.fast_lane = core.store.hub.open_lane(&core.instance, millis(core.store.config.lease));
+        core.fast_lane = core
+            .store
+            .hub
+            .open_lane(&core.instance, millis(core.store.config.lease));
         let hub = Arc::clone(&core.store.hub);
         let (stop, stopped) = oneshot::channel();
         let task = tokio::spawn(core.run(events, stopped));
@@ -482,6 +486,9 @@ impl Core {
         if let Some(engine) = &self.store.hub.engine {
             return engine.settle(plan).await;
         }
+        if self.db.get_database_backend() == DbBackend::Postgres && plan.fits_one_statement() {
+            return plan::execute_in_one_statement(&self.db, &plan).await;
+        }
         let _guard = serialize_writes(&self.store.hub.write_lock, &self.db).await;
         let txn = self.db.begin().await?;
         let settled = plan::execute(&txn, &plan).await?;
@@ -572,7 +579,9 @@ impl Core {
         let batch = u64::from(self.store.config.claim_batch.max(1));
         let ahead = u64::from(self.store.config.claim_ahead);
         let ready = self.ready.get(model).map_or(0, |queue| queue.len() as u64);
-        free.saturating_add(ahead).saturating_sub(ready).min(batch.saturating_mul(2))
+        free.saturating_add(ahead)
+            .saturating_sub(ready)
+            .min(batch.saturating_mul(2))
     }
 
     /// Assigns jobs kept claimed in `ready` to the slots that are free now.
@@ -746,7 +755,12 @@ impl Core {
         let mut plan = Plan::new(now_ms(), &self.store.config, &self.instance);
         plan.claims.push((model.to_string(), limit));
         let settled = self.execute(plan).await?;
-        Ok(settled.claims.into_iter().next().map(|(_, _, rows)| rows).unwrap_or_default())
+        Ok(settled
+            .claims
+            .into_iter()
+            .next()
+            .map(|(_, _, rows)| rows)
+            .unwrap_or_default())
     }
 
     /// Returns just-claimed jobs no worker took; the attempt was never sent,

@@ -9,8 +9,8 @@ use gantry_catalog::ModelSpec;
 use rand::RngExt;
 use sea_orm::sea_query::Expr;
 use sea_orm::{
-    ActiveModelTrait, ColumnTrait, Condition, DatabaseConnection, DbBackend, DbErr, EntityTrait, QueryFilter,
-    IntoActiveModel, QueryOrder, QuerySelect,
+    ActiveModelTrait, ColumnTrait, Condition, DatabaseConnection, DbBackend, DbErr, EntityTrait, IntoActiveModel,
+    QueryFilter, QueryOrder, QuerySelect,
 };
 use serde_json::Value;
 use tokio::sync::{Notify, mpsc, oneshot};
@@ -875,7 +875,10 @@ mod tests {
         assert!(hub.take_credit("m").is_none(), "no lane, no credit");
         assert!(hub.open_lane("a", 500));
         assert!(!hub.open_lane("b", 500), "one lane per process");
-        assert!(hub.take_credit("m").is_none(), "no credits until the scheduler sets them");
+        assert!(
+            hub.take_credit("m").is_none(),
+            "no credits until the scheduler sets them"
+        );
 
         hub.set_credits("a", free("m", 2));
         let credit = hub.take_credit("m").unwrap();

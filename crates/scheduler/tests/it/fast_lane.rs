@@ -14,6 +14,7 @@ gantry_testkit::on_both_backends!(
     a_submit_with_a_free_slot_is_written_claimed,
     a_handed_over_job_survives_its_scheduler_crashing,
     submits_beyond_the_free_slots_queue_and_all_run_once,
+    jobs_claimed_ahead_run_once_and_cancel_while_waiting,
 );
 
 /// Runs one job through, then gives the scheduler a moment to refresh the
@@ -99,5 +100,47 @@ async fn submits_beyond_the_free_slots_queue_and_all_run_once(backend: Backend) 
     }
     // The priming job and these, each charged once.
     assert_eq!(env.ledger_count().await, JOBS as i64 + 1);
+    node.shutdown().await;
+}
+
+/// `claim_ahead`: jobs claimed beyond the free slots wait in the scheduler and
+/// take slots as they free. Each still runs once and is charged once, and one
+/// cancelled while it waits never runs.
+async fn jobs_claimed_ahead_run_once_and_cancel_while_waiting(backend: Backend) {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    const JOBS: usize = 10;
+    let mut config = crate::harness::config();
+    config.claim_ahead = 8;
+    let env = Env::with_config(backend, config).await;
+    let node = Node::start(&env.store, &env.catalog).await;
+    // Queued before any worker is there. The first holds the only slot for
+    // 600 ms; the claim that gives it the slot also claims the next 8 ahead.
+    let mut ids = vec![env.submit(json!({"sleep_ms": 600})).await.id];
+    for i in 1..JOBS {
+        ids.push(env.submit(json!({"i": i, "sleep_ms": 10})).await.id);
+    }
+    let runs = Arc::new(AtomicUsize::new(0));
+    let _worker = node.counting_worker("w1", 1, Arc::clone(&runs));
+    // The second job reads IN_PROGRESS (claimed) while it waits for the slot.
+    let waiting = env.until_status(&ids[1], JobStatus::InProgress).await;
+    assert_eq!(runs.load(Ordering::SeqCst), 1, "only the first job has started");
+    let cancelled = env
+        .store
+        .cancel(crate::harness::USER, crate::harness::ECHO, &waiting.id)
+        .await
+        .unwrap();
+    assert_eq!(cancelled.status, JobStatus::Cancelled);
+    for (i, id) in ids.iter().enumerate() {
+        let done = env.finished(id).await;
+        if i == 1 {
+            assert_eq!(done.status, JobStatus::Cancelled, "{done:?}");
+            assert!(env.charges_of(id).await.is_empty());
+        } else {
+            assert_eq!(done.status, JobStatus::Completed, "{done:?}");
+            assert_eq!(env.charges_of(id).await, [10]);
+        }
+    }
+    assert_eq!(runs.load(Ordering::SeqCst), JOBS - 1, "the cancelled job never ran");
     node.shutdown().await;
 }

@@ -4,8 +4,8 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod batching;
-mod fast_lane;
 mod bench;
+mod fast_lane;
 mod harness;
 mod jobs;
 mod presence;
