@@ -464,36 +464,7 @@ mod tests {
     use sea_orm::{ConnectionTrait, Database, EntityTrait, PaginatorTrait};
 
     fn row(id: &str) -> job::Model {
-        job::Model {
-            id: id.into(),
-            user_id: "u".into(),
-            model: "m".into(),
-            status: JobStatus::InQueue.as_str().into(),
-            input: "{}".into(),
-            output: None,
-            error: None,
-            webhook: None,
-            low_priority: false,
-            sync: false,
-            execution_timeout_ms: 1_000,
-            ttl_ms: 60_000,
-            attempt: 0,
-            max_attempts: 3,
-            retries: 0,
-            worker_id: None,
-            owner: None,
-            lease_until_ms: None,
-            run_deadline_ms: None,
-            created_at_ms: 1,
-            queued_at_ms: 1,
-            started_at_ms: None,
-            completed_at_ms: None,
-            expires_at_ms: i64::MAX,
-            cost_micro_usd: None,
-            usage_unit: None,
-            usage_quantity_micros: None,
-            chunks_read: 0,
-        }
+        job::sample(id, "m")
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -50,6 +50,41 @@ pub mod job {
     pub enum Relation {}
 
     impl ActiveModelBehavior for ActiveModel {}
+
+    /// A queued job of user `u` for unit tests.
+    #[cfg(test)]
+    pub(crate) fn sample(id: &str, model: &str) -> Model {
+        Model {
+            id: id.into(),
+            user_id: "u".into(),
+            model: model.into(),
+            status: "IN_QUEUE".into(),
+            input: "{}".into(),
+            output: None,
+            error: None,
+            webhook: None,
+            low_priority: false,
+            sync: false,
+            execution_timeout_ms: 1_000,
+            ttl_ms: 60_000,
+            attempt: 0,
+            max_attempts: 3,
+            retries: 0,
+            worker_id: None,
+            owner: None,
+            lease_until_ms: None,
+            run_deadline_ms: None,
+            created_at_ms: 1,
+            queued_at_ms: 1,
+            started_at_ms: None,
+            completed_at_ms: None,
+            expires_at_ms: i64::MAX,
+            cost_micro_usd: None,
+            usage_unit: None,
+            usage_quantity_micros: None,
+            chunks_read: 0,
+        }
+    }
 }
 
 pub mod chunk {

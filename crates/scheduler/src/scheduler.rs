@@ -691,39 +691,38 @@ impl Core {
                 input,
                 deadline: system_time(deadline_ms),
             };
-            let retry = assignment.clone();
-            match self.dispatcher.assign(assignment) {
+            let ahead = self.store.config.claim_ahead > 0;
+            let retry = ahead.then(|| assignment.clone());
+            let assigned = match self.dispatcher.assign(assignment) {
                 Ok(worker_id) => {
                     self.pending_workers.insert(row.id.clone(), worker_id);
-                    self.running.insert(
-                        row.id,
-                        Running {
-                            attempt: row.attempt,
-                            model: row.model,
-                            deadline_ms,
-                            assigned: true,
-                        },
-                    );
+                    true
                 }
                 // Kept claimed for the next free slot (see `claim_ahead`).
+                Err(AssignError::NoCapacity { model }) if let Some(retry) = retry => {
+                    self.ready.entry(model).or_default().push_back(retry);
+                    false
+                }
                 Err(AssignError::NoCapacity { .. }) => {
-                    self.running.insert(
-                        row.id,
-                        Running {
-                            attempt: row.attempt,
-                            model: row.model,
-                            deadline_ms,
-                            assigned: false,
-                        },
-                    );
-                    self.ready.entry(retry.model.clone()).or_default().push_back(retry);
+                    put_back.push(row.id);
+                    continue;
                 }
                 Err(AssignError::AlreadyRunning { .. }) => {
                     // A stale attempt still runs there: stop it, try again later.
                     self.dispatcher.cancel(&row.id, "superseded by a newer attempt");
                     put_back.push(row.id);
+                    continue;
                 }
-            }
+            };
+            self.running.insert(
+                row.id,
+                Running {
+                    attempt: row.attempt,
+                    model: row.model,
+                    deadline_ms,
+                    assigned,
+                },
+            );
         }
         let now = now_ms();
         for (job_id, attempt, error) in &failed {

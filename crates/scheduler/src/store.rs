@@ -833,36 +833,7 @@ mod tests {
     use super::*;
 
     fn row(model: &str) -> job::Model {
-        job::Model {
-            id: new_job_id(now_ms()),
-            user_id: "u".into(),
-            model: model.into(),
-            status: JobStatus::InProgress.as_str().into(),
-            input: "{}".into(),
-            output: None,
-            error: None,
-            webhook: None,
-            low_priority: false,
-            sync: false,
-            execution_timeout_ms: 1,
-            ttl_ms: 1,
-            attempt: 1,
-            max_attempts: 3,
-            retries: 0,
-            worker_id: None,
-            owner: Some("a".into()),
-            lease_until_ms: None,
-            run_deadline_ms: None,
-            created_at_ms: 0,
-            queued_at_ms: 0,
-            started_at_ms: None,
-            completed_at_ms: None,
-            expires_at_ms: 0,
-            cost_micro_usd: None,
-            usage_unit: None,
-            usage_quantity_micros: None,
-            chunks_read: 0,
-        }
+        job::sample(&new_job_id(now_ms()), model)
     }
 
     fn free(model: &str, slots: u64) -> impl Iterator<Item = (String, u64)> {
