@@ -23,6 +23,7 @@ const COMPLETE_CHUNK: usize = 256;
 /// Writes of one transaction: stream chunks, then terminal transitions (each
 /// guarded on `(id, attempt, IN_PROGRESS)`, so a stale attempt or a duplicate
 /// changes nothing), the charges of the completions that applied, then claims.
+#[derive(Clone)]
 pub(crate) struct Plan {
     pub(crate) now: i64,
     /// `expires_at_ms` of a job finishing now: sync and async retention.
@@ -36,6 +37,7 @@ pub(crate) struct Plan {
     pub(crate) lease_until: i64,
 }
 
+#[derive(Clone)]
 pub(crate) enum Step {
     /// COMPLETED with its output (cost included) and one ledger charge.
     Complete {

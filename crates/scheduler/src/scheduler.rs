@@ -3,6 +3,8 @@
 //! expiry).
 
 use std::collections::{HashMap, HashSet, VecDeque};
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -19,6 +21,7 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::config::millis;
+use crate::engine::Engine;
 use crate::entity::{chunk, job, presence};
 use crate::plan::{self, Plan, Settled, Step, is_final};
 use crate::store::{Hub, JobStore, now_ms, plus, retention_expr, serialize_writes};
@@ -176,6 +179,9 @@ impl Core {
         let mut tick = tokio::time::interval(self.store.config.sweep_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut events_open = true;
+        // The settlement being committed. The loop does not wait for it: it
+        // goes on placing handed-over jobs, cancelling and sweeping meanwhile.
+        let mut flight: Option<InFlight> = None;
         loop {
             let next_deadline = self.running.values().map(|r| r.deadline_ms).min();
             let deadline_sleep = async {
@@ -218,7 +224,14 @@ impl Core {
                         }
                     }
                 }
-                event = events.recv(), if events_open => match event {
+                done = settling(&mut flight), if flight.is_some() => {
+                    if let Some(InFlight { batch, outcome, .. }) = flight.take() {
+                        self.finish_settlement(batch, outcome, done).await;
+                    }
+                }
+                // One settlement at a time: events that arrive while it
+                // commits make up the next batch.
+                event = events.recv(), if events_open && flight.is_none() => match event {
                     Some(first) => {
                         let mut batch = vec![first];
                         while batch.len() < EVENT_BATCH {
@@ -227,15 +240,21 @@ impl Core {
                                 Err(_) => break,
                             }
                         }
-                        self.settle(batch).await;
+                        flight = Some(self.start_settlement(batch));
                     }
                     None => events_open = false,
                 },
             }
-            self.fill().await;
+            if flight.is_none() {
+                self.fill().await;
+            }
             if self.fast_lane {
                 self.refresh_credits();
             }
+        }
+        if let Some(InFlight { batch, outcome, work }) = flight.take() {
+            let done = work.await;
+            self.finish_settlement(batch, outcome, done).await;
         }
         if self.fast_lane {
             // Rows handed over but not adopted are this instance's too: the
@@ -254,35 +273,61 @@ impl Core {
 
     /// Applies a batch of events in one transaction (retried a few times on a
     /// database error). Completion and charge of a job commit together.
-    async fn settle(&mut self, batch: Vec<Event>) {
+    fn start_settlement(&mut self, batch: Vec<Event>) -> InFlight {
         // Freed slots take jobs kept ready before anything is written.
         if !self.ready.is_empty() {
             self.assign_ready();
         }
-        let mut outcome = None;
-        for attempt in 0..3u32 {
-            match self.settle_once(&batch).await {
-                Ok(done) => {
-                    outcome = Some(done);
-                    break;
+        let (outcome, plan) = self.plan_settlement(&batch);
+        let work: Settling = if plan.is_empty() {
+            Box::pin(std::future::ready(Ok(Settled::default())))
+        } else {
+            let (engine, db, lock) = (
+                self.store.hub.engine.clone(),
+                self.db.clone(),
+                Arc::clone(&self.store.hub.write_lock),
+            );
+            // Its own task, so it makes progress while the loop is busy elsewhere.
+            let task = tokio::spawn(async move {
+                let mut attempt = 0u32;
+                loop {
+                    match execute(engine.as_ref(), &db, &lock, plan.clone()).await {
+                        Ok(settled) => return Ok(settled),
+                        Err(error) if attempt < 2 => {
+                            tracing::warn!(%error, attempt, "settling worker events failed");
+                            tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
+                            attempt += 1;
+                        }
+                        Err(error) => return Err(error),
+                    }
                 }
-                Err(error) => {
-                    tracing::warn!(%error, attempt, "settling worker events failed");
-                    tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
+            });
+            Box::pin(async move { task.await.unwrap_or_else(|e| Err(DbErr::Custom(e.to_string()))) })
+        };
+        InFlight { batch, outcome, work }
+    }
+
+    /// Applies a committed settlement: forgets the settled jobs, wakes their
+    /// waiters, and places what it claimed.
+    async fn finish_settlement(&mut self, batch: Vec<Event>, mut outcome: Outcome, done: Result<Settled, DbErr>) {
+        match done {
+            Ok(settled) => {
+                outcome.finals = settled.finals;
+                outcome.claims = settled.claims;
+            }
+            Err(error) => {
+                tracing::warn!(%error, "giving up on settling worker events");
+                // Left IN_PROGRESS in the database: forget them here so their
+                // lease lapses and a sweep requeues them.
+                for event in &batch {
+                    if let Some(job_id) = terminal_job(event) {
+                        self.running.remove(job_id);
+                        self.pending_workers.remove(job_id);
+                    }
                 }
+                return;
             }
         }
-        let Some(outcome) = outcome else {
-            // Left IN_PROGRESS in the database: forget them here so their lease
-            // lapses and a sweep requeues them.
-            for event in &batch {
-                if let Some(job_id) = terminal_job(event) {
-                    self.running.remove(job_id);
-                    self.pending_workers.remove(job_id);
-                }
-            }
-            return;
-        };
         for job_id in &outcome.settled {
             self.running.remove(job_id);
             self.pending_workers.remove(job_id);
@@ -333,7 +378,9 @@ impl Core {
         models
     }
 
-    async fn settle_once(&self, batch: &[Event]) -> Result<Outcome, DbErr> {
+    /// What settling `batch` writes (see `plan.rs`), and the bookkeeping to
+    /// apply once it is committed.
+    fn plan_settlement(&self, batch: &[Event]) -> (Outcome, Plan) {
         let mut plan = Plan::new(now_ms(), &self.store.config, &self.instance);
         let mut outcome = Outcome::default();
         // Jobs already settled earlier in this batch (duplicates are ignored).
@@ -471,29 +518,7 @@ impl Core {
                 plan.claims.push((model, want));
             }
         }
-        if plan.is_empty() {
-            return Ok(outcome);
-        }
-        let settled = self.execute(plan).await?;
-        outcome.finals = settled.finals;
-        outcome.claims = settled.claims;
-        Ok(outcome)
-    }
-
-    /// Runs `plan` as one transaction: on the SQLite writer thread when
-    /// there is one, else through sea-orm.
-    async fn execute(&self, plan: Plan) -> Result<Settled, DbErr> {
-        if let Some(engine) = &self.store.hub.engine {
-            return engine.settle(plan).await;
-        }
-        if self.db.get_database_backend() == DbBackend::Postgres && plan.fits_one_statement() {
-            return plan::execute_in_one_statement(&self.db, &plan).await;
-        }
-        let _guard = serialize_writes(&self.store.hub.write_lock, &self.db).await;
-        let txn = self.db.begin().await?;
-        let settled = plan::execute(&txn, &plan).await?;
-        txn.commit().await?;
-        Ok(settled)
+        (outcome, plan)
     }
 
     /// Wakes in-process waiters and sends webhooks for jobs that just ended.
@@ -753,7 +778,13 @@ impl Core {
     async fn claim(&self, model: &str, limit: u64) -> Result<Vec<job::Model>, DbErr> {
         let mut plan = Plan::new(now_ms(), &self.store.config, &self.instance);
         plan.claims.push((model.to_string(), limit));
-        let settled = self.execute(plan).await?;
+        let settled = execute(
+            self.store.hub.engine.as_ref(),
+            &self.db,
+            &self.store.hub.write_lock,
+            plan,
+        )
+        .await?;
         Ok(settled
             .claims
             .into_iter()
@@ -1086,6 +1117,44 @@ impl Core {
 }
 
 // ---- statements ----
+
+/// Runs `plan` as one transaction: on the SQLite writer thread when there is
+/// one, as one statement on PostgreSQL when it fits, else through sea-orm.
+async fn execute(
+    engine: Option<&Engine>,
+    db: &DatabaseConnection,
+    write_lock: &tokio::sync::Mutex<()>,
+    plan: Plan,
+) -> Result<Settled, DbErr> {
+    if let Some(engine) = engine {
+        return engine.settle(plan).await;
+    }
+    if db.get_database_backend() == DbBackend::Postgres && plan.fits_one_statement() {
+        return plan::execute_in_one_statement(db, &plan).await;
+    }
+    let _guard = serialize_writes(write_lock, db).await;
+    let txn = db.begin().await?;
+    let settled = plan::execute(&txn, &plan).await?;
+    txn.commit().await?;
+    Ok(settled)
+}
+
+/// A settlement being committed.
+type Settling = Pin<Box<dyn Future<Output = Result<Settled, DbErr>> + Send>>;
+
+struct InFlight {
+    batch: Vec<Event>,
+    outcome: Outcome,
+    work: Settling,
+}
+
+/// The in-flight settlement's result (pending for ever if there is none).
+async fn settling(flight: &mut Option<InFlight>) -> Result<Settled, DbErr> {
+    match flight {
+        Some(flight) => (&mut flight.work).await,
+        None => std::future::pending().await,
+    }
+}
 
 /// The stored output: an object gets `"cost"` (USD); anything else is stored
 /// as the model returned it (the cost is in the ledger).
