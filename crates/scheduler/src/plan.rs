@@ -7,8 +7,7 @@ use std::collections::HashMap;
 use gantry_billing::{Charge, record_charges};
 use sea_orm::sea_query::{Expr, LockBehavior, LockType, OnConflict, Order, Query};
 use sea_orm::{
-    ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, FromQueryResult, IdenStatic, Iterable, QueryFilter,
-    Statement,
+    ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, IdenStatic, Iterable, QueryFilter, Statement,
 };
 
 use crate::entity::{chunk, job};
@@ -91,119 +90,6 @@ impl Plan {
     pub(crate) fn is_empty(&self) -> bool {
         self.chunks.is_empty() && self.steps.is_empty() && self.claims.is_empty()
     }
-}
-
-impl Plan {
-    /// Whether [`execute_in_one_statement`] can run it: completions and at
-    /// most one claim, nothing else (the usual settlement).
-    pub(crate) fn fits_one_statement(&self) -> bool {
-        self.chunks.is_empty()
-            && self.claims.len() <= 1
-            && self.steps.iter().all(|step| matches!(step, Step::Complete { .. }))
-    }
-}
-
-/// PostgreSQL: runs a plan that [`Plan::fits_one_statement`] as one
-/// statement, hence one implicit transaction and one round trip instead of
-/// five (BEGIN, completions, charges, claim, COMMIT). Data-modifying CTEs:
-///
-/// ```sql
-/// WITH b AS (SELECT * FROM jsonb_to_recordset($1) AS b(b_id text, …)),
-///   done AS (UPDATE jobs SET status = 'COMPLETED', … FROM b
-///            WHERE id = b_id AND attempt = b_attempt AND status = 'IN_PROGRESS' RETURNING …),
-///   charged AS (INSERT INTO ledger_entries … SELECT … FROM done ON CONFLICT (job_id) DO NOTHING),
-///   claimed AS (UPDATE jobs SET status = 'IN_PROGRESS', … WHERE id IN
-///               (SELECT id … FOR UPDATE SKIP LOCKED) AND status = 'IN_QUEUE' RETURNING …)
-/// SELECT 'done' AS kind, … FROM done UNION ALL SELECT 'claimed', … FROM claimed
-/// ```
-///
-/// The guards are those of [`execute`]: a stale attempt or a duplicate
-/// changes nothing and is not charged; the ledger stays unique on `job_id`.
-/// The statement text never changes, so it is prepared once per connection.
-pub(crate) async fn execute_in_one_statement<C: ConnectionTrait>(db: &C, plan: &Plan) -> Result<Settled, DbErr> {
-    let completions: Vec<serde_json::Value> = plan
-        .steps
-        .iter()
-        .filter_map(|step| match step {
-            Step::Complete {
-                job_id,
-                attempt,
-                worker_id,
-                output,
-                unit,
-                quantity_micros,
-                amount,
-            } => Some(serde_json::json!({
-                "b_id": job_id,
-                "b_attempt": attempt,
-                "b_output": output,
-                "b_worker": worker_id,
-                "b_cost": amount,
-                "b_unit": unit,
-                "b_quantity": quantity_micros,
-                "b_entry": gantry_billing::new_entry_id(),
-            })),
-            _ => None,
-        })
-        .collect();
-    let (model, limit) = match plan.claims.first() {
-        Some((model, limit)) => (model.as_str(), i64::try_from(*limit).unwrap_or(i64::MAX)),
-        None => ("", 0),
-    };
-    let columns = job::Column::iter()
-        .map(|c| format!("\"{}\"", c.as_str()))
-        .collect::<Vec<_>>()
-        .join(", ");
-    let sql = format!(
-        "WITH b AS (SELECT * FROM jsonb_to_recordset($1::jsonb) AS b(b_id text, b_attempt integer, b_output text, \
-           b_worker text, b_cost bigint, b_unit text, b_quantity bigint, b_entry text)), \
-         done AS (UPDATE jobs SET status = '{completed}', output = b.b_output, error = NULL, worker_id = b.b_worker, \
-           cost_micro_usd = b.b_cost, usage_unit = b.b_unit, usage_quantity_micros = b.b_quantity, \
-           completed_at_ms = $2, expires_at_ms = CASE WHEN sync THEN $3 ELSE $4 END, lease_until_ms = NULL \
-           FROM b WHERE jobs.id = b.b_id AND jobs.attempt = b.b_attempt AND jobs.status = '{in_progress}' \
-           RETURNING jobs.*, b.b_entry, b.b_unit, b.b_quantity, b.b_cost), \
-         charged AS (INSERT INTO ledger_entries (id, user_id, job_id, model, unit, quantity_micros, \
-           amount_micro_usd, created_at) SELECT b_entry, user_id, id, model, b_unit, b_quantity, b_cost, $2 \
-           FROM done ON CONFLICT (job_id) DO NOTHING), \
-         claimed AS (UPDATE jobs SET status = '{in_progress}', attempt = attempt + 1, owner = $5, \
-           lease_until_ms = $6, started_at_ms = $2, worker_id = NULL, run_deadline_ms = $2 + execution_timeout_ms \
-           WHERE id IN (SELECT id FROM jobs WHERE model = $7 AND status = '{in_queue}' AND expires_at_ms > $2 \
-             ORDER BY low_priority ASC, id ASC LIMIT $8 FOR UPDATE SKIP LOCKED) \
-           AND status = '{in_queue}' RETURNING jobs.*) \
-         SELECT 'done' AS kind, {columns} FROM done UNION ALL SELECT 'claimed' AS kind, {columns} FROM claimed",
-        completed = JobStatus::Completed.as_str(),
-        in_progress = JobStatus::InProgress.as_str(),
-        in_queue = JobStatus::InQueue.as_str(),
-    );
-    let values: Vec<sea_orm::Value> = vec![
-        serde_json::Value::Array(completions).into(),
-        plan.now.into(),
-        plan.sync_until.into(),
-        plan.async_until.into(),
-        plan.instance.as_str().into(),
-        plan.lease_until.into(),
-        model.into(),
-        limit.into(),
-    ];
-    let rows = db
-        .query_all_raw(Statement::from_sql_and_values(DbBackend::Postgres, sql, values))
-        .await?;
-    let mut settled = Settled::default();
-    let mut claimed = Vec::new();
-    for row in rows {
-        let kind: String = row.try_get("", "kind")?;
-        let job = job::Model::from_query_result(&row, "")?;
-        if kind == "done" {
-            settled.finals.push(job);
-        } else {
-            claimed.push(job);
-        }
-    }
-    if let Some((model, limit)) = plan.claims.first() {
-        claimed.sort_by(|a, b| (a.low_priority, &a.id).cmp(&(b.low_priority, &b.id)));
-        settled.claims.push((model.clone(), *limit, claimed));
-    }
-    Ok(settled)
 }
 
 pub(crate) fn is_final(row: &job::Model) -> bool {
@@ -332,7 +218,7 @@ async fn claim<C: ConnectionTrait>(db: &C, model: &str, limit: u64, plan: &Plan)
 /// ```sql
 /// WITH b (b_id, b_attempt, …) AS (VALUES (?, ?, …), …)
 /// UPDATE jobs SET status = 'COMPLETED', output = b.b_output, …
-///   FROM b WHERE jobs.id = b.b_id AND jobs.attempt = b.b_attempt AND jobs.status = 'IN_PROGRESS'
+///   FROM b WHERE jobs.id = b.b_id AND jobs.attempt = b.b_attempt AND (jobs.status = 'IN_PROGRESS') IS TRUE
 /// RETURNING <every column>
 /// ```
 ///
@@ -395,7 +281,8 @@ async fn complete_all<C: ConnectionTrait>(
              cost_micro_usd = b.b_cost, usage_unit = b.b_unit, usage_quantity_micros = b.b_quantity, \
              completed_at_ms = {now}, expires_at_ms = CASE WHEN sync THEN {sync_until} ELSE {async_until} END, \
              lease_until_ms = NULL \
-             FROM b WHERE jobs.id = b.b_id AND jobs.attempt = b.b_attempt AND jobs.status = '{in_progress}' \
+             FROM b WHERE jobs.id = b.b_id AND jobs.attempt = b.b_attempt \
+             AND (jobs.status = '{in_progress}') IS TRUE \
              RETURNING {returning}",
             completed = JobStatus::Completed.as_str(),
             in_progress = JobStatus::InProgress.as_str(),

@@ -36,6 +36,10 @@ const ID_CHUNK: usize = 500;
 /// Expired jobs deleted per round, and rounds per sweep.
 const EXPIRE_BATCH: u64 = 1000;
 const EXPIRE_ROUNDS: usize = 10;
+/// Finished jobs before the first `ANALYZE jobs` (PostgreSQL), and the most
+/// between two.
+const ANALYZE_AFTER_FIRST: u64 = 1_000;
+const ANALYZE_AFTER_MAX: u64 = 1_000_000;
 /// The error a worker reports when the attempt's deadline passed.
 const DEADLINE_EXCEEDED: &str = "deadline exceeded";
 /// `worker_presence` rows of any instance not refreshed for this long (and
@@ -83,12 +87,19 @@ impl Scheduler {
             presence_pruned_ms: 0,
             fast_lane: false,
             ready: HashMap::new(),
+            finished_since_analyze: 0,
+            analyze_after: ANALYZE_AFTER_FIRST,
         };
         core.sweep().await?;
-        core.fast_lane = core
-            .store
-            .hub
-            .open_lane(&core.instance, millis(core.store.config.lease));
+        // SQLite only for now: on PostgreSQL, draining a backlog of queued jobs
+        // right after a run of fast-lane jobs collapsed to a few hundred jobs
+        // per second in the benchmark (docs/benchmarks-jobs.md); until that is
+        // understood, PostgreSQL submits always go through the queue.
+        core.fast_lane = core.store.hub.engine.is_some()
+            && core
+                .store
+                .hub
+                .open_lane(&core.instance, millis(core.store.config.lease));
         let hub = Arc::clone(&core.store.hub);
         let (stop, stopped) = oneshot::channel();
         let task = tokio::spawn(core.run(events, stopped));
@@ -161,6 +172,10 @@ struct Core {
     /// Jobs claimed ahead of free slots, per model, oldest first (see
     /// `SchedulerConfig::claim_ahead`). Also in `running`, not assigned.
     ready: HashMap<String, VecDeque<Assignment>>,
+    /// Jobs finished since statistics were last refreshed, and how many more
+    /// call for the next refresh (see `analyze_if_grown`).
+    finished_since_analyze: u64,
+    analyze_after: u64,
 }
 
 /// What one settled batch produced, applied after its commit.
@@ -196,12 +211,16 @@ impl Core {
                 // busy event stream cannot starve the sweeps (lease renewal).
                 biased;
                 _ = &mut stopped => break,
-                _ = tick.tick() => {
+                // Sweeps and timeouts update job rows the settlement may hold
+                // (leases of the jobs it completes): run them between
+                // settlements, never beside one, or on PostgreSQL the two
+                // transactions can lock the same rows in opposite orders.
+                _ = tick.tick(), if flight.is_none() => {
                     if let Err(error) = self.sweep().await {
                         tracing::warn!(%error, "sweep failed");
                     }
                 }
-                () = deadline_sleep => {
+                () = deadline_sleep, if flight.is_none() => {
                     if let Err(error) = self.time_out().await {
                         tracing::warn!(%error, "timeout sweep failed");
                         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -521,8 +540,30 @@ impl Core {
         (outcome, plan)
     }
 
+    /// PostgreSQL: refreshes the planner's statistics of `jobs` after this
+    /// instance has finished 1 000 jobs, then 2 000 more, 4 000… (up to every
+    /// million). A connection keeps the generic plan it makes of a statement
+    /// after five runs until the table's statistics change; made while `jobs`
+    /// was nearly empty (a new database; autovacuum analyzes only about once a
+    /// minute), the settlement's plan scanned the table for every job and took
+    /// seconds once it held tens of thousands of rows. `ANALYZE` samples a
+    /// bounded number of rows and makes connections plan again.
+    async fn analyze_if_grown(&mut self) {
+        if self.finished_since_analyze < self.analyze_after || self.db.get_database_backend() != DbBackend::Postgres {
+            return;
+        }
+        match self.db.execute_unprepared("ANALYZE jobs").await {
+            Ok(_) => {
+                self.finished_since_analyze = 0;
+                self.analyze_after = (self.analyze_after * 2).min(ANALYZE_AFTER_MAX);
+            }
+            Err(error) => tracing::warn!(%error, "could not analyze the jobs table"),
+        }
+    }
+
     /// Wakes in-process waiters and sends webhooks for jobs that just ended.
-    fn publish(&self, finals: &[job::Model]) {
+    fn publish(&mut self, finals: &[job::Model]) {
+        self.finished_since_analyze += finals.len() as u64;
         if finals.is_empty() {
             return;
         }
@@ -815,6 +856,7 @@ impl Core {
     // ---- sweeps ----
 
     async fn sweep(&mut self) -> Result<(), DbErr> {
+        self.analyze_if_grown().await;
         self.renew().await?;
         self.time_out().await?;
         self.requeue_orphans().await?;
@@ -1119,7 +1161,7 @@ impl Core {
 // ---- statements ----
 
 /// Runs `plan` as one transaction: on the SQLite writer thread when there is
-/// one, as one statement on PostgreSQL when it fits, else through sea-orm.
+/// one, else through sea-orm.
 async fn execute(
     engine: Option<&Engine>,
     db: &DatabaseConnection,
@@ -1128,9 +1170,6 @@ async fn execute(
 ) -> Result<Settled, DbErr> {
     if let Some(engine) = engine {
         return engine.settle(plan).await;
-    }
-    if db.get_database_backend() == DbBackend::Postgres && plan.fits_one_statement() {
-        return plan::execute_in_one_statement(db, &plan).await;
     }
     let _guard = serialize_writes(write_lock, db).await;
     let txn = db.begin().await?;

@@ -114,16 +114,16 @@ impl JobStore {
         };
         // What the caller is told: accepted into the queue.
         let view = JobView::of(&row, now);
-        // A sync job's caller waits for it right away: register that waiter now,
-        // so `wait` needs no read to learn what it already knows.
-        let parked = mode == Mode::Sync;
-        if parked {
-            self.hub.park(&row);
-        }
         // A scheduler of this process has a free slot and nothing queued for
         // this model: write the job already claimed by it (one write instead of
         // an insert and a claim) and hand it over once committed.
         let claimed = self.hub.take_credit(&row.model);
+        // A sync job's caller waits for it right away: register that waiter now,
+        // so `wait` needs no read to learn what it already knows.
+        let parked = mode == Mode::Sync;
+        if parked {
+            self.hub.park(&row, claimed.is_some());
+        }
         if let Some(lane) = &claimed {
             row.status = JobStatus::InProgress.as_str().to_string();
             row.attempt = 1;
@@ -190,18 +190,21 @@ impl JobStore {
 
     /// Waits until the job is final or `timeout` passes, then returns its view.
     /// Woken at once by a scheduler in this process; otherwise polls the
-    /// database with backoff (25 ms doubling to 500 ms). Right after a sync
+    /// database with backoff (25 ms doubling to 500 ms; every second for a job
+    /// the fast lane gave to this process's scheduler). Right after a sync
     /// `submit` in this process, the first read is skipped (see `Hub::park`).
     pub async fn wait(&self, user: &str, model_id: &str, job_id: &str, timeout: Duration) -> Result<JobView, JobError> {
         let deadline = tokio::time::Instant::now() + timeout;
         // A sync job submitted by this process already has its waiter, registered
         // before the row was written: no read is needed to know it is not final.
-        let (mut waiter, mut known_pending) = match self.hub.take_parked(job_id, user, model_id) {
-            Some(waiter) => (waiter, true),
+        let (mut waiter, mut known_pending, local) = match self.hub.take_parked(job_id, user, model_id) {
+            Some((waiter, local)) => (waiter, true, local),
             // Register before reading, so a result settled in between is not missed.
-            None => (self.hub.register(job_id), false),
+            None => (self.hub.register(job_id), false, false),
         };
-        let mut poll = Duration::from_millis(25);
+        // A job this process's scheduler runs is announced in-process; polling
+        // is then only a safety net (were that scheduler to die).
+        let mut poll = Duration::from_millis(if local { 1000 } else { 25 });
         loop {
             let now = tokio::time::Instant::now();
             if !known_pending || now >= deadline {
@@ -221,7 +224,7 @@ impl JobStore {
                 },
                 () = tokio::time::sleep(nap) => {}
             }
-            poll = (poll * 2).min(Duration::from_millis(500));
+            poll = (poll * 2).min(Duration::from_millis(if local { 1000 } else { 500 }));
         }
     }
 
@@ -396,11 +399,14 @@ impl JobStore {
         Ok((u64::try_from(idle).unwrap_or(0), u64::try_from(running).unwrap_or(0)))
     }
 
+    /// Reads by primary key only and applies the rest of [`callers_job`] here:
+    /// given the caller's other columns too, PostgreSQL without fresh statistics
+    /// may pick the `(user_id, model, status)` index and walk all of the user's jobs.
     async fn find(&self, user: &str, model_id: &str, job_id: &str, now: i64) -> Result<job::Model, JobError> {
-        job::Entity::find()
-            .filter(callers_job(user, model_id, job_id, now))
+        job::Entity::find_by_id(job_id)
             .one(&self.db)
             .await?
+            .filter(|row| row.user_id == user && row.model == model_id && row.expires_at_ms > now)
             .ok_or(JobError::NotFound)
     }
 }
@@ -521,6 +527,9 @@ struct Parked {
     model: String,
     since: Instant,
     waiter: Waiter,
+    /// Written claimed by this process's scheduler (the fast lane): its
+    /// result is announced in-process, so `wait` polls only as a safety net.
+    local: bool,
 }
 
 /// Parked waiters older than this were abandoned (their `wait` never came).
@@ -716,7 +725,7 @@ impl Hub {
     }
 
     /// Registers a waiter for a job about to be inserted, kept for `take_parked`.
-    fn park(self: &Arc<Self>, row: &job::Model) {
+    fn park(self: &Arc<Self>, row: &job::Model, local: bool) {
         let waiter = self.register(&row.id);
         let now = Instant::now();
         let mut parked = self.lock_parked();
@@ -738,6 +747,7 @@ impl Hub {
                 model: row.model.clone(),
                 since: now,
                 waiter,
+                local,
             },
         );
         drop(parked);
@@ -751,7 +761,7 @@ impl Hub {
     }
 
     /// The waiter `submit` parked for this job, if this caller may have it.
-    fn take_parked(&self, job_id: &str, user: &str, model: &str) -> Option<Waiter> {
+    fn take_parked(&self, job_id: &str, user: &str, model: &str) -> Option<(Waiter, bool)> {
         let mut parked = self.lock_parked();
         let entry = parked.get(job_id)?;
         if entry.user != user || entry.model != model {
@@ -759,7 +769,7 @@ impl Hub {
         }
         let entry = parked.remove(job_id)?;
         drop(parked);
-        Some(entry.waiter)
+        Some((entry.waiter, entry.local))
     }
 
     fn register(self: &Arc<Self>, job_id: &str) -> Waiter {
