@@ -33,7 +33,7 @@ mod sqlite_lane {
 async fn prime(env: &Env) {
     let first = env.submit(json!({})).await;
     assert_eq!(env.finished(&first.id).await.status, JobStatus::Completed);
-    tokio::time::sleep(Duration::from_millis(100)).await;
+    tokio::time::sleep(Duration::from_millis(300)).await;
 }
 
 async fn a_submit_with_a_free_slot_is_written_claimed(backend: Backend) {
@@ -135,6 +135,12 @@ async fn jobs_claimed_ahead_run_once_and_cancel_while_waiting(backend: Backend) 
     let _worker = node.counting_worker("w1", 1, Arc::clone(&runs));
     // The second job reads IN_PROGRESS (claimed) while it waits for the slot.
     let waiting = env.until_status(&ids[1], JobStatus::InProgress).await;
+    // The first job's assignment may still be on its way to the worker.
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    while runs.load(Ordering::SeqCst) == 0 && tokio::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // It holds the only slot for 600 ms: nothing else has started.
     assert_eq!(runs.load(Ordering::SeqCst), 1, "only the first job has started");
     let cancelled = env
         .store
