@@ -790,22 +790,25 @@ impl Core {
                 },
             );
         }
-        let now = now_ms();
-        for (job_id, attempt, error) in &failed {
-            let lock = Arc::clone(&self.store.hub.write_lock);
-            let _guard = serialize_writes(&lock, &self.db).await;
-            let rows = finish(
-                job_id,
-                u32::try_from(*attempt).unwrap_or(0),
-                JobStatus::Failed,
-                Some(error),
-                None,
-                now,
-                &self.store.config,
+        if !failed.is_empty() {
+            let mut plan = Plan::new(now_ms(), &self.store.config, &self.instance);
+            for (job_id, attempt, error) in failed {
+                plan.steps.push(Step::Finish {
+                    job_id,
+                    attempt: i64::from(attempt),
+                    status: JobStatus::Failed,
+                    error: Some(error),
+                    worker_id: None,
+                });
+            }
+            let settled = execute(
+                self.store.hub.engine.as_ref(),
+                &self.db,
+                &self.store.hub.write_lock,
+                plan,
             )
-            .exec_with_returning(&self.db)
             .await?;
-            self.publish(&rows);
+            self.publish(&settled.finals);
         }
         if put_back.is_empty() {
             return Ok(true);
@@ -1036,12 +1039,8 @@ impl Core {
         let lock = Arc::clone(&self.store.hub.write_lock);
         let guard = serialize_writes(&lock, &self.db).await;
         let now = now_ms();
-        let config = &self.store.config;
-        let (sync_until, async_until) = (
-            now.saturating_add(config.retention_ms(true)),
-            now.saturating_add(config.retention_ms(false)),
-        );
-        let rows = plan::requeue_or_fail("scheduler lost", now, sync_until, async_until)
+        let until = Plan::new(now, &self.store.config, &self.instance);
+        let rows = plan::requeue_or_fail("scheduler lost", now, until.sync_until, until.async_until)
             .filter(J::Status.eq(JobStatus::InProgress.as_str()))
             .filter(J::LeaseUntilMs.lt(now))
             .exec_with_returning(&self.db)
@@ -1207,33 +1206,6 @@ fn output_with_cost(output: &Value, amount: i64) -> String {
         }
         other => other.to_string(),
     }
-}
-
-/// A final status other than COMPLETED, guarded on (id, attempt, IN_PROGRESS).
-fn finish(
-    job_id: &str,
-    attempt: u32,
-    status: JobStatus,
-    error: Option<&str>,
-    worker_id: Option<&str>,
-    now: i64,
-    config: &crate::SchedulerConfig,
-) -> sea_orm::UpdateMany<job::Entity> {
-    let mut update = job::Entity::update_many()
-        .col_expr(J::Status, Expr::value(status.as_str()))
-        .col_expr(J::CompletedAtMs, Expr::value(now))
-        .col_expr(J::ExpiresAtMs, retention_expr(config, now))
-        .col_expr(J::LeaseUntilMs, Expr::value(Option::<i64>::None));
-    if let Some(error) = error {
-        update = update.col_expr(J::Error, Expr::value(error));
-    }
-    if let Some(worker_id) = worker_id {
-        update = update.col_expr(J::WorkerId, Expr::value(worker_id));
-    }
-    update
-        .filter(J::Id.eq(job_id))
-        .filter(J::Attempt.eq(i64::from(attempt)))
-        .filter(J::Status.eq(JobStatus::InProgress.as_str()))
 }
 
 fn terminal_job(event: &Event) -> Option<&str> {

@@ -8,7 +8,7 @@ use std::time::Duration;
 use gantry_scheduler::JobStatus;
 use serde_json::json;
 
-use crate::harness::{Backend, Env, Node};
+use crate::harness::{Backend, Env, Node, crash_and_recover};
 
 gantry_testkit::on_both_backends!(
     submits_beyond_the_free_slots_queue_and_all_run_once,
@@ -56,24 +56,12 @@ async fn a_submit_with_a_free_slot_is_written_claimed(backend: Backend) {
 
 async fn a_handed_over_job_survives_its_scheduler_crashing(backend: Backend) {
     let env = Env::new(backend).await;
-    let mut first = Node::start(&env.store, &env.catalog).await;
+    let first = Node::start(&env.store, &env.catalog).await;
     let old_worker = first.echo_worker("w1", 1);
     prime(&env).await;
     let job = env.submit(json!({"sleep_ms": 400})).await;
     assert_eq!(env.get(&job.id).await.status, JobStatus::InProgress);
-    // Crash: the scheduler dies without releasing anything.
-    drop(first.scheduler.take());
-    drop(first);
-    old_worker.kill();
-
-    // A new scheduler requeues it once the lease (600 ms here) lapses.
-    let second = Node::start(&env.store, &env.catalog).await;
-    let _worker = second.echo_worker("w2", 1);
-    let done = env.finished(&job.id).await;
-    assert_eq!(done.status, JobStatus::Completed, "{done:?}");
-    assert_eq!(done.worker_id.as_deref(), Some("w2"));
-    assert_eq!(env.charges_of(&job.id).await, [10]);
-    second.shutdown().await;
+    crash_and_recover(&env, first, old_worker, &job.id).await;
 }
 
 async fn submits_beyond_the_free_slots_queue_and_all_run_once(backend: Backend) {

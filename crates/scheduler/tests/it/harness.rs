@@ -139,6 +139,22 @@ impl Env {
     }
 }
 
+/// Crashes `node` (its scheduler's task dies without releasing anything) and
+/// kills `worker`. A new scheduler with worker `w2` must then requeue the job
+/// once the lease (600 ms in tests) lapses, run it, and charge it once.
+pub async fn crash_and_recover(env: &Env, mut node: Node, worker: Worker, job_id: &str) {
+    drop(node.scheduler.take());
+    drop(node);
+    worker.kill();
+    let second = Node::start(&env.store, &env.catalog).await;
+    let _worker = second.echo_worker("w2", 1);
+    let done = env.finished(job_id).await;
+    assert_eq!(done.status, JobStatus::Completed, "{done:?}");
+    assert_eq!(done.worker_id.as_deref(), Some("w2"));
+    assert_eq!(env.charges_of(job_id).await, [10]);
+    second.shutdown().await;
+}
+
 /// A dispatcher serving on 127.0.0.1:0 with a scheduler on top.
 pub struct Node {
     pub url: String,

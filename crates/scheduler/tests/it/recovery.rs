@@ -10,7 +10,7 @@ use gantry_scheduler::{JobStatus, JobStore};
 use serde_json::json;
 use tokio::sync::mpsc;
 
-use crate::harness::{Backend, ECHO, Env, Node, USER, WAIT};
+use crate::harness::{Backend, ECHO, Env, Node, USER, WAIT, crash_and_recover};
 
 gantry_testkit::on_both_backends!(
     killed_worker_job_completes_elsewhere_charged_once,
@@ -59,24 +59,11 @@ async fn restarted_scheduler_loses_no_queued_job(backend: Backend) {
 
 async fn crashed_scheduler_jobs_are_requeued(backend: Backend) {
     let env = Env::new(backend).await;
-    let mut first = Node::start(&env.store, &env.catalog).await;
+    let first = Node::start(&env.store, &env.catalog).await;
     let old_worker = first.echo_worker("w1", 1);
     let job = env.submit(json!({"sleep_ms": 400})).await;
     env.until_status(&job.id, JobStatus::InProgress).await;
-    // Crash: the scheduler's task dies without releasing anything.
-    drop(first.scheduler.take());
-    drop(first);
-    old_worker.kill();
-
-    // A new instance (own dispatcher, own worker) requeues the job once the
-    // lease (600 ms in tests) lapses, and runs it.
-    let second = Node::start(&env.store, &env.catalog).await;
-    let _worker = second.echo_worker("w2", 1);
-    let done = env.finished(&job.id).await;
-    assert_eq!(done.status, JobStatus::Completed, "{done:?}");
-    assert_eq!(done.worker_id.as_deref(), Some("w2"));
-    assert_eq!(env.charges_of(&job.id).await, [10]);
-    second.shutdown().await;
+    crash_and_recover(&env, first, old_worker, &job.id).await;
 }
 
 async fn duplicate_and_late_results_never_charge_twice(backend: Backend) {
