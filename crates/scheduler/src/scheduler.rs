@@ -801,13 +801,7 @@ impl Core {
                     worker_id: None,
                 });
             }
-            let settled = execute(
-                self.store.hub.engine.as_ref(),
-                &self.db,
-                &self.store.hub.write_lock,
-                plan,
-            )
-            .await?;
+            let settled = self.run_plan(plan).await?;
             self.publish(&settled.finals);
         }
         if put_back.is_empty() {
@@ -817,18 +811,23 @@ impl Core {
         Ok(false)
     }
 
-    /// Claims up to `limit` queued jobs of `model` for this instance, normal
-    /// priority first, oldest first (see `plan.rs`).
-    async fn claim(&self, model: &str, limit: u64) -> Result<Vec<job::Model>, DbErr> {
-        let mut plan = Plan::new(now_ms(), &self.store.config, &self.instance);
-        plan.claims.push((model.to_string(), limit));
-        let settled = execute(
+    /// Runs `plan` now, waiting for its commit (see [`execute`]).
+    async fn run_plan(&self, plan: Plan) -> Result<Settled, DbErr> {
+        execute(
             self.store.hub.engine.as_ref(),
             &self.db,
             &self.store.hub.write_lock,
             plan,
         )
-        .await?;
+        .await
+    }
+
+    /// Claims up to `limit` queued jobs of `model` for this instance, normal
+    /// priority first, oldest first (see `plan.rs`).
+    async fn claim(&self, model: &str, limit: u64) -> Result<Vec<job::Model>, DbErr> {
+        let mut plan = Plan::new(now_ms(), &self.store.config, &self.instance);
+        plan.claims.push((model.to_string(), limit));
+        let settled = self.run_plan(plan).await?;
         Ok(settled
             .claims
             .into_iter()
