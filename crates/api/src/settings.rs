@@ -79,6 +79,10 @@ pub struct SchedulerSettings {
     pub heartbeat_interval_ms: u64,
     /// Jobs a scheduler keeps claimed beyond its free worker slots, per model (0: none).
     pub claim_ahead: u32,
+    /// A `/runsync` job run by the scheduler of its own process is written
+    /// when it ends, or after running this long, in milliseconds (0: at
+    /// submit; at most 500).
+    pub sync_store_after_ms: u64,
 }
 
 impl Default for SchedulerSettings {
@@ -95,6 +99,7 @@ impl Default for SchedulerSettings {
             sweep_interval_ms: 1_000,
             heartbeat_interval_ms: 5_000,
             claim_ahead: 0,
+            sync_store_after_ms: 200,
         }
     }
 }
@@ -108,6 +113,7 @@ impl SchedulerSettings {
         config.lease = std::time::Duration::from_millis(self.lease_ms.max(100));
         config.sweep_interval = std::time::Duration::from_millis(self.sweep_interval_ms.max(10));
         config.claim_ahead = self.claim_ahead;
+        config.sync_store_after = std::time::Duration::from_millis(self.sync_store_after_ms);
         config
     }
 }

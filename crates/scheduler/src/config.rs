@@ -32,6 +32,16 @@ pub struct SchedulerConfig {
     /// priority), and its `delayTime` ends at the claim. Claimed only while
     /// some slot is free. Default 0 (off).
     pub claim_ahead: u32,
+    /// A `runsync` job that the fast lane hands to the scheduler of its own
+    /// process is kept in memory while it runs and written once, when it
+    /// ends (with its charge), or when it has run this long, whichever comes
+    /// first (earlier if its `executionTimeout` or `ttl` ends sooner). Its
+    /// caller holds no id before then: `runsync` waits at least 1 s. Until it
+    /// is written the job is in no other process's health counts, and if this
+    /// process dies meanwhile the job is gone and was never charged (its
+    /// caller's request fails with it). Zero writes every job at submit.
+    /// Default 200 ms; at most 500 ms.
+    pub sync_store_after: Duration,
     /// Webhook deliveries tried per job. Default 3.
     pub webhook_attempts: u32,
     /// Timeout of one webhook request. Default 10 s.
@@ -51,6 +61,7 @@ impl Default for SchedulerConfig {
             sweep_interval: Duration::from_secs(1),
             claim_batch: 64,
             claim_ahead: 0,
+            sync_store_after: Duration::from_millis(200),
             webhook_attempts: 3,
             webhook_timeout: Duration::from_secs(10),
         }
@@ -65,6 +76,11 @@ impl SchedulerConfig {
         millis(self.sweep_interval.saturating_mul(3)).max(3_000)
     }
 
+    /// [`Self::sync_store_after`] in ms, at most 500.
+    pub(crate) fn sync_store_after_ms(&self) -> i64 {
+        millis(self.sync_store_after).min(MAX_SYNC_STORE_AFTER_MS)
+    }
+
     pub(crate) fn retention_ms(&self, sync: bool) -> i64 {
         millis(if sync {
             self.sync_retention
@@ -73,6 +89,10 @@ impl SchedulerConfig {
         })
     }
 }
+
+/// Well under the shortest `runsync` wait (1 s), so a caller that gets an id
+/// back can always read the job.
+const MAX_SYNC_STORE_AFTER_MS: i64 = 500;
 
 pub(crate) fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)

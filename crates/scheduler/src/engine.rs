@@ -289,6 +289,33 @@ fn insert(conn: &Connection, row: &job::Model) -> rusqlite::Result<()> {
     Ok(())
 }
 
+/// The ledger entry of a completed job (at most one per job).
+fn charge(
+    conn: &Connection,
+    row: &job::Model,
+    unit: &str,
+    quantity_micros: i64,
+    amount: i64,
+    now: i64,
+) -> rusqlite::Result<()> {
+    let mut statement = conn.prepare_cached(
+        "INSERT INTO ledger_entries (id, user_id, job_id, model, unit, quantity_micros, \
+         amount_micro_usd, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
+         ON CONFLICT (job_id) DO NOTHING",
+    )?;
+    statement.execute(params![
+        gantry_billing::new_entry_id(),
+        row.user_id,
+        row.id,
+        row.model,
+        unit,
+        quantity_micros,
+        amount,
+        now
+    ])?;
+    Ok(())
+}
+
 fn job_of(row: &Row<'_>) -> rusqlite::Result<job::Model> {
     Ok(job::Model {
         id: row.get(0)?,
@@ -325,6 +352,22 @@ fn job_of(row: &Row<'_>) -> rusqlite::Result<job::Model> {
 /// The plan's statements, in the order `plan::execute` runs them.
 fn settle(conn: &Connection, plan: &Plan) -> rusqlite::Result<Settled> {
     let mut settled = Settled::default();
+    for store in &plan.stores {
+        insert(conn, &store.row)?;
+        if let Some(usage) = &store.charge {
+            charge(
+                conn,
+                &store.row,
+                &usage.unit,
+                usage.quantity_micros,
+                usage.amount,
+                plan.now,
+            )?;
+        }
+        if is_final(&store.row) {
+            settled.finals.push(store.row.clone());
+        }
+    }
     if !plan.chunks.is_empty() {
         let mut statement = conn.prepare_cached(
             "INSERT INTO job_chunks (job_id, seq, output) VALUES (?1, ?2, ?3) ON CONFLICT (job_id, seq) DO NOTHING",
@@ -370,21 +413,7 @@ fn settle(conn: &Connection, plan: &Plan) -> rusqlite::Result<Settled> {
                     )
                     .optional()?;
                 let Some(row) = row else { continue };
-                let mut charge = conn.prepare_cached(
-                    "INSERT INTO ledger_entries (id, user_id, job_id, model, unit, quantity_micros, \
-                     amount_micro_usd, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
-                     ON CONFLICT (job_id) DO NOTHING",
-                )?;
-                charge.execute(params![
-                    gantry_billing::new_entry_id(),
-                    row.user_id,
-                    row.id,
-                    row.model,
-                    unit,
-                    quantity_micros,
-                    amount,
-                    plan.now
-                ])?;
+                charge(conn, &row, unit, *quantity_micros, *amount, plan.now)?;
                 settled.finals.push(row);
             }
             Step::Finish {

@@ -19,15 +19,18 @@ use job::Column as J;
 /// Jobs completed by one `UPDATE … FROM (VALUES …)` statement (7 bind values each).
 const COMPLETE_CHUNK: usize = 256;
 
-/// Writes of one transaction: stream chunks, then terminal transitions (each
-/// guarded on `(id, attempt, IN_PROGRESS)`, so a stale attempt or a duplicate
-/// changes nothing), the charges of the completions that applied, then claims.
+/// Writes of one transaction: rows of unstored jobs (see [`Store`]), stream
+/// chunks, then terminal transitions (each guarded on `(id, attempt,
+/// IN_PROGRESS)`, so a stale attempt or a duplicate changes nothing), the
+/// charges of the completions that applied, then claims.
 #[derive(Clone)]
 pub(crate) struct Plan {
     pub(crate) now: i64,
     /// `expires_at_ms` of a job finishing now: sync and async retention.
     pub(crate) sync_until: i64,
     pub(crate) async_until: i64,
+    /// Rows of jobs not in the database yet, written whole.
+    pub(crate) stores: Vec<Store>,
     pub(crate) chunks: Vec<(String, i64, String)>,
     pub(crate) steps: Vec<Step>,
     /// Claims for this instance: (model, most jobs).
@@ -64,6 +67,23 @@ pub(crate) enum Step {
     },
 }
 
+/// The first write of a job the fast lane kept in memory (a `runsync` job of
+/// this process, see `store::Lane`): its whole row, in whatever state it
+/// reached, and its charge when it is `COMPLETED` (in the same transaction).
+#[derive(Clone)]
+pub(crate) struct Store {
+    pub(crate) row: job::Model,
+    pub(crate) charge: Option<Usage>,
+}
+
+/// A completion's billed usage.
+#[derive(Clone)]
+pub(crate) struct Usage {
+    pub(crate) unit: String,
+    pub(crate) quantity_micros: i64,
+    pub(crate) amount: i64,
+}
+
 /// What a plan changed.
 #[derive(Default)]
 pub(crate) struct Settled {
@@ -79,6 +99,7 @@ impl Plan {
             now,
             sync_until: now.saturating_add(config.retention_ms(true)),
             async_until: now.saturating_add(config.retention_ms(false)),
+            stores: Vec::new(),
             chunks: Vec::new(),
             steps: Vec::new(),
             claims: Vec::new(),
@@ -87,8 +108,97 @@ impl Plan {
         }
     }
 
+    /// `expires_at_ms` of `row` finishing now.
+    fn until(&self, row: &job::Model) -> i64 {
+        if row.sync { self.sync_until } else { self.async_until }
+    }
+
+    // The rows below are what the guarded statements leave behind, for a
+    // job that is only in memory (see [`Store`]).
+
+    /// As [`Step::Complete`] leaves it.
+    pub(crate) fn completed(&self, mut row: job::Model, worker_id: &str, output: String, usage: &Usage) -> job::Model {
+        row.status = JobStatus::Completed.as_str().to_string();
+        row.output = Some(output);
+        row.error = None;
+        row.worker_id = Some(worker_id.to_string());
+        row.cost_micro_usd = Some(usage.amount);
+        row.usage_unit = Some(usage.unit.clone());
+        row.usage_quantity_micros = Some(usage.quantity_micros);
+        row.completed_at_ms = Some(self.now);
+        row.expires_at_ms = self.until(&row);
+        row.lease_until_ms = None;
+        row
+    }
+
+    /// As [`Step::Finish`] leaves it.
+    pub(crate) fn finished(
+        &self,
+        mut row: job::Model,
+        status: JobStatus,
+        error: Option<String>,
+        worker_id: Option<String>,
+    ) -> job::Model {
+        row.status = status.as_str().to_string();
+        row.completed_at_ms = Some(self.now);
+        row.expires_at_ms = self.until(&row);
+        row.lease_until_ms = None;
+        if error.is_some() {
+            row.error = error;
+        }
+        if worker_id.is_some() {
+            row.worker_id = worker_id;
+        }
+        row
+    }
+
+    /// As [`requeue_or_fail`] leaves it.
+    pub(crate) fn requeued(&self, mut row: job::Model, error: &str) -> job::Model {
+        if row.attempt < row.max_attempts {
+            row.status = JobStatus::InQueue.as_str().to_string();
+            row.retries += 1;
+            row.queued_at_ms = self.now;
+            row.completed_at_ms = None;
+        } else {
+            row.status = JobStatus::Failed.as_str().to_string();
+            row.completed_at_ms = Some(self.now);
+            row.expires_at_ms = self.until(&row);
+        }
+        row.error = Some(error.to_string());
+        row.owner = None;
+        row.lease_until_ms = None;
+        row.run_deadline_ms = None;
+        row
+    }
+
+    /// Queued again without using up an attempt: `give_back` when the attempt
+    /// was never sent (no worker took it), else one more attempt allowed (the
+    /// scheduler is shutting down), as `put_back` and `release` do.
+    pub(crate) fn released(&self, mut row: job::Model, give_back: bool) -> job::Model {
+        row.status = JobStatus::InQueue.as_str().to_string();
+        if give_back {
+            row.attempt -= 1;
+            row.started_at_ms = None;
+        } else {
+            row.max_attempts += 1;
+            row.queued_at_ms = self.now;
+            row.worker_id = None;
+        }
+        row.owner = None;
+        row.lease_until_ms = None;
+        row.run_deadline_ms = None;
+        row
+    }
+
+    /// Claimed by this plan's instance and running (leased from now).
+    pub(crate) fn running(&self, mut row: job::Model, worker_id: Option<String>) -> job::Model {
+        row.worker_id = worker_id;
+        row.lease_until_ms = Some(self.lease_until);
+        row
+    }
+
     pub(crate) fn is_empty(&self) -> bool {
-        self.chunks.is_empty() && self.steps.is_empty() && self.claims.is_empty()
+        self.stores.is_empty() && self.chunks.is_empty() && self.steps.is_empty() && self.claims.is_empty()
     }
 }
 
@@ -99,6 +209,7 @@ pub(crate) fn is_final(row: &job::Model) -> bool {
 /// Runs `plan` on `db` (a transaction, so it commits as one).
 pub(crate) async fn execute<C: ConnectionTrait>(db: &C, plan: &Plan) -> Result<Settled, DbErr> {
     let mut settled = Settled::default();
+    store_all(db, &plan.stores, plan.now, &mut settled).await?;
     insert_chunks(db, &plan.chunks).await?;
     let retention = Expr::cust(format!(
         "CASE WHEN sync THEN {} ELSE {} END",
@@ -335,6 +446,36 @@ pub(crate) fn requeue_or_fail(
         .col_expr(J::Owner, Expr::value(Option::<String>::None))
         .col_expr(J::LeaseUntilMs, Expr::value(Option::<i64>::None))
         .col_expr(J::RunDeadlineMs, Expr::value(Option::<i64>::None))
+}
+
+/// Writes the rows of unstored jobs (one statement) and the charges of the
+/// completed ones; final rows go to `settled.finals`.
+async fn store_all<C: ConnectionTrait>(db: &C, stores: &[Store], now: i64, settled: &mut Settled) -> Result<(), DbErr> {
+    use sea_orm::{ActiveModelTrait, IntoActiveModel};
+    if stores.is_empty() {
+        return Ok(());
+    }
+    let rows = stores.iter().map(|s| s.row.clone().into_active_model().reset_all());
+    job::Entity::insert_many(rows).exec_without_returning(db).await?;
+    let charges: Vec<Charge> = stores
+        .iter()
+        .filter_map(|s| {
+            let usage = s.charge.as_ref()?;
+            Some(Charge {
+                user_id: s.row.user_id.clone(),
+                job_id: s.row.id.clone(),
+                model: s.row.model.clone(),
+                unit: usage.unit.clone(),
+                quantity_micros: usage.quantity_micros,
+                amount_micro_usd: usage.amount,
+            })
+        })
+        .collect();
+    record_charges(db, &charges, now).await?;
+    settled
+        .finals
+        .extend(stores.iter().filter(|s| is_final(&s.row)).map(|s| s.row.clone()));
+    Ok(())
 }
 
 /// Stores chunks, skipping sequence numbers already stored by an earlier attempt.

@@ -23,8 +23,8 @@ use tokio::task::JoinHandle;
 use crate::config::millis;
 use crate::engine::Engine;
 use crate::entity::{chunk, job, presence};
-use crate::plan::{self, Plan, Settled, Step, is_final};
-use crate::store::{Hub, JobStore, now_ms, plus, retention_expr, serialize_writes};
+use crate::plan::{self, Plan, Settled, Step, Store, Usage, is_final};
+use crate::store::{Handed, Hub, JobStore, now_ms, plus, retention_expr, serialize_writes};
 use crate::types::{JobStatus, JobView, SchedulerError};
 
 use job::Column as J;
@@ -133,8 +133,11 @@ impl Drop for Scheduler {
         if let Some(task) = self.task.take() {
             task.abort();
             // No more submits written as claimed by this instance; those
-            // already written are requeued when its lease lapses.
-            drop(self.hub.close_lane(&self.instance_id));
+            // already written are requeued when its lease lapses, and those
+            // it kept in memory are gone with it.
+            if self.hub.close_lane(&self.instance_id).is_some() {
+                self.hub.lose_all();
+            }
         }
     }
 }
@@ -146,6 +149,21 @@ struct Running {
     deadline_ms: i64,
     /// False while it waits in `Core::ready` for a free slot.
     assigned: bool,
+    /// The whole row of a job not written yet (a `runsync` job of the fast
+    /// lane, see `store::Lane`), and when it is to be written if still running.
+    unstored: Option<Box<job::Model>>,
+    store_at: i64,
+}
+
+impl Running {
+    /// When the loop must look at this job: its deadline, or when to write it.
+    fn due_at(&self) -> i64 {
+        if self.unstored.is_some() {
+            self.store_at.min(self.deadline_ms)
+        } else {
+            self.deadline_ms
+        }
+    }
 }
 
 struct Core {
@@ -186,6 +204,8 @@ struct Outcome {
     refill: HashSet<String>,
     /// Jobs claimed in the same transaction: (model, how many were asked for, rows).
     claims: Vec<(String, u64, Vec<job::Model>)>,
+    /// Unstored jobs the plan writes.
+    stored: Vec<String>,
 }
 
 impl Core {
@@ -198,7 +218,7 @@ impl Core {
         // goes on placing handed-over jobs, cancelling and sweeping meanwhile.
         let mut flight: Option<InFlight> = None;
         loop {
-            let next_deadline = self.running.values().map(|r| r.deadline_ms).min();
+            let next_deadline = self.running.values().map(Running::due_at).min();
             let deadline_sleep = async {
                 match next_deadline {
                     Some(at) => tokio::time::sleep(until(at)).await,
@@ -221,7 +241,12 @@ impl Core {
                     }
                 }
                 () = deadline_sleep, if flight.is_none() => {
-                    if let Err(error) = self.time_out().await {
+                    if let Err(error) = self.store_due().await {
+                        tracing::warn!(%error, "writing running jobs failed");
+                    }
+                    let now = now_ms();
+                    let timed_out = self.running.values().any(|r| r.unstored.is_none() && r.deadline_ms <= now);
+                    if timed_out && let Err(error) = self.time_out().await {
                         tracing::warn!(%error, "timeout sweep failed");
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
@@ -275,13 +300,19 @@ impl Core {
             let done = work.await;
             self.finish_settlement(batch, outcome, done).await;
         }
-        if self.fast_lane {
-            // Rows handed over but not adopted are this instance's too: the
-            // release below requeues them with the rest.
-            drop(hub.close_lane(&self.instance));
-        }
-        if let Err(error) = self.release().await {
+        // Jobs handed over but not adopted are this instance's too: the
+        // release below requeues them with the rest.
+        let left = if self.fast_lane {
+            hub.close_lane(&self.instance).unwrap_or_default()
+        } else {
+            Vec::new()
+        };
+        if let Err(error) = self.release(left).await {
             tracing::warn!(%error, "could not hand running jobs back to the queue");
+        }
+        if self.fast_lane {
+            // Any job still only in memory could not be written: gone.
+            hub.lose_all();
         }
         if let Err(error) = self.withdraw_presence().await {
             tracing::warn!(%error, "could not remove this scheduler's worker presence");
@@ -336,6 +367,18 @@ impl Core {
             }
             Err(error) => {
                 tracing::warn!(%error, "giving up on settling worker events");
+                // Jobs that ended only in memory (never written) are lost.
+                let lost: Vec<String> = outcome
+                    .settled
+                    .iter()
+                    .filter(|id| self.running.get(*id).is_some_and(|r| r.unstored.is_some()))
+                    .cloned()
+                    .collect();
+                for job_id in &lost {
+                    self.running.remove(job_id);
+                    self.pending_workers.remove(job_id);
+                }
+                self.store.hub.lose(&lost);
                 // Left IN_PROGRESS in the database: forget them here so their
                 // lease lapses and a sweep requeues them.
                 for event in &batch {
@@ -347,6 +390,12 @@ impl Core {
                 return;
             }
         }
+        for job_id in &outcome.stored {
+            if let Some(running) = self.running.get_mut(job_id) {
+                running.unstored = None;
+            }
+        }
+        self.store.hub.stored(&outcome.stored);
         for job_id in &outcome.settled {
             self.running.remove(job_id);
             self.pending_workers.remove(job_id);
@@ -404,11 +453,22 @@ impl Core {
         let mut outcome = Outcome::default();
         // Jobs already settled earlier in this batch (duplicates are ignored).
         let mut done: HashSet<&str> = HashSet::new();
+        // Unstored jobs this plan writes as running (they streamed a chunk):
+        // later events of the batch update that row like any other.
+        let mut written: HashSet<&str> = HashSet::new();
         for event in batch {
             let current = |job_id: &str, attempt: u32| {
                 self.running
                     .get(job_id)
                     .filter(|r| i64::from(r.attempt) == i64::from(attempt) && !done.contains(job_id))
+            };
+            // The in-memory row of an unstored job, if it still is.
+            let unstored = |running: &Running, job_id: &str| {
+                running
+                    .unstored
+                    .as_deref()
+                    .filter(|_| !written.contains(job_id))
+                    .cloned()
             };
             match event {
                 Event::Chunk {
@@ -418,10 +478,21 @@ impl Core {
                     output,
                     ..
                 } => {
-                    if current(job_id, *attempt).is_some() {
-                        let seq = i64::try_from(*seq).unwrap_or(i64::MAX);
-                        plan.chunks.push((job_id.clone(), seq, output.to_string()));
+                    let Some(running) = current(job_id, *attempt) else {
+                        continue;
+                    };
+                    // Chunks are read by job id: write the job first.
+                    if let Some(row) = unstored(running, job_id) {
+                        let worker = self.pending_workers.get(job_id.as_str()).cloned();
+                        plan.stores.push(Store {
+                            row: plan.running(row, worker),
+                            charge: None,
+                        });
+                        outcome.stored.push(job_id.clone());
+                        written.insert(job_id);
                     }
+                    let seq = i64::try_from(*seq).unwrap_or(i64::MAX);
+                    plan.chunks.push((job_id.clone(), seq, output.to_string()));
                 }
                 Event::Completed {
                     job_id,
@@ -435,6 +506,7 @@ impl Core {
                         tracing::debug!(%job_id, attempt, "ignoring a result for an attempt not running here");
                         continue;
                     };
+                    let row = unstored(running, job_id);
                     done.insert(job_id);
                     outcome.settled.push(job_id.clone());
                     let priced = match self.catalog.get(&running.model) {
@@ -442,6 +514,27 @@ impl Core {
                             .map_err(|e| format!("cannot bill the result: {e}")),
                         None => Err(format!("model {:?} is not in the catalog", running.model)),
                     };
+                    if let Some(row) = row {
+                        outcome.stored.push(job_id.clone());
+                        plan.stores.push(match priced {
+                            Ok(amount) => {
+                                let usage = Usage {
+                                    unit: usage.unit.clone(),
+                                    quantity_micros: usage.quantity_micros,
+                                    amount,
+                                };
+                                Store {
+                                    row: plan.completed(row, worker_id, output_with_cost(output, amount), &usage),
+                                    charge: Some(usage),
+                                }
+                            }
+                            Err(error) => Store {
+                                row: plan.finished(row, JobStatus::Failed, Some(error), Some(worker_id.clone())),
+                                charge: None,
+                            },
+                        });
+                        continue;
+                    }
                     plan.steps.push(match priced {
                         Ok(amount) => Step::Complete {
                             job_id: job_id.clone(),
@@ -471,21 +564,32 @@ impl Core {
                     let Some(running) = current(job_id, *attempt) else {
                         continue;
                     };
+                    let row = unstored(running, job_id);
                     done.insert(job_id);
                     outcome.settled.push(job_id.clone());
+                    let status = if error == DEADLINE_EXCEEDED {
+                        JobStatus::TimedOut
+                    } else {
+                        JobStatus::Failed
+                    };
                     if *retryable {
                         outcome.refill.insert(running.model.clone());
+                    }
+                    if let Some(row) = row {
+                        outcome.stored.push(job_id.clone());
+                        let row = if *retryable {
+                            plan.requeued(row, error)
+                        } else {
+                            plan.finished(row, status, Some(error.clone()), Some(worker_id.clone()))
+                        };
+                        plan.stores.push(Store { row, charge: None });
+                    } else if *retryable {
                         plan.steps.push(Step::Requeue {
                             job_id: job_id.clone(),
                             attempt: i64::from(running.attempt),
                             error: error.clone(),
                         });
                     } else {
-                        let status = if error == DEADLINE_EXCEEDED {
-                            JobStatus::TimedOut
-                        } else {
-                            JobStatus::Failed
-                        };
                         plan.steps.push(Step::Finish {
                             job_id: job_id.clone(),
                             attempt: i64::from(*attempt),
@@ -496,11 +600,20 @@ impl Core {
                     }
                 }
                 Event::Cancelled { job_id, attempt, .. } => {
-                    if current(job_id, *attempt).is_none() {
+                    let Some(running) = current(job_id, *attempt) else {
                         continue;
-                    }
+                    };
+                    let row = unstored(running, job_id);
                     done.insert(job_id);
                     outcome.settled.push(job_id.clone());
+                    if let Some(row) = row {
+                        outcome.stored.push(job_id.clone());
+                        plan.stores.push(Store {
+                            row: plan.finished(row, JobStatus::Cancelled, None, None),
+                            charge: None,
+                        });
+                        continue;
+                    }
                     // Normally already CANCELLED (or TIMED_OUT) in the database.
                     plan.steps.push(Step::Finish {
                         job_id: job_id.clone(),
@@ -515,9 +628,18 @@ impl Core {
                         let Some(running) = self.running.get(job_id).filter(|_| !done.contains(job_id.as_str())) else {
                             continue;
                         };
+                        let row = unstored(running, job_id);
                         done.insert(job_id);
                         outcome.settled.push(job_id.clone());
                         outcome.refill.insert(running.model.clone());
+                        if let Some(row) = row {
+                            outcome.stored.push(job_id.clone());
+                            plan.stores.push(Store {
+                                row: plan.requeued(row, "worker lost"),
+                                charge: None,
+                            });
+                            continue;
+                        }
                         plan.steps.push(Step::Requeue {
                             job_id: job_id.clone(),
                             attempt: i64::from(running.attempt),
@@ -695,6 +817,7 @@ impl Core {
     /// Returns whether the queue may hold more for free slots (claim again).
     async fn place(&mut self, model: &str, want: u64, rows: Vec<job::Model>) -> Result<bool, DbErr> {
         let claimed = rows.len() as u64;
+        let rows = rows.into_iter().map(|row| Handed { row, stored: true }).collect();
         if !self.assign(rows).await? {
             return Ok(false);
         }
@@ -706,9 +829,10 @@ impl Core {
         Ok(true)
     }
 
-    /// Places jobs that submits wrote already claimed by this instance.
-    async fn adopt(&mut self, rows: Vec<job::Model>) {
-        let models: HashSet<String> = rows.iter().map(|row| row.model.clone()).collect();
+    /// Places jobs that submits handed to this instance (written claimed by
+    /// it, or not written at all).
+    async fn adopt(&mut self, rows: Vec<Handed>) {
+        let models: HashSet<String> = rows.iter().map(|job| job.row.model.clone()).collect();
         match self.assign(rows).await {
             Ok(true) => {}
             // Some went back to the queue: claim them when a slot frees.
@@ -737,15 +861,18 @@ impl Core {
 
     /// Assigns jobs claimed by this instance to workers, lowest priority last.
     /// Jobs no worker took go back to the queue; returns whether all were placed.
-    async fn assign(&mut self, mut rows: Vec<job::Model>) -> Result<bool, DbErr> {
-        rows.sort_by(|a, b| (a.low_priority, &a.id).cmp(&(b.low_priority, &b.id)));
+    async fn assign(&mut self, mut rows: Vec<Handed>) -> Result<bool, DbErr> {
+        rows.sort_by(|a, b| (a.row.low_priority, &a.row.id).cmp(&(b.row.low_priority, &b.row.id)));
         let mut put_back = Vec::new();
         let mut failed = Vec::new();
-        for row in rows {
+        // Unstored jobs no worker took: written to the queue instead.
+        let mut queue = Vec::new();
+        let store_after = self.store.config.sync_store_after_ms();
+        for Handed { row, stored } in rows {
             let input: Value = match serde_json::from_str(&row.input) {
                 Ok(input) => input,
                 Err(error) => {
-                    failed.push((row.id, row.attempt, format!("stored input is not JSON: {error}")));
+                    failed.push((row, stored, format!("stored input is not JSON: {error}")));
                     continue;
                 }
             };
@@ -769,46 +896,115 @@ impl Core {
                     self.ready.entry(model).or_default().push_back(retry);
                     false
                 }
-                Err(AssignError::NoCapacity { .. }) => {
-                    put_back.push(row.id);
-                    continue;
-                }
-                Err(AssignError::AlreadyRunning { .. }) => {
-                    // A stale attempt still runs there: stop it, try again later.
-                    self.dispatcher.cancel(&row.id, "superseded by a newer attempt");
-                    put_back.push(row.id);
+                Err(error) => {
+                    if let AssignError::AlreadyRunning { .. } = error {
+                        // A stale attempt still runs there: stop it, try again later.
+                        self.dispatcher.cancel(&row.id, "superseded by a newer attempt");
+                    }
+                    if stored {
+                        put_back.push(row.id);
+                    } else {
+                        queue.push(row);
+                    }
                     continue;
                 }
             };
+            // Written once it has run `sync_store_after`, or before its
+            // deadline or expiry, whichever is first, if still running then.
+            let store_at = row
+                .started_at_ms
+                .unwrap_or(row.created_at_ms)
+                .saturating_add(store_after)
+                .min(deadline_ms)
+                .min(row.expires_at_ms);
             self.running.insert(
-                row.id,
+                row.id.clone(),
                 Running {
                     attempt: row.attempt,
-                    model: row.model,
+                    model: row.model.clone(),
                     deadline_ms,
                     assigned,
+                    store_at,
+                    unstored: (!stored).then(|| Box::new(row)),
                 },
             );
         }
-        if !failed.is_empty() {
+        let queued = !queue.is_empty();
+        if !failed.is_empty() || queued {
             let mut plan = Plan::new(now_ms(), &self.store.config, &self.instance);
-            for (job_id, attempt, error) in failed {
-                plan.steps.push(Step::Finish {
-                    job_id,
-                    attempt: i64::from(attempt),
-                    status: JobStatus::Failed,
-                    error: Some(error),
-                    worker_id: None,
-                });
+            let mut written = Vec::new();
+            for (row, stored, error) in failed {
+                if stored {
+                    plan.steps.push(Step::Finish {
+                        job_id: row.id,
+                        attempt: i64::from(row.attempt),
+                        status: JobStatus::Failed,
+                        error: Some(error),
+                        worker_id: None,
+                    });
+                } else {
+                    written.push(row.id.clone());
+                    let row = plan.finished(row, JobStatus::Failed, Some(error), None);
+                    plan.stores.push(Store { row, charge: None });
+                }
             }
-            let settled = self.run_plan(plan).await?;
-            self.publish(&settled.finals);
+            for row in queue {
+                written.push(row.id.clone());
+                let row = plan.released(row, true);
+                plan.stores.push(Store { row, charge: None });
+            }
+            match self.run_plan(plan).await {
+                Ok(settled) => {
+                    self.store.hub.stored(&written);
+                    self.publish(&settled.finals);
+                }
+                Err(error) => {
+                    self.store.hub.lose(&written);
+                    return Err(error);
+                }
+            }
         }
         if put_back.is_empty() {
-            return Ok(true);
+            return Ok(!queued);
         }
         self.put_back(&put_back).await?;
         Ok(false)
+    }
+
+    /// Writes unstored jobs that are due (see `SchedulerConfig::sync_store_after`)
+    /// as running; from then on they are like any other claimed job.
+    async fn store_due(&mut self) -> Result<(), DbErr> {
+        let now = now_ms();
+        let mut plan = Plan::new(now, &self.store.config, &self.instance);
+        let mut ids = Vec::new();
+        for (job_id, running) in &self.running {
+            if let Some(row) = running.unstored.as_deref()
+                && running.due_at() <= now
+            {
+                let worker = self.pending_workers.get(job_id).cloned();
+                plan.stores.push(Store {
+                    row: plan.running(row.clone(), worker),
+                    charge: None,
+                });
+                ids.push(job_id.clone());
+            }
+        }
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let result = self.run_plan(plan).await;
+        for job_id in &ids {
+            if let Some(running) = self.running.get_mut(job_id) {
+                match &result {
+                    Ok(_) => running.unstored = None,
+                    // Try again shortly.
+                    Err(_) => running.store_at = now.saturating_add(100),
+                }
+            }
+        }
+        result?;
+        self.store.hub.stored(&ids);
+        Ok(())
     }
 
     /// Runs `plan` now, waiting for its commit (see [`execute`]).
@@ -968,7 +1164,13 @@ impl Core {
             return Ok(());
         }
         let lease_until = now_ms().saturating_add(millis(self.store.config.lease));
-        let ids: Vec<String> = self.running.keys().cloned().collect();
+        // Unstored jobs have no row to renew (nor can anything end them elsewhere).
+        let ids: Vec<String> = self
+            .running
+            .iter()
+            .filter(|(_, r)| r.unstored.is_none())
+            .map(|(id, _)| id.clone())
+            .collect();
         let mut alive: HashSet<(String, i32)> = HashSet::new();
         let lock = Arc::clone(&self.store.hub.write_lock);
         for part in ids.chunks(ID_CHUNK) {
@@ -988,7 +1190,7 @@ impl Core {
         let gone: Vec<String> = self
             .running
             .iter()
-            .filter(|(id, r)| !alive.contains(&((*id).clone(), r.attempt)))
+            .filter(|(id, r)| r.unstored.is_none() && !alive.contains(&((*id).clone(), r.attempt)))
             .map(|(id, _)| id.clone())
             .collect();
         for job_id in gone {
@@ -1016,11 +1218,12 @@ impl Core {
             .await?;
         drop(guard);
         // Every job of ours that is due has now ended: timed out by this
-        // statement, or already finished elsewhere. Stop them all.
+        // statement, or already finished elsewhere. Stop them all (but those
+        // not written yet: they are written first, see `store_due`).
         let due: Vec<String> = self
             .running
             .iter()
-            .filter(|(_, r)| r.deadline_ms <= now)
+            .filter(|(_, r)| r.unstored.is_none() && r.deadline_ms <= now)
             .map(|(id, _)| id.clone())
             .collect();
         for job_id in due {
@@ -1112,8 +1315,19 @@ impl Core {
             return Ok(());
         }
         let mut by_worker: HashMap<String, Vec<String>> = HashMap::new();
-        for (job_id, worker_id) in self.pending_workers.drain() {
-            by_worker.entry(worker_id).or_default().push(job_id);
+        let running = &self.running;
+        // Unstored jobs keep theirs until they are written.
+        let unstored = |job_id: &str| running.get(job_id).is_some_and(|r| r.unstored.is_some());
+        let flush: Vec<String> = self
+            .pending_workers
+            .keys()
+            .filter(|id| !unstored(id))
+            .cloned()
+            .collect();
+        for job_id in flush {
+            if let Some(worker_id) = self.pending_workers.remove(&job_id) {
+                by_worker.entry(worker_id).or_default().push(job_id);
+            }
         }
         let lock = Arc::clone(&self.store.hub.write_lock);
         for (worker_id, jobs) in by_worker {
@@ -1132,13 +1346,27 @@ impl Core {
     }
 
     /// On shutdown: cancels this instance's jobs on their workers and puts them
-    /// back in the queue, giving back the attempt they used.
-    async fn release(&mut self) -> Result<(), DbErr> {
+    /// back in the queue, giving back the attempt they used. Jobs not written
+    /// yet (running, or handed over and `left` unadopted) are written queued.
+    async fn release(&mut self, left: Vec<Handed>) -> Result<(), DbErr> {
         for job_id in self.running.keys() {
             self.dispatcher.cancel(job_id, "scheduler shutting down");
         }
-        self.running.clear();
+        let mut plan = Plan::new(now_ms(), &self.store.config, &self.instance);
+        let running = std::mem::take(&mut self.running);
+        let unstored = running.into_values().filter_map(|r| r.unstored.map(|row| *row));
+        let left = left.into_iter().filter(|job| !job.stored).map(|job| job.row);
+        let mut written = Vec::new();
+        for row in unstored.chain(left) {
+            written.push(row.id.clone());
+            let row = plan.released(row, false);
+            plan.stores.push(Store { row, charge: None });
+        }
         self.ready.clear();
+        if !plan.is_empty() {
+            self.run_plan(plan).await?;
+            self.store.hub.stored(&written);
+        }
         let _guard = serialize_writes(&self.store.hub.write_lock, &self.db).await;
         job::Entity::update_many()
             .col_expr(J::Status, Expr::value(JobStatus::InQueue.as_str()))

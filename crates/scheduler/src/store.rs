@@ -121,8 +121,12 @@ impl JobStore {
         // A sync job's caller waits for it right away: register that waiter now,
         // so `wait` needs no read to learn what it already knows.
         let parked = mode == Mode::Sync;
+        // A sync job given to this process's scheduler is not written now at
+        // all: the scheduler writes it when it ends, or once it has run for
+        // `sync_store_after` (see `SchedulerConfig::sync_store_after`).
+        let unstored = parked && claimed.is_some() && self.config.sync_store_after_ms() > 0;
         if parked {
-            self.hub.park(&row, claimed.is_some());
+            self.hub.park(&row, claimed.is_some(), unstored);
         }
         if let Some(lane) = &claimed {
             row.status = JobStatus::InProgress.as_str().to_string();
@@ -131,6 +135,15 @@ impl JobStore {
             row.lease_until_ms = Some(now.saturating_add(lane.lease_ms));
             row.started_at_ms = Some(now);
             row.run_deadline_ms = Some(now.saturating_add(execution_timeout_ms));
+        }
+        if unstored {
+            let id = row.id.clone();
+            if !self.hub.hand_over(row, false) {
+                // The lane closed: its scheduler is stopping.
+                self.hub.unpark(&id);
+                return Err(JobError::Lost);
+            }
+            return Ok(view);
         }
         if let Err(error) = self.insert(&row).await {
             if parked {
@@ -142,7 +155,9 @@ impl JobStore {
             return Err(error.into());
         }
         if claimed.is_some() {
-            self.hub.hand_over(row);
+            // If the lane closed meanwhile, the row stays IN_PROGRESS until its
+            // lease lapses and a sweep requeues it.
+            self.hub.hand_over(row, true);
         } else {
             self.hub.wake(&row.model);
         }
@@ -197,10 +212,10 @@ impl JobStore {
         let deadline = tokio::time::Instant::now() + timeout;
         // A sync job submitted by this process already has its waiter, registered
         // before the row was written: no read is needed to know it is not final.
-        let (mut waiter, mut known_pending, local) = match self.hub.take_parked(job_id, user, model_id) {
-            Some((waiter, local)) => (waiter, true, local),
+        let (mut waiter, mut known_pending, local, unstored) = match self.hub.take_parked(job_id, user, model_id) {
+            Some(parked) => (parked.waiter, true, parked.local, parked.unstored),
             // Register before reading, so a result settled in between is not missed.
-            None => (self.hub.register(job_id), false, false),
+            None => (self.hub.register(job_id), false, false, false),
         };
         // A job this process's scheduler runs is announced in-process; polling
         // is then only a safety net (were that scheduler to die).
@@ -208,7 +223,22 @@ impl JobStore {
         loop {
             let now = tokio::time::Instant::now();
             if !known_pending || now >= deadline {
-                let view = self.get(user, model_id, job_id).await?;
+                let view = match self.get(user, model_id, job_id).await {
+                    Ok(view) => view,
+                    // Not written yet: the scheduler still has it in memory,
+                    // or it stopped and the job went with it (its waiter was
+                    // dropped then; see `Hub::lose`).
+                    Err(JobError::NotFound) if unstored => {
+                        if !waiter.is_open() {
+                            return Err(JobError::Lost);
+                        }
+                        if !self.hub.is_unstored(job_id) {
+                            return Err(JobError::NotFound);
+                        }
+                        JobView::unstored(job_id)
+                    }
+                    Err(error) => return Err(error),
+                };
                 let now = tokio::time::Instant::now();
                 if view.status.is_final() || now >= deadline {
                     return Ok(view);
@@ -376,6 +406,7 @@ impl JobStore {
                 Some(JobStatus::Cancelled) | None => {}
             }
         }
+        counts.in_progress += self.hub.unstored_count(model_id);
         Ok(counts)
     }
 
@@ -530,6 +561,15 @@ struct Parked {
     /// Written claimed by this process's scheduler (the fast lane): its
     /// result is announced in-process, so `wait` polls only as a safety net.
     local: bool,
+    /// Handed to that scheduler without being written (see `Lane`).
+    unstored: bool,
+}
+
+/// What `Hub::take_parked` gives `wait`.
+struct Taken {
+    waiter: Waiter,
+    local: bool,
+    unstored: bool,
 }
 
 /// Parked waiters older than this were abandoned (their `wait` never came).
@@ -550,6 +590,16 @@ pub(crate) struct Hub {
     pub(crate) engine: Option<Engine>,
     /// Submits written already claimed for this process's scheduler.
     lane: Mutex<Option<Lane>>,
+    /// Jobs the lane's scheduler runs that are not written yet: id -> model.
+    unstored: Mutex<HashMap<String, String>>,
+}
+
+/// A job a submit handed to the lane's scheduler.
+pub(crate) struct Handed {
+    pub(crate) row: job::Model,
+    /// False for a `runsync` job kept in memory until it ends or has run for
+    /// `sync_store_after` (see `SchedulerConfig`): the scheduler writes it.
+    pub(crate) stored: bool,
 }
 
 /// The fast lane of one scheduler instance (at most one per process): while
@@ -559,6 +609,14 @@ pub(crate) struct Hub {
 /// needed. A job handed over that no worker can take goes back to the queue
 /// like any unplaced claim; a crash before it runs requeues it when its lease
 /// lapses. Credits are a hint the scheduler refreshes on every turn of its loop.
+///
+/// A `runsync` job that gets a credit is not even written: its caller holds no
+/// id until it returns, so nobody else can ask for it, and the scheduler
+/// writes its row once, final and with its charge, in one transaction (one
+/// write instead of three). A job that runs longer than `sync_store_after` is
+/// written as claimed by then, and goes on like any other. If the scheduler
+/// dies first, the job is lost with it and never charged; its caller is told
+/// (`JobError::Lost`).
 struct Lane {
     instance: String,
     lease_ms: i64,
@@ -566,8 +624,8 @@ struct Lane {
     credits: HashMap<String, u64>,
     /// Credits taken whose rows the scheduler has not adopted yet, per model.
     pending: HashMap<String, u64>,
-    /// Committed rows waiting for the scheduler.
-    handed: Vec<job::Model>,
+    /// Jobs waiting for the scheduler.
+    handed: Vec<Handed>,
 }
 
 /// A credit taken from the lane: whom to write the job as claimed by.
@@ -626,16 +684,72 @@ impl Hub {
         true
     }
 
-    /// Closes `instance`'s lane; returns the rows it had not adopted yet.
-    pub(crate) fn close_lane(&self, instance: &str) -> Vec<job::Model> {
+    /// Closes `instance`'s lane; returns the jobs it had not adopted yet, or
+    /// `None` if the lane is not `instance`'s.
+    pub(crate) fn close_lane(&self, instance: &str) -> Option<Vec<Handed>> {
         let mut lane = self.lock_lane();
         match lane.take() {
-            Some(open) if open.instance == instance => open.handed,
+            Some(open) if open.instance == instance => Some(open.handed),
             other => {
                 *lane = other;
-                Vec::new()
+                None
             }
         }
+    }
+
+    fn lock_unstored(&self) -> MutexGuard<'_, HashMap<String, String>> {
+        self.unstored.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// These jobs are written now (or final): no longer only in memory.
+    pub(crate) fn stored(&self, job_ids: &[String]) {
+        if job_ids.is_empty() {
+            return;
+        }
+        let mut unstored = self.lock_unstored();
+        if unstored.is_empty() {
+            return;
+        }
+        for id in job_ids {
+            unstored.remove(id);
+        }
+    }
+
+    fn is_unstored(&self, job_id: &str) -> bool {
+        self.lock_unstored().contains_key(job_id)
+    }
+
+    fn unstored_count(&self, model: &str) -> u64 {
+        self.lock_unstored().values().filter(|m| *m == model).count() as u64
+    }
+
+    /// Unstored jobs that will never be written (their scheduler stopped, or
+    /// could not write them): their waiters are dropped, which `wait` reports
+    /// as `JobError::Lost`.
+    pub(crate) fn lose(&self, job_ids: &[String]) {
+        let mut lost = Vec::new();
+        {
+            let mut unstored = self.lock_unstored();
+            for id in job_ids {
+                if unstored.remove(id).is_some() {
+                    lost.push(id);
+                }
+            }
+        }
+        if lost.is_empty() {
+            return;
+        }
+        let dropped: Vec<_> = {
+            let mut waiters = self.lock_waiters();
+            lost.into_iter().filter_map(|id| waiters.remove(id)).collect()
+        };
+        drop(dropped);
+    }
+
+    /// Every unstored job is lost (its scheduler died).
+    pub(crate) fn lose_all(&self) {
+        let ids: Vec<String> = self.lock_unstored().keys().cloned().collect();
+        self.lose(&ids);
     }
 
     /// Sets `instance`'s credits from its free slots per model (only models
@@ -675,30 +789,35 @@ impl Hub {
         }
     }
 
-    fn hand_over(&self, row: job::Model) {
+    /// Gives a job to the lane's scheduler; false (and the job dropped) if
+    /// the lane closed.
+    fn hand_over(&self, row: job::Model, stored: bool) -> bool {
         let mut guard = self.lock_lane();
-        // If the lane closed meanwhile, the row stays IN_PROGRESS until its
-        // lease lapses and a sweep requeues it.
-        if let Some(lane) = guard.as_mut() {
-            lane.handed.push(row);
-            drop(guard);
-            self.notify.notify_one();
+        let Some(lane) = guard.as_mut() else {
+            return false;
+        };
+        if !stored {
+            self.lock_unstored().insert(row.id.clone(), row.model.clone());
         }
+        lane.handed.push(Handed { row, stored });
+        drop(guard);
+        self.notify.notify_one();
+        true
     }
 
-    /// Rows handed over to `instance`, to place on its workers.
-    pub(crate) fn adopt(&self, instance: &str) -> Vec<job::Model> {
+    /// Jobs handed over to `instance`, to place on its workers.
+    pub(crate) fn adopt(&self, instance: &str) -> Vec<Handed> {
         let mut guard = self.lock_lane();
         let Some(lane) = guard.as_mut().filter(|lane| lane.instance == instance) else {
             return Vec::new();
         };
-        let rows = std::mem::take(&mut lane.handed);
-        for row in &rows {
-            if let Some(pending) = lane.pending.get_mut(&row.model) {
+        let handed = std::mem::take(&mut lane.handed);
+        for job in &handed {
+            if let Some(pending) = lane.pending.get_mut(&job.row.model) {
                 *pending = pending.saturating_sub(1);
             }
         }
-        rows
+        handed
     }
 
     pub(crate) fn take_pending(&self) -> Pending {
@@ -725,7 +844,7 @@ impl Hub {
     }
 
     /// Registers a waiter for a job about to be inserted, kept for `take_parked`.
-    fn park(self: &Arc<Self>, row: &job::Model, local: bool) {
+    fn park(self: &Arc<Self>, row: &job::Model, local: bool, unstored: bool) {
         let waiter = self.register(&row.id);
         let now = Instant::now();
         let mut parked = self.lock_parked();
@@ -748,6 +867,7 @@ impl Hub {
                 since: now,
                 waiter,
                 local,
+                unstored,
             },
         );
         drop(parked);
@@ -761,7 +881,7 @@ impl Hub {
     }
 
     /// The waiter `submit` parked for this job, if this caller may have it.
-    fn take_parked(&self, job_id: &str, user: &str, model: &str) -> Option<(Waiter, bool)> {
+    fn take_parked(&self, job_id: &str, user: &str, model: &str) -> Option<Taken> {
         let mut parked = self.lock_parked();
         let entry = parked.get(job_id)?;
         if entry.user != user || entry.model != model {
@@ -769,7 +889,11 @@ impl Hub {
         }
         let entry = parked.remove(job_id)?;
         drop(parked);
-        Some((entry.waiter, entry.local))
+        Some(Taken {
+            waiter: entry.waiter,
+            local: entry.local,
+            unstored: entry.unstored,
+        })
     }
 
     fn register(self: &Arc<Self>, job_id: &str) -> Waiter {
@@ -873,7 +997,7 @@ mod tests {
         assert!(hub.take_credit("m").is_none());
         // One insert failed and gave its credit back; one row was handed over.
         hub.return_credit("m");
-        hub.hand_over(row("m"));
+        assert!(hub.hand_over(row("m"), true));
         assert!(hub.adopt("b").is_empty(), "only the lane's scheduler adopts");
         assert_eq!(hub.adopt("a").len(), 1);
         hub.set_credits("a", free("m", 1));
@@ -883,10 +1007,15 @@ mod tests {
         // Another instance cannot set credits, nor close the lane.
         hub.set_credits("b", free("m", 5));
         assert!(hub.take_credit("m").is_none());
-        hub.hand_over(row("m"));
-        assert!(hub.close_lane("b").is_empty());
-        assert_eq!(hub.close_lane("a").len(), 1, "unadopted rows are returned");
+        assert!(hub.hand_over(row("m"), true));
+        assert!(hub.close_lane("b").is_none());
+        assert_eq!(
+            hub.close_lane("a").map(|rows| rows.len()),
+            Some(1),
+            "unadopted rows are returned"
+        );
         assert!(hub.take_credit("m").is_none(), "closed");
+        assert!(!hub.hand_over(row("m"), false), "closed");
         assert!(hub.open_lane("b", 500));
     }
 }

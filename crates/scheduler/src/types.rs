@@ -110,6 +110,19 @@ pub struct JobView {
 }
 
 impl JobView {
+    /// A running job not written yet (see `SchedulerConfig::sync_store_after`).
+    pub(crate) fn unstored(job_id: &str) -> Self {
+        Self {
+            id: job_id.to_string(),
+            status: JobStatus::InProgress,
+            delay_time_ms: 0,
+            execution_time_ms: 0,
+            worker_id: None,
+            output: None,
+            error: None,
+        }
+    }
+
     pub(crate) fn of(row: &job::Model, now_ms: i64) -> Self {
         let status = JobStatus::parse(&row.status).unwrap_or(JobStatus::Failed);
         let queue_end = match status {
@@ -177,6 +190,10 @@ pub enum JobError {
     /// Only `FAILED` and `TIMED_OUT` jobs can be retried.
     #[error("a {} job cannot be retried; only FAILED or TIMED_OUT jobs can", .0.as_str())]
     NotRetryable(JobStatus),
+    /// A `runsync` job kept in memory (see `SchedulerConfig::sync_store_after`)
+    /// whose scheduler stopped before writing it: it is gone and uncharged.
+    #[error("the scheduler running this job stopped before the job was stored; it was not charged, submit it again")]
+    Lost,
     #[error(transparent)]
     Database(#[from] DbErr),
 }

@@ -28,6 +28,7 @@ impl From<JobError> for ApiError {
             JobError::NotFound => ApiError::NotFound("job not found".into()),
             JobError::Invalid(message) => ApiError::Unprocessable(vec![message]),
             JobError::NotRetryable(_) => ApiError::Conflict(err.to_string()),
+            JobError::Lost => ApiError::Unavailable(err.to_string()),
             JobError::Database(db) => ApiError::internal("job storage failed", &db),
         }
     }

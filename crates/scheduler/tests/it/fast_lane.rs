@@ -26,6 +26,187 @@ mod sqlite_lane {
     async fn a_handed_over_job_survives_its_scheduler_crashing() {
         super::a_handed_over_job_survives_its_scheduler_crashing(super::Backend::Sqlite).await
     }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_short_runsync_job_is_written_once_when_it_ends() {
+        super::unstored::written_once_when_it_ends().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_long_runsync_job_is_written_while_it_runs() {
+        super::unstored::written_while_it_runs().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unstored_runsync_job_times_out() {
+        super::unstored::times_out().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unstored_runsync_job_whose_worker_dies_runs_elsewhere_charged_once() {
+        super::unstored::worker_dies().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unstored_runsync_job_is_lost_with_its_scheduler_and_never_charged() {
+        super::unstored::lost_with_its_scheduler().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn an_unstored_runsync_job_goes_back_to_the_queue_on_shutdown() {
+        super::unstored::queued_on_shutdown().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_streaming_runsync_job_is_written_at_its_first_chunk() {
+        super::unstored::written_at_first_chunk().await
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn with_sync_store_after_zero_runsync_jobs_are_written_at_submit() {
+        super::unstored::written_at_submit_when_off().await
+    }
+}
+
+/// `runsync` jobs of the lane are kept in memory until they end or have run
+/// `sync_store_after` (200 ms by default); see `SchedulerConfig`.
+mod unstored {
+    use super::*;
+    use crate::harness::{ECHO, USER};
+    use gantry_scheduler::JobError;
+
+    async fn env() -> (Env, Node, crate::harness::Worker) {
+        let env = Env::new(Backend::Sqlite).await;
+        let node = Node::start(&env.store, &env.catalog).await;
+        let worker = node.echo_worker("w1", 2);
+        prime(&env).await;
+        (env, node, worker)
+    }
+
+    pub async fn written_once_when_it_ends() {
+        let (env, node, _worker) = env().await;
+        let job = env.submit_sync(json!({"sleep_ms": 100})).await;
+        assert_eq!(job.status, JobStatus::InQueue);
+        assert!(env.try_get(&job.id).await.is_none(), "not written while it runs");
+        assert_eq!(env.store.health(ECHO).await.unwrap().in_progress, 1, "but counted");
+        let done = crate::harness::completed_once_by(&env, &job.id, "w1").await;
+        assert_eq!(done.output.as_ref().and_then(|o| o.get("cost")), Some(&json!(0.00001)));
+        // Written whole, final, with its one charge.
+        let stored = env.get(&job.id).await;
+        assert_eq!(stored, done);
+        assert!(stored.execution_time_ms >= 100, "{stored:?}");
+        assert_eq!(env.charges_of(&job.id).await, [10]);
+        assert_eq!(env.store.health(ECHO).await.unwrap().in_progress, 0);
+        node.shutdown().await;
+    }
+
+    pub async fn written_while_it_runs() {
+        let (env, node, _worker) = env().await;
+        let job = env.submit_sync(json!({"sleep_ms": 900})).await;
+        // Written claimed once it has run 200 ms: a caller that gets the id
+        // back from a `runsync` wait can read it.
+        let deadline = tokio::time::Instant::now() + Duration::from_millis(700);
+        let running = loop {
+            if let Some(view) = env.try_get(&job.id).await {
+                break view;
+            }
+            assert!(tokio::time::Instant::now() < deadline, "not written while it ran");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        };
+        assert_eq!(running.status, JobStatus::InProgress);
+        assert_eq!(running.worker_id.as_deref(), Some("w1"));
+        let done = env.finished(&job.id).await;
+        assert_eq!(done.status, JobStatus::Completed, "{done:?}");
+        assert_eq!(env.charges_of(&job.id).await, [10]);
+        node.shutdown().await;
+    }
+
+    pub async fn times_out() {
+        let (env, node, _worker) = env().await;
+        let mut request = gantry_scheduler::NewJob::new(json!({"sleep_ms": 3000}));
+        request.policy.execution_timeout_ms = Some(50);
+        let job = env
+            .store
+            .submit(USER, &env.echo(), request, gantry_scheduler::Mode::Sync)
+            .await
+            .unwrap();
+        let done = env.finished(&job.id).await;
+        assert_eq!(done.status, JobStatus::TimedOut, "{done:?}");
+        assert!(env.charges_of(&job.id).await.is_empty());
+        node.shutdown().await;
+    }
+
+    pub async fn worker_dies() {
+        let (env, node, worker) = env().await;
+        let job = env.submit_sync(json!({"sleep_ms": 150})).await;
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        worker.kill();
+        let _second = node.echo_worker("w2", 1);
+        crate::harness::completed_once_by(&env, &job.id, "w2").await;
+        assert_eq!(env.store.health(ECHO).await.unwrap().retried, 1);
+        node.shutdown().await;
+    }
+
+    pub async fn lost_with_its_scheduler() {
+        let (env, mut node, _worker) = env().await;
+        let job = env.submit_sync(json!({"sleep_ms": 150})).await;
+        let waiting = {
+            let store = env.store.clone();
+            let id = job.id.clone();
+            tokio::spawn(async move { store.wait(USER, ECHO, &id, Duration::from_secs(5)).await })
+        };
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        // A crash: the task dies without writing anything.
+        drop(node.scheduler.take());
+        let result = tokio::time::timeout(Duration::from_secs(2), waiting)
+            .await
+            .expect("the waiter is told at once")
+            .unwrap();
+        assert!(matches!(result, Err(JobError::Lost)), "{result:?}");
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(env.try_get(&job.id).await.is_none());
+        assert_eq!(env.ledger_count().await, 1, "only the priming job was charged");
+    }
+
+    pub async fn queued_on_shutdown() {
+        let (env, node, worker) = env().await;
+        let job = env.submit_sync(json!({"sleep_ms": 150})).await;
+        tokio::time::sleep(Duration::from_millis(40)).await;
+        node.shutdown().await;
+        drop(worker);
+        assert_eq!(env.get(&job.id).await.status, JobStatus::InQueue);
+        let second = Node::start(&env.store, &env.catalog).await;
+        let _worker = second.echo_worker("w2", 1);
+        let done = env.finished(&job.id).await;
+        assert_eq!(done.status, JobStatus::Completed, "{done:?}");
+        assert_eq!(env.charges_of(&job.id).await, [10]);
+        second.shutdown().await;
+    }
+
+    pub async fn written_at_first_chunk() {
+        let (env, node, _worker) = env().await;
+        let job = env.submit_sync(json!({"stream": 3, "sleep_ms": 100})).await;
+        let done = env.finished(&job.id).await;
+        assert_eq!(done.status, JobStatus::Completed, "{done:?}");
+        let stream = env.store.read_stream(USER, ECHO, &job.id).await.unwrap();
+        let chunks: Vec<_> = stream.chunks.iter().map(|c| c["chunk"].clone()).collect();
+        assert_eq!(chunks, [json!(0), json!(1), json!(2)]);
+        assert_eq!(env.charges_of(&job.id).await, [10]);
+        node.shutdown().await;
+    }
+
+    pub async fn written_at_submit_when_off() {
+        let mut config = crate::harness::config();
+        config.sync_store_after = Duration::ZERO;
+        let env = Env::with_config(Backend::Sqlite, config).await;
+        let node = Node::start(&env.store, &env.catalog).await;
+        let _worker = node.echo_worker("w1", 2);
+        prime(&env).await;
+        let job = env.submit_sync(json!({"sleep_ms": 100})).await;
+        assert_eq!(env.get(&job.id).await.status, JobStatus::InProgress);
+        assert_eq!(env.finished(&job.id).await.status, JobStatus::Completed);
+        node.shutdown().await;
+    }
 }
 
 /// Runs one job through, then gives the scheduler a moment to refresh the

@@ -82,6 +82,23 @@ impl Env {
             .expect("submit")
     }
 
+    /// Submits a sync (`runsync`) echo job for [`USER`].
+    pub async fn submit_sync(&self, input: Value) -> JobView {
+        self.store
+            .submit(USER, &self.echo(), NewJob::new(input), Mode::Sync)
+            .await
+            .expect("submit")
+    }
+
+    /// The job, or `None` if there is none (not written, or expired).
+    pub async fn try_get(&self, id: &str) -> Option<JobView> {
+        match self.store.get(USER, ECHO, id).await {
+            Ok(view) => Some(view),
+            Err(gantry_scheduler::JobError::NotFound) => None,
+            Err(error) => panic!("get: {error}"),
+        }
+    }
+
     pub async fn get(&self, id: &str) -> JobView {
         self.store.get(USER, ECHO, id).await.expect("get")
     }
@@ -148,11 +165,17 @@ pub async fn crash_and_recover(env: &Env, mut node: Node, worker: Worker, job_id
     worker.kill();
     let second = Node::start(&env.store, &env.catalog).await;
     let _worker = second.echo_worker("w2", 1);
+    completed_once_by(env, job_id, "w2").await;
+    second.shutdown().await;
+}
+
+/// Waits for the job: COMPLETED by `worker`, and charged exactly once.
+pub async fn completed_once_by(env: &Env, job_id: &str, worker: &str) -> JobView {
     let done = env.finished(job_id).await;
     assert_eq!(done.status, JobStatus::Completed, "{done:?}");
-    assert_eq!(done.worker_id.as_deref(), Some("w2"));
+    assert_eq!(done.worker_id.as_deref(), Some(worker));
     assert_eq!(env.charges_of(job_id).await, [10]);
-    second.shutdown().await;
+    done
 }
 
 /// A dispatcher serving on 127.0.0.1:0 with a scheduler on top.

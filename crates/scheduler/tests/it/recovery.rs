@@ -30,10 +30,7 @@ async fn killed_worker_job_completes_elsewhere_charged_once(backend: Backend) {
     let _second = node.echo_worker("w2", 1);
     first.kill();
 
-    let done = env.finished(&job.id).await;
-    assert_eq!(done.status, JobStatus::Completed, "{done:?}");
-    assert_eq!(done.worker_id.as_deref(), Some("w2"));
-    assert_eq!(env.charges_of(&job.id).await, [10]);
+    crate::harness::completed_once_by(&env, &job.id, "w2").await;
     assert_eq!(env.store.health(ECHO).await.unwrap().retried, 1);
     node.shutdown().await;
 }
