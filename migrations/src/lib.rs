@@ -5,6 +5,7 @@ mod m20261121_000001_accounts_and_volumes;
 mod m20261121_000002_user_rate_limits;
 mod m20261121_000003_jobs_and_billing;
 mod m20261121_000004_worker_presence;
+mod m20261122_000005_fewer_job_indexes;
 
 pub struct Migrator;
 
@@ -16,6 +17,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261121_000002_user_rate_limits::Migration),
             Box::new(m20261121_000003_jobs_and_billing::Migration),
             Box::new(m20261121_000004_worker_presence::Migration),
+            Box::new(m20261122_000005_fewer_job_indexes::Migration),
         ]
     }
 }

@@ -23,6 +23,11 @@
 //! ```
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
+/// mimalloc: the request path allocates and frees many small buffers across
+/// threads; glibc's allocator spent ~6 % of the CPU there (docs/benchmarks-jobs.md).
+#[global_allocator]
+static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
+
 use std::net::SocketAddr;
 use std::path::PathBuf;
 use std::time::{Duration, Instant};

@@ -1212,7 +1212,7 @@ impl Core {
             .col_expr(J::CompletedAtMs, Expr::value(now))
             .col_expr(J::ExpiresAtMs, retention_expr(&self.store.config, now))
             .col_expr(J::LeaseUntilMs, Expr::value(Option::<i64>::None))
-            .filter(J::Status.eq(JobStatus::InProgress.as_str()))
+            .filter(running_jobs())
             .filter(J::RunDeadlineMs.lte(now))
             .exec_with_returning(&self.db)
             .await?;
@@ -1243,7 +1243,7 @@ impl Core {
         let now = now_ms();
         let until = Plan::new(now, &self.store.config, &self.instance);
         let rows = plan::requeue_or_fail("scheduler lost", now, until.sync_until, until.async_until)
-            .filter(J::Status.eq(JobStatus::InProgress.as_str()))
+            .filter(running_jobs())
             .filter(J::LeaseUntilMs.lt(now))
             .exec_with_returning(&self.db)
             .await?;
@@ -1442,6 +1442,12 @@ fn terminal_job(event: &Event) -> Option<&str> {
         }
         _ => None,
     }
+}
+
+/// `status = 'IN_PROGRESS'`, spelled literally so that the partial index of
+/// running jobs (`idx_jobs_in_progress`) serves the sweeps on both backends.
+fn running_jobs() -> Expr {
+    Expr::cust(format!("status = '{}'", JobStatus::InProgress.as_str()))
 }
 
 fn system_time(ms: i64) -> Option<SystemTime> {
