@@ -91,15 +91,18 @@ impl Scheduler {
             analyze_after: ANALYZE_AFTER_FIRST,
         };
         core.sweep().await?;
-        // SQLite only for now: on PostgreSQL, draining a backlog of queued jobs
-        // right after a run of fast-lane jobs collapsed to a few hundred jobs
-        // per second in the benchmark (docs/benchmarks-jobs.md); until that is
-        // understood, PostgreSQL submits always go through the queue.
-        core.fast_lane = core.store.hub.engine.is_some()
+        // With the SQLite writer every submit may take the lane. Otherwise
+        // (PostgreSQL) only `runsync` jobs kept in memory do: in the benchmark,
+        // draining a backlog on PostgreSQL right after a run of `/run` jobs
+        // written claimed often collapsed to a few hundred jobs per second
+        // (docs/benchmarks-jobs.md), while a job kept in memory is written once,
+        // final, and never queued.
+        let sync_only = core.store.hub.engine.is_none();
+        core.fast_lane = (!sync_only || core.store.config.sync_store_after_ms() > 0)
             && core
                 .store
                 .hub
-                .open_lane(&core.instance, millis(core.store.config.lease));
+                .open_lane(&core.instance, millis(core.store.config.lease), sync_only);
         let hub = Arc::clone(&core.store.hub);
         let (stop, stopped) = oneshot::channel();
         let task = tokio::spawn(core.run(events, stopped));

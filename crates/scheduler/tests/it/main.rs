@@ -10,3 +10,4 @@ mod harness;
 mod jobs;
 mod presence;
 mod recovery;
+mod runsync_unstored;

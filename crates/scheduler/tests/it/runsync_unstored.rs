@@ -1,0 +1,156 @@
+//! `runsync` jobs of the fast lane are kept in memory until they end or have
+//! run `sync_store_after` (200 ms by default; see `SchedulerConfig`), on both
+//! backends (on PostgreSQL the lane takes nothing else). Each must still run
+//! once and be charged once, or be lost uncharged with its scheduler.
+
+use std::time::Duration;
+
+use gantry_scheduler::{JobError, JobStatus};
+use serde_json::json;
+
+use crate::fast_lane::prime;
+use crate::harness::{Backend, ECHO, Env, Node, USER, Worker};
+
+gantry_testkit::on_both_backends!(
+    written_once_when_it_ends,
+    written_while_it_runs,
+    times_out,
+    worker_dies,
+    lost_with_its_scheduler,
+    queued_on_shutdown,
+    written_at_first_chunk,
+    written_at_submit_when_off,
+);
+
+async fn env(backend: Backend) -> (Env, Node, Worker) {
+    let env = Env::new(backend).await;
+    let node = Node::start(&env.store, &env.catalog).await;
+    let worker = node.echo_worker("w1", 2);
+    prime(&env).await;
+    (env, node, worker)
+}
+
+async fn written_once_when_it_ends(backend: Backend) {
+    let (env, node, _worker) = env(backend).await;
+    let job = env.submit_sync(json!({"sleep_ms": 100})).await;
+    assert_eq!(job.status, JobStatus::InQueue);
+    assert!(env.try_get(&job.id).await.is_none(), "not written while it runs");
+    assert_eq!(env.store.health(ECHO).await.unwrap().in_progress, 1, "but counted");
+    let done = crate::harness::completed_once_by(&env, &job.id, "w1").await;
+    assert_eq!(done.output.as_ref().and_then(|o| o.get("cost")), Some(&json!(0.00001)));
+    // Written whole, final, with its one charge.
+    let stored = env.get(&job.id).await;
+    assert_eq!(stored, done);
+    assert!(stored.execution_time_ms >= 100, "{stored:?}");
+    assert_eq!(env.charges_of(&job.id).await, [10]);
+    assert_eq!(env.store.health(ECHO).await.unwrap().in_progress, 0);
+    node.shutdown().await;
+}
+
+async fn written_while_it_runs(backend: Backend) {
+    let (env, node, _worker) = env(backend).await;
+    let job = env.submit_sync(json!({"sleep_ms": 900})).await;
+    // Written claimed once it has run 200 ms: a caller that gets the id
+    // back from a `runsync` wait can read it.
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(700);
+    let running = loop {
+        if let Some(view) = env.try_get(&job.id).await {
+            break view;
+        }
+        assert!(tokio::time::Instant::now() < deadline, "not written while it ran");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_eq!(running.status, JobStatus::InProgress);
+    assert_eq!(running.worker_id.as_deref(), Some("w1"));
+    let done = env.finished(&job.id).await;
+    assert_eq!(done.status, JobStatus::Completed, "{done:?}");
+    assert_eq!(env.charges_of(&job.id).await, [10]);
+    node.shutdown().await;
+}
+
+async fn times_out(backend: Backend) {
+    let (env, node, _worker) = env(backend).await;
+    let mut request = gantry_scheduler::NewJob::new(json!({"sleep_ms": 3000}));
+    request.policy.execution_timeout_ms = Some(50);
+    let job = env
+        .store
+        .submit(USER, &env.echo(), request, gantry_scheduler::Mode::Sync)
+        .await
+        .unwrap();
+    let done = env.finished(&job.id).await;
+    assert_eq!(done.status, JobStatus::TimedOut, "{done:?}");
+    assert!(env.charges_of(&job.id).await.is_empty());
+    node.shutdown().await;
+}
+
+async fn worker_dies(backend: Backend) {
+    let (env, node, worker) = env(backend).await;
+    let job = env.submit_sync(json!({"sleep_ms": 150})).await;
+    tokio::time::sleep(Duration::from_millis(40)).await;
+    worker.kill();
+    let _second = node.echo_worker("w2", 1);
+    crate::harness::completed_once_by(&env, &job.id, "w2").await;
+    assert_eq!(env.store.health(ECHO).await.unwrap().retried, 1);
+    node.shutdown().await;
+}
+
+async fn lost_with_its_scheduler(backend: Backend) {
+    let (env, mut node, _worker) = env(backend).await;
+    let job = env.submit_sync(json!({"sleep_ms": 150})).await;
+    let waiting = {
+        let store = env.store.clone();
+        let id = job.id.clone();
+        tokio::spawn(async move { store.wait(USER, ECHO, &id, Duration::from_secs(5)).await })
+    };
+    tokio::time::sleep(Duration::from_millis(40)).await;
+    // A crash: the task dies without writing anything.
+    drop(node.scheduler.take());
+    let result = tokio::time::timeout(Duration::from_secs(2), waiting)
+        .await
+        .expect("the waiter is told at once")
+        .unwrap();
+    assert!(matches!(result, Err(JobError::Lost)), "{result:?}");
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(env.try_get(&job.id).await.is_none());
+    assert_eq!(env.ledger_count().await, 1, "only the priming job was charged");
+}
+
+async fn queued_on_shutdown(backend: Backend) {
+    let (env, node, worker) = env(backend).await;
+    let job = env.submit_sync(json!({"sleep_ms": 150})).await;
+    tokio::time::sleep(Duration::from_millis(40)).await;
+    node.shutdown().await;
+    drop(worker);
+    assert_eq!(env.get(&job.id).await.status, JobStatus::InQueue);
+    let second = Node::start(&env.store, &env.catalog).await;
+    let _worker = second.echo_worker("w2", 1);
+    let done = env.finished(&job.id).await;
+    assert_eq!(done.status, JobStatus::Completed, "{done:?}");
+    assert_eq!(env.charges_of(&job.id).await, [10]);
+    second.shutdown().await;
+}
+
+async fn written_at_first_chunk(backend: Backend) {
+    let (env, node, _worker) = env(backend).await;
+    let job = env.submit_sync(json!({"stream": 3, "sleep_ms": 100})).await;
+    let done = env.finished(&job.id).await;
+    assert_eq!(done.status, JobStatus::Completed, "{done:?}");
+    let stream = env.store.read_stream(USER, ECHO, &job.id).await.unwrap();
+    let chunks: Vec<_> = stream.chunks.iter().map(|c| c["chunk"].clone()).collect();
+    assert_eq!(chunks, [json!(0), json!(1), json!(2)]);
+    assert_eq!(env.charges_of(&job.id).await, [10]);
+    node.shutdown().await;
+}
+
+async fn written_at_submit_when_off(backend: Backend) {
+    let mut config = crate::harness::config();
+    config.sync_store_after = Duration::ZERO;
+    let env = Env::with_config(backend, config).await;
+    let node = Node::start(&env.store, &env.catalog).await;
+    let _worker = node.echo_worker("w1", 2);
+    prime(&env).await;
+    let job = env.submit_sync(json!({"sleep_ms": 100})).await;
+    assert!(env.try_get(&job.id).await.is_some(), "written before submit returned");
+    assert_eq!(env.finished(&job.id).await.status, JobStatus::Completed);
+    node.shutdown().await;
+}
