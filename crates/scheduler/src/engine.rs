@@ -23,7 +23,7 @@ use sea_orm::DbErr;
 use tokio::sync::oneshot;
 
 use crate::entity::job;
-use crate::plan::{Plan, Settled, Step, is_final};
+use crate::plan::{Plan, Settled, Step, Usage, is_final};
 use crate::types::JobStatus;
 
 /// Most operations in one transaction.
@@ -290,14 +290,7 @@ fn insert(conn: &Connection, row: &job::Model) -> rusqlite::Result<()> {
 }
 
 /// The ledger entry of a completed job (at most one per job).
-fn charge(
-    conn: &Connection,
-    row: &job::Model,
-    unit: &str,
-    quantity_micros: i64,
-    amount: i64,
-    now: i64,
-) -> rusqlite::Result<()> {
+fn charge(conn: &Connection, row: &job::Model, usage: &Usage, now: i64) -> rusqlite::Result<()> {
     let mut statement = conn.prepare_cached(
         "INSERT INTO ledger_entries (id, user_id, job_id, model, unit, quantity_micros, \
          amount_micro_usd, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
@@ -308,9 +301,9 @@ fn charge(
         row.user_id,
         row.id,
         row.model,
-        unit,
-        quantity_micros,
-        amount,
+        usage.unit,
+        usage.quantity_micros,
+        usage.amount,
         now
     ])?;
     Ok(())
@@ -355,14 +348,7 @@ fn settle(conn: &Connection, plan: &Plan) -> rusqlite::Result<Settled> {
     for store in &plan.stores {
         insert(conn, &store.row)?;
         if let Some(usage) = &store.charge {
-            charge(
-                conn,
-                &store.row,
-                &usage.unit,
-                usage.quantity_micros,
-                usage.amount,
-                plan.now,
-            )?;
+            charge(conn, &store.row, usage, plan.now)?;
         }
         if is_final(&store.row) {
             settled.finals.push(store.row.clone());
@@ -384,9 +370,7 @@ fn settle(conn: &Connection, plan: &Plan) -> rusqlite::Result<Settled> {
                 attempt,
                 worker_id,
                 output,
-                unit,
-                quantity_micros,
-                amount,
+                usage,
             } => {
                 let mut complete = conn.prepare_cached(&format!(
                     "UPDATE jobs SET status = '{completed}', output = ?3, error = NULL, worker_id = ?4, \
@@ -402,9 +386,9 @@ fn settle(conn: &Connection, plan: &Plan) -> rusqlite::Result<Settled> {
                             attempt,
                             output,
                             worker_id,
-                            amount,
-                            unit,
-                            quantity_micros,
+                            usage.amount,
+                            usage.unit,
+                            usage.quantity_micros,
                             plan.now,
                             plan.sync_until,
                             plan.async_until
@@ -413,7 +397,7 @@ fn settle(conn: &Connection, plan: &Plan) -> rusqlite::Result<Settled> {
                     )
                     .optional()?;
                 let Some(row) = row else { continue };
-                charge(conn, &row, unit, *quantity_micros, *amount, plan.now)?;
+                charge(conn, &row, usage, plan.now)?;
                 settled.finals.push(row);
             }
             Step::Finish {
@@ -533,9 +517,11 @@ mod tests {
             attempt: 1,
             worker_id: "w".into(),
             output: "{}".into(),
-            unit: "request".into(),
-            quantity_micros: 1_000_000,
-            amount: 10,
+            usage: Usage {
+                unit: "request".into(),
+                quantity_micros: 1_000_000,
+                amount: 10,
+            },
         });
         // A stale attempt changes nothing and charges nothing.
         plan.steps.push(Step::Complete {
@@ -543,9 +529,11 @@ mod tests {
             attempt: 7,
             worker_id: "w".into(),
             output: "{}".into(),
-            unit: "request".into(),
-            quantity_micros: 1_000_000,
-            amount: 10,
+            usage: Usage {
+                unit: "request".into(),
+                quantity_micros: 1_000_000,
+                amount: 10,
+            },
         });
         let settled = engine.settle(plan).await.unwrap();
         assert_eq!(settled.finals.len(), 1);

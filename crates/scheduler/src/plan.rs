@@ -47,9 +47,7 @@ pub(crate) enum Step {
         attempt: i64,
         worker_id: String,
         output: String,
-        unit: String,
-        quantity_micros: i64,
-        amount: i64,
+        usage: Usage,
     },
     /// Another final status; `error` and `worker_id` are kept when `None`.
     Finish {
@@ -82,6 +80,20 @@ pub(crate) struct Usage {
     pub(crate) unit: String,
     pub(crate) quantity_micros: i64,
     pub(crate) amount: i64,
+}
+
+impl Usage {
+    /// The ledger charge of `row` completed with this usage.
+    pub(crate) fn charge(&self, row: &job::Model) -> Charge {
+        Charge {
+            user_id: row.user_id.clone(),
+            job_id: row.id.clone(),
+            model: row.model.clone(),
+            unit: self.unit.clone(),
+            quantity_micros: self.quantity_micros,
+            amount_micro_usd: self.amount,
+        }
+    }
 }
 
 /// What a plan changed.
@@ -266,21 +278,8 @@ pub(crate) async fn execute<C: ConnectionTrait>(db: &C, plan: &Plan) -> Result<S
         })
         .collect();
     for row in completed {
-        if let Some(Step::Complete {
-            unit,
-            quantity_micros,
-            amount,
-            ..
-        }) = by_id.get(row.id.as_str())
-        {
-            charges.push(Charge {
-                user_id: row.user_id.clone(),
-                job_id: row.id.clone(),
-                model: row.model.clone(),
-                unit: unit.clone(),
-                quantity_micros: *quantity_micros,
-                amount_micro_usd: *amount,
-            });
+        if let Some(Step::Complete { usage, .. }) = by_id.get(row.id.as_str()) {
+            charges.push(usage.charge(&row));
         }
         settled.finals.push(row);
     }
@@ -355,9 +354,7 @@ async fn complete_all<C: ConnectionTrait>(
                 attempt,
                 worker_id,
                 output,
-                unit,
-                quantity_micros,
-                amount,
+                usage,
             } = step
             else {
                 continue;
@@ -370,9 +367,9 @@ async fn complete_all<C: ConnectionTrait>(
                 ((*attempt).into(), "INTEGER"),
                 (output.as_str().into(), "TEXT"),
                 (worker_id.as_str().into(), "TEXT"),
-                ((*amount).into(), "BIGINT"),
-                (unit.as_str().into(), "TEXT"),
-                ((*quantity_micros).into(), "BIGINT"),
+                (usage.amount.into(), "BIGINT"),
+                (usage.unit.as_str().into(), "TEXT"),
+                (usage.quantity_micros.into(), "BIGINT"),
             ];
             sql.push('(');
             for (k, (value, ty)) in row.into_iter().enumerate() {
@@ -459,17 +456,7 @@ async fn store_all<C: ConnectionTrait>(db: &C, stores: &[Store], now: i64, settl
     job::Entity::insert_many(rows).exec_without_returning(db).await?;
     let charges: Vec<Charge> = stores
         .iter()
-        .filter_map(|s| {
-            let usage = s.charge.as_ref()?;
-            Some(Charge {
-                user_id: s.row.user_id.clone(),
-                job_id: s.row.id.clone(),
-                model: s.row.model.clone(),
-                unit: usage.unit.clone(),
-                quantity_micros: usage.quantity_micros,
-                amount_micro_usd: usage.amount,
-            })
-        })
+        .filter_map(|s| Some(s.charge.as_ref()?.charge(&s.row)))
         .collect();
     record_charges(db, &charges, now).await?;
     settled

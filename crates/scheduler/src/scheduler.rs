@@ -517,20 +517,18 @@ impl Core {
                             .map_err(|e| format!("cannot bill the result: {e}")),
                         None => Err(format!("model {:?} is not in the catalog", running.model)),
                     };
+                    let priced = priced.map(|amount| Usage {
+                        unit: usage.unit.clone(),
+                        quantity_micros: usage.quantity_micros,
+                        amount,
+                    });
                     if let Some(row) = row {
                         outcome.stored.push(job_id.clone());
                         plan.stores.push(match priced {
-                            Ok(amount) => {
-                                let usage = Usage {
-                                    unit: usage.unit.clone(),
-                                    quantity_micros: usage.quantity_micros,
-                                    amount,
-                                };
-                                Store {
-                                    row: plan.completed(row, worker_id, output_with_cost(output, amount), &usage),
-                                    charge: Some(usage),
-                                }
-                            }
+                            Ok(usage) => Store {
+                                row: plan.completed(row, worker_id, output_with_cost(output, usage.amount), &usage),
+                                charge: Some(usage),
+                            },
                             Err(error) => Store {
                                 row: plan.finished(row, JobStatus::Failed, Some(error), Some(worker_id.clone())),
                                 charge: None,
@@ -539,14 +537,12 @@ impl Core {
                         continue;
                     }
                     plan.steps.push(match priced {
-                        Ok(amount) => Step::Complete {
+                        Ok(usage) => Step::Complete {
                             job_id: job_id.clone(),
                             attempt: i64::from(*attempt),
                             worker_id: worker_id.clone(),
-                            output: output_with_cost(output, amount),
-                            unit: usage.unit.clone(),
-                            quantity_micros: usage.quantity_micros,
-                            amount,
+                            output: output_with_cost(output, usage.amount),
+                            usage,
                         },
                         Err(error) => Step::Finish {
                             job_id: job_id.clone(),

@@ -126,7 +126,7 @@ impl JobStore {
         // `sync_store_after` (see `SchedulerConfig::sync_store_after`).
         let unstored = parked && claimed.is_some() && self.config.sync_store_after_ms() > 0;
         if parked {
-            self.hub.park(&row, claimed.is_some(), unstored);
+            self.hub.park(&row, claimed.is_some());
         }
         if let Some(lane) = &claimed {
             row.status = JobStatus::InProgress.as_str().to_string();
@@ -196,11 +196,15 @@ impl JobStore {
     }
 
     /// The job, if it belongs to `user` and `model_id` and has not expired.
+    /// A `runsync` job this process's scheduler runs before writing it (see
+    /// `SchedulerConfig::sync_store_after`) reads as `IN_PROGRESS` here.
     pub async fn get(&self, user: &str, model_id: &str, job_id: &str) -> Result<JobView, JobError> {
         let now = now_ms();
-        self.find(user, model_id, job_id, now)
-            .await
-            .map(|row| JobView::of(&row, now))
+        match self.find(user, model_id, job_id, now).await {
+            Ok(row) => Ok(JobView::of(&row, now)),
+            Err(JobError::NotFound) if self.hub.is_unstored(job_id, user, model_id) => Ok(JobView::unstored(job_id)),
+            Err(error) => Err(error),
+        }
     }
 
     /// Waits until the job is final or `timeout` passes, then returns its view.
@@ -212,10 +216,10 @@ impl JobStore {
         let deadline = tokio::time::Instant::now() + timeout;
         // A sync job submitted by this process already has its waiter, registered
         // before the row was written: no read is needed to know it is not final.
-        let (mut waiter, mut known_pending, local, unstored) = match self.hub.take_parked(job_id, user, model_id) {
-            Some(parked) => (parked.waiter, true, parked.local, parked.unstored),
+        let (mut waiter, mut known_pending, local) = match self.hub.take_parked(job_id, user, model_id) {
+            Some((waiter, local)) => (waiter, true, local),
             // Register before reading, so a result settled in between is not missed.
-            None => (self.hub.register(job_id), false, false, false),
+            None => (self.hub.register(job_id), false, false),
         };
         // A job this process's scheduler runs is announced in-process; polling
         // is then only a safety net (were that scheduler to die).
@@ -224,20 +228,10 @@ impl JobStore {
             let now = tokio::time::Instant::now();
             if !known_pending || now >= deadline {
                 let view = match self.get(user, model_id, job_id).await {
-                    Ok(view) => view,
-                    // Not written yet: the scheduler still has it in memory,
-                    // or it stopped and the job went with it (its waiter was
-                    // dropped then; see `Hub::lose`).
-                    Err(JobError::NotFound) if unstored => {
-                        if !waiter.is_open() {
-                            return Err(JobError::Lost);
-                        }
-                        if !self.hub.is_unstored(job_id) {
-                            return Err(JobError::NotFound);
-                        }
-                        JobView::unstored(job_id)
-                    }
-                    Err(error) => return Err(error),
+                    // The waiter was dropped without a result: the job was
+                    // kept in memory by a scheduler that stopped (`Hub::lose`).
+                    Err(JobError::NotFound) if !waiter.is_open() => return Err(JobError::Lost),
+                    other => other?,
                 };
                 let now = tokio::time::Instant::now();
                 if view.status.is_final() || now >= deadline {
@@ -561,15 +555,6 @@ struct Parked {
     /// Written claimed by this process's scheduler (the fast lane): its
     /// result is announced in-process, so `wait` polls only as a safety net.
     local: bool,
-    /// Handed to that scheduler without being written (see `Lane`).
-    unstored: bool,
-}
-
-/// What `Hub::take_parked` gives `wait`.
-struct Taken {
-    waiter: Waiter,
-    local: bool,
-    unstored: bool,
 }
 
 /// Parked waiters older than this were abandoned (their `wait` never came).
@@ -590,8 +575,8 @@ pub(crate) struct Hub {
     pub(crate) engine: Option<Engine>,
     /// Submits written already claimed for this process's scheduler.
     lane: Mutex<Option<Lane>>,
-    /// Jobs the lane's scheduler runs that are not written yet: id -> model.
-    unstored: Mutex<HashMap<String, String>>,
+    /// Jobs the lane's scheduler runs that are not written yet: id -> (user, model).
+    unstored: Mutex<HashMap<String, (String, String)>>,
 }
 
 /// A job a submit handed to the lane's scheduler.
@@ -700,7 +685,7 @@ impl Hub {
         }
     }
 
-    fn lock_unstored(&self) -> MutexGuard<'_, HashMap<String, String>> {
+    fn lock_unstored(&self) -> MutexGuard<'_, HashMap<String, (String, String)>> {
         self.unstored.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
@@ -718,12 +703,15 @@ impl Hub {
         }
     }
 
-    fn is_unstored(&self, job_id: &str) -> bool {
-        self.lock_unstored().contains_key(job_id)
+    /// Whether `user`'s job `job_id` of `model` is running unwritten.
+    fn is_unstored(&self, job_id: &str, user: &str, model: &str) -> bool {
+        self.lock_unstored()
+            .get(job_id)
+            .is_some_and(|(u, m)| u == user && m == model)
     }
 
     fn unstored_count(&self, model: &str) -> u64 {
-        self.lock_unstored().values().filter(|m| *m == model).count() as u64
+        self.lock_unstored().values().filter(|(_, m)| m == model).count() as u64
     }
 
     /// Unstored jobs that will never be written (their scheduler stopped, or
@@ -800,7 +788,8 @@ impl Hub {
             return false;
         };
         if !stored {
-            self.lock_unstored().insert(row.id.clone(), row.model.clone());
+            self.lock_unstored()
+                .insert(row.id.clone(), (row.user_id.clone(), row.model.clone()));
         }
         lane.handed.push(Handed { row, stored });
         drop(guard);
@@ -847,7 +836,7 @@ impl Hub {
     }
 
     /// Registers a waiter for a job about to be inserted, kept for `take_parked`.
-    fn park(self: &Arc<Self>, row: &job::Model, local: bool, unstored: bool) {
+    fn park(self: &Arc<Self>, row: &job::Model, local: bool) {
         let waiter = self.register(&row.id);
         let now = Instant::now();
         let mut parked = self.lock_parked();
@@ -870,7 +859,6 @@ impl Hub {
                 since: now,
                 waiter,
                 local,
-                unstored,
             },
         );
         drop(parked);
@@ -884,7 +872,7 @@ impl Hub {
     }
 
     /// The waiter `submit` parked for this job, if this caller may have it.
-    fn take_parked(&self, job_id: &str, user: &str, model: &str) -> Option<Taken> {
+    fn take_parked(&self, job_id: &str, user: &str, model: &str) -> Option<(Waiter, bool)> {
         let mut parked = self.lock_parked();
         let entry = parked.get(job_id)?;
         if entry.user != user || entry.model != model {
@@ -892,11 +880,7 @@ impl Hub {
         }
         let entry = parked.remove(job_id)?;
         drop(parked);
-        Some(Taken {
-            waiter: entry.waiter,
-            local: entry.local,
-            unstored: entry.unstored,
-        })
+        Some((entry.waiter, entry.local))
     }
 
     fn register(self: &Arc<Self>, job_id: &str) -> Waiter {

@@ -90,13 +90,31 @@ impl Env {
             .expect("submit")
     }
 
-    /// The job, or `None` if there is none (not written, or expired).
+    /// The job, or `None` if the caller cannot see it (no such job, or expired).
     pub async fn try_get(&self, id: &str) -> Option<JobView> {
         match self.store.get(USER, ECHO, id).await {
             Ok(view) => Some(view),
             Err(gantry_scheduler::JobError::NotFound) => None,
             Err(error) => panic!("get: {error}"),
         }
+    }
+
+    /// The job's row as written to the database: (status, worker id).
+    pub async fn row_of(&self, id: &str) -> Option<(String, Option<String>)> {
+        let backend = self.db.get_database_backend();
+        let sql = match backend {
+            DbBackend::Postgres => "SELECT status, worker_id FROM jobs WHERE id = $1",
+            _ => "SELECT status, worker_id FROM jobs WHERE id = ?",
+        };
+        let row = self
+            .db
+            .query_one_raw(Statement::from_sql_and_values(backend, sql, [id.into()]))
+            .await
+            .expect("job query")?;
+        Some((
+            row.try_get::<String>("", "status").expect("status"),
+            row.try_get::<Option<String>>("", "worker_id").expect("worker_id"),
+        ))
     }
 
     pub async fn get(&self, id: &str) -> JobView {

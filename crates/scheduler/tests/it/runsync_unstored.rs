@@ -20,6 +20,7 @@ gantry_testkit::on_both_backends!(
     queued_on_shutdown,
     written_at_first_chunk,
     written_at_submit_when_off,
+    a_wait_that_ends_first_sees_it_running,
 );
 
 async fn env(backend: Backend) -> (Env, Node, Worker) {
@@ -34,7 +35,9 @@ async fn written_once_when_it_ends(backend: Backend) {
     let (env, node, _worker) = env(backend).await;
     let job = env.submit_sync(json!({"sleep_ms": 100})).await;
     assert_eq!(job.status, JobStatus::InQueue);
-    assert!(env.try_get(&job.id).await.is_none(), "not written while it runs");
+    assert_eq!(env.row_of(&job.id).await, None, "not written while it runs");
+    // Its own process still shows it running.
+    assert_eq!(env.get(&job.id).await.status, JobStatus::InProgress);
     assert_eq!(env.store.health(ECHO).await.unwrap().in_progress, 1, "but counted");
     let done = crate::harness::completed_once_by(&env, &job.id, "w1").await;
     assert_eq!(done.output.as_ref().and_then(|o| o.get("cost")), Some(&json!(0.00001)));
@@ -50,18 +53,16 @@ async fn written_once_when_it_ends(backend: Backend) {
 async fn written_while_it_runs(backend: Backend) {
     let (env, node, _worker) = env(backend).await;
     let job = env.submit_sync(json!({"sleep_ms": 900})).await;
-    // Written claimed once it has run 200 ms: a caller that gets the id
-    // back from a `runsync` wait can read it.
+    // Written claimed once it has run 200 ms: any process can read it then.
     let deadline = tokio::time::Instant::now() + Duration::from_millis(700);
-    let running = loop {
-        if let Some(view) = env.try_get(&job.id).await {
-            break view;
+    let row = loop {
+        if let Some(row) = env.row_of(&job.id).await {
+            break row;
         }
         assert!(tokio::time::Instant::now() < deadline, "not written while it ran");
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
-    assert_eq!(running.status, JobStatus::InProgress);
-    assert_eq!(running.worker_id.as_deref(), Some("w1"));
+    assert_eq!(row, ("IN_PROGRESS".to_string(), Some("w1".to_string())));
     let done = env.finished(&job.id).await;
     assert_eq!(done.status, JobStatus::Completed, "{done:?}");
     assert_eq!(env.charges_of(&job.id).await, [10]);
@@ -112,6 +113,7 @@ async fn lost_with_its_scheduler(backend: Backend) {
     assert!(matches!(result, Err(JobError::Lost)), "{result:?}");
     tokio::time::sleep(Duration::from_millis(300)).await;
     assert!(env.try_get(&job.id).await.is_none());
+    assert_eq!(env.row_of(&job.id).await, None);
     assert_eq!(env.ledger_count().await, 1, "only the priming job was charged");
 }
 
@@ -150,7 +152,32 @@ async fn written_at_submit_when_off(backend: Backend) {
     let _worker = node.echo_worker("w1", 2);
     prime(&env).await;
     let job = env.submit_sync(json!({"sleep_ms": 100})).await;
-    assert!(env.try_get(&job.id).await.is_some(), "written before submit returned");
+    assert!(env.row_of(&job.id).await.is_some(), "written before submit returned");
     assert_eq!(env.finished(&job.id).await.status, JobStatus::Completed);
+    node.shutdown().await;
+}
+
+/// A `wait` shorter than `sync_store_after` (the API allows no such `runsync`
+/// wait, but `JobStore::wait` takes any) finds the job running, unwritten;
+/// a second `wait` of the same process then gets its result.
+async fn a_wait_that_ends_first_sees_it_running(backend: Backend) {
+    let (env, node, _worker) = env(backend).await;
+    let job = env.submit_sync(json!({"sleep_ms": 150})).await;
+    let early = env
+        .store
+        .wait(USER, ECHO, &job.id, Duration::from_millis(30))
+        .await
+        .unwrap();
+    assert_eq!(
+        (early.id.as_str(), early.status),
+        (job.id.as_str(), JobStatus::InProgress)
+    );
+    assert_eq!(env.row_of(&job.id).await, None, "still unwritten");
+    // Another user does not see it.
+    assert!(matches!(
+        env.store.get("someone-else", ECHO, &job.id).await,
+        Err(JobError::NotFound)
+    ));
+    crate::harness::completed_once_by(&env, &job.id, "w1").await;
     node.shutdown().await;
 }
