@@ -6,7 +6,7 @@ pub struct Model {
     #[sea_orm(primary_key, auto_increment = false)]
     pub id: String,
     pub user_id: String,
-    #[sea_orm(unique)]
+    /// One entry per job: `id` is derived from it (`crate::entry_id`).
     pub job_id: String,
     pub model: String,
     pub unit: String,

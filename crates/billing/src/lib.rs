@@ -5,14 +5,13 @@
 //! them), and prices are integer micro-dollars per integer number of units
 //! ([`Price`]). The only float is [`usd`], for rendering.
 //!
-//! A charge is a row of `ledger_entries`, unique on the job id, so charging a
-//! job twice is impossible. [`record_charges`] takes any connection, so the
+//! A charge is a row of `ledger_entries` whose id is derived from the job id
+//! ([`entry_id`]), so charging a job twice is impossible (the primary key). [`record_charges`] takes any connection, so the
 //! scheduler writes the charge in the same transaction as the job's
 //! completion.
 mod entity;
 
 use gantry_catalog::{ModelSpec, Price};
-use rand::RngExt;
 use sea_orm::sea_query::{Expr, OnConflict, Query};
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect,
@@ -103,7 +102,7 @@ pub async fn record_charges<C: ConnectionTrait>(db: &C, charges: &[Charge], at_m
     for charge in charges {
         insert
             .values([
-                new_entry_id().into(),
+                entry_id(&charge.job_id).into(),
                 charge.user_id.clone().into(),
                 charge.job_id.clone().into(),
                 charge.model.clone().into(),
@@ -114,7 +113,7 @@ pub async fn record_charges<C: ConnectionTrait>(db: &C, charges: &[Charge], at_m
             ])
             .map_err(|e| DbErr::Custom(e.to_string()))?;
     }
-    insert.on_conflict(OnConflict::column(Column::JobId).do_nothing().to_owned());
+    insert.on_conflict(OnConflict::column(Column::Id).do_nothing().to_owned());
     Ok(db.execute(&insert).await?.rows_affected())
 }
 
@@ -191,14 +190,12 @@ impl Ledger {
     }
 }
 
-/// A new ledger entry id: `le_` and 20 random lowercase base-36 characters.
-pub fn new_entry_id() -> String {
-    const ALPHABET: &[u8] = b"0123456789abcdefghijklmnopqrstuvwxyz";
-    let mut rng = rand::rng();
-    let tail: String = (0..20)
-        .map(|_| ALPHABET[rng.random_range(0..ALPHABET.len())] as char)
-        .collect();
-    format!("le_{tail}")
+/// The id of the ledger entry that charges `job_id`: `le_` and the job id.
+/// One id per job is what makes a second charge of a job impossible (the
+/// primary key), and since job ids grow with time so do entry ids, which
+/// keeps the ledger's inserts at the end of its b-tree.
+pub fn entry_id(job_id: &str) -> String {
+    format!("le_{job_id}")
 }
 
 #[cfg(test)]

@@ -294,10 +294,10 @@ fn charge(conn: &Connection, row: &job::Model, usage: &Usage, now: i64) -> rusql
     let mut statement = conn.prepare_cached(
         "INSERT INTO ledger_entries (id, user_id, job_id, model, unit, quantity_micros, \
          amount_micro_usd, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
-         ON CONFLICT (job_id) DO NOTHING",
+         ON CONFLICT (id) DO NOTHING",
     )?;
     statement.execute(params![
-        gantry_billing::new_entry_id(),
+        gantry_billing::entry_id(&row.id),
         row.user_id,
         row.id,
         row.model,

@@ -214,6 +214,19 @@ impl Plan {
     }
 }
 
+/// `status = 'IN_QUEUE'`, spelled literally: the queued-jobs index
+/// (`idx_jobs_queued`) is partial on that condition, and a planner matches a
+/// partial index only against a literal, never a bound parameter.
+pub(crate) fn queued_jobs() -> Expr {
+    Expr::cust(format!("status = '{}'", JobStatus::InQueue.as_str()))
+}
+
+/// `status = 'IN_PROGRESS'`, spelled literally for the partial index of
+/// running jobs (`idx_jobs_in_progress`), as [`queued_jobs`].
+pub(crate) fn running_jobs() -> Expr {
+    Expr::cust(format!("status = '{}'", JobStatus::InProgress.as_str()))
+}
+
 pub(crate) fn is_final(row: &job::Model) -> bool {
     JobStatus::parse(&row.status).is_some_and(JobStatus::is_final)
 }
@@ -301,7 +314,7 @@ async fn claim<C: ConnectionTrait>(db: &C, model: &str, limit: u64, plan: &Plan)
         .column(J::Id)
         .from(job::Entity)
         .and_where(J::Model.eq(model))
-        .and_where(J::Status.eq(JobStatus::InQueue.as_str()))
+        .and_where(queued_jobs())
         .and_where(J::ExpiresAtMs.gt(now))
         .order_by(J::LowPriority, Order::Asc)
         .order_by(J::Id, Order::Asc)
@@ -317,7 +330,7 @@ async fn claim<C: ConnectionTrait>(db: &C, model: &str, limit: u64, plan: &Plan)
         .col_expr(J::WorkerId, Expr::value(Option::<String>::None))
         .col_expr(J::RunDeadlineMs, Expr::cust(format!("{now} + execution_timeout_ms")))
         .filter(J::Id.in_subquery(candidates))
-        .filter(J::Status.eq(JobStatus::InQueue.as_str()))
+        .filter(queued_jobs())
         .exec_with_returning(db)
         .await
 }

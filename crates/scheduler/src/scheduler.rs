@@ -23,7 +23,7 @@ use tokio::task::JoinHandle;
 use crate::config::millis;
 use crate::engine::Engine;
 use crate::entity::{chunk, job, presence};
-use crate::plan::{self, Plan, Settled, Step, Store, Usage, is_final};
+use crate::plan::{self, Plan, Settled, Step, Store, Usage, is_final, running_jobs};
 use crate::store::{Handed, Hub, JobStore, now_ms, plus, retention_expr, serialize_writes};
 use crate::types::{JobStatus, JobView, SchedulerError};
 
@@ -1441,12 +1441,6 @@ fn terminal_job(event: &Event) -> Option<&str> {
         }
         _ => None,
     }
-}
-
-/// `status = 'IN_PROGRESS'`, spelled literally so that the partial index of
-/// running jobs (`idx_jobs_in_progress`) serves the sweeps on both backends.
-fn running_jobs() -> Expr {
-    Expr::cust(format!("status = '{}'", JobStatus::InProgress.as_str()))
 }
 
 fn system_time(ms: i64) -> Option<SystemTime> {

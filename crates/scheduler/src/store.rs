@@ -365,7 +365,7 @@ impl JobStore {
             .col_expr(J::ExpiresAtMs, retention_expr(&self.config, now))
             .filter(J::UserId.eq(user))
             .filter(J::Model.eq(model_id))
-            .filter(J::Status.eq(JobStatus::InQueue.as_str()))
+            .filter(crate::plan::queued_jobs())
             .filter(J::ExpiresAtMs.gt(now))
             .exec(&self.db)
             .await?;

@@ -54,7 +54,19 @@ impl Env {
                 (pg.url.clone(), Some(pg))
             }
         };
-        let db = Database::connect(&url).await.expect("connect");
+        let mut env = Self::open_with(&url, backend, config).await;
+        env._pg = pg;
+        env._dir = dir;
+        env
+    }
+
+    /// Migrates and opens the database at `url`, which the caller keeps alive.
+    pub async fn open(url: &str, backend: Backend) -> Env {
+        Self::open_with(url, backend, config()).await
+    }
+
+    async fn open_with(url: &str, backend: Backend, config: SchedulerConfig) -> Env {
+        let db = Database::connect(url).await.expect("connect");
         if backend == Backend::Sqlite {
             // As `gantry serve` does.
             db.execute_unprepared("PRAGMA journal_mode=WAL").await.expect("wal");
@@ -65,8 +77,8 @@ impl Env {
             db,
             catalog: Arc::new(ModelCatalog::default()),
             store,
-            _pg: pg,
-            _dir: dir,
+            _pg: None,
+            _dir: tempfile::tempdir().expect("temp dir"),
         }
     }
 

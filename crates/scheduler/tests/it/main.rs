@@ -8,6 +8,7 @@ mod bench;
 mod fast_lane;
 mod harness;
 mod jobs;
+mod migrations;
 mod presence;
 mod recovery;
 mod runsync_unstored;

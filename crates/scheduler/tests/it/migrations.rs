@@ -1,0 +1,139 @@
+//! Migration 6 on a database that already holds charges and queued jobs:
+//! the ledger keeps every entry under its job-derived id, a second charge of
+//! a job is still impossible, queued jobs are still claimed, and the
+//! migration rolls back and forward again.
+
+use gantry_billing::{Charge, entry_id, record_charges};
+use gantry_migrations::{Migrator, MigratorTrait};
+use gantry_testkit::PgDatabase;
+use sea_orm::{ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement};
+
+use crate::harness::{Backend, ECHO, Env, Node};
+
+gantry_testkit::on_both_backends!(ledger_and_queue_survive_migration_6);
+
+/// Migrations before the one that narrowed the job and ledger writes.
+const BEFORE_6: u32 = 5;
+
+async fn ledger_and_queue_survive_migration_6(backend: Backend) {
+    let dir = tempfile::tempdir().unwrap();
+    let (url, _pg) = match backend {
+        Backend::Sqlite => (format!("sqlite://{}/gantry.db?mode=rwc", dir.path().display()), None),
+        Backend::Postgres => {
+            let pg = PgDatabase::create().await;
+            (pg.url.clone(), Some(pg))
+        }
+    };
+    let db = Database::connect(&url).await.unwrap();
+    Migrator::up(&db, Some(BEFORE_6)).await.unwrap();
+
+    // Two charges with the old random ids, and one queued job.
+    for (id, job) in [("le_0oldrandomid000001", "job-a"), ("le_0oldrandomid000002", "job-b")] {
+        exec(
+            &db,
+            &format!(
+                "INSERT INTO ledger_entries (id, user_id, job_id, model, unit, quantity_micros, \
+                 amount_micro_usd, created_at) VALUES ('{id}', 'user-1', '{job}', '{ECHO}', 'request', 1000000, 7, 1)"
+            ),
+        )
+        .await;
+    }
+    exec(
+        &db,
+        &format!(
+            "INSERT INTO jobs (id, user_id, model, status, input, low_priority, sync, execution_timeout_ms, ttl_ms, \
+             attempt, max_attempts, retries, created_at_ms, queued_at_ms, expires_at_ms, chunks_read) VALUES \
+             ('00000000000000queued000001', 'user-1', '{ECHO}', 'IN_QUEUE', '{{\"n\":1}}', false, false, 60000, \
+             86400000, 0, 3, 0, 1, 1, 9999999999999, 0)"
+        ),
+    )
+    .await;
+
+    Migrator::up(&db, None).await.unwrap();
+    assert_eq!(
+        ledger(&db).await,
+        vec![
+            (entry_id("job-a"), "job-a".to_string(), 7),
+            (entry_id("job-b"), "job-b".to_string(), 7)
+        ],
+        "every entry kept, under its job-derived id"
+    );
+    let again = charge("job-a");
+    assert_eq!(
+        record_charges(&db, std::slice::from_ref(&again), 2).await.unwrap(),
+        0,
+        "job-a is charged already"
+    );
+    assert_eq!(record_charges(&db, &[charge("job-c")], 2).await.unwrap(), 1);
+    assert_eq!(ledger(&db).await.len(), 3);
+
+    // Down and up again: nothing lost, still one charge per job.
+    Migrator::down(&db, Some(1)).await.unwrap();
+    assert_eq!(ledger(&db).await.len(), 3);
+    Migrator::up(&db, None).await.unwrap();
+    assert_eq!(ledger(&db).await.len(), 3);
+    assert_eq!(record_charges(&db, &[again], 3).await.unwrap(), 0);
+
+    if backend == Backend::Sqlite {
+        // The claim and purge-queue read the partial index of queued jobs.
+        let plan = db
+            .query_all_raw(Statement::from_string(
+                DbBackend::Sqlite,
+                format!(
+                    "EXPLAIN QUERY PLAN SELECT id FROM jobs WHERE model = '{ECHO}' AND status = 'IN_QUEUE' \
+                     AND expires_at_ms > 0 ORDER BY low_priority ASC, id ASC LIMIT 8"
+                ),
+            ))
+            .await
+            .unwrap();
+        let detail: Vec<String> = plan.iter().map(|row| row.try_get("", "detail").unwrap()).collect();
+        assert!(
+            detail.iter().any(|d| d.contains("idx_jobs_queued")),
+            "claim plan: {detail:?}"
+        );
+    }
+    drop(db);
+
+    // The job queued before the migration is claimed and completed after it.
+    let env = Env::open(&url, backend).await;
+    let node = Node::start(&env.store, &env.catalog).await;
+    let _worker = node.echo_worker("w1", 1);
+    let done = env.finished("00000000000000queued000001").await;
+    assert_eq!(done.status, gantry_scheduler::JobStatus::Completed);
+    assert_eq!(env.ledger_count().await, 4, "three earlier charges and this job's");
+    drop(node);
+}
+
+fn charge(job: &str) -> Charge {
+    Charge {
+        user_id: "user-1".into(),
+        job_id: job.into(),
+        model: ECHO.into(),
+        unit: "request".into(),
+        quantity_micros: 1_000_000,
+        amount_micro_usd: 7,
+    }
+}
+
+async fn exec(db: &DatabaseConnection, sql: &str) {
+    db.execute_unprepared(sql).await.unwrap();
+}
+
+async fn ledger(db: &DatabaseConnection) -> Vec<(String, String, i64)> {
+    let rows = db
+        .query_all_raw(Statement::from_string(
+            db.get_database_backend(),
+            "SELECT id, job_id, amount_micro_usd FROM ledger_entries ORDER BY job_id",
+        ))
+        .await
+        .unwrap();
+    rows.iter()
+        .map(|row| {
+            (
+                row.try_get("", "id").unwrap(),
+                row.try_get("", "job_id").unwrap(),
+                row.try_get("", "amount_micro_usd").unwrap(),
+            )
+        })
+        .collect()
+}
