@@ -20,6 +20,7 @@
 //! cargo run --release -p gantry-bench-jobs -- [--postgres URL] [--scenario all|runsync|async]
 //!     [--concurrency 1,16,64] [--duration SECS] [--warmup SECS]
 //!     [--async-jobs M] [--async-conns N] [--slots S] [--db-connections N] [--claim-ahead N]
+//!     [--http-workers N] [--runtime-threads N]
 //! ```
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
@@ -53,6 +54,12 @@ struct Args {
     slots: u32,
     db_connections: Option<u32>,
     claim_ahead: u32,
+    http_workers: Option<usize>,
+    runtime_threads: Option<usize>,
+}
+
+fn or_default<T: std::fmt::Display>(value: Option<T>) -> String {
+    value.map_or("default".to_string(), |v| v.to_string())
 }
 
 fn parse_args() -> Args {
@@ -67,6 +74,8 @@ fn parse_args() -> Args {
         slots: 64,
         db_connections: None,
         claim_ahead: 0,
+        http_workers: None,
+        runtime_threads: None,
     };
     let mut it = std::env::args().skip(1);
     while let Some(flag) = it.next() {
@@ -87,6 +96,8 @@ fn parse_args() -> Args {
             "--slots" => args.slots = value().parse().expect("slots"),
             "--claim-ahead" => args.claim_ahead = value().parse().expect("claim-ahead"),
             "--db-connections" => args.db_connections = Some(value().parse().expect("db-connections")),
+            "--http-workers" => args.http_workers = Some(value().parse().expect("http-workers")),
+            "--runtime-threads" => args.runtime_threads = Some(value().parse().expect("runtime-threads")),
             other => panic!("unknown argument {other}"),
         }
     }
@@ -95,10 +106,11 @@ fn parse_args() -> Args {
 
 fn main() {
     let args = parse_args();
-    let runtime = tokio::runtime::Builder::new_multi_thread()
-        .enable_all()
-        .build()
-        .expect("runtime");
+    let mut builder = tokio::runtime::Builder::new_multi_thread();
+    if let Some(threads) = args.runtime_threads {
+        builder.worker_threads(threads);
+    }
+    let runtime = builder.enable_all().build().expect("runtime");
     runtime.block_on(run(args));
 }
 
@@ -117,6 +129,7 @@ async fn run(args: Args) {
         public_addr: "127.0.0.1:0".into(),
         ..Settings::default()
     };
+    settings.http.workers = args.http_workers;
     settings.scheduler.addr = "127.0.0.1:0".into();
     settings.scheduler.bundled_workers = vec![MODEL.into()];
     settings.scheduler.bundled_slots = args.slots;
@@ -169,10 +182,12 @@ async fn run(args: Args) {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     println!(
-        "backend={backend} cpus={} slots={} db-connections={} http-workers=default",
+        "backend={backend} cpus={} slots={} db-connections={} http-workers={} runtime-threads={}",
         std::thread::available_parallelism().map_or(0, |n| n.get()),
         args.slots,
-        args.db_connections.map_or("default".to_string(), |n| n.to_string())
+        or_default(args.db_connections),
+        or_default(args.http_workers),
+        or_default(args.runtime_threads),
     );
 
     if args.scenario == "all" || args.scenario == "runsync" {
@@ -339,9 +354,10 @@ async fn runsync(addr: SocketAddr, key: String, conns: usize, warmup: Duration, 
                 if t0 >= end {
                     break;
                 }
-                let ok = match conn.request(&request).await {
-                    Ok((200, body)) => contains(&body, br#""status":"COMPLETED""#),
-                    Ok(_) => false,
+                let answer = conn.request(&request).await;
+                let ok = match answer.map(|(status, body)| status == 200 && contains(body, br#""status":"COMPLETED""#))
+                {
+                    Ok(ok) => ok,
                     Err(_) => {
                         conn = Conn::connect(addr).await;
                         false
@@ -387,9 +403,10 @@ async fn submit_all(addr: SocketAddr, key: String, conns: usize, jobs: usize) ->
             let mut conn = Conn::connect(addr).await;
             let mut errors = 0u64;
             for _ in 0..share {
-                match conn.request(&request).await {
-                    Ok((200, body)) if contains(&body, br#""status":"IN_QUEUE""#) => {}
-                    Ok(_) => errors += 1,
+                let answer = conn.request(&request).await;
+                match answer.map(|(status, body)| status == 200 && contains(body, br#""status":"IN_QUEUE""#)) {
+                    Ok(true) => {}
+                    Ok(false) => errors += 1,
                     Err(_) => {
                         errors += 1;
                         conn = Conn::connect(addr).await;
@@ -440,19 +457,18 @@ impl Conn {
         }
     }
 
-    async fn request(&mut self, request: &[u8]) -> std::io::Result<(u16, Vec<u8>)> {
+    /// Sends `request` and reads one response; returns its status and body.
+    /// Reads straight into the connection's buffer (no per-request scratch
+    /// buffer to zero, no copy of the body), so the client stays cheap next
+    /// to the server it loads on the same two cores.
+    async fn request(&mut self, request: &[u8]) -> std::io::Result<(u16, &[u8])> {
         self.stream.write_all(request).await?;
         self.buf.clear();
-        let mut chunk = [0u8; 8192];
         let header_end = loop {
             if let Some(at) = find(&self.buf, b"\r\n\r\n") {
                 break at + 4;
             }
-            let n = self.stream.read(&mut chunk).await?;
-            if n == 0 {
-                return Err(std::io::ErrorKind::UnexpectedEof.into());
-            }
-            self.buf.extend_from_slice(&chunk[..n]);
+            self.fill().await?;
         };
         let head = std::str::from_utf8(&self.buf[..header_end]).map_err(|_| std::io::ErrorKind::InvalidData)?;
         let status: u16 = head
@@ -468,13 +484,20 @@ impl Conn {
             })
             .ok_or(std::io::ErrorKind::InvalidData)?;
         while self.buf.len() < header_end + length {
-            let n = self.stream.read(&mut chunk).await?;
-            if n == 0 {
-                return Err(std::io::ErrorKind::UnexpectedEof.into());
-            }
-            self.buf.extend_from_slice(&chunk[..n]);
+            self.fill().await?;
         }
-        Ok((status, self.buf[header_end..header_end + length].to_vec()))
+        Ok((status, &self.buf[header_end..header_end + length]))
+    }
+
+    /// Appends what the socket has to the buffer; an error at end of stream.
+    async fn fill(&mut self) -> std::io::Result<()> {
+        if self.buf.capacity() - self.buf.len() < 1024 {
+            self.buf.reserve(4096);
+        }
+        match self.stream.read_buf(&mut self.buf).await? {
+            0 => Err(std::io::ErrorKind::UnexpectedEof.into()),
+            _ => Ok(()),
+        }
     }
 }
 
