@@ -5,7 +5,7 @@
 use std::collections::HashMap;
 
 use gantry_billing::{Charge, record_charges};
-use sea_orm::sea_query::{Expr, LockBehavior, LockType, OnConflict, Order, Query};
+use sea_orm::sea_query::{Expr, OnConflict, Order, Query};
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, IdenStatic, Iterable, QueryFilter, Statement,
 };
@@ -305,11 +305,47 @@ pub(crate) async fn execute<C: ConnectionTrait>(db: &C, plan: &Plan) -> Result<S
 }
 
 /// Claims up to `limit` queued jobs of `model` for the plan's instance, normal
-/// priority first, oldest first. One statement: `UPDATE … WHERE id IN
-/// (SELECT … FOR UPDATE SKIP LOCKED) AND status = 'IN_QUEUE' RETURNING *`
-/// (SQLite ignores the lock clause; its writes are serialized anyway).
+/// priority first, oldest first, in one statement.
+///
+/// On PostgreSQL the candidates are locked by an uncorrelated `ARRAY(…)`
+/// subquery, which runs once before the update, and the rows to change are
+/// then found by primary key:
+///
+/// ```sql
+/// UPDATE jobs SET status = 'IN_PROGRESS', …
+///  WHERE id = ANY(ARRAY(SELECT id FROM jobs WHERE model = $1 AND status = 'IN_QUEUE'
+///          AND expires_at_ms > $2 ORDER BY low_priority, id LIMIT $3 FOR UPDATE SKIP LOCKED))
+///    AND (status = 'IN_QUEUE') IS TRUE RETURNING <every column>
+/// ```
+///
+/// (The outer guard is spelled `IS TRUE` so that it does not match the
+/// partial index of queued jobs, which would again walk the whole queue.)
+///
+/// Written as `WHERE id IN (subquery)`, the planner may make the subquery
+/// the inner side of a nested loop over every queued row, and it did so
+/// whenever its statistics were taken while few jobs were queued (after a
+/// burst of runsync jobs, say): each run of the subquery then locked the
+/// next rows, so one claim took every queued job whatever its limit, and
+/// took seconds. A `MATERIALIZED` CTE ran the subquery once but still
+/// joined it by scanning every queued row. SQLite has no row locks, runs an
+/// uncorrelated `IN` subquery once, and serializes writes, so there the
+/// plain `IN (subquery)` form is used.
 async fn claim<C: ConnectionTrait>(db: &C, model: &str, limit: u64, plan: &Plan) -> Result<Vec<job::Model>, DbErr> {
     let now = plan.now;
+    if db.get_database_backend() == DbBackend::Postgres {
+        let sql = postgres_claim_sql();
+        let values: [sea_orm::Value; 5] = [
+            model.into(),
+            now.into(),
+            i64::try_from(limit).unwrap_or(i64::MAX).into(),
+            plan.instance.as_str().into(),
+            plan.lease_until.into(),
+        ];
+        return job::Entity::find()
+            .from_raw_sql(Statement::from_sql_and_values(DbBackend::Postgres, sql, values))
+            .all(db)
+            .await;
+    }
     let candidates = Query::select()
         .column(J::Id)
         .from(job::Entity)
@@ -319,7 +355,6 @@ async fn claim<C: ConnectionTrait>(db: &C, model: &str, limit: u64, plan: &Plan)
         .order_by(J::LowPriority, Order::Asc)
         .order_by(J::Id, Order::Asc)
         .limit(limit)
-        .lock_with_behavior(LockType::Update, LockBehavior::SkipLocked)
         .to_owned();
     job::Entity::update_many()
         .col_expr(J::Status, Expr::value(JobStatus::InProgress.as_str()))
@@ -333,6 +368,29 @@ async fn claim<C: ConnectionTrait>(db: &C, model: &str, limit: u64, plan: &Plan)
         .filter(queued_jobs())
         .exec_with_returning(db)
         .await
+}
+
+/// The claim statement on PostgreSQL (see [`claim`]): `$1` model, `$2` now,
+/// `$3` limit, `$4` instance, `$5` lease end.
+fn postgres_claim_sql() -> String {
+    format!(
+        "UPDATE jobs SET status = '{in_progress}', attempt = attempt + 1, owner = $4, lease_until_ms = $5, \
+             started_at_ms = $2, worker_id = NULL, run_deadline_ms = $2 + execution_timeout_ms \
+             WHERE id = ANY(ARRAY(SELECT id FROM jobs WHERE model = $1 AND status = '{queued}' \
+               AND expires_at_ms > $2 ORDER BY low_priority ASC, id ASC LIMIT $3 FOR UPDATE SKIP LOCKED)) \
+             AND (status = '{queued}') IS TRUE RETURNING {returning}",
+        queued = JobStatus::InQueue.as_str(),
+        in_progress = JobStatus::InProgress.as_str(),
+        returning = every_column(),
+    )
+}
+
+/// Every column of `jobs`, quoted, for `RETURNING`.
+fn every_column() -> String {
+    job::Column::iter()
+        .map(|c| format!("\"{}\"", c.as_str()))
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 /// COMPLETED for a batch of results, each guarded on (id, attempt,
@@ -352,10 +410,7 @@ async fn complete_all<C: ConnectionTrait>(
     plan: &Plan,
 ) -> Result<Vec<job::Model>, DbErr> {
     let backend = db.get_database_backend();
-    let returning = job::Column::iter()
-        .map(|c| format!("\"{}\"", c.as_str()))
-        .collect::<Vec<_>>()
-        .join(", ");
+    let returning = every_column();
     let mut changed = Vec::with_capacity(completions.len());
     for part in completions.chunks(COMPLETE_CHUNK) {
         let mut sql = String::with_capacity(256 + part.len() * 128 + returning.len());
@@ -499,4 +554,90 @@ async fn insert_chunks<C: ConnectionTrait>(db: &C, chunks: &[(String, i64, Strin
     );
     db.execute(&insert).await?;
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use super::*;
+    use gantry_migrations::MigratorTrait;
+    use sea_orm::{Database, PaginatorTrait};
+
+    /// The claim on PostgreSQL with statistics taken while every job was
+    /// finished (as after a burst of runsync jobs): with a long queue the
+    /// planner then thinks the queued-jobs index holds about one row. Each
+    /// claim must still take exactly its limit, oldest first, in one pass.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_postgres_claim_takes_its_limit_whatever_the_statistics() {
+        let pg = gantry_testkit::PgDatabase::create().await;
+        let db = Database::connect(&pg.url).await.unwrap();
+        gantry_migrations::Migrator::up(&db, None).await.unwrap();
+        // No autovacuum: the statistics stay those of the empty queue.
+        db.execute_unprepared("ALTER TABLE jobs SET (autovacuum_enabled = false)")
+            .await
+            .unwrap();
+        let insert = |prefix: &'static str, status: JobStatus, count: usize| {
+            let db = db.clone();
+            async move {
+                for start in (0..count).step_by(500) {
+                    let rows = (start..start + 500).map(|i| {
+                        let mut row = job::sample(&format!("{prefix}-{i:05}"), "m");
+                        row.status = status.as_str().into();
+                        job::ActiveModel::from(row)
+                    });
+                    job::Entity::insert_many(rows).exec(&db).await.unwrap();
+                }
+            }
+        };
+        insert("done", JobStatus::Completed, 20_000).await;
+        db.execute_unprepared("ANALYZE jobs").await.unwrap();
+        insert("job", JobStatus::InQueue, 3_000).await;
+
+        // The rows to update are found by primary key, not by walking the queue.
+        let explain = format!(
+            "EXPLAIN {}",
+            postgres_claim_sql()
+                .replace("$1", "'m'")
+                .replace("$2", "10")
+                .replace("$3", "64")
+                .replace("$4", "'s'")
+                .replace("$5", "20")
+        );
+        let plan_text: Vec<String> = db
+            .query_all_raw(Statement::from_string(DbBackend::Postgres, explain))
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| row.try_get_by_index::<String>(0).unwrap())
+            .collect();
+        assert!(
+            plan_text.iter().any(|line| line.contains("jobs_pkey")),
+            "claim plan: {plan_text:#?}"
+        );
+
+        let config = crate::SchedulerConfig::default();
+        for round in 0..3 {
+            let mut plan = Plan::new(10, &config, "sched-1");
+            plan.claims.push(("m".into(), 64));
+            let settled = execute(&db, &plan).await.unwrap();
+            let mut claimed: Vec<String> = settled.claims[0].2.iter().map(|r| r.id.clone()).collect();
+            claimed.sort();
+            let expected: Vec<String> = (round * 64..(round + 1) * 64).map(|i| format!("job-{i:05}")).collect();
+            assert_eq!(
+                claimed.len(),
+                64,
+                "round {round}: claimed {} for a limit of 64",
+                claimed.len()
+            );
+            assert_eq!(claimed, expected, "round {round}: the 64 oldest");
+            let running = job::Entity::find()
+                .filter(J::Status.eq(JobStatus::InProgress.as_str()))
+                .count(&db)
+                .await
+                .unwrap();
+            assert_eq!(running, (round + 1) * 64, "nothing claimed beyond the limits");
+        }
+        drop(db);
+        drop(pg);
+    }
 }
