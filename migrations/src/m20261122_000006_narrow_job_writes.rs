@@ -38,9 +38,7 @@ impl MigrationTrait for Migration {
         )
         .await?;
         match manager.get_database_backend() {
-            DbBackend::Sqlite => {
-                rebuild_sqlite_ledger(db, "id TEXT NOT NULL PRIMARY KEY", "WITHOUT ROWID", "'le_' || job_id").await
-            }
+            DbBackend::Sqlite => rebuild_sqlite_ledger(db, Shape::KeyedByJob).await,
             _ => {
                 db.execute_unprepared("ALTER TABLE ledger_entries DROP CONSTRAINT IF EXISTS ledger_entries_job_id_key")
                     .await?;
@@ -57,8 +55,7 @@ impl MigrationTrait for Migration {
         db.execute_unprepared("CREATE INDEX IF NOT EXISTS idx_jobs_claim ON jobs (model, status, low_priority, id)")
             .await?;
         match manager.get_database_backend() {
-            // Ids stay derived from job ids: they are unique either way.
-            DbBackend::Sqlite => rebuild_sqlite_ledger(db, "id TEXT NOT NULL PRIMARY KEY", "", "id").await,
+            DbBackend::Sqlite => rebuild_sqlite_ledger(db, Shape::UniqueJobId).await,
             _ => {
                 db.execute_unprepared(
                     "ALTER TABLE ledger_entries ADD CONSTRAINT ledger_entries_job_id_key UNIQUE (job_id)",
@@ -70,23 +67,25 @@ impl MigrationTrait for Migration {
     }
 }
 
-/// Recreates `ledger_entries` on SQLite (which cannot change a table's key or
-/// drop an inline constraint in place), copying every entry with `id_expr`
-/// as its id; `options` is the table option (`WITHOUT ROWID` or none). The
-/// down direction restores the unique constraint on `job_id`.
-async fn rebuild_sqlite_ledger(
-    db: &SchemaManagerConnection<'_>,
-    key: &str,
-    options: &str,
-    id_expr: &str,
-) -> Result<(), DbErr> {
-    let job_id = if options.is_empty() {
-        "job_id text NOT NULL UNIQUE"
-    } else {
-        "job_id text NOT NULL"
+/// The two shapes of `ledger_entries` on SQLite.
+enum Shape {
+    /// Before this migration: a rowid table, `job_id` unique.
+    UniqueJobId,
+    /// After: keyed by `id` (derived from the job id), `WITHOUT ROWID`.
+    KeyedByJob,
+}
+
+/// Recreates `ledger_entries` on SQLite in `shape` (SQLite cannot change a
+/// table's key or drop an inline constraint in place), copying every entry.
+/// Entries get their job-derived id on the way up and keep it on the way
+/// down (unique either way).
+async fn rebuild_sqlite_ledger(db: &SchemaManagerConnection<'_>, shape: Shape) -> Result<(), DbErr> {
+    let (job_id, options, id_expr) = match shape {
+        Shape::UniqueJobId => ("job_id text NOT NULL UNIQUE", "", "id"),
+        Shape::KeyedByJob => ("job_id text NOT NULL", "WITHOUT ROWID", "'le_' || job_id"),
     };
     db.execute_unprepared(&format!(
-        "CREATE TABLE ledger_entries_next ({key}, user_id text NOT NULL, {job_id}, model text NOT NULL, \
+        "CREATE TABLE ledger_entries_next (id text NOT NULL PRIMARY KEY, user_id text NOT NULL, {job_id}, model text NOT NULL, \
          unit text NOT NULL, quantity_micros bigint NOT NULL, amount_micro_usd bigint NOT NULL, \
          created_at bigint NOT NULL) {options}"
     ))

@@ -6,9 +6,9 @@
 //! ([`Price`]). The only float is [`usd`], for rendering.
 //!
 //! A charge is a row of `ledger_entries` whose id is derived from the job id
-//! ([`entry_id`]), so charging a job twice is impossible (the primary key). [`record_charges`] takes any connection, so the
-//! scheduler writes the charge in the same transaction as the job's
-//! completion.
+//! ([`entry_id`]), so charging a job twice is impossible (the primary key).
+//! [`record_charges`] takes any connection, so the scheduler writes the
+//! charge in the same transaction as the job's completion.
 mod entity;
 
 use gantry_catalog::{ModelSpec, Price};

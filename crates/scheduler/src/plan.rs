@@ -637,7 +637,5 @@ mod tests {
                 .unwrap();
             assert_eq!(running, (round + 1) * 64, "nothing claimed beyond the limits");
         }
-        drop(db);
-        drop(pg);
     }
 }

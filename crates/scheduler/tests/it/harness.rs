@@ -31,21 +31,16 @@ pub fn config() -> SchedulerConfig {
     config
 }
 
-/// A migrated database (SQLite file in a temp dir, or a fresh PostgreSQL database).
-pub struct Env {
-    pub db: DatabaseConnection,
-    pub catalog: Arc<ModelCatalog>,
-    pub store: JobStore,
+/// An empty database for one test: an SQLite file in a temp dir, or a fresh
+/// PostgreSQL database (dropped with it).
+pub struct Fresh {
+    pub url: String,
     _pg: Option<PgDatabase>,
     _dir: tempfile::TempDir,
 }
 
-impl Env {
-    pub async fn new(backend: Backend) -> Env {
-        Self::with_config(backend, config()).await
-    }
-
-    pub async fn with_config(backend: Backend, config: SchedulerConfig) -> Env {
+impl Fresh {
+    pub async fn new(backend: Backend) -> Fresh {
         let dir = tempfile::tempdir().expect("temp dir");
         let (url, pg) = match backend {
             Backend::Sqlite => (format!("sqlite://{}/gantry.db?mode=rwc", dir.path().display()), None),
@@ -54,19 +49,34 @@ impl Env {
                 (pg.url.clone(), Some(pg))
             }
         };
-        let mut env = Self::open_with(&url, backend, config).await;
-        env._pg = pg;
-        env._dir = dir;
-        env
+        Fresh {
+            url,
+            _pg: pg,
+            _dir: dir,
+        }
+    }
+}
+
+/// A migrated database and a job store on it.
+pub struct Env {
+    pub db: DatabaseConnection,
+    pub catalog: Arc<ModelCatalog>,
+    pub store: JobStore,
+    _database: Fresh,
+}
+
+impl Env {
+    pub async fn new(backend: Backend) -> Env {
+        Self::with_config(backend, config()).await
     }
 
-    /// Migrates and opens the database at `url`, which the caller keeps alive.
-    pub async fn open(url: &str, backend: Backend) -> Env {
-        Self::open_with(url, backend, config()).await
+    pub async fn with_config(backend: Backend, config: SchedulerConfig) -> Env {
+        Self::on(Fresh::new(backend).await, backend, config).await
     }
 
-    async fn open_with(url: &str, backend: Backend, config: SchedulerConfig) -> Env {
-        let db = Database::connect(url).await.expect("connect");
+    /// Migrates `database` (whatever it already holds) and opens a store on it.
+    pub async fn on(database: Fresh, backend: Backend, config: SchedulerConfig) -> Env {
+        let db = Database::connect(&database.url).await.expect("connect");
         if backend == Backend::Sqlite {
             // As `gantry serve` does.
             db.execute_unprepared("PRAGMA journal_mode=WAL").await.expect("wal");
@@ -77,8 +87,7 @@ impl Env {
             db,
             catalog: Arc::new(ModelCatalog::default()),
             store,
-            _pg: None,
-            _dir: tempfile::tempdir().expect("temp dir"),
+            _database: database,
         }
     }
 

@@ -5,10 +5,9 @@
 
 use gantry_billing::{Charge, entry_id, record_charges};
 use gantry_migrations::{Migrator, MigratorTrait};
-use gantry_testkit::PgDatabase;
 use sea_orm::{ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement};
 
-use crate::harness::{Backend, ECHO, Env, Node};
+use crate::harness::{Backend, ECHO, Env, Fresh, Node, config};
 
 gantry_testkit::on_both_backends!(ledger_and_queue_survive_migration_6);
 
@@ -16,15 +15,8 @@ gantry_testkit::on_both_backends!(ledger_and_queue_survive_migration_6);
 const BEFORE_6: u32 = 5;
 
 async fn ledger_and_queue_survive_migration_6(backend: Backend) {
-    let dir = tempfile::tempdir().unwrap();
-    let (url, _pg) = match backend {
-        Backend::Sqlite => (format!("sqlite://{}/gantry.db?mode=rwc", dir.path().display()), None),
-        Backend::Postgres => {
-            let pg = PgDatabase::create().await;
-            (pg.url.clone(), Some(pg))
-        }
-    };
-    let db = Database::connect(&url).await.unwrap();
+    let database = Fresh::new(backend).await;
+    let db = Database::connect(&database.url).await.unwrap();
     Migrator::up(&db, Some(BEFORE_6)).await.unwrap();
 
     // Two charges with the old random ids, and one queued job.
@@ -95,7 +87,7 @@ async fn ledger_and_queue_survive_migration_6(backend: Backend) {
     drop(db);
 
     // The job queued before the migration is claimed and completed after it.
-    let env = Env::open(&url, backend).await;
+    let env = Env::on(database, backend, config()).await;
     let node = Node::start(&env.store, &env.catalog).await;
     let _worker = node.echo_worker("w1", 1);
     let done = env.finished("00000000000000queued000001").await;
