@@ -124,6 +124,18 @@ pub async fn connect_database(settings: &Settings) -> Result<DatabaseConnection,
     Ok(db)
 }
 
+/// With `redis_url` set, `jobs` sends and hears job wake-ups over Redis, so
+/// that API and scheduler processes sharing the database learn of queued and
+/// finished jobs at once (see `docs/scheduler.md`, "Signals").
+pub fn connect_job_signals(settings: &Settings, jobs: &JobStore) -> Result<(), StartError> {
+    match settings.redis_url.as_deref().filter(|u| !u.trim().is_empty()) {
+        None => Ok(()),
+        Some(url) => jobs
+            .connect_signals(url, &settings.scheduler.signal_channel)
+            .map_err(|e| StartError::Config(e.to_string())),
+    }
+}
+
 fn redact(url: &str) -> String {
     match (url.find("://"), url.rfind('@')) {
         (Some(scheme), Some(at)) if at > scheme => format!("{}://***{}", &url[..scheme], &url[at..]),
@@ -157,6 +169,8 @@ impl Application {
                     .map_err(|e| StartError::Config(e.to_string()))?
             }
         };
+        let jobs = JobStore::new(db.clone(), settings.scheduler.job_config());
+        connect_job_signals(&settings, &jobs)?;
         let document = |doc| serde_json::to_vec(&doc).map_err(|e| StartError::Config(e.to_string()));
         let openapi = document(crate::openapi::openapi_document())?;
         let openapi_public = document(crate::openapi::public_openapi_document())?;
@@ -174,7 +188,7 @@ impl Application {
             catalog: Arc::new(catalog),
             body_limit: settings.http.body_limit_bytes,
             limiter,
-            jobs: JobStore::new(db.clone(), settings.scheduler.job_config()),
+            jobs,
             models: Arc::new(settings.models.clone()),
             workers: dispatcher.map(WorkerCounts),
             rate_limits: settings.rate_limits.clone(),

@@ -83,6 +83,9 @@ pub struct SchedulerSettings {
     /// when it ends, or after running this long, in milliseconds (0: at
     /// submit; at most 500).
     pub sync_store_after_ms: u64,
+    /// Redis pub/sub channel for job wake-ups between processes (used when
+    /// `redis_url` is set; processes sharing a database must use the same).
+    pub signal_channel: String,
 }
 
 impl Default for SchedulerSettings {
@@ -100,6 +103,7 @@ impl Default for SchedulerSettings {
             heartbeat_interval_ms: 5_000,
             claim_ahead: 0,
             sync_store_after_ms: 200,
+            signal_channel: "gantry:jobs".into(),
         }
     }
 }

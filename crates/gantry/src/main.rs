@@ -9,7 +9,7 @@ use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
 use gantry::{Platform, SchedulerRole, Workers};
-use gantry_api::{Application, Settings, connect_database};
+use gantry_api::{Application, Settings, connect_database, connect_job_signals};
 use gantry_auth::{AuthError, AuthService, ScopeSet, UserLimits, parse_duration};
 use gantry_worker::Credentials;
 
@@ -239,6 +239,7 @@ async fn scheduler(settings: Settings) -> CliResult {
     }
     let db = connect_database(&settings).await?;
     let store = gantry_scheduler::JobStore::new(db, settings.scheduler.job_config());
+    connect_job_signals(&settings, &store)?;
     let secret = gantry::worker_secret(&settings);
     let dispatcher = SchedulerRole::dispatcher(&settings, &secret);
     // Handlers first: a SIGTERM right after the ready line must still shut down gracefully.

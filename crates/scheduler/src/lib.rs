@@ -18,6 +18,7 @@ mod engine;
 mod entity;
 mod plan;
 mod scheduler;
+mod signals;
 mod store;
 mod types;
 

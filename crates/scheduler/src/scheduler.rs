@@ -6,6 +6,7 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
+use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use gantry_catalog::ModelCatalog;
@@ -24,6 +25,7 @@ use crate::config::millis;
 use crate::engine::Engine;
 use crate::entity::{chunk, job, presence};
 use crate::plan::{self, Plan, Settled, Step, Store, Usage, is_final, running_jobs};
+use crate::signals::Signal;
 use crate::store::{Handed, Hub, JobStore, now_ms, plus, retention_expr, serialize_writes};
 use crate::types::{JobStatus, JobView, SchedulerError};
 
@@ -89,6 +91,7 @@ impl Scheduler {
             ready: HashMap::new(),
             finished_since_analyze: 0,
             analyze_after: ANALYZE_AFTER_FIRST,
+            rechecks: HashSet::new(),
         };
         core.sweep().await?;
         // With the SQLite writer every submit may take the lane. Otherwise
@@ -104,6 +107,7 @@ impl Scheduler {
                 .hub
                 .open_lane(&core.instance, millis(core.store.config.lease), sync_only);
         let hub = Arc::clone(&core.store.hub);
+        hub.schedulers.fetch_add(1, Ordering::AcqRel);
         let (stop, stopped) = oneshot::channel();
         let task = tokio::spawn(core.run(events, stopped));
         Ok(Scheduler {
@@ -197,6 +201,9 @@ struct Core {
     /// call for the next refresh (see `analyze_if_grown`).
     finished_since_analyze: u64,
     analyze_after: u64,
+    /// Running jobs another process signalled cancelled: their rows are
+    /// checked between settlements (see `recheck`).
+    rechecks: HashSet<String>,
 }
 
 /// What one settled batch produced, applied after its commit.
@@ -260,6 +267,9 @@ impl Core {
                         self.adopt(adopted).await;
                     }
                     let pending = hub.take_pending();
+                    if pending.refill_all {
+                        self.fill_all_with_free_slots(&self.dispatcher.health());
+                    }
                     for model in pending.models {
                         self.drained.remove(&model);
                         self.to_fill.insert(model);
@@ -270,6 +280,12 @@ impl Core {
                             self.dispatcher.cancel(&job_id, "cancelled");
                         }
                     }
+                    self.rechecks.extend(
+                        pending
+                            .rechecks
+                            .into_iter()
+                            .filter(|id| self.running.get(id).is_some_and(|r| r.unstored.is_none())),
+                    );
                 }
                 done = settling(&mut flight), if flight.is_some() => {
                     if let Some(InFlight { batch, outcome, .. }) = flight.take() {
@@ -293,6 +309,12 @@ impl Core {
                 },
             }
             if flight.is_none() {
+                if !self.rechecks.is_empty() {
+                    let ids: Vec<String> = self.rechecks.drain().collect();
+                    if let Err(error) = self.recheck(ids).await {
+                        tracing::warn!(%error, "checking cancelled jobs failed");
+                    }
+                }
                 self.fill().await;
             }
             if self.fast_lane {
@@ -320,6 +342,7 @@ impl Core {
         if let Err(error) = self.withdraw_presence().await {
             tracing::warn!(%error, "could not remove this scheduler's worker presence");
         }
+        hub.schedulers.fetch_sub(1, Ordering::AcqRel);
     }
 
     // ---- settling worker events ----
@@ -404,6 +427,8 @@ impl Core {
             self.pending_workers.remove(job_id);
         }
         for model in outcome.refill {
+            // Requeued: another process's scheduler may have a free slot first.
+            self.store.hub.signal(Signal::Queued(model.clone()));
             self.drained.remove(&model);
             self.to_fill.insert(model);
         }
@@ -690,7 +715,8 @@ impl Core {
         }
         let now = now_ms();
         let views: Vec<JobView> = finals.iter().map(|row| JobView::of(row, now)).collect();
-        self.store.hub.finished(&views);
+        // Only `runsync` callers wait, and one may wait in another process.
+        self.store.hub.finished(&views, |i| finals[i].sync);
         let Some(client) = &self.webhooks else {
             return;
         };
@@ -1062,12 +1088,17 @@ impl Core {
         let health = self.dispatcher.health();
         self.publish_presence(&health).await?;
         // Claim anything left queued (submitted elsewhere, or a lost wake-up).
-        for (model, health) in health.models {
+        self.fill_all_with_free_slots(&health);
+        Ok(())
+    }
+
+    /// Marks every model with free slots for a claim.
+    fn fill_all_with_free_slots(&mut self, health: &Health) {
+        for (model, health) in &health.models {
             if health.free_slots > 0 {
-                self.to_fill.insert(model);
+                self.to_fill.insert(model.clone());
             }
         }
-        Ok(())
     }
 
     /// Publishes this instance's worker counts to `worker_presence`: one row
@@ -1162,7 +1193,6 @@ impl Core {
         if self.running.is_empty() {
             return Ok(());
         }
-        let lease_until = now_ms().saturating_add(millis(self.store.config.lease));
         // Unstored jobs have no row to renew (nor can anything end them elsewhere).
         let ids: Vec<String> = self
             .running
@@ -1170,6 +1200,15 @@ impl Core {
             .filter(|(_, r)| r.unstored.is_none())
             .map(|(id, _)| id.clone())
             .collect();
+        self.recheck(ids).await
+    }
+
+    /// Renews the leases of these running jobs, and stops those whose rows
+    /// are no longer this instance's running attempt (cancelled, timed out or
+    /// requeued elsewhere). The sweep does it for every running job; a
+    /// cancel signalled by another process does it for that job at once.
+    async fn recheck(&mut self, ids: Vec<String>) -> Result<(), DbErr> {
+        let lease_until = now_ms().saturating_add(millis(self.store.config.lease));
         let mut alive: HashSet<(String, i32)> = HashSet::new();
         let lock = Arc::clone(&self.store.hub.write_lock);
         for part in ids.chunks(ID_CHUNK) {
@@ -1186,11 +1225,13 @@ impl Core {
                 .collect();
             alive.extend(rows);
         }
-        let gone: Vec<String> = self
-            .running
-            .iter()
-            .filter(|(id, r)| r.unstored.is_none() && !alive.contains(&((*id).clone(), r.attempt)))
-            .map(|(id, _)| id.clone())
+        let gone: Vec<String> = ids
+            .into_iter()
+            .filter(|id| {
+                self.running
+                    .get(id)
+                    .is_some_and(|r| r.unstored.is_none() && !alive.contains(&(id.clone(), r.attempt)))
+            })
             .collect();
         for job_id in gone {
             self.running.remove(&job_id);
@@ -1247,6 +1288,7 @@ impl Core {
             .exec_with_returning(&self.db)
             .await?;
         drop(guard);
+        let mut requeued = HashSet::new();
         for row in &rows {
             if self.running.remove(&row.id).is_some() {
                 self.pending_workers.remove(&row.id);
@@ -1254,6 +1296,9 @@ impl Core {
             }
             self.drained.remove(&row.model);
             self.to_fill.insert(row.model.clone());
+            if row.status == JobStatus::InQueue.as_str() && requeued.insert(row.model.as_str()) {
+                self.store.hub.signal(Signal::Queued(row.model.clone()));
+            }
         }
         let finals: Vec<job::Model> = rows.into_iter().filter(is_final).collect();
         self.publish(&finals);
@@ -1353,6 +1398,8 @@ impl Core {
         }
         let mut plan = Plan::new(now_ms(), &self.store.config, &self.instance);
         let running = std::mem::take(&mut self.running);
+        let mut models: HashSet<String> = running.values().map(|r| r.model.clone()).collect();
+        models.extend(left.iter().map(|job| job.row.model.clone()));
         let unstored = running.into_values().filter_map(|r| r.unstored.map(|row| *row));
         let left = left.into_iter().filter(|job| !job.stored).map(|job| job.row);
         let mut written = Vec::new();
@@ -1379,6 +1426,10 @@ impl Core {
             .filter(J::Status.eq(JobStatus::InProgress.as_str()))
             .exec(&self.db)
             .await?;
+        // Back in the queue: the other processes' schedulers may take them now.
+        for model in models {
+            self.store.hub.signal(Signal::Queued(model));
+        }
         Ok(())
     }
 }

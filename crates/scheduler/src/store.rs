@@ -1,7 +1,7 @@
 //! The database half of the job layer: what API processes call.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
@@ -18,7 +18,8 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use crate::config::{SchedulerConfig, millis};
 use crate::engine::Engine;
 use crate::entity::{chunk, job, presence};
-use crate::types::{JobCounts, JobError, JobStatus, JobView, Mode, NewJob, StreamView};
+use crate::signals::{Signal, Signals};
+use crate::types::{JobCounts, JobError, JobStatus, JobView, Mode, NewJob, SchedulerError, StreamView};
 
 use job::Column as J;
 
@@ -50,6 +51,19 @@ impl JobStore {
 
     pub fn config(&self) -> &SchedulerConfig {
         &self.config
+    }
+
+    /// Sends and receives job wake-ups over Redis pub/sub on `channel`, so
+    /// that processes sharing the database hear of queued, finished and
+    /// cancelled jobs at once instead of at their next sweep or poll (see
+    /// `docs/scheduler.md`, "Signals"). Only wake-ups travel this way: a lost
+    /// one delays, never loses, a job. Needs a Tokio runtime; an unreachable
+    /// server is retried in the background. Fails on a malformed URL, or if
+    /// this store (or a clone) is connected already.
+    pub fn connect_signals(&self, redis_url: &str, channel: &str) -> Result<(), SchedulerError> {
+        self.hub
+            .start_signals(redis_url, channel)
+            .map_err(SchedulerError::Signals)
     }
 
     /// Validates and stores a job (IN_QUEUE); it is durable when this returns.
@@ -159,7 +173,7 @@ impl JobStore {
             // lease lapses and a sweep requeues it.
             self.hub.hand_over(row, true);
         } else {
-            self.hub.wake(&row.model);
+            self.hub.queued(&row.model);
         }
         Ok(view)
     }
@@ -243,7 +257,13 @@ impl JobStore {
             let nap = poll.min(deadline.saturating_duration_since(now));
             tokio::select! {
                 notified = waiter.receiver(), if waiter.is_open() => match notified {
-                    Some(view) => return Ok(view),
+                    Some(Wake::Final(view)) => return Ok(view),
+                    // Changed elsewhere: read it now, registered again first
+                    // so that a result settled in between is not missed.
+                    Some(Wake::Reread) => {
+                        waiter = self.hub.register(job_id);
+                        continue;
+                    }
                     None => continue,
                 },
                 () = tokio::time::sleep(nap) => {}
@@ -272,7 +292,11 @@ impl JobStore {
             Some(row) => {
                 let view = JobView::of(row, now);
                 self.hub.cancel(job_id);
-                self.hub.finished(std::slice::from_ref(&view));
+                if row.owner.is_some() {
+                    // It was running, perhaps under another process's scheduler.
+                    self.hub.signal(Signal::Cancelled(job_id.to_string()));
+                }
+                self.hub.finished(std::slice::from_ref(&view), |_| true);
                 Ok(view)
             }
             None => self.get(user, model_id, job_id).await,
@@ -304,7 +328,7 @@ impl JobStore {
         drop(guard);
         match rows.first() {
             Some(row) => {
-                self.hub.wake(&row.model);
+                self.hub.queued(&row.model);
                 Ok(JobView::of(row, now))
             }
             None => {
@@ -544,7 +568,16 @@ pub(crate) fn new_job_id(now: i64) -> String {
 }
 
 /// Waiters by job id: (waiter id, where to send the final view).
-type Waiters = HashMap<String, Vec<(u64, oneshot::Sender<JobView>)>>;
+type Waiters = HashMap<String, Vec<(u64, oneshot::Sender<Wake>)>>;
+
+/// What a waiter is woken with.
+enum Wake {
+    /// The job's final view, from a scheduler of this process.
+    Final(JobView),
+    /// Read the row now: it changed in another process (a Redis signal), or
+    /// signals may have been missed (resubscribed).
+    Reread,
+}
 
 /// A waiter registered by `submit` for the `wait` that follows it.
 struct Parked {
@@ -577,6 +610,11 @@ pub(crate) struct Hub {
     lane: Mutex<Option<Lane>>,
     /// Jobs the lane's scheduler runs that are not written yet: id -> (user, model).
     unstored: Mutex<HashMap<String, (String, String)>>,
+    /// Wake-ups to and from other processes over Redis, when configured.
+    signals: OnceLock<Signals>,
+    /// Schedulers running on this hub. Without one, nothing takes what
+    /// `pending` collects, so nothing is collected.
+    pub(crate) schedulers: AtomicUsize,
 }
 
 /// A job a submit handed to the lane's scheduler.
@@ -624,7 +662,12 @@ pub(crate) struct Credit {
 #[derive(Default)]
 pub(crate) struct Pending {
     pub(crate) models: HashSet<String>,
+    /// Jobs cancelled in this process: stop them.
     pub(crate) cancels: Vec<String>,
+    /// Jobs another process signalled cancelled: stop them if their rows agree.
+    pub(crate) rechecks: HashSet<String>,
+    /// Signals may have been missed: claim for every model with free slots.
+    pub(crate) refill_all: bool,
 }
 
 impl Hub {
@@ -636,7 +679,66 @@ impl Hub {
         self.pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
+    fn has_scheduler(&self) -> bool {
+        self.schedulers.load(Ordering::Acquire) > 0
+    }
+
+    /// Sends a signal to the other processes, if Redis is configured.
+    pub(crate) fn signal(&self, signal: Signal) {
+        if let Some(signals) = self.signals.get() {
+            signals.send(signal);
+        }
+    }
+
+    /// A job of `model` was queued: tell this process's scheduler and the others'.
+    pub(crate) fn queued(&self, model: &str) {
+        self.wake(model);
+        self.signal(Signal::Queued(model.to_string()));
+    }
+
+    /// Acts on a signal from another process.
+    pub(crate) fn apply(&self, signal: Signal) {
+        match signal {
+            Signal::Queued(model) => self.wake(&model),
+            Signal::Final(job_id) => self.reread(Some(&job_id)),
+            Signal::Cancelled(job_id) => {
+                if self.has_scheduler() {
+                    self.lock_pending().rechecks.insert(job_id);
+                    self.notify.notify_one();
+                }
+            }
+            Signal::Resync => self.resync(),
+        }
+    }
+
+    /// Signals may have been missed: every waiter reads its row once now, and
+    /// this process's scheduler claims as its sweep would.
+    pub(crate) fn resync(&self) {
+        self.reread(None);
+        if self.has_scheduler() {
+            self.lock_pending().refill_all = true;
+            self.notify.notify_one();
+        }
+    }
+
+    /// Wakes the waiters of `job_id` (of every job if `None`) to read the row.
+    fn reread(&self, job_id: Option<&str>) {
+        let woken: Vec<_> = {
+            let mut waiters = self.lock_waiters();
+            match job_id {
+                Some(job_id) => waiters.remove(job_id).into_iter().flatten().collect(),
+                None => waiters.drain().flat_map(|(_, list)| list).collect(),
+            }
+        };
+        for (_, sender) in woken {
+            let _ = sender.send(Wake::Reread);
+        }
+    }
+
     pub(crate) fn wake(&self, model: &str) {
+        if !self.has_scheduler() {
+            return;
+        }
         let mut pending = self.lock_pending();
         if !pending.models.contains(model) {
             pending.models.insert(model.to_string());
@@ -646,6 +748,9 @@ impl Hub {
     }
 
     pub(crate) fn cancel(&self, job_id: &str) {
+        if !self.has_scheduler() {
+            return;
+        }
         self.lock_pending().cancels.push(job_id.to_string());
         self.notify.notify_one();
     }
@@ -816,16 +921,28 @@ impl Hub {
         std::mem::take(&mut *self.lock_pending())
     }
 
-    /// Hands final views to whoever waits on them.
-    pub(crate) fn finished(&self, views: &[JobView]) {
+    /// Hands final views to whoever waits on them in this process. A view
+    /// for which `announce` holds and that nobody here waited for is
+    /// signalled to the other processes (a `runsync` caller may wait there).
+    pub(crate) fn finished(&self, views: &[JobView], announce: impl Fn(usize) -> bool) {
+        let signals = self.signals.get();
         let mut waiters = self.lock_waiters();
-        if waiters.is_empty() {
+        if waiters.is_empty() && signals.is_none() {
             return;
         }
-        for view in views {
-            if let Some(list) = waiters.remove(&view.id) {
-                for (_, sender) in list {
-                    let _ = sender.send(view.clone());
+        for (i, view) in views.iter().enumerate() {
+            match waiters.remove(&view.id) {
+                Some(list) => {
+                    for (_, sender) in list {
+                        let _ = sender.send(Wake::Final(view.clone()));
+                    }
+                }
+                None => {
+                    if let Some(signals) = signals
+                        && announce(i)
+                    {
+                        signals.send(Signal::Final(view.id.clone()));
+                    }
                 }
             }
         }
@@ -883,6 +1000,14 @@ impl Hub {
         Some((entry.waiter, entry.local))
     }
 
+    /// Starts the Redis signals (see `signals.rs`); an error if already started.
+    fn start_signals(self: &Arc<Self>, url: &str, channel: &str) -> Result<(), String> {
+        let signals = Signals::start(url, channel, Arc::downgrade(self))?;
+        self.signals
+            .set(signals)
+            .map_err(|_| "job signals are already connected".to_string())
+    }
+
     fn register(self: &Arc<Self>, job_id: &str) -> Waiter {
         let id = self.next_waiter.fetch_add(1, Ordering::Relaxed);
         let (sender, receiver) = oneshot::channel();
@@ -904,7 +1029,7 @@ struct Waiter {
     hub: Arc<Hub>,
     job_id: String,
     id: u64,
-    receiver: Option<oneshot::Receiver<JobView>>,
+    receiver: Option<oneshot::Receiver<Wake>>,
 }
 
 impl Waiter {
@@ -912,8 +1037,8 @@ impl Waiter {
         self.receiver.is_some()
     }
 
-    /// The view once settled; `None` (and closed for good) if the sender went away.
-    async fn receiver(&mut self) -> Option<JobView> {
+    /// What woke it; `None` (and closed for good) if the sender went away.
+    async fn receiver(&mut self) -> Option<Wake> {
         let receiver = self.receiver.as_mut()?;
         let result = receiver.await.ok();
         self.receiver = None;
@@ -959,6 +1084,47 @@ mod tests {
 
     fn free(model: &str, slots: u64) -> impl Iterator<Item = (String, u64)> {
         std::iter::once((model.to_string(), slots))
+    }
+
+    #[tokio::test]
+    async fn signals_from_elsewhere_wake_waiters_to_read_and_only_a_scheduler_collects_work() {
+        let hub = Arc::new(Hub::default());
+        let mut first = hub.register("job-1");
+        let mut second = hub.register("job-1");
+        let mut other = hub.register("job-2");
+        hub.apply(Signal::Final("job-1".into()));
+        for waiter in [&mut first, &mut second] {
+            assert!(
+                matches!(waiter.receiver().await, Some(Wake::Reread)),
+                "told to read the row"
+            );
+        }
+        assert!(hub.lock_waiters().get("job-1").is_none(), "woken waiters are gone");
+        assert!(hub.lock_waiters().contains_key("job-2"), "another job's waiter stays");
+
+        // Without a scheduler on this hub, nothing would ever take these.
+        hub.apply(Signal::Queued("m".into()));
+        hub.apply(Signal::Cancelled("job-3".into()));
+        hub.cancel("job-4");
+        hub.apply(Signal::Resync);
+        assert!(
+            matches!(other.receiver().await, Some(Wake::Reread)),
+            "a resync wakes every waiter"
+        );
+        let pending = hub.take_pending();
+        assert!(pending.models.is_empty() && pending.cancels.is_empty() && pending.rechecks.is_empty());
+        assert!(!pending.refill_all);
+
+        hub.schedulers.fetch_add(1, Ordering::AcqRel);
+        hub.apply(Signal::Queued("m".into()));
+        hub.apply(Signal::Cancelled("job-3".into()));
+        hub.cancel("job-4");
+        hub.apply(Signal::Resync);
+        let pending = hub.take_pending();
+        assert_eq!(pending.models, HashSet::from(["m".to_string()]));
+        assert_eq!(pending.rechecks, HashSet::from(["job-3".to_string()]));
+        assert_eq!(pending.cancels, vec!["job-4".to_string()]);
+        assert!(pending.refill_all);
     }
 
     #[test]

@@ -202,6 +202,9 @@ pub enum JobError {
 pub enum SchedulerError {
     #[error(transparent)]
     Database(#[from] DbErr),
+    /// Redis signals could not be set up (a malformed URL, or set up twice).
+    #[error("job signals: {0}")]
+    Signals(String),
 }
 
 #[cfg(test)]

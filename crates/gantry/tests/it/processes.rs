@@ -9,7 +9,8 @@ use std::process::{Child, Command, ExitStatus, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
-use gantry_testkit::PgDatabase;
+use futures_util::StreamExt;
+use gantry_testkit::{PgDatabase, RedisServer};
 use reqwest::Client;
 use sea_orm::{ConnectionTrait, Database, DbBackend, QueryResult, Statement};
 use serde_json::{Value, json};
@@ -746,5 +747,139 @@ async fn an_api_process_reports_workers_of_schedulers_elsewhere() {
             cluster.logs()
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Reads the job signals published on `channel` (see `docs/scheduler.md`,
+/// "Signals") into memory, from a subscription of the test's own.
+async fn listen(redis: &RedisServer, channel: &str) -> Log {
+    let client = redis::Client::open(redis.url()).expect("redis client");
+    let mut pubsub = client.get_async_pubsub().await.expect("subscribe");
+    pubsub.subscribe(channel).await.expect("subscribe");
+    let heard: Log = Arc::default();
+    let sink = Arc::clone(&heard);
+    tokio::spawn(async move {
+        let mut messages = pubsub.into_on_message();
+        while let Some(message) = messages.next().await {
+            if let Ok(text) = message.get_payload::<String>() {
+                sink.lock().unwrap().push(text);
+            }
+        }
+    });
+    heard
+}
+
+/// Whether a signal `<origin> <kind> <argument>` was heard.
+fn heard(log: &Log, kind: &str, argument: &str) -> bool {
+    let suffix = format!(" {kind} {argument}");
+    log.lock().unwrap().iter().any(|line| line.ends_with(&suffix))
+}
+
+/// With Redis configured, an API process and a scheduler process learn of
+/// each other's jobs at once. The sweep is set far beyond every wait of this
+/// test (120 s against 30 s), so a job that runs here was claimed because of
+/// a signal, and a running job stopped here was stopped because of one. Then
+/// Redis dies and comes back: the jobs queued meanwhile still run, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn redis_signals_wake_the_other_processes_and_losing_them_loses_no_job() {
+    let mut redis = RedisServer::start();
+    let url = redis.url();
+    let channel = format!("gantry-test:{}", crate::harness::unique());
+    let cluster = Cluster::new(&[
+        ("GANTRY_REDIS_URL", url.as_str()),
+        ("GANTRY_SCHEDULER__SIGNAL_CHANNEL", channel.as_str()),
+        ("GANTRY_SCHEDULER__SWEEP_INTERVAL_MS", "120000"),
+        ("GANTRY_SCHEDULER__LEASE_MS", "600000"),
+    ])
+    .await;
+    let heard_signals = listen(&redis, &channel).await;
+    let key = cluster.user_key();
+    let (api, sched) = (cluster.api("api"), cluster.scheduler("scheduler"));
+    let api = Cluster::ready_api(api).await;
+    let sched = Cluster::ready_scheduler(sched).await;
+    let mut worker = cluster.worker("worker", &sched, 2);
+    worker.wait_for_log("connected to the scheduler").await;
+
+    // Queued through the API process, claimed by the scheduler process long
+    // before its next sweep.
+    let mut ids = Vec::new();
+    for n in 0..4 {
+        ids.push(id_of(&cluster.submit(&api, "run", &key, json!({ "n": n })).await));
+    }
+    let done = cluster.until_final(&api, &key, &ids, WAIT).await;
+    for id in &ids {
+        assert_eq!(done[id]["status"], "COMPLETED", "{}", done[id]);
+    }
+    assert!(
+        heard(&heard_signals, "q", "gantry-echo"),
+        "{:?}",
+        heard_signals.lock().unwrap()
+    );
+
+    // A runsync caller waiting in the API process: the scheduler process
+    // announces the end of the job.
+    let sync = cluster
+        .submit(&api, "runsync?wait=30000", &key, json!({ "n": "sync" }))
+        .await;
+    assert_eq!(sync["status"], "COMPLETED", "{sync}");
+    let sync_id = id_of(&sync);
+    assert!(
+        heard(&heard_signals, "f", &sync_id),
+        "{:?}",
+        heard_signals.lock().unwrap()
+    );
+
+    // Cancelled through the API process while the scheduler process runs it:
+    // its worker is told at once, not at the next sweep.
+    let long = id_of(&cluster.submit(&api, "run", &key, json!({ "sleep_ms": 60_000 })).await);
+    cluster
+        .until_status(&api, &key, &long, "its worker", |job| job["status"] == "IN_PROGRESS")
+        .await;
+    let response = cluster
+        .client
+        .post(format!("{}/v2/gantry-echo/cancel/{long}", api.public))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .expect("cancel");
+    assert_eq!(response.status(), 200);
+    let line = worker.wait_for_log("job cancelled by the scheduler").await;
+    assert!(line.contains(&long), "{line}");
+    assert!(heard(&heard_signals, "c", &long), "{:?}", heard_signals.lock().unwrap());
+
+    // Redis goes away: the signal of this job is lost...
+    redis.kill();
+    let lost = id_of(&cluster.submit(&api, "run", &key, json!({ "n": "lost" })).await);
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(cluster.status(&api, &key, &lost).await["status"], "IN_QUEUE");
+    // ...and once it is back, the scheduler resubscribes and claims what is
+    // queued (nothing else could run it before the sweep)...
+    redis.spawn();
+    let done = cluster.until_final(&api, &key, std::slice::from_ref(&lost), WAIT).await;
+    assert_eq!(done[&lost]["status"], "COMPLETED", "{}", done[&lost]);
+    // ...and jobs queued from now on are signalled again.
+    let after = id_of(&cluster.submit(&api, "run", &key, json!({ "n": "after" })).await);
+    let done = cluster
+        .until_final(&api, &key, std::slice::from_ref(&after), WAIT)
+        .await;
+    assert_eq!(done[&after]["status"], "COMPLETED", "{}", done[&after]);
+
+    let mut charged = ids.clone();
+    charged.extend([sync_id, lost, after]);
+    let jobs = cluster.jobs().await;
+    assert_eq!(jobs[&long].status, "CANCELLED", "{:?}", jobs[&long]);
+    let ledger = cluster.ledger().await;
+    assert!(
+        ledger.iter().all(|(id, _)| id != &long),
+        "a cancelled job is not charged"
+    );
+    assert_eq!(ledger.len(), charged.len(), "one charge per completed job: {ledger:?}");
+    for id in &charged {
+        assert_eq!(jobs[id].status, "COMPLETED", "{id}: {:?}", jobs[id]);
+        assert_eq!(
+            ledger.iter().filter(|(job, _)| job == id).count(),
+            1,
+            "{id} charged once"
+        );
     }
 }
