@@ -94,18 +94,13 @@ impl Scheduler {
             rechecks: HashSet::new(),
         };
         core.sweep().await?;
-        // With the SQLite writer every submit may take the lane. Otherwise
-        // (PostgreSQL) only `runsync` jobs kept in memory do: in the benchmark,
-        // draining a backlog on PostgreSQL right after a run of `/run` jobs
-        // written claimed often collapsed to a few hundred jobs per second
-        // (docs/benchmarks-jobs.md), while a job kept in memory is written once,
-        // final, and never queued.
-        let sync_only = core.store.hub.engine.is_none();
-        core.fast_lane = (!sync_only || core.store.config.sync_store_after_ms() > 0)
-            && core
-                .store
-                .hub
-                .open_lane(&core.instance, millis(core.store.config.lease), sync_only);
+        // Every submit may take the lane, on both backends. (Until the
+        // PostgreSQL claim was fixed, `/run` jobs did not on PostgreSQL: see
+        // "Claims" in docs/scheduler.md and docs/benchmarks-jobs.md.)
+        core.fast_lane = core
+            .store
+            .hub
+            .open_lane(&core.instance, millis(core.store.config.lease));
         let hub = Arc::clone(&core.store.hub);
         hub.schedulers.fetch_add(1, Ordering::AcqRel);
         let (stop, stopped) = oneshot::channel();

@@ -131,7 +131,7 @@ impl JobStore {
         // A scheduler of this process has a free slot and nothing queued for
         // this model: write the job already claimed by it (one write instead of
         // an insert and a claim) and hand it over once committed.
-        let claimed = self.hub.take_credit(&row.model, mode);
+        let claimed = self.hub.take_credit(&row.model);
         // A sync job's caller waits for it right away: register that waiter now,
         // so `wait` needs no read to learn what it already knows.
         let parked = mode == Mode::Sync;
@@ -643,8 +643,6 @@ pub(crate) struct Handed {
 struct Lane {
     instance: String,
     lease_ms: i64,
-    /// Only `runsync` jobs kept in memory take credits (PostgreSQL).
-    sync_only: bool,
     /// Jobs a submit may still write claimed, per model.
     credits: HashMap<String, u64>,
     /// Credits taken whose rows the scheduler has not adopted yet, per model.
@@ -761,7 +759,7 @@ impl Hub {
 
     /// Opens the fast lane for scheduler `instance`; false if another
     /// scheduler of this process has it.
-    pub(crate) fn open_lane(&self, instance: &str, lease_ms: i64, sync_only: bool) -> bool {
+    pub(crate) fn open_lane(&self, instance: &str, lease_ms: i64) -> bool {
         let mut lane = self.lock_lane();
         if lane.is_some() {
             return false;
@@ -769,7 +767,6 @@ impl Hub {
         *lane = Some(Lane {
             instance: instance.to_string(),
             lease_ms,
-            sync_only,
             credits: HashMap::new(),
             pending: HashMap::new(),
             handed: Vec::new(),
@@ -865,9 +862,9 @@ impl Hub {
         }
     }
 
-    fn take_credit(&self, model: &str, mode: Mode) -> Option<Credit> {
+    fn take_credit(&self, model: &str) -> Option<Credit> {
         let mut guard = self.lock_lane();
-        let lane = guard.as_mut().filter(|lane| mode == Mode::Sync || !lane.sync_only)?;
+        let lane = guard.as_mut()?;
         let credits = lane.credits.get_mut(model).filter(|n| **n > 0)?;
         *credits -= 1;
         *lane.pending.entry(model.to_string()).or_insert(0) += 1;
@@ -1130,36 +1127,36 @@ mod tests {
     #[test]
     fn the_lane_never_hands_out_more_credits_than_free_slots() {
         let hub = Hub::default();
-        assert!(hub.take_credit("m", Mode::Async).is_none(), "no lane, no credit");
-        assert!(hub.open_lane("a", 500, false));
-        assert!(!hub.open_lane("b", 500, false), "one lane per process");
+        assert!(hub.take_credit("m").is_none(), "no lane, no credit");
+        assert!(hub.open_lane("a", 500));
+        assert!(!hub.open_lane("b", 500), "one lane per process");
         assert!(
-            hub.take_credit("m", Mode::Async).is_none(),
+            hub.take_credit("m").is_none(),
             "no credits until the scheduler sets them"
         );
 
         hub.set_credits("a", free("m", 2));
-        let credit = hub.take_credit("m", Mode::Async).unwrap();
+        let credit = hub.take_credit("m").unwrap();
         assert_eq!((credit.instance.as_str(), credit.lease_ms), ("a", 500));
-        assert!(hub.take_credit("m", Mode::Async).is_some());
-        assert!(hub.take_credit("m", Mode::Async).is_none(), "two slots, two credits");
-        assert!(hub.take_credit("other", Mode::Async).is_none());
+        assert!(hub.take_credit("m").is_some());
+        assert!(hub.take_credit("m").is_none(), "two slots, two credits");
+        assert!(hub.take_credit("other").is_none());
 
         // Still two free slots (nothing placed yet), but both are spoken for.
         hub.set_credits("a", free("m", 2));
-        assert!(hub.take_credit("m", Mode::Async).is_none());
+        assert!(hub.take_credit("m").is_none());
         // One insert failed and gave its credit back; one row was handed over.
         hub.return_credit("m");
         assert!(hub.hand_over(row("m"), true));
         assert!(hub.adopt("b").is_empty(), "only the lane's scheduler adopts");
         assert_eq!(hub.adopt("a").len(), 1);
         hub.set_credits("a", free("m", 1));
-        assert!(hub.take_credit("m", Mode::Async).is_some());
-        assert!(hub.take_credit("m", Mode::Async).is_none());
+        assert!(hub.take_credit("m").is_some());
+        assert!(hub.take_credit("m").is_none());
 
         // Another instance cannot set credits, nor close the lane.
         hub.set_credits("b", free("m", 5));
-        assert!(hub.take_credit("m", Mode::Async).is_none());
+        assert!(hub.take_credit("m").is_none());
         assert!(hub.hand_over(row("m"), true));
         assert!(hub.close_lane("b").is_none());
         assert_eq!(
@@ -1167,17 +1164,8 @@ mod tests {
             Some(1),
             "unadopted rows are returned"
         );
-        assert!(hub.take_credit("m", Mode::Async).is_none(), "closed");
+        assert!(hub.take_credit("m").is_none(), "closed");
         assert!(!hub.hand_over(row("m"), false), "closed");
-        assert!(hub.open_lane("b", 500, false));
-    }
-
-    #[test]
-    fn a_sync_only_lane_gives_credits_to_sync_submits_only() {
-        let hub = Hub::default();
-        assert!(hub.open_lane("a", 500, true));
-        hub.set_credits("a", free("m", 2));
-        assert!(hub.take_credit("m", Mode::Async).is_none());
-        assert!(hub.take_credit("m", Mode::Sync).is_some());
+        assert!(hub.open_lane("b", 500));
     }
 }

@@ -1,4 +1,4 @@
-//! The fast lane (SQLite): a submit that finds a free slot and an empty queue
+//! The fast lane: a submit that finds a free slot and an empty queue
 //! is written already claimed by the scheduler of its process, and handed to
 //! it after the commit. It must behave like any claimed job: run once, charged
 //! once, and requeued if its scheduler dies. Also `claim_ahead`, on both.
@@ -11,22 +11,11 @@ use serde_json::json;
 use crate::harness::{Backend, Env, Node, crash_and_recover};
 
 gantry_testkit::on_both_backends!(
+    a_submit_with_a_free_slot_is_written_claimed,
+    a_handed_over_job_survives_its_scheduler_crashing,
     submits_beyond_the_free_slots_queue_and_all_run_once,
     jobs_claimed_ahead_run_once_and_cancel_while_waiting,
 );
-
-/// `/run` jobs take the lane with SQLite only (see `Scheduler::start`).
-mod sqlite_lane {
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_submit_with_a_free_slot_is_written_claimed() {
-        super::a_submit_with_a_free_slot_is_written_claimed(super::Backend::Sqlite).await
-    }
-
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_handed_over_job_survives_its_scheduler_crashing() {
-        super::a_handed_over_job_survives_its_scheduler_crashing(super::Backend::Sqlite).await
-    }
-}
 
 /// Runs one job through, then gives the scheduler a moment to refresh the
 /// lane's credits (it found the queue empty when that job's slot freed).
