@@ -285,7 +285,15 @@ impl<M: Model> Session<'_, M> {
                     Ok(None) => return Err("scheduler closed the stream".into()),
                     Err(status) => return Err(format!("stream failed: {}: {}", status.code(), status.message())),
                 },
-                Some(joined) = self.tasks.join_next_with_id() => self.on_job_done(joined, state).await?,
+                Some(joined) = self.tasks.join_next_with_id() => {
+                    // Report every job that has ended by now, then give all
+                    // their slots back in one credit.
+                    let mut freed = self.on_job_done(joined).await?;
+                    while let Some(joined) = self.tasks.try_join_next_with_id() {
+                        freed += self.on_job_done(joined).await?;
+                    }
+                    self.return_credits(freed, state).await?;
+                }
                 _ = heartbeat.tick() => {
                     let beat = Heartbeat {
                         timestamp_unix_ms: unix_ms(SystemTime::now()),
@@ -379,7 +387,7 @@ impl<M: Model> Session<'_, M> {
                     retryable,
                 };
                 self.send(Kind::Failure(failure)).await?;
-                return self.return_credit(state).await;
+                return self.return_credits(1, state).await;
             }
         };
 
@@ -413,32 +421,29 @@ impl<M: Model> Session<'_, M> {
         Ok(())
     }
 
-    async fn on_job_done(
-        &mut self,
-        joined: Result<(tokio::task::Id, JobReport), JoinError>,
-        state: &State,
-    ) -> Result<(), String> {
+    /// Reports how a job's task ended; returns the slots it freed (0 or 1).
+    async fn on_job_done(&mut self, joined: Result<(tokio::task::Id, JobReport), JoinError>) -> Result<u32, String> {
         let (task_id, report) = match joined {
             Ok((id, report)) => (id, Ok(report)),
             Err(error) => (error.id(), Err(error)),
         };
         let Some(job_id) = self.task_jobs.remove(&task_id) else {
-            return Ok(());
+            return Ok(0);
         };
         let Some(job) = self.jobs.remove(&job_id) else {
-            return Ok(());
+            return Ok(0);
         };
         let message = terminal_message(job_id, &job, report);
         self.send(message).await?;
-        self.return_credit(state).await
+        Ok(1)
     }
 
-    /// Gives the slot back to the scheduler, unless we are draining.
-    async fn return_credit(&self, state: &State) -> Result<(), String> {
-        if state.draining {
+    /// Gives slots back to the scheduler, unless we are draining.
+    async fn return_credits(&self, slots: u32, state: &State) -> Result<(), String> {
+        if state.draining || slots == 0 {
             return Ok(());
         }
-        self.send(Kind::SlotCredit(SlotCredit { slots: 1 })).await
+        self.send(Kind::SlotCredit(SlotCredit { slots })).await
     }
 
     async fn send(&self, kind: Kind) -> Result<(), String> {

@@ -252,6 +252,40 @@ async fn slots_limit_concurrency() {
     assert!(matches!(server.terminal("job-c").await, Event::Completed { .. }));
 }
 
+/// Jobs that end together may have their slots returned in one credit: every
+/// slot still comes back exactly once, never more.
+#[tokio::test]
+async fn slots_of_jobs_ending_together_come_back_exactly() {
+    let mut server = Server::start();
+    let _worker = Worker::echo(&server, "w-batch", 4);
+    server.wait_capacity(ECHO).await;
+    for round in 1..=3u32 {
+        let jobs: Vec<String> = (0..4).map(|n| format!("job-{round}-{n}")).collect();
+        for job in &jobs {
+            let assigned = server
+                .dispatcher
+                .assign(Assignment::new(job, 1, ECHO, json!({"sleep_ms": 20})));
+            assert_eq!(assigned, Ok("w-batch".into()), "{job}");
+        }
+        assert_eq!(
+            server
+                .dispatcher
+                .assign(Assignment::new("one-too-many", 1, ECHO, json!({}))),
+            Err(AssignError::NoCapacity { model: ECHO.into() }),
+            "four slots, four jobs"
+        );
+        for job in &jobs {
+            assert!(matches!(server.terminal(job).await, Event::Completed { .. }), "{job}");
+        }
+        let started = Instant::now();
+        while server.dispatcher.health().models[ECHO].free_slots < 4 {
+            assert!(started.elapsed() < WAIT, "slots never came back");
+            tokio::time::sleep(std::time::Duration::from_millis(5)).await;
+        }
+        assert_eq!(server.dispatcher.health().models[ECHO].free_slots, 4, "round {round}");
+    }
+}
+
 #[tokio::test]
 async fn least_loaded_worker_is_preferred() {
     let mut server = Server::start();
