@@ -6,7 +6,6 @@ use std::collections::{HashMap, HashSet, VecDeque};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use gantry_catalog::ModelCatalog;
@@ -26,7 +25,7 @@ use crate::engine::Engine;
 use crate::entity::{chunk, job, presence};
 use crate::plan::{self, Plan, Settled, Step, Store, Usage, is_final, running_jobs};
 use crate::signals::Signal;
-use crate::store::{Handed, Hub, JobStore, now_ms, plus, retention_expr, serialize_writes};
+use crate::store::{Attached, Handed, Hub, JobStore, now_ms, plus, retention_expr, serialize_writes};
 use crate::types::{JobStatus, JobView, SchedulerError};
 
 use job::Column as J;
@@ -75,6 +74,7 @@ impl Scheduler {
             .map_err(|e| tracing::warn!(error = %e, "webhook client unavailable; webhooks are disabled"))
             .ok();
         let mut core = Core {
+            _attached: Attached::new(&store.hub),
             db: store.db.clone(),
             store,
             catalog,
@@ -102,7 +102,6 @@ impl Scheduler {
             .hub
             .open_lane(&core.instance, millis(core.store.config.lease));
         let hub = Arc::clone(&core.store.hub);
-        hub.schedulers.fetch_add(1, Ordering::AcqRel);
         let (stop, stopped) = oneshot::channel();
         let task = tokio::spawn(core.run(events, stopped));
         Ok(Scheduler {
@@ -199,6 +198,8 @@ struct Core {
     /// Running jobs another process signalled cancelled: their rows are
     /// checked between settlements (see `recheck`).
     rechecks: HashSet<String>,
+    /// Counts this scheduler on the hub while the loop lives.
+    _attached: Attached,
 }
 
 /// What one settled batch produced, applied after its commit.
@@ -337,7 +338,6 @@ impl Core {
         if let Err(error) = self.withdraw_presence().await {
             tracing::warn!(%error, "could not remove this scheduler's worker presence");
         }
-        hub.schedulers.fetch_sub(1, Ordering::AcqRel);
     }
 
     // ---- settling worker events ----

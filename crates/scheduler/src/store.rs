@@ -612,9 +612,27 @@ pub(crate) struct Hub {
     unstored: Mutex<HashMap<String, (String, String)>>,
     /// Wake-ups to and from other processes over Redis, when configured.
     signals: OnceLock<Signals>,
-    /// Schedulers running on this hub. Without one, nothing takes what
-    /// `pending` collects, so nothing is collected.
-    pub(crate) schedulers: AtomicUsize,
+    /// Schedulers running on this hub (see [`Attached`]). Without one,
+    /// nothing takes what `pending` collects, so nothing is collected.
+    schedulers: AtomicUsize,
+}
+
+/// Counts a scheduler on its hub for as long as it lives: held by the
+/// scheduler's loop, so it is released however the loop ends (stopped, or
+/// aborted when its `Scheduler` is dropped).
+pub(crate) struct Attached(Arc<Hub>);
+
+impl Attached {
+    pub(crate) fn new(hub: &Arc<Hub>) -> Self {
+        hub.schedulers.fetch_add(1, Ordering::AcqRel);
+        Self(Arc::clone(hub))
+    }
+}
+
+impl Drop for Attached {
+    fn drop(&mut self) {
+        self.0.schedulers.fetch_sub(1, Ordering::AcqRel);
+    }
 }
 
 /// A job a submit handed to the lane's scheduler.
@@ -1112,7 +1130,7 @@ mod tests {
         assert!(pending.models.is_empty() && pending.cancels.is_empty() && pending.rechecks.is_empty());
         assert!(!pending.refill_all);
 
-        hub.schedulers.fetch_add(1, Ordering::AcqRel);
+        let attached = Attached::new(&hub);
         hub.apply(Signal::Queued("m".into()));
         hub.apply(Signal::Cancelled("job-3".into()));
         hub.cancel("job-4");
@@ -1122,6 +1140,13 @@ mod tests {
         assert_eq!(pending.rechecks, HashSet::from(["job-3".to_string()]));
         assert_eq!(pending.cancels, vec!["job-4".to_string()]);
         assert!(pending.refill_all);
+
+        // The scheduler is gone, however it ended: collecting stops again.
+        drop(attached);
+        hub.apply(Signal::Queued("m".into()));
+        hub.cancel("job-5");
+        let pending = hub.take_pending();
+        assert!(pending.models.is_empty() && pending.cancels.is_empty());
     }
 
     #[test]
