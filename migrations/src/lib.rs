@@ -7,6 +7,7 @@ mod m20261121_000003_jobs_and_billing;
 mod m20261121_000004_worker_presence;
 mod m20261122_000005_fewer_job_indexes;
 mod m20261122_000006_narrow_job_writes;
+mod m20261122_000007_webhook_outbox;
 
 pub struct Migrator;
 
@@ -20,6 +21,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261121_000004_worker_presence::Migration),
             Box::new(m20261122_000005_fewer_job_indexes::Migration),
             Box::new(m20261122_000006_narrow_job_writes::Migration),
+            Box::new(m20261122_000007_webhook_outbox::Migration),
         ]
     }
 }

@@ -86,6 +86,13 @@ pub struct SchedulerSettings {
     /// Redis pub/sub channel for job wake-ups between processes (used when
     /// `redis_url` is set; processes sharing a database must use the same).
     pub signal_channel: String,
+    /// Webhook deliveries tried per job.
+    pub webhook_attempts: u32,
+    /// Timeout of one webhook request, in milliseconds.
+    pub webhook_timeout_ms: u64,
+    /// PEM file of extra root certificates trusted for `https://` webhooks,
+    /// on top of the system's.
+    pub webhook_ca_file: Option<std::path::PathBuf>,
 }
 
 impl Default for SchedulerSettings {
@@ -104,6 +111,9 @@ impl Default for SchedulerSettings {
             claim_ahead: 0,
             sync_store_after_ms: 200,
             signal_channel: "gantry:jobs".into(),
+            webhook_attempts: 3,
+            webhook_timeout_ms: 10_000,
+            webhook_ca_file: None,
         }
     }
 }
@@ -118,6 +128,9 @@ impl SchedulerSettings {
         config.sweep_interval = std::time::Duration::from_millis(self.sweep_interval_ms.max(10));
         config.claim_ahead = self.claim_ahead;
         config.sync_store_after = std::time::Duration::from_millis(self.sync_store_after_ms);
+        config.webhook_attempts = self.webhook_attempts.max(1);
+        config.webhook_timeout = std::time::Duration::from_millis(self.webhook_timeout_ms.max(1));
+        config.webhook_ca_file = self.webhook_ca_file.clone();
         config
     }
 }

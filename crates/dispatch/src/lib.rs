@@ -37,6 +37,7 @@ use std::time::{Duration, SystemTime};
 use serde_json::Value;
 use tokio::sync::mpsc;
 
+pub use gantry_proto::DEADLINE_EXCEEDED;
 pub use gantry_proto::v1::{Timings, Usage};
 pub use service::GatewayService;
 
@@ -175,7 +176,8 @@ pub enum Event {
         usage: Usage,
         timings: Timings,
     },
-    /// Terminal: the attempt failed; retry only if `retryable`.
+    /// Terminal: the attempt failed; retry only if `retryable`. An `error` of
+    /// exactly [`DEADLINE_EXCEEDED`] means the attempt's deadline passed.
     Failed {
         job_id: String,
         attempt: u32,

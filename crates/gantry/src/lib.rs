@@ -46,6 +46,16 @@ impl SchedulerRole {
         Dispatcher::new(config)
     }
 
+    /// Refuses settings the scheduler would fail on, before anything is
+    /// created or bound.
+    pub fn check(settings: &Settings) -> Result<(), StartError> {
+        settings
+            .scheduler
+            .job_config()
+            .check()
+            .map_err(|e| StartError::Config(format!("scheduler: {e}")))
+    }
+
     /// Binds the worker listener and starts claiming jobs from the database.
     pub async fn start(
         settings: &Settings,
@@ -182,6 +192,7 @@ pub struct Platform {
 
 impl Platform {
     pub async fn start(settings: Settings) -> Result<Platform, StartError> {
+        SchedulerRole::check(&settings)?;
         let secret = worker_secret(&settings);
         let (dispatcher, events) = SchedulerRole::dispatcher(&settings, &secret);
         let app = Application::build(settings.clone(), Some(dispatcher.clone())).await?;

@@ -237,6 +237,7 @@ async fn scheduler(settings: Settings) -> CliResult {
             "set scheduler.worker_secret (GANTRY_SCHEDULER__WORKER_SECRET): workers sign their tokens with it".into(),
         );
     }
+    SchedulerRole::check(&settings)?;
     let db = connect_database(&settings).await?;
     let store = gantry_scheduler::JobStore::new(db, settings.scheduler.job_config());
     connect_job_signals(&settings, &store)?;

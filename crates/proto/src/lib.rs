@@ -13,6 +13,12 @@ pub mod v1 {
     tonic::include_proto!("gantry.worker.v1");
 }
 
+/// The `Failure.error` of an attempt whose `Assign.deadline_unix_ms` passed,
+/// whether while it ran or before the worker could start it. The scheduler
+/// records such a job as `TIMED_OUT` rather than `FAILED`, so a worker must
+/// send exactly this text (and `retryable: false`) for a passed deadline.
+pub const DEADLINE_EXCEEDED: &str = "deadline exceeded";
+
 /// Micro-units in one whole unit of [`v1::Usage::quantity_micros`].
 pub const MICROS_PER_UNIT: i64 = 1_000_000;
 

@@ -1,3 +1,4 @@
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// Settings of the job layer, shared by [`crate::JobStore`] and [`crate::Scheduler`].
@@ -46,6 +47,10 @@ pub struct SchedulerConfig {
     pub webhook_attempts: u32,
     /// Timeout of one webhook request. Default 10 s.
     pub webhook_timeout: Duration,
+    /// A PEM file of extra root certificates trusted for `https://` webhooks,
+    /// on top of the system's (for receivers behind a private CA). Default
+    /// none.
+    pub webhook_ca_file: Option<PathBuf>,
 }
 
 impl Default for SchedulerConfig {
@@ -64,11 +69,18 @@ impl Default for SchedulerConfig {
             sync_store_after: Duration::from_millis(200),
             webhook_attempts: 3,
             webhook_timeout: Duration::from_secs(10),
+            webhook_ca_file: None,
         }
     }
 }
 
 impl SchedulerConfig {
+    /// Checks what can be wrong before anything starts: the webhook client
+    /// must build (`webhook_ca_file` readable and holding certificates).
+    pub fn check(&self) -> Result<(), crate::SchedulerError> {
+        crate::webhooks::client(self).map(drop)
+    }
+
     /// How recent a scheduler's `worker_presence` rows must be to count:
     /// three sweeps, at least 3 s. Rows of a crashed scheduler stop counting
     /// after this.

@@ -33,7 +33,7 @@ const MAX_OPS: usize = 1024;
 const COLUMNS: &str = "id, user_id, model, status, input, output, error, webhook, low_priority, sync, \
     execution_timeout_ms, ttl_ms, attempt, max_attempts, retries, worker_id, owner, lease_until_ms, \
     run_deadline_ms, created_at_ms, queued_at_ms, started_at_ms, completed_at_ms, expires_at_ms, \
-    cost_micro_usd, usage_unit, usage_quantity_micros, chunks_read";
+    cost_micro_usd, usage_unit, usage_quantity_micros, chunks_read, webhook_due_ms";
 
 /// One queued operation and where its result goes.
 struct Op {
@@ -254,7 +254,7 @@ fn copy(error: &DbErr) -> DbErr {
 fn insert(conn: &Connection, row: &job::Model) -> rusqlite::Result<()> {
     let mut statement = conn.prepare_cached(&format!(
         "INSERT INTO jobs ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, \
-         ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28)"
+         ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29)"
     ))?;
     statement.execute(params![
         row.id,
@@ -285,6 +285,7 @@ fn insert(conn: &Connection, row: &job::Model) -> rusqlite::Result<()> {
         row.usage_unit,
         row.usage_quantity_micros,
         row.chunks_read,
+        row.webhook_due_ms,
     ])?;
     Ok(())
 }
@@ -339,6 +340,7 @@ fn job_of(row: &Row<'_>) -> rusqlite::Result<job::Model> {
         usage_unit: row.get(25)?,
         usage_quantity_micros: row.get(26)?,
         chunks_read: row.get(27)?,
+        webhook_due_ms: row.get(28)?,
     })
 }
 

@@ -44,6 +44,10 @@ pub mod job {
         pub usage_quantity_micros: Option<i64>,
         /// Stream chunks already returned by `read_stream`.
         pub chunks_read: i64,
+        /// Set while the webhook's delivery is pending: 0, or until when a
+        /// scheduler holds it (see `webhooks.rs`); `None` without a webhook
+        /// or once delivered.
+        pub webhook_due_ms: Option<i64>,
     }
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
@@ -83,6 +87,7 @@ pub mod job {
             usage_unit: None,
             usage_quantity_micros: None,
             chunks_read: 0,
+            webhook_due_ms: None,
         }
     }
 }

@@ -21,6 +21,7 @@ mod scheduler;
 mod signals;
 mod store;
 mod types;
+mod webhooks;
 
 pub use config::SchedulerConfig;
 pub use scheduler::Scheduler;

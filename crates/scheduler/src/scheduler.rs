@@ -9,7 +9,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use gantry_catalog::ModelCatalog;
-use gantry_dispatch::{AssignError, Assignment, Dispatcher, Event, Health};
+use gantry_dispatch::{AssignError, Assignment, DEADLINE_EXCEEDED, Dispatcher, Event, Health};
 use rand::RngExt;
 use sea_orm::sea_query::{Expr, OnConflict, Query};
 use sea_orm::{
@@ -27,6 +27,7 @@ use crate::plan::{self, Plan, Settled, Step, Store, Usage, is_final, running_job
 use crate::signals::Signal;
 use crate::store::{Attached, Handed, Hub, JobStore, now_ms, plus, retention_expr, serialize_writes};
 use crate::types::{JobStatus, JobView, SchedulerError};
+use crate::webhooks;
 
 use job::Column as J;
 
@@ -41,8 +42,6 @@ const EXPIRE_ROUNDS: usize = 10;
 /// between two.
 const ANALYZE_AFTER_FIRST: u64 = 1_000;
 const ANALYZE_AFTER_MAX: u64 = 1_000_000;
-/// The error a worker reports when the attempt's deadline passed.
-const DEADLINE_EXCEEDED: &str = "deadline exceeded";
 /// `worker_presence` rows of any instance not refreshed for this long (and
 /// at least the freshness window) are deleted, at most once per this period.
 const PRESENCE_PRUNE_MS: i64 = 60_000;
@@ -68,11 +67,7 @@ impl Scheduler {
         events: mpsc::Receiver<Event>,
     ) -> Result<Scheduler, SchedulerError> {
         let instance_id = format!("sched-{:016x}", rand::rng().random::<u64>());
-        let webhooks = reqwest::Client::builder()
-            .timeout(store.config.webhook_timeout)
-            .build()
-            .map_err(|e| tracing::warn!(error = %e, "webhook client unavailable; webhooks are disabled"))
-            .ok();
+        let webhooks = webhooks::Deliveries::new(&store.config, store.db.clone(), Arc::clone(&store.hub.write_lock))?;
         let mut core = Core {
             _attached: Attached::new(&store.hub),
             db: store.db.clone(),
@@ -181,7 +176,7 @@ struct Core {
     /// Models whose last claim found the queue empty: a freed slot alone does
     /// not trigger a claim for them (a submit, a requeue or a sweep does).
     drained: HashSet<String>,
-    webhooks: Option<reqwest::Client>,
+    webhooks: webhooks::Deliveries,
     /// Models this instance has `worker_presence` rows for.
     presence: HashSet<String>,
     /// When this instance last pruned long-stale `worker_presence` rows.
@@ -712,32 +707,10 @@ impl Core {
         let views: Vec<JobView> = finals.iter().map(|row| JobView::of(row, now)).collect();
         // Only `runsync` callers wait, and one may wait in another process.
         self.store.hub.finished(&views, |i| finals[i].sync);
-        let Some(client) = &self.webhooks else {
-            return;
-        };
         for (row, view) in finals.iter().zip(views) {
-            let Some(url) = row.webhook.clone() else {
-                continue;
-            };
-            if view.status == JobStatus::Cancelled {
-                continue;
+            if let Some(url) = row.webhook.clone() {
+                self.webhooks.send(url, view, row.completed_at_ms);
             }
-            let client = client.clone();
-            let attempts = self.store.config.webhook_attempts.max(1);
-            tokio::spawn(async move {
-                for attempt in 1..=attempts {
-                    match client.post(&url).json(&view).send().await {
-                        Ok(response) if response.status().is_success() => return,
-                        Ok(response) => {
-                            tracing::warn!(job_id = %view.id, status = %response.status(), attempt, "webhook refused")
-                        }
-                        Err(error) => tracing::warn!(job_id = %view.id, %error, attempt, "webhook failed"),
-                    }
-                    if attempt < attempts {
-                        tokio::time::sleep(Duration::from_millis(500) * 2u32.pow(attempt - 1)).await;
-                    }
-                }
-            });
         }
     }
 
@@ -1080,6 +1053,7 @@ impl Core {
         self.requeue_orphans().await?;
         self.expire().await?;
         self.flush_workers().await?;
+        self.webhooks.take_over(now_ms()).await?;
         let health = self.dispatcher.health();
         self.publish_presence(&health).await?;
         // Claim anything left queued (submitted elsewhere, or a lost wake-up).

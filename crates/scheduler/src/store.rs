@@ -96,6 +96,7 @@ impl JobStore {
         let ttl_ms = bounded("ttl", req.policy.ttl_ms, self.config.default_ttl)?;
         let input = serde_json::to_string(&req.input).map_err(|e| JobError::Invalid(e.to_string()))?;
         let now = now_ms();
+        let webhook_due_ms = req.webhook.as_ref().map(|_| 0);
         let mut row = job::Model {
             id: new_job_id(now),
             user_id: user.to_string(),
@@ -125,6 +126,7 @@ impl JobStore {
             usage_unit: None,
             usage_quantity_micros: None,
             chunks_read: 0,
+            webhook_due_ms,
         };
         // What the caller is told: accepted into the queue.
         let view = JobView::of(&row, now);
@@ -321,6 +323,8 @@ impl JobStore {
             .col_expr(J::ExpiresAtMs, Expr::cust(format!("{now} + ttl_ms")))
             .col_expr(J::Retries, plus(J::Retries, 1))
             .col_expr(J::MaxAttempts, plus(J::Attempt, attempts))
+            // A new outcome, a new delivery.
+            .col_expr(J::WebhookDueMs, crate::webhooks::pending_if_any())
             .filter(callers_job(user, model_id, job_id, now))
             .filter(J::Status.is_in([JobStatus::Failed.as_str(), JobStatus::TimedOut.as_str()]))
             .exec_with_returning(&self.db)

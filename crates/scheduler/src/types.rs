@@ -205,6 +205,10 @@ pub enum SchedulerError {
     /// Redis signals could not be set up (a malformed URL, or set up twice).
     #[error("job signals: {0}")]
     Signals(String),
+    /// The webhook client could not be built (an unreadable or invalid
+    /// `webhook_ca_file`).
+    #[error("webhooks: {0}")]
+    Webhooks(String),
 }
 
 #[cfg(test)]

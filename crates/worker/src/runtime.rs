@@ -5,6 +5,7 @@ use std::pin::{Pin, pin};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
+use gantry_proto::DEADLINE_EXCEEDED;
 use gantry_proto::auth::{self, AUTHORIZATION, WorkerClaims};
 use gantry_proto::v1::worker_gateway_client::WorkerGatewayClient;
 use gantry_proto::v1::{
@@ -373,7 +374,7 @@ impl<M: Model> Session<'_, M> {
         // None: no deadline; Some(None): already passed.
         let remaining = deadline.map(|d| d.duration_since(SystemTime::now()).ok());
         let input = match (input, remaining) {
-            (Ok(_), Some(None)) => Err((false, "deadline passed before the job started".to_owned())),
+            (Ok(_), Some(None)) => Err((false, DEADLINE_EXCEEDED.to_owned())),
             (input, _) => input,
         };
         let input = match input {
@@ -528,7 +529,7 @@ fn terminal_message(job_id: String, job: &RunningJob, report: Result<JobReport, 
                 run_ns: nanos(report.run),
             }),
         }),
-        _ if report.driven.deadline_exceeded => failure("deadline exceeded".into(), false),
+        _ if report.driven.deadline_exceeded => failure(DEADLINE_EXCEEDED.into(), false),
         _ if job.cancel_requested => Kind::Cancelled(Cancelled { job_id, attempt }),
         Some(Err(error)) => failure(error.to_string(), error.is_retryable()),
         None => failure("job stopped without a result".into(), true),

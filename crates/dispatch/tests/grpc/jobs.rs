@@ -320,10 +320,30 @@ async fn a_past_deadline_fails_without_retry() {
     let mut job = Assignment::new("job-d", 1, ECHO, json!({"sleep_ms": 60_000}));
     job.deadline = Some(std::time::SystemTime::now() + std::time::Duration::from_millis(100));
     server.dispatcher.assign(job).unwrap();
-    match server.terminal("job-d").await {
+    assert_deadline_exceeded(server.terminal("job-d").await);
+}
+
+/// A deadline that passed before the worker could start the attempt (a slow
+/// hand-over, a clock ahead of the scheduler's) is reported the same way as one
+/// that passed while it ran, so the scheduler records the job as timed out.
+#[tokio::test]
+async fn a_deadline_passed_on_arrival_is_exceeded_too() {
+    let mut server = Server::start();
+    let _worker = Worker::echo(&server, "w-late", 1);
+    server.wait_capacity(ECHO).await;
+
+    let mut job = Assignment::new("job-late", 1, ECHO, json!({"sleep_ms": 60_000}));
+    job.deadline = Some(std::time::SystemTime::now() - std::time::Duration::from_millis(5));
+    server.dispatcher.assign(job).unwrap();
+    assert_deadline_exceeded(server.terminal("job-late").await);
+    server.wait_capacity(ECHO).await;
+}
+
+fn assert_deadline_exceeded(event: Event) {
+    match event {
         Event::Failed { error, retryable, .. } => {
             assert!(!retryable);
-            assert!(error.contains("deadline"), "{error}");
+            assert_eq!(error, gantry_dispatch::DEADLINE_EXCEEDED);
         }
         other => panic!("expected Failed, got {other:?}"),
     }

@@ -236,7 +236,7 @@ fn first_start_prints_one_admin_key_and_later_starts_do_not() {
 async fn two_serve_instances_run_side_by_side() {
     let (a_dir, b_dir) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
     let (a, b) = (ServeProcess::start(a_dir.path()), ServeProcess::start(b_dir.path()));
-    let client = reqwest::Client::new();
+    let client = crate::harness::http_client(std::time::Duration::from_secs(30));
     for server in [&a, &b] {
         let key = server.admin_key().expect("admin key on first start");
         let job: serde_json::Value = client
@@ -261,18 +261,7 @@ async fn two_serve_instances_run_side_by_side() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_second_server_on_the_same_sqlite_file_refuses_to_start() {
     let app = TestApp::spawn(Backend::Sqlite).await;
-    let output = Command::new(env!("CARGO_BIN_EXE_gantry"))
-        .arg("serve")
-        .env("GANTRY_DATABASE_URL", &app.database_url)
-        .env("GANTRY_DATA_DIR", &app.settings.data_dir)
-        .env("GANTRY_MANAGEMENT_ADDR", "127.0.0.1:0")
-        .env("GANTRY_PUBLIC_ADDR", "127.0.0.1:0")
-        .env("GANTRY_SCHEDULER__ADDR", "127.0.0.1:0")
-        .stdin(Stdio::null())
-        .output()
-        .unwrap();
-    assert!(!output.status.success());
-    let stderr = String::from_utf8_lossy(&output.stderr);
+    let stderr = serve_fails(serve_on_free_ports(&app.settings.data_dir).env("GANTRY_DATABASE_URL", &app.database_url));
     assert!(
         stderr.contains("another Gantry process is serving the SQLite database"),
         "{stderr}"
@@ -308,4 +297,45 @@ fn migrate_creates_the_schema_once() {
         .output()
         .unwrap();
     assert!(user.status.success(), "{}", String::from_utf8_lossy(&user.stderr));
+}
+
+/// A `webhook_ca_file` that cannot be read stops `serve` at start, naming the
+/// file, rather than leaving every `https://` webhook to fail later.
+#[test]
+fn serve_refuses_a_webhook_ca_file_it_cannot_read() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("no-such-ca.pem");
+    let stderr = serve_fails(
+        serve_on_free_ports(dir.path())
+            .env_remove("GANTRY_DATABASE_URL")
+            .env("GANTRY_SCHEDULER__WEBHOOK_CA_FILE", &missing),
+    );
+    assert!(
+        stderr.contains("webhook_ca_file") && stderr.contains("no-such-ca.pem"),
+        "{stderr}"
+    );
+    assert!(
+        !dir.path().join("gantry.db").exists(),
+        "refused before the database is created"
+    );
+}
+
+/// `gantry serve` on `data_dir`, every listener on a free port.
+fn serve_on_free_ports(data_dir: &std::path::Path) -> Command {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_gantry"));
+    command
+        .arg("serve")
+        .env("GANTRY_DATA_DIR", data_dir)
+        .env("GANTRY_MANAGEMENT_ADDR", "127.0.0.1:0")
+        .env("GANTRY_PUBLIC_ADDR", "127.0.0.1:0")
+        .env("GANTRY_SCHEDULER__ADDR", "127.0.0.1:0")
+        .stdin(Stdio::null());
+    command
+}
+
+/// Runs `command`, which must fail; returns its stderr.
+fn serve_fails(command: &mut Command) -> String {
+    let output = command.output().unwrap();
+    assert!(!output.status.success());
+    String::from_utf8_lossy(&output.stderr).into_owned()
 }

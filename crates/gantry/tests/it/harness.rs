@@ -67,10 +67,7 @@ impl TestApp {
             _workers: workers,
             base,
             public_base,
-            client: Client::builder()
-                .timeout(Duration::from_secs(30))
-                .build()
-                .expect("client"),
+            client: http_client(Duration::from_secs(30)),
             auth,
             database_url,
             settings,
@@ -154,4 +151,12 @@ pub fn errors_of(body: &Value) -> Vec<String> {
         .as_array()
         .map(|a| a.iter().filter_map(|e| e.as_str().map(String::from)).collect())
         .unwrap_or_default()
+}
+
+/// A plain-HTTP client for the tests. The workspace's reqwest has TLS without
+/// a built-in crypto provider (the scheduler's webhook client brings ring
+/// itself), so reqwest wants a process default before building any client.
+pub fn http_client(timeout: Duration) -> Client {
+    let _ = rustls::crypto::ring::default_provider().install_default();
+    Client::builder().timeout(timeout).build().expect("client")
 }

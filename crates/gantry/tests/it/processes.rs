@@ -200,10 +200,7 @@ impl Cluster {
         Cluster {
             dir: tempfile::tempdir().expect("temp dir"),
             env: all,
-            client: Client::builder()
-                .timeout(Duration::from_secs(40))
-                .build()
-                .expect("client"),
+            client: crate::harness::http_client(Duration::from_secs(40)),
             logs: Mutex::default(),
             db,
         }

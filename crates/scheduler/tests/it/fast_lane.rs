@@ -8,7 +8,7 @@ use std::time::Duration;
 use gantry_scheduler::JobStatus;
 use serde_json::json;
 
-use crate::harness::{Backend, Env, Node, crash_and_recover};
+use crate::harness::{Backend, Env, Node, completed_once_by, crash_and_recover};
 
 gantry_testkit::on_both_backends!(
     a_submit_with_a_free_slot_is_written_claimed,
@@ -36,10 +36,7 @@ async fn a_submit_with_a_free_slot_is_written_claimed(backend: Backend) {
     assert_eq!(job.status, JobStatus::InQueue);
     // ...but the committed row is already running: no claim came in between.
     assert_eq!(env.get(&job.id).await.status, JobStatus::InProgress);
-    let done = env.finished(&job.id).await;
-    assert_eq!(done.status, JobStatus::Completed, "{done:?}");
-    assert_eq!(done.worker_id.as_deref(), Some("w1"));
-    assert_eq!(env.charges_of(&job.id).await, [10]);
+    completed_once_by(&env, &job.id, "w1").await;
     node.shutdown().await;
 }
 

@@ -120,22 +120,31 @@ impl Env {
         }
     }
 
-    /// The job's row as written to the database: (status, worker id).
-    pub async fn row_of(&self, id: &str) -> Option<(String, Option<String>)> {
+    /// Columns of the job's row as written to the database.
+    async fn columns_of(&self, columns: &str, id: &str) -> Option<sea_orm::QueryResult> {
         let backend = self.db.get_database_backend();
-        let sql = match backend {
-            DbBackend::Postgres => "SELECT status, worker_id FROM jobs WHERE id = $1",
-            _ => "SELECT status, worker_id FROM jobs WHERE id = ?",
-        };
-        let row = self
-            .db
+        let placeholder = if backend == DbBackend::Postgres { "$1" } else { "?" };
+        let sql = format!("SELECT {columns} FROM jobs WHERE id = {placeholder}");
+        self.db
             .query_one_raw(Statement::from_sql_and_values(backend, sql, [id.into()]))
             .await
-            .expect("job query")?;
+            .expect("job query")
+    }
+
+    /// The job's row as written to the database: (status, worker id).
+    pub async fn row_of(&self, id: &str) -> Option<(String, Option<String>)> {
+        let row = self.columns_of("status, worker_id", id).await?;
         Some((
             row.try_get::<String>("", "status").expect("status"),
             row.try_get::<Option<String>>("", "worker_id").expect("worker_id"),
         ))
+    }
+
+    /// The row's `webhook_due_ms` (`None`: no delivery pending).
+    pub async fn webhook_due_of(&self, id: &str) -> Option<i64> {
+        let row = self.columns_of("webhook_due_ms", id).await.expect("job row");
+        row.try_get::<Option<i64>>("", "webhook_due_ms")
+            .expect("webhook_due_ms")
     }
 
     pub async fn get(&self, id: &str) -> JobView {

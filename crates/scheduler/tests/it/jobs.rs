@@ -1,12 +1,14 @@
 //! The life of single jobs: results and billing, failures, cancel, timeouts,
 //! streams, waiting, queue management.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use gantry_scheduler::{JobError, JobPolicy, JobStatus, Mode, NewJob};
 use serde_json::json;
+use tokio::sync::mpsc;
 
-use crate::harness::{Backend, ECHO, Env, Node, USER};
+use crate::harness::{Backend, ECHO, Env, Node, USER, WAIT};
 
 gantry_testkit::on_both_backends!(
     completes_with_cost_and_one_charge,
@@ -18,6 +20,9 @@ gantry_testkit::on_both_backends!(
     purge_queue_and_health,
     rejects_invalid_requests_without_writing,
     webhook_gets_the_final_view,
+    webhook_outlives_the_scheduler_that_finished_the_job,
+    a_retry_keeps_its_own_webhook_pending,
+    https_webhook_trusts_the_configured_ca_and_refuses_an_unknown_one,
 );
 
 async fn completes_with_cost_and_one_charge(backend: Backend) {
@@ -332,8 +337,59 @@ where
     out
 }
 
+/// A receiver's answer that closes the connection; `status` such as "200 OK".
+fn reply(status: &str) -> String {
+    format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n")
+}
+
+/// Test certificates: `ca.pem`, and `webhook.pem`/`webhook.key` that it
+/// signed for `localhost` and 127.0.0.1 (valid until 2126).
+fn fixture(name: &str) -> std::path::PathBuf {
+    std::path::Path::new(env!("CARGO_MANIFEST_DIR"))
+        .join("tests/fixtures")
+        .join(name)
+}
+
+/// One delivery attempt of at most 1 s, a scheduler and a 1-slot echo
+/// worker: for the tests of deliveries that outlive their attempt.
+async fn quick_webhooks(backend: Backend) -> (Env, Node, crate::harness::Worker) {
+    let mut config = crate::harness::config();
+    config.webhook_attempts = 1;
+    config.webhook_timeout = Duration::from_secs(1);
+    let env = Env::with_config(backend, config).await;
+    let node = Node::start(&env.store, &env.catalog).await;
+    let worker = node.echo_worker("w1", 1);
+    (env, node, worker)
+}
+
+/// Reads one HTTP/1.1 request from `socket` and returns its body.
+async fn read_request_body(socket: &mut tokio::net::TcpStream) -> String {
+    use tokio::io::AsyncReadExt;
+    let mut request = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = socket.read(&mut buf).await.unwrap();
+        assert!(n > 0, "connection closed mid-request");
+        request.extend_from_slice(&buf[..n]);
+        let text = String::from_utf8_lossy(&request).to_string();
+        if let Some((head, body)) = text.split_once("\r\n\r\n") {
+            let length: usize = head
+                .lines()
+                .find_map(|l| {
+                    l.to_ascii_lowercase()
+                        .strip_prefix("content-length:")
+                        .map(|v| v.trim().parse().unwrap())
+                })
+                .unwrap_or(0);
+            if body.len() >= length {
+                return body.to_string();
+            }
+        }
+    }
+}
+
 async fn webhook_gets_the_final_view(backend: Backend) {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    use tokio::io::AsyncWriteExt;
     let env = Env::new(backend).await;
     let node = Node::start(&env.store, &env.catalog).await;
     let _worker = node.echo_worker("w1", 1);
@@ -345,28 +401,8 @@ async fn webhook_gets_the_final_view(backend: Backend) {
     tokio::spawn(async move {
         for status in ["500 Internal Server Error", "200 OK"] {
             let (mut socket, _) = listener.accept().await.unwrap();
-            let mut request = Vec::new();
-            let mut buf = [0u8; 4096];
-            let body = loop {
-                let n = socket.read(&mut buf).await.unwrap();
-                request.extend_from_slice(&buf[..n]);
-                let text = String::from_utf8_lossy(&request).to_string();
-                if let Some((head, body)) = text.split_once("\r\n\r\n") {
-                    let length: usize = head
-                        .lines()
-                        .find_map(|l| {
-                            l.to_ascii_lowercase()
-                                .strip_prefix("content-length:")
-                                .map(|v| v.trim().parse().unwrap())
-                        })
-                        .unwrap_or(0);
-                    if body.len() >= length {
-                        break body.to_string();
-                    }
-                }
-            };
-            let reply = format!("HTTP/1.1 {status}\r\ncontent-length: 0\r\nconnection: close\r\n\r\n");
-            socket.write_all(reply.as_bytes()).await.unwrap();
+            let body = read_request_body(&mut socket).await;
+            socket.write_all(reply(status).as_bytes()).await.unwrap();
             tx.send(serde_json::from_str(&body).unwrap()).await.unwrap();
         }
     });
@@ -385,5 +421,216 @@ async fn webhook_gets_the_final_view(backend: Backend) {
         assert_eq!(delivered["status"], "COMPLETED");
         assert_eq!(delivered["output"], json!({"hook": 1, "cost": 0.00001}));
     }
+    node.shutdown().await;
+}
+
+/// An HTTPS receiver whose certificate a private CA signed (fixtures: `ca.pem`
+/// and `webhook.pem` for `localhost` and 127.0.0.1, valid until 2126).
+/// Accepts TLS connections, answers each request 200 and forwards its body;
+/// a failed handshake is forwarded as `Err`.
+async fn https_receiver() -> (String, mpsc::Receiver<Result<serde_json::Value, String>>) {
+    use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
+    use tokio_rustls::rustls::{self, pki_types::CertificateDer, pki_types::PrivateKeyDer, pki_types::pem::PemObject};
+
+    let chain = CertificateDer::pem_file_iter(fixture("webhook.pem"))
+        .unwrap()
+        .collect::<Result<Vec<_>, _>>()
+        .unwrap();
+    let key = PrivateKeyDer::from_pem_file(fixture("webhook.key")).unwrap();
+    let config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_no_client_auth()
+        .with_single_cert(chain, key)
+        .unwrap();
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("https://localhost:{}/hook", listener.local_addr().unwrap().port());
+    let (tx, rx) = mpsc::channel(8);
+    tokio::spawn(async move {
+        loop {
+            let (socket, _) = listener.accept().await.unwrap();
+            let stream = match acceptor.accept(socket).await {
+                Ok(stream) => stream,
+                Err(error) => {
+                    let _ = tx.send(Err(error.to_string())).await;
+                    continue;
+                }
+            };
+            let mut stream = BufReader::new(stream);
+            let mut length = 0;
+            loop {
+                let mut line = String::new();
+                stream.read_line(&mut line).await.unwrap();
+                if line == "\r\n" || line.is_empty() {
+                    break;
+                }
+                if let Some(value) = line.to_ascii_lowercase().strip_prefix("content-length:") {
+                    length = value.trim().parse().unwrap();
+                }
+            }
+            let mut body = vec![0; length];
+            stream.read_exact(&mut body).await.unwrap();
+            stream.get_mut().write_all(reply("200 OK").as_bytes()).await.unwrap();
+            stream.get_mut().shutdown().await.ok();
+            let _ = tx.send(Ok(serde_json::from_slice(&body).unwrap())).await;
+        }
+    });
+    (url, rx)
+}
+
+async fn https_webhook_trusts_the_configured_ca_and_refuses_an_unknown_one(backend: Backend) {
+    let (url, mut received) = https_receiver().await;
+
+    // Trusting the private CA: the final view arrives over TLS.
+    let mut config = crate::harness::config();
+    config.webhook_ca_file = Some(fixture("ca.pem"));
+    let env = Env::with_config(backend, config).await;
+    let node = Node::start(&env.store, &env.catalog).await;
+    let _worker = node.echo_worker("w1", 1);
+    let job = NewJob {
+        webhook: Some(url.clone()),
+        ..NewJob::new(json!({"tls": true}))
+    };
+    let job = env.store.submit(USER, &env.echo(), job, Mode::Async).await.unwrap();
+    let delivered = tokio::time::timeout(crate::harness::WAIT, received.recv())
+        .await
+        .expect("a delivery within the bound")
+        .unwrap()
+        .expect("the handshake succeeds with the CA trusted");
+    assert_eq!(delivered["id"], job.id.as_str());
+    assert_eq!(delivered["status"], "COMPLETED");
+    assert_eq!(delivered["output"], json!({"tls": true, "cost": 0.00001}));
+    node.shutdown().await;
+
+    // Without it, the certificate is refused: the client aborts the
+    // handshake, on every attempt, and the receiver never reads a request.
+    let mut config = crate::harness::config();
+    config.webhook_attempts = 2;
+    let env = Env::with_config(backend, config).await;
+    let node = Node::start(&env.store, &env.catalog).await;
+    let _worker = node.echo_worker("w1", 1);
+    let job = NewJob {
+        webhook: Some(url),
+        ..NewJob::new(json!({"tls": false}))
+    };
+    env.store.submit(USER, &env.echo(), job, Mode::Async).await.unwrap();
+    for attempt in 1..=2 {
+        let refused = tokio::time::timeout(crate::harness::WAIT, received.recv())
+            .await
+            .expect("an attempt within the bound")
+            .unwrap();
+        let error = refused.expect_err("an unknown CA is not trusted");
+        // rustls on the receiver's side: "received fatal alert: UnknownCA".
+        assert!(error.contains("UnknownCA"), "attempt {attempt}: {error}");
+    }
+    node.shutdown().await;
+}
+
+/// The scheduler that finished a job dies while its webhook delivery hangs:
+/// another scheduler's sweep takes the delivery over once the first one's
+/// attempts would be over, delivers it, and marks it done, so it is not sent
+/// a third time.
+async fn webhook_outlives_the_scheduler_that_finished_the_job(backend: Backend) {
+    use tokio::io::AsyncWriteExt;
+    let (env, mut node, worker) = quick_webhooks(backend).await;
+
+    // The receiver holds the first delivery's connection without answering,
+    // and answers 200 to every later one.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let (tx, mut rx) = mpsc::channel::<serde_json::Value>(4);
+    tokio::spawn(async move {
+        let mut held = Vec::new();
+        loop {
+            let (mut socket, _) = listener.accept().await.unwrap();
+            let body = read_request_body(&mut socket).await;
+            if !held.is_empty() {
+                socket.write_all(reply("200 OK").as_bytes()).await.unwrap();
+            }
+            held.push(socket);
+            tx.send(serde_json::from_str(&body).unwrap()).await.unwrap();
+        }
+    });
+
+    let job = NewJob {
+        webhook: Some(url),
+        ..NewJob::new(json!({"survive": 1}))
+    };
+    let job = env.store.submit(USER, &env.echo(), job, Mode::Async).await.unwrap();
+    let first = tokio::time::timeout(WAIT, rx.recv()).await.unwrap().unwrap();
+    assert_eq!(first["id"], job.id.as_str());
+    assert_eq!(
+        env.webhook_due_of(&job.id).await,
+        Some(0),
+        "pending while the first delivery hangs"
+    );
+
+    // Crash: the scheduler's task and its delivery vanish mid-request.
+    drop(node.scheduler.take());
+    drop(node);
+    worker.kill();
+    let second = Node::start(&env.store, &env.catalog).await;
+    let again = tokio::time::timeout(WAIT, rx.recv())
+        .await
+        .expect("the delivery is taken over")
+        .unwrap();
+    assert_eq!(again["id"], job.id.as_str());
+    assert_eq!(again["status"], "COMPLETED");
+    assert_eq!(again["output"], json!({"survive": 1, "cost": 0.00001}));
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while env.webhook_due_of(&job.id).await.is_some() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the delivery is never marked done"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // Done: later sweeps (50 ms apart) do not send it again, even past the
+    // take-over delay (1 s window + 2 s).
+    let third = tokio::time::timeout(Duration::from_millis(3_500), rx.recv()).await;
+    assert!(third.is_err(), "delivered a third time: {third:?}");
+    assert_eq!(env.charges_of(&job.id).await, [10], "charged once");
+    second.shutdown().await;
+}
+
+/// A FAILED job is retried while its failure's delivery is still running:
+/// when that delivery ends, the retry's pending delivery is left pending.
+async fn a_retry_keeps_its_own_webhook_pending(backend: Backend) {
+    use tokio::io::AsyncReadExt;
+    let (env, node, worker) = quick_webhooks(backend).await;
+
+    // The receiver never answers; it reports each request, then the client
+    // giving up on it (the connection closed at the 1 s timeout).
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/hook", listener.local_addr().unwrap());
+    let (tx, mut rx) = mpsc::channel::<&'static str>(4);
+    tokio::spawn(async move {
+        let (mut socket, _) = listener.accept().await.unwrap();
+        read_request_body(&mut socket).await;
+        tx.send("request").await.unwrap();
+        let mut rest = [0u8; 64];
+        while socket.read(&mut rest).await.unwrap_or(0) > 0 {}
+        tx.send("closed").await.unwrap();
+    });
+
+    let job = NewJob {
+        webhook: Some(url),
+        ..NewJob::new(json!({"fail": "once more"}))
+    };
+    let job = env.store.submit(USER, &env.echo(), job, Mode::Async).await.unwrap();
+    assert_eq!(tokio::time::timeout(WAIT, rx.recv()).await.unwrap(), Some("request"));
+    // No worker any more: the retried job stays queued, its delivery pending.
+    worker.kill();
+    let retried = env.store.retry(USER, ECHO, &job.id).await.unwrap();
+    assert_eq!(retried.status, JobStatus::InQueue);
+    assert_eq!(tokio::time::timeout(WAIT, rx.recv()).await.unwrap(), Some("closed"));
+    // The failure's delivery has ended; give it time to record that.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(
+        env.webhook_due_of(&job.id).await,
+        Some(0),
+        "the retry's delivery is still pending"
+    );
     node.shutdown().await;
 }

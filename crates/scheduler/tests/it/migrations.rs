@@ -59,8 +59,9 @@ async fn ledger_and_queue_survive_migration_6(backend: Backend) {
     assert_eq!(record_charges(&db, &[charge("job-c")], 2).await.unwrap(), 1);
     assert_eq!(ledger(&db).await.len(), 3);
 
-    // Down and up again: nothing lost, still one charge per job.
-    Migrator::down(&db, Some(1)).await.unwrap();
+    // Down past migration 6 (7 first) and up again: nothing lost, still one
+    // charge per job.
+    Migrator::down(&db, Some(2)).await.unwrap();
     assert_eq!(ledger(&db).await.len(), 3);
     Migrator::up(&db, None).await.unwrap();
     assert_eq!(ledger(&db).await.len(), 3);
@@ -68,20 +69,29 @@ async fn ledger_and_queue_survive_migration_6(backend: Backend) {
 
     if backend == Backend::Sqlite {
         // The claim and purge-queue read the partial index of queued jobs.
-        let plan = db
-            .query_all_raw(Statement::from_string(
-                DbBackend::Sqlite,
-                format!(
-                    "EXPLAIN QUERY PLAN SELECT id FROM jobs WHERE model = '{ECHO}' AND status = 'IN_QUEUE' \
-                     AND expires_at_ms > 0 ORDER BY low_priority ASC, id ASC LIMIT 8"
-                ),
-            ))
-            .await
-            .unwrap();
-        let detail: Vec<String> = plan.iter().map(|row| row.try_get("", "detail").unwrap()).collect();
+        let detail = plan_of(
+            &db,
+            &format!(
+                "SELECT id FROM jobs WHERE model = '{ECHO}' AND status = 'IN_QUEUE' \
+                 AND expires_at_ms > 0 ORDER BY low_priority ASC, id ASC LIMIT 8"
+            ),
+        )
+        .await;
         assert!(
             detail.iter().any(|d| d.contains("idx_jobs_queued")),
             "claim plan: {detail:?}"
+        );
+        // Migration 7: the webhook take-over reads the partial index of
+        // pending deliveries.
+        let detail = plan_of(
+            &db,
+            "SELECT id FROM jobs WHERE webhook_due_ms IS NOT NULL \
+             AND completed_at_ms <= 5 AND webhook_due_ms <= 10 ORDER BY completed_at_ms LIMIT 64",
+        )
+        .await;
+        assert!(
+            detail.iter().any(|d| d.contains("idx_jobs_webhook_due")),
+            "webhook take-over plan: {detail:?}"
         );
     }
     drop(db);
@@ -128,4 +138,16 @@ async fn ledger(db: &DatabaseConnection) -> Vec<(String, String, i64)> {
             )
         })
         .collect()
+}
+
+/// SQLite's `EXPLAIN QUERY PLAN` of `sql`, one line per step.
+async fn plan_of(db: &sea_orm::DatabaseConnection, sql: &str) -> Vec<String> {
+    let plan = db
+        .query_all_raw(Statement::from_string(
+            DbBackend::Sqlite,
+            format!("EXPLAIN QUERY PLAN {sql}"),
+        ))
+        .await
+        .unwrap();
+    plan.iter().map(|row| row.try_get("", "detail").unwrap()).collect()
 }

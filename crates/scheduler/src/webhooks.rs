@@ -1,0 +1,272 @@
+//! Webhook deliveries: the final view of a job, POSTed to the URL its request
+//! named, over `http://` or `https://`.
+//!
+//! TLS is rustls with the ring provider (already in the tree for sqlx). The
+//! trusted roots are the system's (`/etc/ssl/certs`, or `SSL_CERT_FILE` /
+//! `SSL_CERT_DIR`), plus those of [`SchedulerConfig::webhook_ca_file`]; a
+//! system without any (a slim container image without `ca-certificates`)
+//! falls back to the Mozilla roots compiled into `webpki-roots`.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
+
+use sea_orm::sea_query::Expr;
+use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+use tokio::task::JoinSet;
+
+use crate::config::SchedulerConfig;
+use crate::entity::job;
+use crate::store::serialize_writes;
+use crate::types::{JobStatus, JobView, SchedulerError};
+
+use job::Column as J;
+
+/// The client every delivery of one scheduler goes through.
+pub(crate) fn client(config: &SchedulerConfig) -> Result<reqwest::Client, SchedulerError> {
+    let tls = tls_config(config)?;
+    reqwest::Client::builder()
+        .timeout(config.webhook_timeout)
+        .tls_backend_preconfigured(tls)
+        .build()
+        .map_err(|e| SchedulerError::Webhooks(e.to_string()))
+}
+
+fn tls_config(config: &SchedulerConfig) -> Result<rustls::ClientConfig, SchedulerError> {
+    let mut roots = rustls::RootCertStore::empty();
+    if let Some(path) = &config.webhook_ca_file {
+        let fail = |what: String| SchedulerError::Webhooks(format!("webhook_ca_file {}: {what}", path.display()));
+        let certs = CertificateDer::pem_file_iter(path)
+            .map_err(|e| fail(e.to_string()))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| fail(e.to_string()))?;
+        if certs.is_empty() {
+            return Err(fail("holds no certificate".into()));
+        }
+        for cert in certs {
+            roots.add(cert).map_err(|e| fail(e.to_string()))?;
+        }
+    }
+    let extra = roots.len();
+    let native = rustls_native_certs::load_native_certs();
+    let (system, _unparsable) = roots.add_parsable_certificates(native.certs);
+    if system == 0 {
+        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+        tracing::info!(
+            extra,
+            "no system CA certificates; https webhooks trust the built-in Mozilla roots"
+        );
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| SchedulerError::Webhooks(e.to_string()))?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(tls)
+}
+
+/// `webhook_due_ms` of a job submitted or retried now: pending (0) when it
+/// has a webhook.
+pub(crate) fn pending_if_any() -> Expr {
+    Expr::cust("CASE WHEN webhook IS NULL THEN NULL ELSE 0 END")
+}
+
+/// The longest one delivery can take: every attempt timing out, plus the
+/// pauses between attempts (0.5 s, 1 s, 2 s …).
+pub(crate) fn window(config: &SchedulerConfig) -> Duration {
+    let attempts = config.webhook_attempts.max(1);
+    let pauses: Duration = (1..attempts).map(pause_after).sum();
+    config.webhook_timeout * attempts + pauses
+}
+
+/// The pause after failed attempt `attempt` (from 1): 0.5 s, 1 s, 2 s …
+fn pause_after(attempt: u32) -> Duration {
+    Duration::from_millis(500) * 2u32.pow(attempt - 1)
+}
+
+/// A scheduler's webhook deliveries. The process that finishes a job sends
+/// its delivery at once ([`Deliveries::send`]); the row's `webhook_due_ms`
+/// stays set until the delivery ended, so if that process dies first, any
+/// scheduler's sweep takes the delivery over ([`Deliveries::take_over`]).
+/// Delivery is therefore at least once: a receiver may see a job twice
+/// (after a crash between its answer and the row's update), and should
+/// treat the job id as the delivery's identity.
+pub(crate) struct Deliveries {
+    client: reqwest::Client,
+    db: DatabaseConnection,
+    write_lock: Arc<tokio::sync::Mutex<()>>,
+    attempts: u32,
+    window: Duration,
+    /// Deliveries running: aborted with the scheduler (a crash loses them
+    /// only until another sweep takes them over).
+    running: JoinSet<()>,
+}
+
+impl Deliveries {
+    pub(crate) fn new(
+        config: &SchedulerConfig,
+        db: DatabaseConnection,
+        write_lock: Arc<tokio::sync::Mutex<()>>,
+    ) -> Result<Self, SchedulerError> {
+        Ok(Deliveries {
+            client: client(config)?,
+            db,
+            write_lock,
+            attempts: config.webhook_attempts.max(1),
+            window: window(config),
+            running: JoinSet::new(),
+        })
+    }
+
+    /// Delivers the final view of a job this scheduler just finished (not
+    /// for a cancel, which the client asked for: that only clears the row).
+    /// `finished_at` is the row's `completed_at_ms` as it finished: the
+    /// delivery is marked done only if the job has not been retried since
+    /// (a retry's outcome gets its own).
+    pub(crate) fn send(&mut self, url: String, view: JobView, finished_at: Option<i64>) {
+        while self.running.try_join_next().is_some() {}
+        let (client, db, lock, attempts) = (
+            self.client.clone(),
+            self.db.clone(),
+            Arc::clone(&self.write_lock),
+            self.attempts,
+        );
+        self.running.spawn(async move {
+            if view.status != JobStatus::Cancelled {
+                deliver(&client, &url, &view, attempts).await;
+            }
+            if let Err(error) = done(&db, &lock, &view.id, finished_at).await {
+                // The row stays pending: a sweep delivers it again later.
+                tracing::warn!(job_id = %view.id, %error, "could not record a webhook delivery");
+            }
+        });
+    }
+
+    /// Takes over deliveries still pending well after their job finished
+    /// (their finisher died or stopped before delivering), oldest first, a
+    /// batch per sweep. Each is held for one [`window`] by a guarded update,
+    /// so two sweeps never both take it; a holder that dies lets it go
+    /// again after that.
+    pub(crate) async fn take_over(&mut self, now: i64) -> Result<(), DbErr> {
+        let window = i64::try_from(self.window.as_millis()).unwrap_or(i64::MAX);
+        let finished_before = now.saturating_sub(window.saturating_add(TAKE_OVER_MARGIN_MS));
+        let rows = job::Entity::find()
+            .filter(Expr::cust("webhook_due_ms IS NOT NULL"))
+            .filter(J::CompletedAtMs.lte(finished_before))
+            .filter(J::WebhookDueMs.lte(now))
+            .order_by_asc(J::CompletedAtMs)
+            .limit(TAKE_OVER_BATCH)
+            .all(&self.db)
+            .await?;
+        for row in rows {
+            let Some(url) = row.webhook.clone() else {
+                continue;
+            };
+            let taken = {
+                let _guard = serialize_writes(&self.write_lock, &self.db).await;
+                job::Entity::update_many()
+                    .col_expr(J::WebhookDueMs, Expr::value(now.saturating_add(window)))
+                    .filter(J::Id.eq(row.id.as_str()))
+                    .filter(J::WebhookDueMs.eq(row.webhook_due_ms))
+                    .exec(&self.db)
+                    .await?
+                    .rows_affected
+                    == 1
+            };
+            if !taken {
+                continue;
+            }
+            if row.status != JobStatus::Cancelled.as_str() {
+                tracing::info!(job_id = %row.id, "taking over a webhook delivery its finisher did not complete");
+            }
+            self.send(url, JobView::of(&row, now), row.completed_at_ms);
+        }
+        Ok(())
+    }
+}
+
+/// Finished jobs whose delivery is this much older than a [`window`] are
+/// taken over (the finisher's own attempts are over by then).
+const TAKE_OVER_MARGIN_MS: i64 = 2_000;
+/// Deliveries taken over per sweep.
+const TAKE_OVER_BATCH: u64 = 64;
+
+/// Marks the job's delivery as ended, unless the job was retried since it
+/// finished at `finished_at` (then the retry's delivery is pending).
+async fn done(
+    db: &DatabaseConnection,
+    lock: &tokio::sync::Mutex<()>,
+    job_id: &str,
+    finished_at: Option<i64>,
+) -> Result<(), DbErr> {
+    let _guard = serialize_writes(lock, db).await;
+    job::Entity::update_many()
+        .col_expr(J::WebhookDueMs, Expr::value(Option::<i64>::None))
+        .filter(J::Id.eq(job_id))
+        .filter(J::CompletedAtMs.eq(finished_at))
+        .exec(db)
+        .await?;
+    Ok(())
+}
+
+/// POSTs `view` to `url`, `attempts` times at most (0.5 s, then 1 s, 2 s …
+/// apart) until the receiver answers 2xx.
+async fn deliver(client: &reqwest::Client, url: &str, view: &JobView, attempts: u32) {
+    for attempt in 1..=attempts {
+        match client.post(url).json(view).send().await {
+            Ok(response) if response.status().is_success() => return,
+            Ok(response) => {
+                tracing::warn!(job_id = %view.id, status = %response.status(), attempt, "webhook refused")
+            }
+            Err(error) => tracing::warn!(job_id = %view.id, error = %error_chain(&error), attempt, "webhook failed"),
+        }
+        if attempt < attempts {
+            tokio::time::sleep(pause_after(attempt)).await;
+        }
+    }
+}
+
+/// `error` with its sources: reqwest's own message alone ("error sending
+/// request") does not say that a certificate was refused.
+fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn with_ca(path: std::path::PathBuf) -> SchedulerConfig {
+        SchedulerConfig {
+            webhook_ca_file: Some(path),
+            ..SchedulerConfig::default()
+        }
+    }
+
+    #[test]
+    fn a_ca_file_that_gives_no_certificate_is_an_error_naming_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let missing = dir.path().join("missing.pem");
+        let error = client(&with_ca(missing.clone())).unwrap_err().to_string();
+        assert!(error.contains(&missing.display().to_string()), "{error}");
+
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "not a certificate\n").unwrap();
+        let error = client(&with_ca(empty)).unwrap_err().to_string();
+        assert!(error.contains("holds no certificate"), "{error}");
+
+        let ca = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ca.pem");
+        client(&with_ca(ca)).expect("the test CA loads");
+        client(&SchedulerConfig::default()).expect("no CA file: the system's roots");
+    }
+}
