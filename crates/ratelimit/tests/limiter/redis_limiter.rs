@@ -285,8 +285,10 @@ async fn expect_unavailable_quickly(l: &RateLimiter, mode: FailMode) {
     let took = started.elapsed();
     assert_eq!(outcome, Outcome::Unavailable { fail_mode: mode });
     assert_eq!(outcome.admit(), mode == FailMode::Open);
+    // Without the timeout a frozen Redis would hold the check forever; the
+    // slack above it is for a loaded CI machine, not part of the contract.
     assert!(
-        took < Duration::from_millis(TIMEOUT_MS + 100),
+        took < Duration::from_millis(TIMEOUT_MS + 450),
         "check took {took:?} with a {TIMEOUT_MS} ms timeout"
     );
 }

@@ -23,6 +23,10 @@ gantry_testkit::on_both_backends!(
     a_wait_that_ends_first_sees_it_running,
 );
 
+/// How long the jobs that something happens to while they run take: long
+/// enough that a loaded machine still acts on them before they end.
+const RUNS_MS: u64 = 1000;
+
 async fn env(backend: Backend) -> (Env, Node, Worker) {
     let env = Env::new(backend).await;
     let node = Node::start(&env.store, &env.catalog).await;
@@ -52,9 +56,10 @@ async fn written_once_when_it_ends(backend: Backend) {
 
 async fn written_while_it_runs(backend: Backend) {
     let (env, node, _worker) = env(backend).await;
-    let job = env.submit_sync(json!({"sleep_ms": 900})).await;
-    // Written claimed once it has run 200 ms: any process can read it then.
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(700);
+    let job = env.submit_sync(json!({"sleep_ms": 1500})).await;
+    // Written claimed once it has run 200 ms: any process can read it then,
+    // well before it ends (the margin is for a loaded machine).
+    let deadline = tokio::time::Instant::now() + Duration::from_millis(1300);
     let row = loop {
         if let Some(row) = env.row_of(&job.id).await {
             break row;
@@ -89,7 +94,7 @@ async fn times_out(backend: Backend) {
 
 async fn worker_dies(backend: Backend) {
     let (env, node, worker) = env(backend).await;
-    let job = env.submit_sync(json!({"sleep_ms": 150})).await;
+    let job = env.submit_sync(json!({"sleep_ms": RUNS_MS})).await;
     tokio::time::sleep(Duration::from_millis(40)).await;
     worker.kill();
     let _second = node.echo_worker("w2", 1);
@@ -100,7 +105,7 @@ async fn worker_dies(backend: Backend) {
 
 async fn lost_with_its_scheduler(backend: Backend) {
     let (env, mut node, _worker) = env(backend).await;
-    let job = env.submit_sync(json!({"sleep_ms": 150})).await;
+    let job = env.submit_sync(json!({"sleep_ms": RUNS_MS})).await;
     let waiting = {
         let store = env.store.clone();
         let id = job.id.clone();
@@ -122,7 +127,7 @@ async fn lost_with_its_scheduler(backend: Backend) {
 
 async fn queued_on_shutdown(backend: Backend) {
     let (env, node, worker) = env(backend).await;
-    let job = env.submit_sync(json!({"sleep_ms": 150})).await;
+    let job = env.submit_sync(json!({"sleep_ms": RUNS_MS})).await;
     tokio::time::sleep(Duration::from_millis(40)).await;
     node.shutdown().await;
     drop(worker);
@@ -163,7 +168,7 @@ async fn written_at_submit_when_off(backend: Backend) {
 /// a second `wait` of the same process then gets its result.
 async fn a_wait_that_ends_first_sees_it_running(backend: Backend) {
     let (env, node, _worker) = env(backend).await;
-    let job = env.submit_sync(json!({"sleep_ms": 150})).await;
+    let job = env.submit_sync(json!({"sleep_ms": RUNS_MS})).await;
     let early = env
         .store
         .wait(USER, ECHO, &job.id, Duration::from_millis(30))
