@@ -49,7 +49,9 @@ impl TestApp {
         settings.http.workers = Some(1);
         settings.database_max_connections = Some(8);
         settings.scheduler.addr = "127.0.0.1:0".into();
-        settings.scheduler.heartbeat_interval_ms = 200;
+        // A worker is lost after 1.2 s of silence: short enough for the
+        // tests, long enough that a loaded machine does not reap a live one.
+        settings.scheduler.heartbeat_interval_ms = 400;
         settings.scheduler.sweep_interval_ms = 100;
         tweak(&mut settings);
         let Platform {

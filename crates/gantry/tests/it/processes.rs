@@ -767,9 +767,20 @@ async fn listen(redis: &RedisServer, channel: &str) -> Log {
 }
 
 /// Whether a signal `<origin> <kind> <argument>` was heard.
-fn heard(log: &Log, kind: &str, argument: &str) -> bool {
+/// Whether the test's own subscription has heard the signal, allowing it a
+/// few seconds: the process it woke may act before this subscriber reads it.
+async fn heard(log: &Log, kind: &str, argument: &str) -> bool {
     let suffix = format!(" {kind} {argument}");
-    log.lock().unwrap().iter().any(|line| line.ends_with(&suffix))
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+    loop {
+        if log.lock().unwrap().iter().any(|line| line.ends_with(&suffix)) {
+            return true;
+        }
+        if tokio::time::Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// With Redis configured, an API process and a scheduler process learn of
@@ -808,7 +819,7 @@ async fn redis_signals_wake_the_other_processes_and_losing_them_loses_no_job() {
         assert_eq!(done[id]["status"], "COMPLETED", "{}", done[id]);
     }
     assert!(
-        heard(&heard_signals, "q", "gantry-echo"),
+        heard(&heard_signals, "q", "gantry-echo").await,
         "{:?}",
         heard_signals.lock().unwrap()
     );
@@ -821,7 +832,7 @@ async fn redis_signals_wake_the_other_processes_and_losing_them_loses_no_job() {
     assert_eq!(sync["status"], "COMPLETED", "{sync}");
     let sync_id = id_of(&sync);
     assert!(
-        heard(&heard_signals, "f", &sync_id),
+        heard(&heard_signals, "f", &sync_id).await,
         "{:?}",
         heard_signals.lock().unwrap()
     );
@@ -842,7 +853,11 @@ async fn redis_signals_wake_the_other_processes_and_losing_them_loses_no_job() {
     assert_eq!(response.status(), 200);
     let line = worker.wait_for_log("job cancelled by the scheduler").await;
     assert!(line.contains(&long), "{line}");
-    assert!(heard(&heard_signals, "c", &long), "{:?}", heard_signals.lock().unwrap());
+    assert!(
+        heard(&heard_signals, "c", &long).await,
+        "{:?}",
+        heard_signals.lock().unwrap()
+    );
 
     // Redis goes away: the signal of this job is lost...
     redis.kill();

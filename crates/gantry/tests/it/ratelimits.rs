@@ -21,6 +21,9 @@ async fn spawn(limiter: Limiter, policy: Policy, fail_mode: FailMode) -> (TestAp
         s.rate_limits.management = policy;
         s.rate_limits.fail_mode = fail_mode;
         s.redis_url = url;
+        // Not the 50 ms default: on a loaded CI machine a slow check would
+        // fail open (no headers) or closed (503) and break a counting test.
+        s.rate_limits.redis_timeout_ms = 2_000;
         s.auth.cache_ttl_ms = 50;
     })
     .await;

@@ -11,12 +11,18 @@ use redis::aio::MultiplexedConnection;
 use crate::sf::parse_headers;
 use crate::support::{ManualClock, RedisServer, redis_now_us, reset_secs};
 
+/// The timeout of the limiters that a test makes Redis unavailable to (the
+/// default's 50 ms).
 const TIMEOUT_MS: u64 = 50;
+/// The timeout of the limiters whose every check must be decided: room for a
+/// loaded CI machine, where a 50 ms stall would turn a check into
+/// `Unavailable` and fail a test about something else.
+const ROOMY_TIMEOUT_MS: u64 = 2_000;
 
 fn config(server: &RedisServer) -> RedisConfig {
     RedisConfig {
         url: server.url(),
-        timeout_ms: TIMEOUT_MS,
+        timeout_ms: ROOMY_TIMEOUT_MS,
         ..RedisConfig::default()
     }
 }
@@ -25,6 +31,15 @@ async fn limiter(server: &RedisServer, fail_mode: FailMode) -> RateLimiter {
     RateLimiter::redis(&config(server), fail_mode)
         .await
         .expect("valid config")
+}
+
+/// A limiter with the short timeout, for the tests of outages.
+async fn quick_limiter(server: &RedisServer, fail_mode: FailMode) -> RateLimiter {
+    let config = RedisConfig {
+        timeout_ms: TIMEOUT_MS,
+        ..config(server)
+    };
+    RateLimiter::redis(&config, fail_mode).await.expect("valid config")
 }
 
 async fn decide(l: &RateLimiter, user: &str, policy: &Policy) -> Decision {
@@ -308,8 +323,8 @@ async fn await_recovery(l: &RateLimiter, user: &str) -> Decision {
 #[tokio::test]
 async fn a_killed_redis_is_unavailable_fast_and_a_restarted_one_is_used_again() {
     let mut server = RedisServer::start();
-    let open = limiter(&server, FailMode::Open).await;
-    let closed = limiter(&server, FailMode::Closed).await;
+    let open = quick_limiter(&server, FailMode::Open).await;
+    let closed = quick_limiter(&server, FailMode::Closed).await;
     for l in [&open, &closed] {
         for _ in 0..4 {
             decide(l, "carol", &Policy::default()).await;
@@ -350,8 +365,8 @@ async fn a_killed_redis_is_unavailable_fast_and_a_restarted_one_is_used_again() 
 #[tokio::test]
 async fn a_frozen_redis_times_out_and_is_used_again_once_it_thaws() {
     let server = RedisServer::start();
-    let open = limiter(&server, FailMode::Open).await;
-    let closed = limiter(&server, FailMode::Closed).await;
+    let open = quick_limiter(&server, FailMode::Open).await;
+    let closed = quick_limiter(&server, FailMode::Closed).await;
     decide(&open, "dave", &Policy::default()).await;
     decide(&closed, "dave", &Policy::default()).await;
     server.signal("-STOP");
@@ -465,7 +480,7 @@ fn logged_here() -> (usize, usize) {
 async fn an_outage_logs_one_warning_not_one_per_request_and_recovery_is_logged() {
     assert_eq!(logged_here(), (0, 0));
     let mut server = RedisServer::start();
-    let l = limiter(&server, FailMode::Open).await;
+    let l = quick_limiter(&server, FailMode::Open).await;
     decide(&l, "erin", &Policy::default()).await;
     server.kill();
     for _ in 0..50 {

@@ -22,7 +22,7 @@ gantry_testkit::on_both_backends!(
 pub async fn prime(env: &Env) {
     let first = env.submit(json!({})).await;
     assert_eq!(env.finished(&first.id).await.status, JobStatus::Completed);
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    tokio::time::sleep(Duration::from_millis(800)).await;
 }
 
 async fn a_submit_with_a_free_slot_is_written_claimed(backend: Backend) {
@@ -45,7 +45,7 @@ async fn a_handed_over_job_survives_its_scheduler_crashing(backend: Backend) {
     let first = Node::start(&env.store, &env.catalog).await;
     let old_worker = first.echo_worker("w1", 1);
     prime(&env).await;
-    let job = env.submit(json!({"sleep_ms": 400})).await;
+    let job = env.submit(json!({"sleep_ms": 2000})).await;
     assert_eq!(env.get(&job.id).await.status, JobStatus::InProgress);
     crash_and_recover(&env, first, old_worker, &job.id).await;
 }
@@ -100,8 +100,9 @@ async fn jobs_claimed_ahead_run_once_and_cancel_while_waiting(backend: Backend) 
     let env = Env::with_config(backend, config).await;
     let node = Node::start(&env.store, &env.catalog).await;
     // Queued before any worker is there. The first holds the only slot for
-    // 600 ms; the claim that gives it the slot also claims the next 8 ahead.
-    let mut ids = vec![env.submit(json!({"sleep_ms": 600})).await.id];
+    // 3 s (ample for the checks below on a loaded machine); the claim that
+    // gives it the slot also claims the next 8 ahead.
+    let mut ids = vec![env.submit(json!({"sleep_ms": 3000})).await.id];
     for i in 1..JOBS {
         ids.push(env.submit(json!({"i": i, "sleep_ms": 10})).await.id);
     }
@@ -114,7 +115,7 @@ async fn jobs_claimed_ahead_run_once_and_cancel_while_waiting(backend: Backend) 
     while runs.load(Ordering::SeqCst) == 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    // It holds the only slot for 600 ms: nothing else has started.
+    // It holds the only slot for 3 s: nothing else has started.
     assert_eq!(runs.load(Ordering::SeqCst), 1, "only the first job has started");
     let cancelled = env
         .store

@@ -247,8 +247,10 @@ impl Node {
     ) -> Node {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let url = format!("http://{}", listener.local_addr().expect("addr"));
+        // A worker is lost after 1.5 s of silence: no test here waits for
+        // that, and a loaded machine must not reap a live one.
         let (dispatcher, events) =
-            Dispatcher::new(DispatchConfig::new(SECRET).with_heartbeat(Duration::from_millis(300)));
+            Dispatcher::new(DispatchConfig::new(SECRET).with_heartbeat(Duration::from_millis(500)));
         let (stop_serving, stopped) = oneshot::channel::<()>();
         tokio::spawn(dispatcher.clone().serve(listener, async {
             let _ = stopped.await;

@@ -165,14 +165,14 @@ async fn execution_timeout_and_ttl(backend: Backend) {
     env.until_status(&blocker.id, JobStatus::InProgress).await;
     let short = NewJob {
         policy: JobPolicy {
-            ttl_ms: Some(200),
+            ttl_ms: Some(1000),
             ..JobPolicy::default()
         },
         ..NewJob::new(json!({}))
     };
     let short = env.store.submit(USER, &env.echo(), short, Mode::Async).await.unwrap();
     assert_eq!(env.get(&short.id).await.status, JobStatus::InQueue);
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    tokio::time::sleep(Duration::from_millis(1500)).await;
     assert!(matches!(
         env.store.get(USER, ECHO, &short.id).await,
         Err(JobError::NotFound)
@@ -223,7 +223,7 @@ async fn wait_returns_current_view_at_timeout(backend: Backend) {
     let node = Node::start(&env.store, &env.catalog).await;
     let _worker = node.echo_worker("w1", 1);
 
-    let job = env.submit(json!({"sleep_ms": 700})).await;
+    let job = env.submit(json!({"sleep_ms": 3000})).await;
     let started = tokio::time::Instant::now();
     let early = env
         .store
@@ -237,7 +237,7 @@ async fn wait_returns_current_view_at_timeout(backend: Backend) {
     );
     let done = env.store.wait(USER, ECHO, &job.id, crate::harness::WAIT).await.unwrap();
     assert_eq!(done.status, JobStatus::Completed);
-    assert!(done.execution_time_ms >= 700, "{done:?}");
+    assert!(done.execution_time_ms >= 3000, "{done:?}");
     node.shutdown().await;
 }
 
@@ -350,12 +350,12 @@ fn fixture(name: &str) -> std::path::PathBuf {
         .join(name)
 }
 
-/// One delivery attempt of at most 1 s, a scheduler and a 1-slot echo
+/// One delivery attempt of at most `timeout`, a scheduler and a 1-slot echo
 /// worker: for the tests of deliveries that outlive their attempt.
-async fn quick_webhooks(backend: Backend) -> (Env, Node, crate::harness::Worker) {
+async fn quick_webhooks(backend: Backend, timeout: Duration) -> (Env, Node, crate::harness::Worker) {
     let mut config = crate::harness::config();
     config.webhook_attempts = 1;
-    config.webhook_timeout = Duration::from_secs(1);
+    config.webhook_timeout = timeout;
     let env = Env::with_config(backend, config).await;
     let node = Node::start(&env.store, &env.catalog).await;
     let worker = node.echo_worker("w1", 1);
@@ -533,7 +533,7 @@ async fn https_webhook_trusts_the_configured_ca_and_refuses_an_unknown_one(backe
 /// a third time.
 async fn webhook_outlives_the_scheduler_that_finished_the_job(backend: Backend) {
     use tokio::io::AsyncWriteExt;
-    let (env, mut node, worker) = quick_webhooks(backend).await;
+    let (env, mut node, worker) = quick_webhooks(backend, Duration::from_secs(3)).await;
 
     // The receiver holds the first delivery's connection without answering,
     // and answers 200 to every later one.
@@ -587,8 +587,8 @@ async fn webhook_outlives_the_scheduler_that_finished_the_job(backend: Backend) 
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     // Done: later sweeps (50 ms apart) do not send it again, even past the
-    // take-over delay (1 s window + 2 s).
-    let third = tokio::time::timeout(Duration::from_millis(3_500), rx.recv()).await;
+    // take-over delay (3 s window + 2 s).
+    let third = tokio::time::timeout(Duration::from_millis(5_500), rx.recv()).await;
     assert!(third.is_err(), "delivered a third time: {third:?}");
     assert_eq!(env.charges_of(&job.id).await, [10], "charged once");
     second.shutdown().await;
@@ -598,7 +598,7 @@ async fn webhook_outlives_the_scheduler_that_finished_the_job(backend: Backend) 
 /// when that delivery ends, the retry's pending delivery is left pending.
 async fn a_retry_keeps_its_own_webhook_pending(backend: Backend) {
     use tokio::io::AsyncReadExt;
-    let (env, node, worker) = quick_webhooks(backend).await;
+    let (env, node, worker) = quick_webhooks(backend, Duration::from_secs(1)).await;
 
     // The receiver never answers; it reports each request, then the client
     // giving up on it (the connection closed at the 1 s timeout).
