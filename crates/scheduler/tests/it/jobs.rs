@@ -162,7 +162,17 @@ async fn execution_timeout_and_ttl(backend: Backend) {
 
     // TTL: a job that waits longer than its ttl is removed.
     let blocker = env.submit(json!({"sleep_ms": 30_000})).await;
-    env.until_status(&blocker.id, JobStatus::InProgress).await;
+    // Holding the slot means assigned to the worker: IN_PROGRESS alone may be
+    // a claim that finds the slot still taken (the timed-out job's cancel in
+    // flight) and puts the job back.
+    let deadline = tokio::time::Instant::now() + crate::harness::WAIT;
+    while env.get(&blocker.id).await.worker_id.is_none() {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "the blocker never reached the worker"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
     let short = NewJob {
         policy: JobPolicy {
             ttl_ms: Some(1000),
@@ -173,10 +183,8 @@ async fn execution_timeout_and_ttl(backend: Backend) {
     let short = env.store.submit(USER, &env.echo(), short, Mode::Async).await.unwrap();
     assert_eq!(env.get(&short.id).await.status, JobStatus::InQueue);
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    assert!(matches!(
-        env.store.get(USER, ECHO, &short.id).await,
-        Err(JobError::NotFound)
-    ));
+    let gone = env.store.get(USER, ECHO, &short.id).await;
+    assert!(matches!(gone, Err(JobError::NotFound)), "{gone:?}");
     assert!(matches!(
         env.store.wait(USER, ECHO, &short.id, Duration::from_millis(10)).await,
         Err(JobError::NotFound)
