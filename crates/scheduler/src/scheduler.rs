@@ -746,14 +746,19 @@ impl Core {
         }
     }
 
-    /// How many jobs of `model` to claim now: its workers' free slots, at most `claim_batch`.
+    /// How many jobs of `model` to claim now: its workers' free slots, at most
+    /// `claim_batch`. Slots whose fast-lane credits submits have taken are not
+    /// free: a claim for them would find them filled by the lane's rows and
+    /// put its jobs back (a job seen `IN_PROGRESS`, then `IN_QUEUE` again),
+    /// or take them first and push the lane's older jobs back behind newer ones.
     fn want(&self, model: &str) -> u64 {
         let free = self
             .dispatcher
             .health()
             .models
             .get(model)
-            .map_or(0, |health| health.free_slots);
+            .map_or(0, |health| health.free_slots)
+            .saturating_sub(self.store.hub.lane_taken(&self.instance, model));
         if free == 0 {
             return 0;
         }

@@ -896,6 +896,16 @@ impl Hub {
         })
     }
 
+    /// Credits of `instance`'s lane taken for `model` whose rows it has not
+    /// adopted yet: free slots that those submits are about to fill.
+    pub(crate) fn lane_taken(&self, instance: &str, model: &str) -> u64 {
+        self.lock_lane()
+            .as_ref()
+            .filter(|lane| lane.instance == instance)
+            .and_then(|lane| lane.pending.get(model).copied())
+            .unwrap_or(0)
+    }
+
     fn return_credit(&self, model: &str) {
         if let Some(lane) = self.lock_lane().as_mut()
             && let Some(pending) = lane.pending.get_mut(model)
@@ -1170,6 +1180,9 @@ mod tests {
         assert!(hub.take_credit("m").is_some());
         assert!(hub.take_credit("m").is_none(), "two slots, two credits");
         assert!(hub.take_credit("other").is_none());
+        // The scheduler's claims leave the slots of taken credits alone.
+        assert_eq!((hub.lane_taken("a", "m"), hub.lane_taken("a", "other")), (2, 0));
+        assert_eq!(hub.lane_taken("b", "m"), 0, "only the lane's own scheduler");
 
         // Still two free slots (nothing placed yet), but both are spoken for.
         hub.set_credits("a", free("m", 2));
@@ -1179,6 +1192,7 @@ mod tests {
         assert!(hub.hand_over(row("m"), true));
         assert!(hub.adopt("b").is_empty(), "only the lane's scheduler adopts");
         assert_eq!(hub.adopt("a").len(), 1);
+        assert_eq!(hub.lane_taken("a", "m"), 0, "returned and adopted");
         hub.set_credits("a", free("m", 1));
         assert!(hub.take_credit("m").is_some());
         assert!(hub.take_credit("m").is_none());

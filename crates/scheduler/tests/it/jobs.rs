@@ -162,17 +162,11 @@ async fn execution_timeout_and_ttl(backend: Backend) {
 
     // TTL: a job that waits longer than its ttl is removed.
     let blocker = env.submit(json!({"sleep_ms": 30_000})).await;
-    // Holding the slot means assigned to the worker: IN_PROGRESS alone may be
-    // a claim that finds the slot still taken (the timed-out job's cancel in
-    // flight) and puts the job back.
-    let deadline = tokio::time::Instant::now() + crate::harness::WAIT;
-    while env.get(&blocker.id).await.worker_id.is_none() {
-        assert!(
-            tokio::time::Instant::now() < deadline,
-            "the blocker never reached the worker"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    // IN_PROGRESS means it holds the only slot: a claim for the next job
+    // must not take the slot of a fast-lane job not yet placed (before that
+    // was fixed, a loaded machine failed this check half the time: the next
+    // job ran first, and this one went back to the queue).
+    env.until_status(&blocker.id, JobStatus::InProgress).await;
     let short = NewJob {
         policy: JobPolicy {
             ttl_ms: Some(1000),
