@@ -1,6 +1,6 @@
 //! Jobs running through real workers.
 
-use std::time::Instant;
+use std::time::{Duration, Instant, SystemTime};
 
 use gantry_dispatch::{AssignError, Assignment, Event, ModelHealth, Usage};
 use gantry_worker::{JobContext, JobError, Model, Output};
@@ -313,14 +313,7 @@ async fn least_loaded_worker_is_preferred() {
 
 #[tokio::test]
 async fn a_past_deadline_fails_without_retry() {
-    let mut server = Server::start();
-    let _worker = Worker::echo(&server, "w-deadline", 1);
-    server.wait_capacity(ECHO).await;
-
-    let mut job = Assignment::new("job-d", 1, ECHO, json!({"sleep_ms": 60_000}));
-    job.deadline = Some(std::time::SystemTime::now() + std::time::Duration::from_millis(100));
-    server.dispatcher.assign(job).unwrap();
-    assert_deadline_exceeded(server.terminal("job-d").await);
+    exceeds_its_deadline(SystemTime::now() + Duration::from_millis(100)).await;
 }
 
 /// A deadline that passed before the worker could start the attempt (a slow
@@ -328,23 +321,26 @@ async fn a_past_deadline_fails_without_retry() {
 /// that passed while it ran, so the scheduler records the job as timed out.
 #[tokio::test]
 async fn a_deadline_passed_on_arrival_is_exceeded_too() {
-    let mut server = Server::start();
-    let _worker = Worker::echo(&server, "w-late", 1);
-    server.wait_capacity(ECHO).await;
-
-    let mut job = Assignment::new("job-late", 1, ECHO, json!({"sleep_ms": 60_000}));
-    job.deadline = Some(std::time::SystemTime::now() - std::time::Duration::from_millis(5));
-    server.dispatcher.assign(job).unwrap();
-    assert_deadline_exceeded(server.terminal("job-late").await);
+    let (mut server, _worker) = exceeds_its_deadline(SystemTime::now() - Duration::from_millis(5)).await;
+    // Its slot comes back.
     server.wait_capacity(ECHO).await;
 }
 
-fn assert_deadline_exceeded(event: Event) {
-    match event {
+/// Assigns a one-minute job with `deadline` to a 1-slot worker and checks
+/// that it fails with exactly `DEADLINE_EXCEEDED`, not retryable.
+async fn exceeds_its_deadline(deadline: SystemTime) -> (Server, Worker) {
+    let mut server = Server::start();
+    let worker = Worker::echo(&server, "w-deadline", 1);
+    server.wait_capacity(ECHO).await;
+    let mut job = Assignment::new("job-d", 1, ECHO, json!({"sleep_ms": 60_000}));
+    job.deadline = Some(deadline);
+    server.dispatcher.assign(job).unwrap();
+    match server.terminal("job-d").await {
         Event::Failed { error, retryable, .. } => {
             assert!(!retryable);
             assert_eq!(error, gantry_dispatch::DEADLINE_EXCEEDED);
         }
         other => panic!("expected Failed, got {other:?}"),
     }
+    (server, worker)
 }
