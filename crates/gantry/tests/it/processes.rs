@@ -766,19 +766,18 @@ async fn listen(redis: &RedisServer, channel: &str) -> Log {
     heard
 }
 
-/// Whether a signal `<origin> <kind> <argument>` was heard.
-/// Whether the test's own subscription has heard the signal, allowing it a
-/// few seconds: the process it woke may act before this subscriber reads it.
-async fn heard(log: &Log, kind: &str, argument: &str) -> bool {
+/// Waits (up to 5 s) until the test's own subscription has heard the signal
+/// `<origin> <kind> <argument>`: the process it woke may act on it before
+/// this subscriber reads it. Panics with everything heard otherwise.
+async fn expect_heard(log: &Log, kind: &str, argument: &str) {
     let suffix = format!(" {kind} {argument}");
     let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    loop {
-        if log.lock().unwrap().iter().any(|line| line.ends_with(&suffix)) {
-            return true;
-        }
-        if tokio::time::Instant::now() >= deadline {
-            return false;
-        }
+    while !log.lock().unwrap().iter().any(|line| line.ends_with(&suffix)) {
+        assert!(
+            tokio::time::Instant::now() < deadline,
+            "never heard `{kind} {argument}`: {:?}",
+            log.lock().unwrap()
+        );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
 }
@@ -818,11 +817,7 @@ async fn redis_signals_wake_the_other_processes_and_losing_them_loses_no_job() {
     for id in &ids {
         assert_eq!(done[id]["status"], "COMPLETED", "{}", done[id]);
     }
-    assert!(
-        heard(&heard_signals, "q", "gantry-echo").await,
-        "{:?}",
-        heard_signals.lock().unwrap()
-    );
+    expect_heard(&heard_signals, "q", "gantry-echo").await;
 
     // A runsync caller waiting in the API process: the scheduler process
     // announces the end of the job.
@@ -831,11 +826,7 @@ async fn redis_signals_wake_the_other_processes_and_losing_them_loses_no_job() {
         .await;
     assert_eq!(sync["status"], "COMPLETED", "{sync}");
     let sync_id = id_of(&sync);
-    assert!(
-        heard(&heard_signals, "f", &sync_id).await,
-        "{:?}",
-        heard_signals.lock().unwrap()
-    );
+    expect_heard(&heard_signals, "f", &sync_id).await;
 
     // Cancelled through the API process while the scheduler process runs it:
     // its worker is told at once, not at the next sweep.
@@ -853,11 +844,7 @@ async fn redis_signals_wake_the_other_processes_and_losing_them_loses_no_job() {
     assert_eq!(response.status(), 200);
     let line = worker.wait_for_log("job cancelled by the scheduler").await;
     assert!(line.contains(&long), "{line}");
-    assert!(
-        heard(&heard_signals, "c", &long).await,
-        "{:?}",
-        heard_signals.lock().unwrap()
-    );
+    expect_heard(&heard_signals, "c", &long).await;
 
     // Redis goes away: the signal of this job is lost...
     redis.kill();
