@@ -234,12 +234,7 @@ fn with_stored_finals(work: Work, done: Done) -> Done {
     match (work, done) {
         (Work::Settle(plan), Done::Settled(mut settled)) if !plan.stores.is_empty() => {
             let plan = *plan;
-            let mut finals: Vec<job::Model> = plan
-                .stores
-                .into_iter()
-                .map(|s| s.row)
-                .filter(is_final)
-                .collect();
+            let mut finals: Vec<job::Model> = plan.stores.into_iter().map(|s| s.row).filter(is_final).collect();
             finals.append(&mut settled.finals);
             settled.finals = finals;
             Done::Settled(settled)
