@@ -543,8 +543,9 @@ mod tests {
         job::sample(id, "m")
     }
 
-    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-    async fn a_failing_operation_fails_alone_and_the_rest_commit() {
+    /// A migrated SQLite file in WAL mode (kept while the directory lives),
+    /// its sea-orm pool, and a writer on it.
+    async fn migrated_engine() -> (tempfile::TempDir, sea_orm::DatabaseConnection, Engine) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("jobs.db");
         let db = Database::connect(format!("sqlite://{}?mode=rwc", path.display()))
@@ -553,6 +554,12 @@ mod tests {
         db.execute_unprepared("PRAGMA journal_mode=WAL").await.unwrap();
         gantry_migrations::Migrator::up(&db, None).await.unwrap();
         let engine = Engine::open(&path, Arc::new(tokio::sync::Mutex::new(()))).expect("engine");
+        (dir, db, engine)
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_failing_operation_fails_alone_and_the_rest_commit() {
+        let (_dir, db, engine) = migrated_engine().await;
         engine.insert(row("a")).await.unwrap();
 
         // Sent together, so they usually share a transaction; either way the
@@ -626,14 +633,7 @@ mod tests {
     async fn writer_cost_per_job() {
         const PER_PLAN: usize = 21;
         const PLANS: usize = 3000;
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("jobs.db");
-        let db = Database::connect(format!("sqlite://{}?mode=rwc", path.display()))
-            .await
-            .unwrap();
-        db.execute_unprepared("PRAGMA journal_mode=WAL").await.unwrap();
-        gantry_migrations::Migrator::up(&db, None).await.unwrap();
-        let engine = Engine::open(&path, Arc::new(tokio::sync::Mutex::new(()))).expect("engine");
+        let (_dir, _db, engine) = migrated_engine().await;
         let config = crate::SchedulerConfig::default();
         let start = crate::store::now_ms();
         let mut n = 0u64;
