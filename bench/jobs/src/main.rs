@@ -106,11 +106,17 @@ fn parse_args() -> Args {
 
 fn main() {
     let args = parse_args();
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if let Some(threads) = args.runtime_threads {
-        builder.worker_threads(threads);
+    // The platform's runtime, sized as `gantry serve` sizes it.
+    let threads = Settings {
+        runtime_threads: args.runtime_threads,
+        ..Settings::default()
     }
-    let runtime = builder.enable_all().build().expect("runtime");
+    .runtime_threads(true);
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(threads)
+        .enable_all()
+        .build()
+        .expect("runtime");
     runtime.block_on(run(args));
 }
 
@@ -127,8 +133,10 @@ async fn run(args: Args) {
         database_max_connections: args.db_connections,
         management_addr: "127.0.0.1:0".into(),
         public_addr: "127.0.0.1:0".into(),
+        runtime_threads: args.runtime_threads,
         ..Settings::default()
     };
+    let runtime_threads = settings.runtime_threads(true);
     settings.http.workers = args.http_workers;
     settings.scheduler.addr = "127.0.0.1:0".into();
     settings.scheduler.bundled_workers = vec![MODEL.into()];
@@ -187,7 +195,7 @@ async fn run(args: Args) {
         args.slots,
         or_default(args.db_connections),
         or_default(args.http_workers),
-        or_default(args.runtime_threads),
+        runtime_threads,
     );
 
     if args.scenario == "all" || args.scenario == "runsync" {

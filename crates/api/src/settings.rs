@@ -26,6 +26,9 @@ pub struct Settings {
     pub redis_url: Option<String>,
     /// A tracing filter, e.g. `info` or `gantry_api=debug,info`.
     pub log: String,
+    /// Worker threads of the process's async runtime (scheduler, gRPC, the
+    /// bundled workers, background work); unset means [`Settings::runtime_threads`]'s default.
+    pub runtime_threads: Option<usize>,
     pub http: HttpSettings,
     pub rate_limits: RateLimitSettings,
     pub auth: AuthSettings,
@@ -180,6 +183,7 @@ impl Default for Settings {
             database_max_connections: None,
             redis_url: None,
             log: "info".into(),
+            runtime_threads: None,
             http: HttpSettings::default(),
             rate_limits: RateLimitSettings::default(),
             scheduler: SchedulerSettings::default(),
@@ -220,6 +224,22 @@ impl Settings {
             .merge(Env::prefixed("GANTRY_").ignore(&["config"]).split("__"))
             .extract()
             .map_err(Box::new)
+    }
+
+    /// Worker threads for the async runtime of a process that serves HTTP
+    /// (`with_http`) or not. The configured number wins. Unset: a process
+    /// with the HTTP listeners already has one HTTP worker thread per core
+    /// (`http.workers`), so its runtime gets half the cores (at least one)
+    /// instead of one more thread per core (half rounded up); on two cores a second runtime
+    /// thread only added context switches (docs/benchmarks-jobs.md, ninth
+    /// round). Other processes get one per core.
+    pub fn runtime_threads(&self, with_http: bool) -> usize {
+        let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
+        match self.runtime_threads {
+            Some(threads) => threads.max(1),
+            None if with_http => cores.div_ceil(2).max(1),
+            None => cores,
+        }
     }
 
     /// The database URL in effect: the configured one, or SQLite under the data dir.

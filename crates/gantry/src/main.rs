@@ -126,7 +126,12 @@ fn main() -> ExitCode {
     } else {
         &settings.log
     });
-    let runtime = match tokio::runtime::Builder::new_multi_thread().enable_all().build() {
+    let with_http = matches!(cli.command, Command::Serve | Command::Api);
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(settings.runtime_threads(with_http))
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(err) => {
             eprintln!("gantry: cannot start the runtime: {err}");
@@ -198,6 +203,7 @@ async fn serve(settings: Settings) -> CliResult {
         management = %app.management_addr(),
         public = %app.public_addr(),
         scheduler = %scheduler.addr,
+        runtime_threads = tokio::runtime::Handle::current().metrics().num_workers(),
         "gantry is serving"
     );
     serve_until(app, signal).await?;

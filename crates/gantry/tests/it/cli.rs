@@ -114,15 +114,23 @@ struct ServeProcess {
     child: std::process::Child,
     management: String,
     public: String,
+    /// Worker threads of its async runtime, as it logged them.
+    runtime_threads: usize,
     stdout: std::sync::Arc<std::sync::Mutex<String>>,
     readers: Vec<std::thread::JoinHandle<()>>,
 }
 
 impl ServeProcess {
     fn start(dir: &std::path::Path) -> ServeProcess {
+        Self::start_with(dir, &[])
+    }
+
+    /// Starts with extra environment variables.
+    fn start_with(dir: &std::path::Path, env: &[(&str, &str)]) -> ServeProcess {
         let started = Instant::now();
         let mut child = Command::new(env!("CARGO_BIN_EXE_gantry"))
             .arg("serve")
+            .envs(env.iter().copied())
             .env("GANTRY_DATA_DIR", dir)
             .env("GANTRY_MANAGEMENT_ADDR", "127.0.0.1:0")
             .env("GANTRY_PUBLIC_ADDR", "127.0.0.1:0")
@@ -159,13 +167,15 @@ impl ServeProcess {
                 line.find(name)
                     .and_then(|at| line[at + name.len()..].split_whitespace().next().map(String::from))
             };
-            if let (Some(management), Some(public)) = (field("management="), field("public=")) {
-                addrs = Some((management, public));
+            if let (Some(management), Some(public), Some(threads)) =
+                (field("management="), field("public="), field("runtime_threads="))
+            {
+                addrs = Some((management, public, threads.parse().expect("runtime_threads")));
                 break;
             }
             assert!(started.elapsed() < Duration::from_secs(30), "serve did not start");
         }
-        let (management, public) = addrs.expect("serve logged its addresses");
+        let (management, public, runtime_threads) = addrs.expect("serve logged its addresses");
         let log_reader = std::thread::spawn(move || {
             stderr.for_each(drop);
         });
@@ -173,6 +183,7 @@ impl ServeProcess {
             child,
             management,
             public,
+            runtime_threads,
             stdout,
             readers: vec![out_reader, log_reader],
         }
@@ -229,6 +240,21 @@ fn first_start_prints_one_admin_key_and_later_starts_do_not() {
     let second = ServeProcess::start(dir.path()).stop();
     assert!(!second.contains("gk_"), "no key on later starts: {second}");
     assert!(dir.path().join("gantry.db").exists(), "SQLite under the data dir");
+}
+
+/// `runtime_threads` sizes the async runtime: half the cores (rounded up) by
+/// default, since the HTTP listeners already run a thread per core, or the
+/// configured number.
+#[test]
+fn serve_sizes_its_async_runtime() {
+    let dir = tempfile::tempdir().unwrap();
+    let cores = std::thread::available_parallelism().unwrap().get();
+    let default = ServeProcess::start(dir.path());
+    assert_eq!(default.runtime_threads, cores.div_ceil(2));
+    default.stop();
+    let configured = ServeProcess::start_with(dir.path(), &[("GANTRY_RUNTIME_THREADS", "3")]);
+    assert_eq!(configured.runtime_threads, 3);
+    configured.stop();
 }
 
 /// Two platforms on one machine, each with its own listeners, scheduler and workers.
