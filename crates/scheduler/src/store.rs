@@ -955,24 +955,31 @@ impl Hub {
     /// signalled to the other processes (a `runsync` caller may wait there).
     pub(crate) fn finished(&self, views: &[JobView], announce: impl Fn(usize) -> bool) {
         let signals = self.signals.get();
-        let mut waiters = self.lock_waiters();
-        if waiters.is_empty() && signals.is_none() {
-            return;
+        // Taken under the lock, woken after it: a wake-up can be a system
+        // call (another thread's runtime), and the HTTP workers register and
+        // drop waiters under this lock for every request.
+        let mut woken = Vec::with_capacity(views.len());
+        {
+            let mut waiters = self.lock_waiters();
+            if waiters.is_empty() && signals.is_none() {
+                return;
+            }
+            for (i, view) in views.iter().enumerate() {
+                match waiters.remove(&view.id) {
+                    Some(list) => woken.push((view, list)),
+                    None => {
+                        if let Some(signals) = signals
+                            && announce(i)
+                        {
+                            signals.send(Signal::Final(view.id.clone()));
+                        }
+                    }
+                }
+            }
         }
-        for (i, view) in views.iter().enumerate() {
-            match waiters.remove(&view.id) {
-                Some(list) => {
-                    for (_, sender) in list {
-                        let _ = sender.send(Wake::Final(view.clone()));
-                    }
-                }
-                None => {
-                    if let Some(signals) = signals
-                        && announce(i)
-                    {
-                        signals.send(Signal::Final(view.id.clone()));
-                    }
-                }
+        for (view, list) in woken {
+            for (_, sender) in list {
+                let _ = sender.send(Wake::Final(view.clone()));
             }
         }
     }
