@@ -1084,6 +1084,12 @@ impl Waiter {
 
 impl Drop for Waiter {
     fn drop(&mut self) {
+        // Woken (or its sender dropped): whoever did that took the sender
+        // out of the map already, so there is nothing to unregister and no
+        // need to take the lock every HTTP worker shares.
+        if self.receiver.is_none() {
+            return;
+        }
         let mut waiters = self.hub.lock_waiters();
         if let Some(list) = waiters.get_mut(&self.job_id) {
             list.retain(|(id, _)| *id != self.id);
@@ -1120,6 +1126,21 @@ mod tests {
 
     fn free(model: &str, slots: u64) -> impl Iterator<Item = (String, u64)> {
         std::iter::once((model.to_string(), slots))
+    }
+
+    #[tokio::test]
+    async fn a_waiter_dropped_before_its_wake_unregisters_itself() {
+        let hub = Arc::new(Hub::default());
+        let dropped = hub.register("job-1");
+        let kept = hub.register("job-1");
+        drop(dropped);
+        assert_eq!(
+            hub.lock_waiters().get("job-1").map(Vec::len),
+            Some(1),
+            "only the dropped one leaves"
+        );
+        drop(kept);
+        assert!(hub.lock_waiters().is_empty(), "the last one takes the entry with it");
     }
 
     #[tokio::test]
