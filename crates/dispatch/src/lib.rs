@@ -116,20 +116,21 @@ pub struct Assignment {
     pub attempt: u32,
     /// Model id; only workers serving it are considered.
     pub model: String,
-    /// The job's JSON input, passed to the model as is.
-    pub input: Value,
+    /// The job's JSON input as text, passed to the worker as is (the worker
+    /// parses it; text that is not JSON fails the job as bad input there).
+    pub input_json: String,
     /// The worker abandons the attempt (non-retryable failure) past this.
     pub deadline: Option<SystemTime>,
 }
 
 impl Assignment {
-    /// An assignment without deadline.
+    /// An assignment of `input` without deadline.
     pub fn new(job_id: impl Into<String>, attempt: u32, model: impl Into<String>, input: Value) -> Self {
         Self {
             job_id: job_id.into(),
             attempt,
             model: model.into(),
-            input,
+            input_json: input.to_string(),
             deadline: None,
         }
     }

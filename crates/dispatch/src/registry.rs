@@ -189,12 +189,12 @@ impl Inner {
             let b_load = b.running.len() as u128 * u128::from(a.hello.slots.max(1));
             a_load.cmp(&b_load).then(b.credits.cmp(&a.credits)).then(a_id.cmp(b_id))
         });
-        let message = SchedulerMessage {
+        let mut message = Ok(SchedulerMessage {
             kind: Some(scheduler_message::Kind::Assign(Assign {
                 job_id: job.job_id.clone(),
                 attempt: job.attempt,
                 model: job.model.clone(),
-                input_json: job.input.to_string(),
+                input_json: job.input_json,
                 deadline_unix_ms: job.deadline.map_or(0, |deadline| {
                     deadline
                         .duration_since(UNIX_EPOCH)
@@ -203,12 +203,19 @@ impl Inner {
                         .unwrap_or(1)
                 }),
             })),
-        };
-        // A send fails only when the stream is going away; try the next one.
-        let chosen = candidates
-            .into_iter()
-            .find(|(_, w)| w.tx.send(Ok(message.clone())).is_ok())
-            .map(|(id, _)| id.clone());
+        });
+        // A send fails only when the stream is going away (and hands the
+        // message back); try the next one.
+        let mut chosen = None;
+        for (id, worker) in candidates {
+            match worker.tx.send(message) {
+                Ok(()) => {
+                    chosen = Some(id.clone());
+                    break;
+                }
+                Err(returned) => message = returned.0,
+            }
+        }
         let Some(worker_id) = chosen else {
             return Err(AssignError::NoCapacity { model: job.model });
         };

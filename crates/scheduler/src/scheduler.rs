@@ -862,24 +862,18 @@ impl Core {
     async fn assign(&mut self, mut rows: Vec<Handed>) -> Result<bool, DbErr> {
         rows.sort_by(|a, b| (a.row.low_priority, &a.row.id).cmp(&(b.row.low_priority, &b.row.id)));
         let mut put_back = Vec::new();
-        let mut failed = Vec::new();
         // Unstored jobs no worker took: written to the queue instead.
         let mut queue = Vec::new();
         let store_after = self.store.config.sync_store_after_ms();
         for Handed { row, stored } in rows {
-            let input: Value = match serde_json::from_str(&row.input) {
-                Ok(input) => input,
-                Err(error) => {
-                    failed.push((row, stored, format!("stored input is not JSON: {error}")));
-                    continue;
-                }
-            };
             let deadline_ms = row.run_deadline_ms.unwrap_or(i64::MAX);
             let assignment = Assignment {
                 job_id: row.id.clone(),
                 attempt: u32::try_from(row.attempt).unwrap_or(0),
                 model: row.model.clone(),
-                input,
+                // Stored as the JSON text it was submitted as; the worker
+                // parses it (and fails the job as bad input if it cannot).
+                input_json: row.input.clone(),
                 deadline: system_time(deadline_ms),
             };
             let ahead = self.store.config.claim_ahead > 0;
@@ -928,24 +922,9 @@ impl Core {
             );
         }
         let queued = !queue.is_empty();
-        if !failed.is_empty() || queued {
+        if queued {
             let mut plan = Plan::new(now_ms(), &self.store.config, &self.instance);
             let mut written = Vec::new();
-            for (row, stored, error) in failed {
-                if stored {
-                    plan.steps.push(Step::Finish {
-                        job_id: row.id,
-                        attempt: i64::from(row.attempt),
-                        status: JobStatus::Failed,
-                        error: Some(error),
-                        worker_id: None,
-                    });
-                } else {
-                    written.push(row.id.clone());
-                    let row = plan.finished(row, JobStatus::Failed, Some(error), None);
-                    plan.stores.push(Store { row, charge: None });
-                }
-            }
             for row in queue {
                 written.push(row.id.clone());
                 let row = plan.released(row, true);

@@ -153,6 +153,25 @@ async fn bad_input_fails_without_retry() {
     ));
 }
 
+/// The input travels as JSON text; text that is not JSON is the input's
+/// fault, so the worker fails the job without retry.
+#[tokio::test]
+async fn input_text_that_is_not_json_fails_without_retry() {
+    let mut server = Server::start();
+    let _worker = Worker::echo(&server, "w-text", 1);
+    server.wait_capacity(ECHO).await;
+    let mut job = Assignment::new("job-text", 1, ECHO, json!({}));
+    job.input_json = "{\"prompt\": ".into();
+    server.dispatcher.assign(job).unwrap();
+    match server.terminal("job-text").await {
+        Event::Failed { error, retryable, .. } => {
+            assert!(!retryable);
+            assert!(error.contains("input is not valid JSON"), "{error}");
+        }
+        other => panic!("expected Failed, got {other:?}"),
+    }
+}
+
 /// Panics when the input says so, echoes otherwise.
 struct Panicky;
 
