@@ -227,17 +227,17 @@ impl Settings {
     }
 
     /// Worker threads for the async runtime of a process that serves HTTP
-    /// (`with_http`) or not. The configured number wins. Unset: a process
-    /// with the HTTP listeners already has one HTTP worker thread per core
-    /// (`http.workers`), so its runtime gets half the cores (at least one)
-    /// instead of one more thread per core (half rounded up); on two cores a second runtime
-    /// thread only added context switches (docs/benchmarks-jobs.md, ninth
-    /// round). Other processes get one per core.
+    /// (`with_http`) or not. The configured number wins (at least one).
+    /// Unset: a process with the HTTP listeners already runs one HTTP worker
+    /// thread per core (`http.workers`), so its runtime gets half the cores,
+    /// rounded up, rather than another thread per core; on two cores the
+    /// second runtime thread only added context switches
+    /// (docs/benchmarks-jobs.md, ninth round). Other processes get one per core.
     pub fn runtime_threads(&self, with_http: bool) -> usize {
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
         match self.runtime_threads {
             Some(threads) => threads.max(1),
-            None if with_http => cores.div_ceil(2).max(1),
+            None if with_http => cores.div_ceil(2),
             None => cores,
         }
     }
