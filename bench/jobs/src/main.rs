@@ -117,10 +117,11 @@ fn main() {
         .enable_all()
         .build()
         .expect("runtime");
-    runtime.block_on(run(args));
+    runtime.block_on(run(args, threads));
 }
 
-async fn run(args: Args) {
+/// `runtime_threads`: the size of the runtime this runs on (for the report).
+async fn run(args: Args, runtime_threads: usize) {
     let dir = std::env::temp_dir().join(format!("gantry-bench-{}", std::process::id()));
     std::fs::create_dir_all(&dir).expect("temp dir");
     let pg = match &args.postgres {
@@ -133,10 +134,8 @@ async fn run(args: Args) {
         database_max_connections: args.db_connections,
         management_addr: "127.0.0.1:0".into(),
         public_addr: "127.0.0.1:0".into(),
-        runtime_threads: args.runtime_threads,
         ..Settings::default()
     };
-    let runtime_threads = settings.runtime_threads(true);
     settings.http.workers = args.http_workers;
     settings.scheduler.addr = "127.0.0.1:0".into();
     settings.scheduler.bundled_workers = vec![MODEL.into()];
