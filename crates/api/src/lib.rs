@@ -14,4 +14,6 @@ pub use app::{AppState, Application, StartError, Surface, connect_database, conn
 pub use openapi::{openapi_document, public_openapi_document};
 pub use problem::{ApiError, Problem};
 pub use routes::{Endpoint, management_endpoints, public_endpoints};
-pub use settings::{AuthSettings, CatalogSettings, HttpSettings, RateLimitSettings, SchedulerSettings, Settings};
+pub use settings::{
+    AuthSettings, CatalogSettings, HttpSettings, RateLimitSettings, SchedulerSettings, Settings, TextSettings,
+};

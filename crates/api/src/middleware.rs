@@ -146,7 +146,7 @@ pub fn ensure_problem<B>(res: ServiceResponse<B>) -> actix_web::Result<ErrorHand
         .headers()
         .get(header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(PROBLEM_JSON.as_bytes()));
-    if is_problem {
+    if is_problem || crate::handlers::openai::is_openai_path(res.request().path()) {
         return Ok(ErrorHandlerResponse::Response(res.map_into_left_body()));
     }
     let status = res.status();

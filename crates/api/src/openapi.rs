@@ -7,7 +7,7 @@ use utoipa::openapi::path::{Operation, PathItem};
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::{Content, HttpMethod, Ref, RefOr, Response, ResponseBuilder};
 
-use crate::handlers::{catalog, jobs, meta, volumes};
+use crate::handlers::{catalog, jobs, meta, openai, volumes};
 use crate::problem::{PROBLEM_JSON, Problem};
 use crate::routes::{Endpoint, management_endpoints, public_endpoints};
 
@@ -31,10 +31,11 @@ struct ApiDoc;
         description = "The public model endpoints of Gantry: run a model synchronously or asynchronously, poll, stream, cancel. Every error is an RFC 9457 problem document."),
     paths(
         jobs::run, jobs::runsync, jobs::status, jobs::stream, jobs::cancel, jobs::retry, jobs::purge_queue, jobs::health,
+        openai::chat_completions, openai::completions, openai::models,
         meta::openapi, meta::healthz, meta::readyz,
     ),
-    components(schemas(Problem)),
-    tags((name = "Model endpoints"), (name = "Meta")),
+    components(schemas(Problem, openai::OpenAiErrorResponse, openai::OpenAiError)),
+    tags((name = "Model endpoints"), (name = "OpenAI-compatible"), (name = "Meta")),
 )]
 struct PublicDoc;
 
@@ -97,12 +98,27 @@ fn problem(description: &str) -> Response {
         .build()
 }
 
+/// The OpenAI-compatible routes answer errors in OpenAI's shape.
+fn openai_error(description: &str) -> Response {
+    ResponseBuilder::new()
+        .description(description)
+        .content(
+            "application/json",
+            Content::new(Some(Ref::from_schema_name("OpenAIErrorResponse"))),
+        )
+        .build()
+}
+
 fn decorate(op: &mut Operation, endpoint: &Endpoint) {
+    let openai = openai::is_openai_path(endpoint.path);
     let mut add = |status: &str, description: &str| {
-        op.responses
-            .responses
-            .entry(status.to_string())
-            .or_insert_with(|| problem(description).into());
+        op.responses.responses.entry(status.to_string()).or_insert_with(|| {
+            if openai {
+                openai_error(description).into()
+            } else {
+                problem(description).into()
+            }
+        });
     };
     if endpoint.authenticated {
         add(

@@ -4,7 +4,7 @@ use actix_web::http::Method;
 use actix_web::middleware::from_fn;
 use actix_web::{Route, web};
 
-use crate::handlers::{catalog, jobs, meta, volumes};
+use crate::handlers::{catalog, jobs, meta, openai, volumes};
 use crate::middleware::authenticate;
 use crate::problem::ApiError;
 
@@ -78,6 +78,15 @@ pub fn public_endpoints() -> Vec<Endpoint> {
             web::post().to(jobs::purge_queue)
         }),
         keyed(Method::GET, "/v2/{model_id}/health", || web::get().to(jobs::health)),
+        keyed(Method::POST, "/v2/{model_id}/openai/v1/chat/completions", || {
+            web::post().to(openai::chat_completions)
+        }),
+        keyed(Method::POST, "/v2/{model_id}/openai/v1/completions", || {
+            web::post().to(openai::completions)
+        }),
+        keyed(Method::GET, "/v2/{model_id}/openai/v1/models", || {
+            web::get().to(openai::models)
+        }),
         open(Method::GET, "/v2/openapi.json", || web::get().to(meta::openapi)),
         open(Method::GET, "/healthz", || web::get().to(meta::healthz)),
         open(Method::GET, "/readyz", || web::get().to(meta::readyz)),
@@ -103,7 +112,14 @@ pub fn register(cfg: &mut web::ServiceConfig, endpoints: &[Endpoint]) {
         for op in &ops {
             resource = resource.route((op.route)());
         }
-        if ops.iter().any(|e| e.authenticated) {
+        if openai::is_openai_path(path) {
+            // OpenAI clients read OpenAI's error shape, authentication's included.
+            cfg.service(
+                resource
+                    .wrap(from_fn(authenticate))
+                    .wrap(from_fn(openai::openai_errors)),
+            );
+        } else if ops.iter().any(|e| e.authenticated) {
             cfg.service(resource.wrap(from_fn(authenticate)));
         } else {
             cfg.service(resource);

@@ -33,9 +33,43 @@ pub struct Settings {
     pub rate_limits: RateLimitSettings,
     pub auth: AuthSettings,
     pub scheduler: SchedulerSettings,
-    /// The models served under `/v2/<model_id>/…` with their billing unit and price.
+    /// The models served under `/v2/<model_id>/…` with their billing unit and
+    /// price; by default every model of the model manifest.
     pub models: ModelCatalog,
+    /// Where model weights live; unset means `<data_dir>/models`
+    /// (`GANTRY_MODELS_DIR` sets it).
+    pub models_dir: Option<PathBuf>,
+    /// `serve` fetches the missing weights of its bundled models when it starts.
+    pub pull_on_start: bool,
+    /// The text engine of the bundled text models and `gantry worker --model <text model>`.
+    pub text: TextSettings,
     pub catalog: CatalogSettings,
+}
+
+/// The text generation engine (llama.cpp), per loaded model.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TextSettings {
+    /// CPU threads of the engine; 0 means one per core.
+    pub threads: usize,
+    /// Sequences generated together in one batch (the worker's slots).
+    pub max_sequences: u32,
+    /// Tokens of KV cache shared by the running sequences (the admission
+    /// budget); unset means the model's manifest value.
+    pub context_tokens: Option<u32>,
+    /// Layers offloaded to the GPU in a CUDA build (0: none; large: all).
+    pub gpu_layers: u32,
+}
+
+impl Default for TextSettings {
+    fn default() -> Self {
+        Self {
+            threads: 0,
+            max_sequences: 16,
+            context_tokens: None,
+            gpu_layers: 0,
+        }
+    }
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -103,7 +137,11 @@ impl Default for SchedulerSettings {
         Self {
             addr: "127.0.0.1:50051".into(),
             worker_secret: None,
-            bundled_workers: vec!["gantry-echo".into()],
+            // The manifest's default models: the echo model and a text model.
+            bundled_workers: gantry_manifest::Manifest::builtin()
+                .defaults()
+                .map(|model| model.id.clone())
+                .collect(),
             bundled_slots: 16,
             max_attempts: 3,
             async_retention_secs: 30 * 60,
@@ -187,7 +225,10 @@ impl Default for Settings {
             http: HttpSettings::default(),
             rate_limits: RateLimitSettings::default(),
             scheduler: SchedulerSettings::default(),
-            models: ModelCatalog::default(),
+            models: gantry_manifest::Manifest::builtin().catalog(),
+            models_dir: None,
+            pull_on_start: true,
+            text: TextSettings::default(),
             auth: AuthSettings::default(),
             catalog: CatalogSettings::default(),
         }
@@ -240,6 +281,11 @@ impl Settings {
             None if with_http => cores.div_ceil(2),
             None => cores,
         }
+    }
+
+    /// Where model weights live (see [`Settings::models_dir`]).
+    pub fn models_dir(&self) -> PathBuf {
+        self.models_dir.clone().unwrap_or_else(|| self.data_dir.join("models"))
     }
 
     /// The database URL in effect: the configured one, or SQLite under the data dir.

@@ -8,7 +8,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gantry_api::{Application, Settings, StartError};
+use gantry_catalog::ModelKind;
 use gantry_dispatch::{DispatchConfig, Dispatcher, Event};
+use gantry_manifest::{Manifest, ModelStatus, ModelStore, Progress};
 use gantry_scheduler::{JobStore, Scheduler};
 use gantry_worker::{Credentials, WorkerConfig};
 use tokio::sync::{mpsc, watch};
@@ -97,15 +99,30 @@ impl SchedulerRole {
     }
 
     /// Starts the bundled workers named in the settings, in this process.
-    pub fn start_bundled_workers(&self, settings: &Settings) -> Result<Workers, StartError> {
+    /// Missing weights are fetched first when `pull_on_start` is set; a model
+    /// whose weights cannot be had is left out (with a message that says how
+    /// to fetch it) and the rest are served.
+    pub async fn start_bundled_workers(&self, settings: &Settings) -> Result<Workers, StartError> {
         let url = format!("http://{}", self.addr);
         let mut workers = Workers::new();
         for model in &settings.scheduler.bundled_workers {
+            if !ensure_weights(settings, model).await {
+                continue;
+            }
             let id = format!("{model}-bundled-{}", std::process::id());
-            workers.start(
-                model,
-                worker_config(&url, &id, Credentials::Secret(self.secret.clone()), settings),
-            )?;
+            let mut config = worker_config(&url, &id, Credentials::Secret(self.secret.clone()), settings);
+            if is_text_model(model) {
+                config.slots = settings.text.max_sequences.max(1);
+            }
+            let started = workers.start(model, config, settings);
+            match started {
+                Ok(()) => {}
+                // A model that cannot load is left out, like missing weights.
+                Err(StartError::Config(message)) if is_text_model(model) => {
+                    tracing::error!(%model, "not serving {model}: {message}");
+                }
+                Err(error) => return Err(error),
+            }
         }
         Ok(workers)
     }
@@ -145,18 +162,32 @@ impl Workers {
         }
     }
 
-    /// Starts the worker of `model` (one of the worker crates linked into this binary).
-    pub fn start(&mut self, model: &str, config: WorkerConfig) -> Result<(), StartError> {
+    /// Starts the worker of `model`: the echo model, or any text model of the
+    /// manifest (GGUF weights, loaded here from the models directory).
+    pub fn start(&mut self, model: &str, config: WorkerConfig, settings: &Settings) -> Result<(), StartError> {
         let mut stopped = self.stop.subscribe();
         let shutdown = async move {
             let _ = stopped.wait_for(|s| *s).await;
         };
         let task = match model {
             gantry_worker_echo::MODEL_ID => spawn_runtime(gantry_worker_echo::runtime(config), shutdown),
+            text if is_text_model(text) => {
+                let loaded = load_text_model(settings, text)?;
+                spawn_runtime(gantry_worker_text::runtime(loaded, config), shutdown)
+            }
             other => {
+                let servable: Vec<String> = std::iter::once(gantry_worker_echo::MODEL_ID.to_string())
+                    .chain(
+                        Manifest::builtin()
+                            .models()
+                            .iter()
+                            .filter(|m| m.category == ModelKind::Text)
+                            .map(|m| m.id.clone()),
+                    )
+                    .collect();
                 return Err(StartError::Config(format!(
                     "no worker for model '{other}' is built into this binary (available: {})",
-                    gantry_worker_echo::MODEL_ID
+                    servable.join(", ")
                 )));
             }
         };
@@ -198,7 +229,7 @@ impl Platform {
         let app = Application::build(settings.clone(), Some(dispatcher.clone())).await?;
         let store = app.state().jobs.clone();
         let scheduler = SchedulerRole::start(&settings, store, (dispatcher, events), secret).await?;
-        let workers = scheduler.start_bundled_workers(&settings)?;
+        let workers = scheduler.start_bundled_workers(&settings).await?;
         Ok(Platform {
             app,
             scheduler,
@@ -213,5 +244,84 @@ impl Platform {
         }
         self.workers.shutdown().await;
         self.scheduler.shutdown().await;
+    }
+}
+
+/// Whether `model` is a text model of the manifest (served by the text engine).
+pub fn is_text_model(model: &str) -> bool {
+    Manifest::builtin()
+        .get(model)
+        .is_some_and(|entry| entry.category == ModelKind::Text)
+}
+
+/// Loads a text model's weights from the models directory.
+fn load_text_model(settings: &Settings, model: &str) -> Result<gantry_worker_text::TextModel, StartError> {
+    let manifest = Manifest::builtin();
+    let entry = manifest
+        .get(model)
+        .ok_or_else(|| StartError::Config(format!("model '{model}' is not in the manifest")))?;
+    let file = entry
+        .files
+        .first()
+        .ok_or_else(|| StartError::Config(format!("model '{model}' names no weight file")))?;
+    let store = ModelStore::new(settings.models_dir());
+    if let ModelStatus::Missing(files) = store.status(entry) {
+        return Err(StartError::Config(format!(
+            "the weights of '{model}' are missing ({}) in {}; fetch them with `gantry models pull {model}`",
+            files.join(", "),
+            settings.models_dir().display()
+        )));
+    }
+    let mut options = gantry_worker_text::EngineOptions {
+        threads: settings.text.threads,
+        max_sequences: settings.text.max_sequences.max(1),
+        gpu_layers: settings.text.gpu_layers,
+        ..Default::default()
+    };
+    let from_manifest = entry
+        .engine
+        .get("context_tokens")
+        .and_then(serde_json::Value::as_u64)
+        .and_then(|n| u32::try_from(n).ok());
+    if let Some(tokens) = settings.text.context_tokens.or(from_manifest) {
+        options.context_tokens = tokens;
+    }
+    let path = store.file_path(model, &file.name);
+    let started = std::time::Instant::now();
+    let loaded = gantry_worker_text::TextModel::load(model, &path, options)
+        .map_err(|e| StartError::Config(format!("cannot load '{model}' from {}: {e}", path.display())))?;
+    tracing::info!(%model, ms = started.elapsed().as_millis() as u64, context = loaded.context_length(), "text model loaded");
+    Ok(loaded)
+}
+
+/// Whether `model`'s weights are present, fetching them first when
+/// `pull_on_start` allows. False (with the reason logged) when they are not.
+pub async fn ensure_weights(settings: &Settings, model: &str) -> bool {
+    let manifest = Manifest::builtin();
+    let Some(entry) = manifest.get(model).filter(|entry| !entry.files.is_empty()) else {
+        return true;
+    };
+    let store = ModelStore::new(settings.models_dir());
+    let ModelStatus::Missing(files) = store.status(entry) else {
+        return true;
+    };
+    let dir = settings.models_dir();
+    if !settings.pull_on_start {
+        tracing::warn!(%model, missing = %files.join(", "), "not serving {model}: its weights are missing in {}; fetch them with `gantry models pull {model}`", dir.display());
+        return false;
+    }
+    tracing::info!(%model, "fetching the weights of {model} into {}", dir.display());
+    let entry = entry.clone();
+    let pulled = tokio::task::spawn_blocking(move || store.pull(&entry, &Progress::new(true))).await;
+    match pulled {
+        Ok(Ok(())) => true,
+        Ok(Err(error)) => {
+            tracing::error!(%model, "not serving {model}: its weights could not be fetched ({error}); fetch them with `gantry models pull {model}`");
+            false
+        }
+        Err(error) => {
+            tracing::error!(%model, %error, "not serving {model}: fetching its weights failed");
+            false
+        }
     }
 }

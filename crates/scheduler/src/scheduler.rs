@@ -380,6 +380,11 @@ impl Core {
             Ok(settled) => {
                 outcome.finals = settled.finals;
                 outcome.claims = settled.claims;
+                // Chunks are committed: wake their live readers in this process.
+                self.store.hub.live_notify(batch.iter().filter_map(|event| match event {
+                    Event::Chunk { job_id, .. } => Some(job_id.as_str()),
+                    _ => None,
+                }));
             }
             Err(error) => {
                 tracing::warn!(%error, "giving up on settling worker events");

@@ -382,6 +382,55 @@ impl JobStore {
         }
     }
 
+    /// The job's view and its stored chunks from sequence number `from` on,
+    /// in order and contiguous (a gap ends the list until it is filled).
+    /// Unlike [`JobStore::read_stream`] this moves no shared cursor: each live
+    /// reader keeps its own position (the SSE `Last-Event-ID`). The view is
+    /// read first, so when it is final every chunk is in the list.
+    pub async fn chunks_from(
+        &self,
+        user: &str,
+        model_id: &str,
+        job_id: &str,
+        from: i64,
+    ) -> Result<(JobView, Vec<(i64, Value)>), JobError> {
+        let now = now_ms();
+        let row = self.find(user, model_id, job_id, now).await?;
+        let view = JobView::of(&row, now);
+        let stored = chunk::Entity::find()
+            .filter(chunk::Column::JobId.eq(job_id))
+            .filter(chunk::Column::Seq.gte(from))
+            .order_by_asc(chunk::Column::Seq)
+            .all(&self.db)
+            .await?;
+        let mut chunks = Vec::with_capacity(stored.len());
+        for (expected, piece) in (from..).zip(stored) {
+            if piece.seq != expected {
+                break;
+            }
+            chunks.push((piece.seq, serde_json::from_str(&piece.output).unwrap_or(Value::Null)));
+        }
+        Ok((view, chunks))
+    }
+
+    /// Subscribes to `job_id`'s live progress: the returned handle is
+    /// notified when a scheduler of this process commits chunks of the job or
+    /// the job ends here. Readers in other processes are not notified; they
+    /// read again on their own period (see the SSE handler).
+    pub fn watch_stream(&self, job_id: &str) -> LiveStream {
+        let notify = Arc::clone(
+            self.hub
+                .lock_live()
+                .entry(job_id.to_string())
+                .or_insert_with(|| Arc::new(Notify::new())),
+        );
+        LiveStream {
+            hub: Arc::clone(&self.hub),
+            job_id: job_id.to_string(),
+            notify,
+        }
+    }
+
     /// Cancels every queued job of `user` on `model_id`; returns how many.
     /// Running jobs are not touched.
     pub async fn purge_queue(&self, user: &str, model_id: &str) -> Result<u64, JobError> {
@@ -619,6 +668,9 @@ pub(crate) struct Hub {
     /// Schedulers running on this hub (see [`Attached`]). Without one,
     /// nothing takes what `pending` collects, so nothing is collected.
     schedulers: AtomicUsize,
+    /// Live stream readers by job id: notified when chunks of the job are
+    /// committed or it ends (see [`LiveStream`]).
+    live: Mutex<HashMap<String, Arc<Notify>>>,
 }
 
 /// Counts a scheduler on its hub for as long as it lives: held by the
@@ -954,6 +1006,7 @@ impl Hub {
     /// for which `announce` holds and that nobody here waited for is
     /// signalled to the other processes (a `runsync` caller may wait there).
     pub(crate) fn finished(&self, views: &[JobView], announce: impl Fn(usize) -> bool) {
+        self.live_notify(views.iter().map(|view| view.id.as_str()));
         let signals = self.signals.get();
         // Taken under the lock, woken after it: a wake-up can be a system
         // call (another thread's runtime), and the HTTP workers register and
@@ -981,6 +1034,24 @@ impl Hub {
             for (_, sender) in list {
                 let _ = sender.send(Wake::Final(view.clone()));
             }
+        }
+    }
+
+    fn lock_live(&self) -> MutexGuard<'_, HashMap<String, Arc<Notify>>> {
+        self.live.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    /// Wakes the live readers of these jobs (chunks committed, or final).
+    pub(crate) fn live_notify<'a>(&self, job_ids: impl Iterator<Item = &'a str>) {
+        let woken: Vec<Arc<Notify>> = {
+            let live = self.lock_live();
+            if live.is_empty() {
+                return;
+            }
+            job_ids.filter_map(|id| live.get(id).cloned()).collect()
+        };
+        for notify in woken {
+            notify.notify_waiters();
         }
     }
 
@@ -1114,6 +1185,31 @@ fn callers_job(user: &str, model_id: &str, job_id: &str, now: i64) -> Condition 
         .add(J::UserId.eq(user))
         .add(J::Model.eq(model_id))
         .add(J::ExpiresAtMs.gt(now))
+}
+
+/// A live reader's subscription to one job (see [`JobStore::watch_stream`]).
+/// Create the `notified()` future before reading, so that nothing committed
+/// in between is missed.
+pub struct LiveStream {
+    hub: Arc<Hub>,
+    job_id: String,
+    notify: Arc<Notify>,
+}
+
+impl LiveStream {
+    pub fn notified(&self) -> tokio::sync::futures::Notified<'_> {
+        self.notify.notified()
+    }
+}
+
+impl Drop for LiveStream {
+    fn drop(&mut self) {
+        let mut live = self.hub.lock_live();
+        // The map's reference and this one: no other reader of the job is left.
+        if Arc::strong_count(&self.notify) <= 2 {
+            live.remove(&self.job_id);
+        }
+    }
 }
 
 #[cfg(test)]

@@ -12,6 +12,7 @@ use utoipa::ToSchema;
 
 use crate::app::AppState;
 use crate::body::{ObjectValidator, read_json};
+use crate::handlers::live;
 use crate::middleware::Caller;
 use crate::problem::ApiError;
 
@@ -256,16 +257,56 @@ pub async fn status(
 }
 
 #[utoipa::path(get, path = "/v2/{model_id}/stream/{job_id}", operation_id = "stream", tag = "Model endpoints",
-    description = "The job's status and the stream chunks not read before, in order: `{status, stream: [{output}]}`. Requires `endpoints:run`.",
-    params(("model_id" = String, Path), ("job_id" = String, Path)),
-    responses((status = 200, description = "Status and unread chunks")))]
+    description = "The job's status and the stream chunks not read before, in order: `{status, stream: [{output}]}`. \
+With `Accept: text/event-stream`, Server-Sent Events instead: one `chunk` event per chunk as it is produced \
+(`id` = its sequence number, data `{\"output\": …}`), then one `status` event whose data is the final job, then the \
+stream ends. A reader that reconnects with `Last-Event-ID` gets exactly the chunks after it. SSE readers keep \
+their own position and do not consume chunks from the JSON form. Requires `endpoints:run`.",
+    params(("model_id" = String, Path), ("job_id" = String, Path),
+        ("Last-Event-ID" = Option<i64>, Header, description = "SSE: resume after this chunk")),
+    responses((status = 200, description = "Status and unread chunks (JSON), or an event stream (`text/event-stream`)")))]
 pub async fn stream(
     state: web::Data<AppState>,
     caller: Caller,
     path: web::Path<(String, String)>,
+    req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
     let (model_id, job_id) = path.into_inner();
     model(&state, &caller, &model_id)?;
+    if live::wants_sse(&req) {
+        let from = live::resume_from(&req).map_err(|e| ApiError::BadRequest {
+            detail: "invalid headers".into(),
+            errors: vec![e],
+        })?;
+        // Unknown or foreign jobs are a 404 before the stream starts.
+        state.jobs.get(caller.user_id(), &model_id, &job_id).await?;
+        let frames = live::follow(live::Follow {
+            jobs: state.jobs.clone(),
+            user: caller.user_id().to_string(),
+            model: model_id,
+            job_id,
+            from,
+            cancel_on_disconnect: false,
+        });
+        return Ok(live::sse_response(frames, |frame| match frame {
+            live::Frame::Chunk { seq, output } => Some(live::event(
+                Some(seq),
+                Some("chunk"),
+                &json!({ "output": output }).to_string(),
+            )),
+            live::Frame::KeepAlive => Some(": keep-alive\n\n".to_string()),
+            live::Frame::Final(view) => Some(live::event(
+                None,
+                Some("status"),
+                &serde_json::to_string(&view).unwrap_or_default(),
+            )),
+            live::Frame::Failed(error) => Some(live::event(
+                None,
+                Some("error"),
+                &json!({ "error": error.to_string() }).to_string(),
+            )),
+        }));
+    }
     let view = state.jobs.read_stream(caller.user_id(), &model_id, &job_id).await?;
     let stream: Vec<Value> = view
         .chunks

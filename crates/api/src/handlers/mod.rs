@@ -1,4 +1,6 @@
 pub mod catalog;
 pub mod jobs;
+pub(crate) mod live;
 pub mod meta;
+pub mod openai;
 pub mod volumes;

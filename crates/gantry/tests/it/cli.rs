@@ -136,6 +136,7 @@ impl ServeProcess {
             .env("GANTRY_PUBLIC_ADDR", "127.0.0.1:0")
             .env("GANTRY_SCHEDULER__ADDR", "127.0.0.1:0")
             .env("GANTRY_HTTP__WORKERS", "1")
+            .env("GANTRY_SCHEDULER__BUNDLED_WORKERS", "[gantry-echo]")
             .env_remove("GANTRY_DATABASE_URL")
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())
@@ -355,6 +356,7 @@ fn serve_on_free_ports(data_dir: &std::path::Path) -> Command {
         .env("GANTRY_MANAGEMENT_ADDR", "127.0.0.1:0")
         .env("GANTRY_PUBLIC_ADDR", "127.0.0.1:0")
         .env("GANTRY_SCHEDULER__ADDR", "127.0.0.1:0")
+        .env("GANTRY_SCHEDULER__BUNDLED_WORKERS", "[gantry-echo]")
         .stdin(Stdio::null());
     command
 }

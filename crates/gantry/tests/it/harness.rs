@@ -53,6 +53,9 @@ impl TestApp {
         // tests, long enough that a loaded machine does not reap a live one.
         settings.scheduler.heartbeat_interval_ms = 400;
         settings.scheduler.sweep_interval_ms = 100;
+        // The echo model only; the text model tests add theirs.
+        settings.scheduler.bundled_workers = vec!["gantry-echo".into()];
+        settings.pull_on_start = false;
         tweak(&mut settings);
         let Platform {
             app,

@@ -11,4 +11,5 @@ mod jobs;
 mod openapi;
 mod processes;
 mod ratelimits;
+mod text;
 mod volumes;

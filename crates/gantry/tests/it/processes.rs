@@ -195,6 +195,8 @@ impl Cluster {
             // Several processes per test, tests in parallel: stay well under max_connections.
             ("GANTRY_DATABASE_MAX_CONNECTIONS".into(), "4".into()),
             ("GANTRY_LOG".into(), "info".into()),
+            // The text model has its own tests; these are about the job path.
+            ("GANTRY_SCHEDULER__BUNDLED_WORKERS".into(), "[gantry-echo]".into()),
         ];
         all.extend(env.iter().map(|(k, v)| (k.to_string(), v.to_string())));
         Cluster {

