@@ -7,7 +7,7 @@ use utoipa::openapi::path::{Operation, PathItem};
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::{Content, HttpMethod, Ref, RefOr, Response, ResponseBuilder};
 
-use crate::handlers::{catalog, jobs, meta, openai, volumes};
+use crate::handlers::{catalog, jobs, meta, models, openai, volumes};
 use crate::problem::{PROBLEM_JSON, Problem};
 use crate::routes::{Endpoint, management_endpoints, public_endpoints};
 
@@ -30,7 +30,7 @@ struct ApiDoc;
     info(title = "Gantry model endpoints", version = "2.0.0",
         description = "The public model endpoints of Gantry: run a model synchronously or asynchronously, poll, stream, cancel. Every error is an RFC 9457 problem document."),
     paths(
-        jobs::run, jobs::runsync, jobs::status, jobs::stream, jobs::cancel, jobs::retry, jobs::purge_queue, jobs::health,
+        models::list, jobs::run, jobs::runsync, jobs::status, jobs::stream, jobs::cancel, jobs::retry, jobs::purge_queue, jobs::health,
         openai::chat_completions, openai::completions, openai::models,
         meta::openapi, meta::healthz, meta::readyz,
     ),
@@ -47,6 +47,36 @@ pub fn openapi_document() -> utoipa::openapi::OpenApi {
 /// The public listener's document.
 pub fn public_openapi_document() -> utoipa::openapi::OpenApi {
     finish(PublicDoc::openapi(), &public_endpoints())
+}
+
+/// The public listener's document as served: [`public_openapi_document`]
+/// with the input schema of every model of the manifest (`ModelInput.<id>`),
+/// which a job's `input` is one of.
+pub fn public_openapi_json() -> serde_json::Value {
+    let mut doc = serde_json::to_value(public_openapi_document()).unwrap_or_default();
+    let manifest = gantry_manifest::Manifest::builtin();
+    let mut refs = Vec::new();
+    for model in manifest.models() {
+        if !model.input_schema.is_object() {
+            continue;
+        }
+        let name = format!("ModelInput.{}", model.id);
+        let mut schema = model.input_schema.clone();
+        if schema.get("description").is_none() {
+            schema["description"] = serde_json::json!(format!("The input of `{}`: {}", model.id, model.description));
+        }
+        doc["components"]["schemas"][&name] = schema;
+        refs.push(serde_json::json!({ "$ref": format!("#/components/schemas/{name}") }));
+    }
+    if !refs.is_empty() {
+        let input = &mut doc["components"]["schemas"]["RunRequest"]["properties"]["input"];
+        let description = input.get("description").cloned();
+        *input = serde_json::json!({ "oneOf": refs });
+        if let Some(description) = description {
+            input["description"] = description;
+        }
+    }
+    doc
 }
 
 fn finish(mut doc: utoipa::openapi::OpenApi, endpoints: &[Endpoint]) -> utoipa::openapi::OpenApi {

@@ -4,7 +4,7 @@ use actix_web::http::Method;
 use actix_web::middleware::from_fn;
 use actix_web::{Route, web};
 
-use crate::handlers::{catalog, jobs, meta, openai, volumes};
+use crate::handlers::{catalog, jobs, meta, models, openai, volumes};
 use crate::middleware::authenticate;
 use crate::problem::ApiError;
 
@@ -60,6 +60,7 @@ pub fn management_endpoints() -> Vec<Endpoint> {
 
 pub fn public_endpoints() -> Vec<Endpoint> {
     vec![
+        keyed(Method::GET, "/v2/models", || web::get().to(models::list)),
         keyed(Method::POST, "/v2/{model_id}/run", || web::post().to(jobs::run)),
         keyed(Method::POST, "/v2/{model_id}/runsync", || web::post().to(jobs::runsync)),
         keyed(Method::GET, "/v2/{model_id}/status/{job_id}", || {

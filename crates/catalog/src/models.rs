@@ -66,6 +66,17 @@ impl Price {
     pub fn per(self) -> i64 {
         self.per
     }
+
+    /// [`Price::micro_usd`] as an exact decimal string of USD: `10.00`,
+    /// `0.0024`, `0.00001`.
+    pub fn usd(self) -> String {
+        let text = format!("{}.{:06}", self.micro_usd / 1_000_000, self.micro_usd % 1_000_000);
+        let trimmed = text.trim_end_matches('0');
+        match trimmed.strip_suffix('.') {
+            Some(whole) => format!("{whole}.00"),
+            None => trimmed.to_string(),
+        }
+    }
 }
 
 /// One model: its id (the `<model_id>` in `/v2/<model_id>/…`), kind, billing
@@ -183,6 +194,15 @@ mod tests {
         assert_eq!(echo.unit, "requests");
         assert_eq!(catalog.get("wan-video").unwrap().price, Price::new(500_000, 5).unwrap());
         assert!(catalog.get("nope").is_none());
+    }
+
+    #[test]
+    fn prices_print_exactly_in_usd() {
+        let usd = |micro| Price::new(micro, 1).unwrap().usd();
+        assert_eq!(usd(10_000_000), "10.00");
+        assert_eq!(usd(10), "0.00001");
+        assert_eq!(usd(2_400), "0.0024");
+        assert_eq!(usd(500_000), "0.5");
     }
 
     #[test]

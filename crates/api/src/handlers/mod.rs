@@ -2,5 +2,6 @@ pub mod catalog;
 pub mod jobs;
 pub(crate) mod live;
 pub mod meta;
+pub mod models;
 pub mod openai;
 pub mod volumes;

@@ -115,10 +115,7 @@ impl EngineConfig {
         LlamaContextParams::default()
             .with_n_ctx(NonZeroU32::new(self.context_tokens))
             .with_n_batch(self.batch_tokens)
-            .with_n_ubatch(
-                self.batch_tokens
-                    .min(std::env::var("UB").ok().and_then(|v| v.parse().ok()).unwrap_or(512)),
-            )
+            .with_n_ubatch(self.batch_tokens.min(512))
             .with_n_seq_max(self.max_sequences)
             // One pool of KV cells shared by all sequences, so the budget is
             // shared too (otherwise each sequence gets n_ctx / n_seq_max).

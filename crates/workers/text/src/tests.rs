@@ -31,10 +31,24 @@ fn weights() -> PathBuf {
     path
 }
 
-/// One model shared by the tests that do not need special options.
-fn shared_model() -> &'static TextModel {
+/// Test engines use one thread: tests run two at a time on small machines,
+/// and llama.cpp's threads spin while they wait for each other.
+const TEST_OPTIONS: EngineOptions = EngineOptions {
+    threads: 1,
+    context_tokens: 8192,
+    max_sequences: 16,
+    batch_tokens: 512,
+    gpu_layers: 0,
+};
+
+/// One model shared by the tests that do not need special options, with a
+/// lock: its tests compare outputs across runs, and requests running at the
+/// same time can change llama.cpp's numerics (see `concurrent_greedy_...`).
+async fn shared_model() -> (tokio::sync::MutexGuard<'static, ()>, &'static TextModel) {
+    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
     static MODEL: OnceLock<TextModel> = OnceLock::new();
-    MODEL.get_or_init(|| TextModel::load("smollm2", &weights(), EngineOptions::default()).unwrap())
+    let guard = LOCK.lock().await;
+    (guard, MODEL.get_or_init(|| load(TEST_OPTIONS)))
 }
 
 fn load(options: EngineOptions) -> TextModel {
@@ -80,7 +94,7 @@ fn finish_reason(output: &Value) -> &str {
 
 #[tokio::test]
 async fn model_metadata() {
-    let model = shared_model();
+    let (_lock, model) = shared_model().await;
     assert!(model.shared.template.is_some(), "SmolLM2 ships a chat template");
     assert_eq!(model.context_length(), 8192);
     let params = Params::parse(&json!({"prompt": "Hi"}), 8192).unwrap();
@@ -94,7 +108,7 @@ async fn model_metadata() {
 
 #[tokio::test]
 async fn greedy_generation_is_deterministic() {
-    let model = shared_model();
+    let (_lock, model) = shared_model().await;
     let input = json!({"prompt": "What is the capital of France?", "temperature": 0, "max_tokens": 40});
     let (first, _) = run_ok(model, input.clone()).await;
     let (second, _) = run_ok(model, input).await;
@@ -105,7 +119,7 @@ async fn greedy_generation_is_deterministic() {
 
 #[tokio::test]
 async fn engine_greedy_matches_plain_greedy_decoding() {
-    let model = shared_model();
+    let (_lock, model) = shared_model().await;
     let prompt = "The quick brown fox";
     let (pieces, finished) = model
         .complete(
@@ -120,13 +134,19 @@ async fn engine_greedy_matches_plain_greedy_decoding() {
     assert_eq!(pieces.concat(), finished.text);
 }
 
+/// Batching does not change greedy results, within the limits of
+/// llama.cpp's CPU kernels: its flash attention switches to other kernels
+/// (summing in another order) for a decode of a single token once the KV
+/// cache uses more than 256 cells, and for batches of 64 tokens or more. The
+/// engine here stays below both, as a lightly loaded server does.
 #[tokio::test]
 async fn concurrent_greedy_requests_match_solo_runs() {
     // its own engine, so "solo" really is alone
     let model = load(EngineOptions {
         context_tokens: 2048,
         max_sequences: 4,
-        ..EngineOptions::default()
+        batch_tokens: 32,
+        ..TEST_OPTIONS
     });
     let inputs: Vec<Value> = [
         "Write a haiku about the sea.",
@@ -135,23 +155,15 @@ async fn concurrent_greedy_requests_match_solo_runs() {
         "Say hello in French.",
     ]
     .iter()
-    .map(|prompt| json!({"prompt": prompt, "temperature": 0, "max_tokens": 48}))
+    .map(|prompt| json!({"prompt": prompt, "temperature": 0, "max_tokens": 32}))
     .collect();
     let mut solo = Vec::new();
     for input in &inputs {
         solo.push(run_ok(&model, input.clone()).await.0);
     }
-    let started = Instant::now();
     let together = join_all(inputs.iter().map(|input| run_ok(&model, input.clone()))).await;
-    let together: Vec<Value> = together.into_iter().map(|(output, _)| output).collect();
-    let generated: u64 = together.iter().map(|o| o["usage"]["output"].as_u64().unwrap()).sum();
-    eprintln!(
-        "4 concurrent streams: {generated} tokens in {:.2?} ({:.1} tokens/s)",
-        started.elapsed(),
-        generated as f64 / started.elapsed().as_secs_f64()
-    );
-    for (solo, together) in solo.iter().zip(&together) {
-        assert_eq!(text(solo), text(together));
+    for (solo, (together, _)) in solo.iter().zip(&together) {
+        assert_eq!(solo, together);
     }
 }
 
@@ -162,7 +174,7 @@ async fn requests_beyond_the_budget_wait_their_turn() {
         context_tokens: 256,
         max_sequences: 2,
         batch_tokens: 16,
-        ..EngineOptions::default()
+        ..TEST_OPTIONS
     });
     let input = json!({"prompt": "Count: 1, 2, 3,", "raw": true, "temperature": 0, "max_tokens": 90});
     let (alone, _) = run_ok(&model, input.clone()).await;
@@ -181,25 +193,23 @@ async fn long_prompts_are_read_in_chunks() {
         context_tokens: 1024,
         max_sequences: 2,
         batch_tokens: 8,
-        ..EngineOptions::default()
+        ..TEST_OPTIONS
     });
     let prompt = "The history of the city begins in the year 1200, when a small village grew around a river crossing. ";
     let input = json!({"prompt": prompt.repeat(3), "raw": true, "temperature": 0, "max_tokens": 16});
-    let (output, _) = run_ok(&model, input).await;
+    let (pieces, finished) = model
+        .complete(input, CancellationToken::new(), |_| async { Ok(()) })
+        .await
+        .unwrap();
+    assert!(finished.prompt_tokens > 8 * 4, "the prompt spans several batches");
     let reference = greedy_tokens(&weights(), &prompt.repeat(3), 16).unwrap();
-    assert_eq!(output["usage"]["output"].as_u64().unwrap() as usize, reference.len());
-    let expected = String::from_utf8(shared_model().shared.model.vocab().detokenize(
-        &reference.iter().map(|&t| LlamaToken(t)).collect::<Vec<_>>(),
-        false,
-        false,
-    ))
-    .unwrap();
-    assert_eq!(text(&output), expected);
+    assert_eq!(finished.tokens, reference);
+    assert_eq!(pieces.concat(), finished.text);
 }
 
 #[tokio::test]
 async fn sampling_with_a_seed_is_reproducible() {
-    let model = shared_model();
+    let (_lock, model) = shared_model().await;
     let input = json!({"prompt": "Tell me a story about a dragon.", "temperature": 1.0, "top_p": 0.95, "top_k": 50, "seed": 1234, "max_tokens": 40});
     let (first, pieces) = run_ok(model, input.clone()).await;
     let (second, _) = run_ok(model, input).await;
@@ -209,7 +219,7 @@ async fn sampling_with_a_seed_is_reproducible() {
 
 #[tokio::test]
 async fn max_tokens_is_respected() {
-    let model = shared_model();
+    let (_lock, model) = shared_model().await;
     let (output, _) = run_ok(
         model,
         json!({"prompt": "Numbers: 1, 2, 3, 4,", "raw": true, "temperature": 0, "max_tokens": 5}),
@@ -222,7 +232,7 @@ async fn max_tokens_is_respected() {
 
 #[tokio::test]
 async fn chat_ends_with_stop_reason() {
-    let model = shared_model();
+    let (_lock, model) = shared_model().await;
     let (output, _) = run_ok(
         model,
         json!({"messages": [
@@ -238,7 +248,7 @@ async fn chat_ends_with_stop_reason() {
 
 #[tokio::test]
 async fn stop_strings_end_generation() {
-    let model = shared_model();
+    let (_lock, model) = shared_model().await;
     let base = json!({"prompt": "Numbers: 1, 2, 3, 4,", "raw": true, "temperature": 0, "max_tokens": 30});
     let (free, _) = run_ok(model, base.clone()).await;
     let free = text(&free).to_owned();
@@ -252,7 +262,7 @@ async fn stop_strings_end_generation() {
 
 #[tokio::test]
 async fn cancellation_stops_generation() {
-    let model = shared_model();
+    let (_lock, model) = shared_model().await;
     let cancel = CancellationToken::new();
     let count = Arc::new(Mutex::new(0usize));
     let seen = Arc::clone(&count);
@@ -283,7 +293,7 @@ async fn cancellation_stops_generation() {
 
 #[tokio::test]
 async fn a_failing_sink_ends_the_request() {
-    let model = shared_model();
+    let (_lock, model) = shared_model().await;
     let result = model
         .generate(
             json!({"prompt": "Numbers: 1, 2, 3, 4,", "raw": true, "temperature": 0, "max_tokens": 4000}),
@@ -296,7 +306,7 @@ async fn a_failing_sink_ends_the_request() {
 
 #[tokio::test]
 async fn bad_inputs_are_rejected() {
-    let model = shared_model();
+    let (_lock, model) = shared_model().await;
     for (input, needle) in [
         (json!({"prompt": "Hi", "max_tokens": 9000}), "`max_tokens`"),
         (
