@@ -169,7 +169,10 @@ impl Application {
                     .map_err(|e| StartError::Config(e.to_string()))?
             }
         };
-        let jobs = JobStore::new(db.clone(), settings.scheduler.job_config());
+        let mut job_config = settings.scheduler.job_config();
+        // Holding the SQLite file's lock proves no other process runs its jobs.
+        job_config.sole_owner = lock.is_some();
+        let jobs = JobStore::new(db.clone(), job_config);
         connect_job_signals(&settings, &jobs)?;
         let document = |doc| serde_json::to_vec(&doc).map_err(|e| StartError::Config(e.to_string()));
         let openapi = document(crate::openapi::openapi_document())?;

@@ -51,6 +51,11 @@ pub struct SchedulerConfig {
     /// on top of the system's (for receivers behind a private CA). Default
     /// none.
     pub webhook_ca_file: Option<PathBuf>,
+    /// This process is the only one using the database (the embedded SQLite
+    /// file, whose lock it holds): a job left `IN_PROGRESS` when the
+    /// scheduler starts was run by a process that died, so it is requeued at
+    /// once instead of after its lease lapses. Default false.
+    pub sole_owner: bool,
 }
 
 impl Default for SchedulerConfig {
@@ -70,6 +75,7 @@ impl Default for SchedulerConfig {
             webhook_attempts: 3,
             webhook_timeout: Duration::from_secs(10),
             webhook_ca_file: None,
+            sole_owner: false,
         }
     }
 }

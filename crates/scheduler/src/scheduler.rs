@@ -88,6 +88,10 @@ impl Scheduler {
             analyze_after: ANALYZE_AFTER_FIRST,
             rechecks: HashSet::new(),
         };
+        if core.store.config.sole_owner {
+            // No other process can hold these jobs: a crashed predecessor did.
+            core.requeue_orphans(true).await?;
+        }
         core.sweep().await?;
         // Every submit may take the lane, on both backends. (Until the
         // PostgreSQL claim was fixed, `/run` jobs did not on PostgreSQL: see
@@ -1039,7 +1043,7 @@ impl Core {
         self.analyze_if_grown().await;
         self.renew().await?;
         self.time_out().await?;
-        self.requeue_orphans().await?;
+        self.requeue_orphans(false).await?;
         self.expire().await?;
         self.flush_workers().await?;
         self.webhooks.take_over(now_ms()).await?;
@@ -1234,17 +1238,22 @@ impl Core {
     }
 
     /// Requeues running jobs whose scheduler's lease lapsed (it crashed or lost
-    /// the database), or fails them once out of attempts.
-    async fn requeue_orphans(&mut self) -> Result<(), DbErr> {
+    /// the database), or fails them once out of attempts; with `all`, every
+    /// running job, leased or not (at the start of the database's sole owner).
+    async fn requeue_orphans(&mut self, all: bool) -> Result<(), DbErr> {
         let lock = Arc::clone(&self.store.hub.write_lock);
         let guard = serialize_writes(&lock, &self.db).await;
         let now = now_ms();
         let until = Plan::new(now, &self.store.config, &self.instance);
+        let lapsed = if all { i64::MAX } else { now };
         let rows = plan::requeue_or_fail("scheduler lost", now, until.sync_until, until.async_until)
             .filter(running_jobs())
-            .filter(J::LeaseUntilMs.lt(now))
+            .filter(J::LeaseUntilMs.lt(lapsed))
             .exec_with_returning(&self.db)
             .await?;
+        if all && !rows.is_empty() {
+            tracing::info!(jobs = rows.len(), "requeued the jobs a previous process left running");
+        }
         drop(guard);
         let mut requeued = HashSet::new();
         for row in &rows {

@@ -430,3 +430,66 @@ fn serve_without_reachable_weights_serves_the_rest_and_says_how_to_fetch_them() 
     assert!(log.contains("not serving smollm2-135m-instruct"), "{log}");
     assert!(log.contains("gantry models pull smollm2-135m-instruct"), "{log}");
 }
+
+/// After a `kill -9` of `gantry serve`, the jobs it was running run again as
+/// soon as the next process starts on the same SQLite file (whose lock proves
+/// no other process holds them), not after their 30 s lease.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn jobs_a_killed_serve_left_running_run_again_at_the_next_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let client = crate::harness::http_client(Duration::from_secs(10));
+    let first = ServeProcess::start(dir.path());
+    let key = first.admin_key().expect("first start prints a key");
+    let public = format!("http://{}", first.public);
+    let job: serde_json::Value = client
+        .post(format!("{public}/v2/gantry-echo/run"))
+        .bearer_auth(&key)
+        .json(&serde_json::json!({"input": {"sleep_ms": 2000}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let id = job["id"].as_str().unwrap().to_string();
+    let status = |public: String| {
+        let (client, key, id) = (client.clone(), key.clone(), id.clone());
+        async move {
+            let job: serde_json::Value = client
+                .get(format!("{public}/v2/gantry-echo/status/{id}"))
+                .bearer_auth(&key)
+                .send()
+                .await
+                .unwrap()
+                .json()
+                .await
+                .unwrap();
+            job["status"].as_str().unwrap().to_string()
+        }
+    };
+    let started = Instant::now();
+    while status(public.clone()).await != "IN_PROGRESS" {
+        assert!(started.elapsed() < Duration::from_secs(10), "the job never started");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    drop(first); // SIGKILL
+    let second = tokio::task::spawn_blocking({
+        let dir = dir.path().to_path_buf();
+        move || ServeProcess::start(&dir)
+    })
+    .await
+    .unwrap();
+    let restarted = Instant::now();
+    let public = format!("http://{}", second.public);
+    loop {
+        let now = status(public.clone()).await;
+        if now == "COMPLETED" {
+            break;
+        }
+        assert!(
+            restarted.elapsed() < Duration::from_secs(20),
+            "still {now} 20 s after the restart: it waited for the lease"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
