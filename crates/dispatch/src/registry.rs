@@ -417,6 +417,17 @@ impl Effect {
     }
 }
 
+/// Text a worker sent, made storable in every database: PostgreSQL's text
+/// type cannot hold a NUL character, which is written as the escape `\u0000`
+/// instead. (JSON payloads are parsed and re-serialized, which escapes it.)
+fn storable(text: String) -> String {
+    if text.contains('\0') {
+        text.replace('\0', "\\u0000")
+    } else {
+        text
+    }
+}
+
 /// The event for a job message accepted by [`Registry::apply`].
 fn job_event(worker_id: &str, kind: Kind) -> Option<Event> {
     let worker_id = worker_id.to_owned();
@@ -455,7 +466,7 @@ fn job_event(worker_id: &str, kind: Kind) -> Option<Event> {
             job_id: failure.job_id,
             attempt: failure.attempt,
             worker_id,
-            error: failure.error,
+            error: storable(failure.error),
             retryable: failure.retryable,
         },
         Kind::Cancelled(cancelled) => Event::Cancelled {

@@ -126,6 +126,8 @@ fn new_job(body: &Value) -> Result<NewJob, ApiError> {
             .is_some_and(|(_, rest)| !rest.is_empty() && !rest.starts_with('/'));
         if !(scheme_ok && has_host) {
             v.fail("webhook", "must be an http or https URL");
+        } else if url.chars().any(char::is_control) {
+            v.fail("webhook", "must not contain control characters");
         }
     }
     let mut policy = JobPolicy::default();

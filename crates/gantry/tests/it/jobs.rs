@@ -13,6 +13,7 @@ gantry_testkit::on_both_backends!(
     cancel_a_running_job,
     bad_input_fails_is_retryable_and_costs_nothing,
     request_rules_and_ownership,
+    nul_characters_are_stored_safely_and_harm_no_other_job,
 );
 
 impl TestApp {
@@ -332,4 +333,44 @@ async fn request_rules_and_ownership(backend: Backend) {
     let health: Value = app.public_ok(Method::GET, "/v2/gantry-echo/health", &other).await;
     assert_eq!(health["jobs"]["inQueue"], 1, "{health}");
     assert_eq!(health["workers"], json!({"idle": 0, "running": 0}));
+}
+
+/// A NUL character (which PostgreSQL's text type cannot hold) in a job's
+/// input, error or output is stored safely, and the other jobs of the same
+/// settlement are not affected.
+async fn nul_characters_are_stored_safely_and_harm_no_other_job(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let (_, key) = app.user_with_key("endpoints:run").await;
+    let bad = app.submit("run", &key, json!({"input": {"fail": "bad\u{0}news"}}));
+    let echoed = app.submit("run", &key, json!({"input": {"text": "nul \u{0} inside", "stream": 2}}));
+    let plain = app.submit("run", &key, json!({"input": {"prompt": "fine"}}));
+    let (bad, echoed, plain) = tokio::join!(bad, echoed, plain);
+    let mut ids = Vec::new();
+    for res in [bad, echoed, plain] {
+        assert_eq!(res.status(), 200);
+        ids.push(res.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_string());
+    }
+    let started = Instant::now();
+    let failed = app.until_final(&key, &ids[0]).await;
+    assert_eq!(failed["status"], "FAILED", "{failed}");
+    assert_eq!(failed["error"], "bad input: bad\\u0000news", "the NUL is escaped");
+    let echoed = app.until_final(&key, &ids[1]).await;
+    assert_eq!(echoed["status"], "COMPLETED", "{echoed}");
+    assert_eq!(echoed["output"]["text"], "nul \u{0} inside", "JSON keeps it exactly");
+    let stream: Value = app
+        .public_ok(Method::GET, &format!("/v2/gantry-echo/stream/{}", ids[1]), &key)
+        .await;
+    assert_eq!(stream["stream"].as_array().unwrap().len(), 2);
+    assert_eq!(app.until_final(&key, &ids[2]).await["status"], "COMPLETED");
+    assert!(started.elapsed() < Duration::from_secs(10), "no job waited for a lease");
+    // A webhook URL with a control character is refused before anything is written.
+    let res = app
+        .submit(
+            "run",
+            &key,
+            json!({"input": {}, "webhook": "http://example.test/\u{0}"}),
+        )
+        .await;
+    let body = problem(res, 422).await;
+    assert!(errors_of(&body).iter().any(|e| e.contains("webhook")), "{body}");
 }
