@@ -2,14 +2,30 @@ use gantry_catalog::VolumeType;
 use serde::Serialize;
 use utoipa::ToSchema;
 
-/// A human-readable volume name: any non-empty string (names need not be unique).
+/// A human-readable volume name (names need not be unique): 1 to
+/// [`VolumeName::MAX_CHARS`] characters, none of them a control character
+/// (NUL included, which PostgreSQL cannot store) or a bidirectional
+/// override or isolate (U+202A–U+202E, U+2066–U+2069), which can make a
+/// listing display text in an order other than the one stored. The same
+/// rule on every backend, checked before any write.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct VolumeName(String);
 
 impl VolumeName {
+    pub const MAX_CHARS: usize = 128;
+
     pub fn parse(text: &str) -> Result<Self, &'static str> {
         if text.is_empty() {
             Err("must not be empty")
+        } else if text.chars().count() > Self::MAX_CHARS {
+            Err("must be at most 128 characters long")
+        } else if text.chars().any(char::is_control) {
+            Err("must not contain control characters (such as NUL, tab or newline)")
+        } else if text
+            .chars()
+            .any(|c| matches!(c, '\u{202A}'..='\u{202E}' | '\u{2066}'..='\u{2069}'))
+        {
+            Err("must not contain bidirectional override or isolate characters (U+202A-U+202E, U+2066-U+2069)")
         } else {
             Ok(Self(text.to_string()))
         }
@@ -76,4 +92,27 @@ pub struct NewVolume {
 pub struct VolumeUpdate {
     pub name: Option<VolumeName>,
     pub size: Option<VolumeSize>,
+}
+
+#[cfg(test)]
+mod tests {
+    use super::VolumeName;
+
+    #[test]
+    fn names_follow_one_rule() {
+        for good in ["a", "my-dataset", "données d'été", &"x".repeat(128), "emoji 🚀 ok"] {
+            assert!(VolumeName::parse(good).is_ok(), "{good:?}");
+        }
+        for bad in [
+            "",
+            "nul\u{0}",
+            "tab\there",
+            "line\nbreak",
+            "\u{202E}evil",
+            "iso\u{2066}late",
+            &"x".repeat(129),
+        ] {
+            assert!(VolumeName::parse(bad).is_err(), "{bad:?}");
+        }
+    }
 }

@@ -31,8 +31,8 @@ struct ListBody<'a> {
 #[schema(as = CreateNetworkVolumeRequest)]
 #[allow(dead_code)]
 pub struct CreateNetworkVolumeRequest {
-    /// Human-readable name
-    #[schema(min_length = 1, example = "my-dataset")]
+    /// Human-readable name: no control or bidirectional override characters
+    #[schema(min_length = 1, max_length = 128, example = "my-dataset")]
     name: String,
     /// Storage to allocate in GB
     #[schema(minimum = 10, maximum = 4096, example = 50)]
@@ -50,8 +50,8 @@ pub struct CreateNetworkVolumeRequest {
 #[schema(as = UpdateNetworkVolumeRequest)]
 #[allow(dead_code)]
 pub struct UpdateNetworkVolumeRequest {
-    /// New human-readable name
-    #[schema(min_length = 1)]
+    /// New human-readable name: no control or bidirectional override characters
+    #[schema(min_length = 1, max_length = 128)]
     name: Option<String>,
     /// New size in GB; must not be smaller than the current size
     #[schema(minimum = 10, maximum = 4096)]

@@ -11,6 +11,7 @@ gantry_testkit::on_both_backends!(
     update_rules,
     another_users_volume_is_indistinguishable_from_a_missing_one,
     concurrent_resizes_never_shrink_a_volume,
+    names_have_one_rule_on_every_backend,
 );
 
 async fn create(app: &TestApp, key: &str, body: Value) -> Value {
@@ -330,4 +331,38 @@ async fn concurrent_resizes_never_shrink_a_volume(backend: Backend) {
     }
     let last: Value = app.get(&path, &key).await.json().await.unwrap();
     assert_eq!(last["size"], 40, "the largest request always wins");
+}
+
+/// A NUL (which PostgreSQL's text cannot hold), other control characters,
+/// bidirectional overrides and over-long names are a 422 naming the field on
+/// both backends, on create and on rename, and nothing is written.
+async fn names_have_one_rule_on_every_backend(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let (_, key) = app.user_with_key("volumes:read,volumes:write").await;
+    for bad in ["nul\u{0}name", "tab\tname", "\u{202E}txt.exe", &"n".repeat(129)] {
+        let res = app
+            .send_json(
+                Method::POST,
+                "/v2/network-volumes",
+                &key,
+                &json!({"name": bad, "size": 10, "dataCenter": "EU-RO-1"}),
+            )
+            .await;
+        let body = problem(res, 422).await;
+        assert!(errors_of(&body).iter().any(|e| e.starts_with("$.name")), "{body}");
+    }
+    assert!(list(&app, &key).await.is_empty(), "nothing was written");
+    let longest = "n".repeat(128);
+    let volume = create(
+        &app,
+        &key,
+        json!({"name": longest, "size": 10, "dataCenter": "EU-RO-1"}),
+    )
+    .await;
+    let path = format!("/v2/network-volumes/{}", volume["id"].as_str().unwrap());
+    let res = app
+        .send_json(Method::PATCH, &path, &key, &json!({"name": "a\u{0}b"}))
+        .await;
+    problem(res, 422).await;
+    assert_eq!(list(&app, &key).await[0]["name"], longest.as_str());
 }
