@@ -450,7 +450,9 @@ impl JobStore {
     }
 
     /// Counts of the jobs of `model_id` currently kept, over all users.
-    pub async fn health(&self, model_id: &str) -> Result<JobCounts, JobError> {
+    /// `user`'s jobs of `model_id` by status: a caller sees its own jobs,
+    /// never other users' (the worker counts are the model's, shared by all).
+    pub async fn health(&self, user: &str, model_id: &str) -> Result<JobCounts, JobError> {
         let rows: Vec<(String, i64, i64)> = job::Entity::find()
             .select_only()
             .column(J::Status)
@@ -459,6 +461,7 @@ impl JobStore {
                 Expr::cust("CAST(SUM(CASE WHEN retries > 0 THEN 1 ELSE 0 END) AS BIGINT)"),
                 "retried",
             )
+            .filter(J::UserId.eq(user))
             .filter(J::Model.eq(model_id))
             .filter(J::ExpiresAtMs.gt(now_ms()))
             .group_by(J::Status)
@@ -477,7 +480,7 @@ impl JobStore {
                 Some(JobStatus::Cancelled) | None => {}
             }
         }
-        counts.in_progress += self.hub.unstored_count(model_id);
+        counts.in_progress += self.hub.unstored_count(user, model_id);
         Ok(counts)
     }
 
@@ -886,8 +889,11 @@ impl Hub {
             .is_some_and(|(u, m)| u == user && m == model)
     }
 
-    fn unstored_count(&self, model: &str) -> u64 {
-        self.lock_unstored().values().filter(|(_, m)| m == model).count() as u64
+    fn unstored_count(&self, user: &str, model: &str) -> u64 {
+        self.lock_unstored()
+            .values()
+            .filter(|(u, m)| u == user && m == model)
+            .count() as u64
     }
 
     /// Unstored jobs that will never be written (their scheduler stopped, or

@@ -361,7 +361,7 @@ pub async fn purge_queue(
 }
 
 #[utoipa::path(get, path = "/v2/{model_id}/health", operation_id = "health", tag = "Model endpoints",
-    description = "Job counts of the model and its workers: `{jobs: {completed, failed, inProgress, inQueue, retried}, workers: {idle, running}}`. Requires `endpoints:run`.",
+    description = "The caller's own job counts on the model, and the model's workers: `{jobs: {completed, failed, inProgress, inQueue, retried}, workers: {idle, running}}`. Other users' jobs are never counted; the worker counts are the model's, shared by every caller. Requires `endpoints:run`.",
     params(("model_id" = String, Path)),
     responses((status = 200, description = "Counts")))]
 pub async fn health(
@@ -370,7 +370,7 @@ pub async fn health(
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     model(&state, &caller, &path)?;
-    let jobs = state.jobs.health(&path).await?;
+    let jobs = state.jobs.health(caller.user_id(), &path).await?;
     // The in-process dispatcher is exact and free; an API-only process reads
     // what the live schedulers publish.
     let (idle, running) = match state.workers.as_ref() {

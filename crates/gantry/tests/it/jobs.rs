@@ -333,6 +333,9 @@ async fn request_rules_and_ownership(backend: Backend) {
     let health: Value = app.public_ok(Method::GET, "/v2/gantry-echo/health", &other).await;
     assert_eq!(health["jobs"]["inQueue"], 1, "{health}");
     assert_eq!(health["workers"], json!({"idle": 0, "running": 0}));
+    // Each caller counts only its own jobs: the other user's queued job is not the caller's.
+    let own: Value = app.public_ok(Method::GET, "/v2/gantry-echo/health", &key).await;
+    assert_eq!(own["jobs"]["inQueue"], 0, "{own}");
 }
 
 /// A NUL character (which PostgreSQL's text type cannot hold) in a job's

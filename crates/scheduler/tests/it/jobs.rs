@@ -90,7 +90,7 @@ async fn bad_input_fails_uncharged_and_can_be_retried(backend: Backend) {
     assert!(matches!(again.status, JobStatus::InQueue | JobStatus::InProgress));
     let failed = env.finished(&job.id).await;
     assert_eq!(failed.status, JobStatus::Failed);
-    assert_eq!(env.store.health(ECHO).await.unwrap().retried, 1);
+    assert_eq!(env.store.health(USER, ECHO).await.unwrap().retried, 1);
     assert!(env.charges_of(&job.id).await.is_empty());
 
     // A completed job cannot be retried.
@@ -254,8 +254,10 @@ async fn purge_queue_and_health(backend: Backend) {
         .submit("user-2", &echo, NewJob::new(json!({})), Mode::Async)
         .await
         .unwrap();
-    let counts = env.store.health(ECHO).await.unwrap();
-    assert_eq!((counts.in_queue, counts.in_progress, counts.completed), (4, 0, 0));
+    // Each user counts only its own jobs.
+    let counts = env.store.health(USER, ECHO).await.unwrap();
+    assert_eq!((counts.in_queue, counts.in_progress, counts.completed), (3, 0, 0));
+    assert_eq!(env.store.health("user-2", ECHO).await.unwrap().in_queue, 1);
 
     assert_eq!(env.store.purge_queue(USER, ECHO).await.unwrap(), 3);
     for job in &mine {
@@ -276,7 +278,7 @@ async fn purge_queue_and_health(backend: Backend) {
         .wait("user-2", ECHO, &theirs.id, crate::harness::WAIT)
         .await
         .unwrap();
-    let counts = env.store.health(ECHO).await.unwrap();
+    let counts = env.store.health(USER, ECHO).await.unwrap();
     assert_eq!(
         (
             counts.completed,
@@ -285,9 +287,11 @@ async fn purge_queue_and_health(backend: Backend) {
             counts.in_queue,
             counts.retried
         ),
-        (2, 1, 0, 0, 0)
+        (1, 1, 0, 0, 0),
+        "the caller's good and bad job, not user-2's"
     );
-    assert_eq!(env.store.health("flux-dev").await.unwrap(), Default::default());
+    assert_eq!(env.store.health("user-2", ECHO).await.unwrap().completed, 1);
+    assert_eq!(env.store.health(USER, "flux-dev").await.unwrap(), Default::default());
     node.shutdown().await;
 }
 
@@ -323,7 +327,7 @@ async fn rejects_invalid_requests_without_writing(backend: Backend) {
         let result = env.store.submit(USER, &echo, job.clone(), Mode::Async).await;
         assert!(matches!(result, Err(JobError::Invalid(_))), "{job:?}: {result:?}");
     }
-    assert_eq!(env.store.health(ECHO).await.unwrap(), Default::default());
+    assert_eq!(env.store.health(USER, ECHO).await.unwrap(), Default::default());
 }
 
 /// Runs `n` futures made by `make` one after the other (keeps ids in order).

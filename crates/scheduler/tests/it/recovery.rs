@@ -31,7 +31,7 @@ async fn killed_worker_job_completes_elsewhere_charged_once(backend: Backend) {
     first.kill();
 
     crate::harness::completed_once_by(&env, &job.id, "w2").await;
-    assert_eq!(env.store.health(ECHO).await.unwrap().retried, 1);
+    assert_eq!(env.store.health(USER, ECHO).await.unwrap().retried, 1);
     node.shutdown().await;
 }
 

@@ -42,7 +42,11 @@ async fn written_once_when_it_ends(backend: Backend) {
     assert_eq!(env.row_of(&job.id).await, None, "not written while it runs");
     // Its own process still shows it running.
     assert_eq!(env.get(&job.id).await.status, JobStatus::InProgress);
-    assert_eq!(env.store.health(ECHO).await.unwrap().in_progress, 1, "but counted");
+    assert_eq!(
+        env.store.health(USER, ECHO).await.unwrap().in_progress,
+        1,
+        "but counted"
+    );
     let done = crate::harness::completed_once_by(&env, &job.id, "w1").await;
     assert_eq!(done.output.as_ref().and_then(|o| o.get("cost")), Some(&json!(0.00001)));
     // Written whole, final, with its one charge.
@@ -50,7 +54,7 @@ async fn written_once_when_it_ends(backend: Backend) {
     assert_eq!(stored, done);
     assert!(stored.execution_time_ms >= 100, "{stored:?}");
     assert_eq!(env.charges_of(&job.id).await, [10]);
-    assert_eq!(env.store.health(ECHO).await.unwrap().in_progress, 0);
+    assert_eq!(env.store.health(USER, ECHO).await.unwrap().in_progress, 0);
     node.shutdown().await;
 }
 
@@ -99,7 +103,7 @@ async fn worker_dies(backend: Backend) {
     worker.kill();
     let _second = node.echo_worker("w2", 1);
     crate::harness::completed_once_by(&env, &job.id, "w2").await;
-    assert_eq!(env.store.health(ECHO).await.unwrap().retried, 1);
+    assert_eq!(env.store.health(USER, ECHO).await.unwrap().retried, 1);
     node.shutdown().await;
 }
 
