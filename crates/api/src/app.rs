@@ -26,6 +26,8 @@ pub struct AppState {
     pub volumes: VolumeService,
     pub catalog: Arc<Catalog>,
     pub body_limit: usize,
+    /// How long a request body may take to arrive (`http.body_timeout_ms`).
+    pub body_timeout: Duration,
     pub limiter: RateLimiter,
     pub jobs: JobStore,
     pub models: Arc<ModelCatalog>,
@@ -191,6 +193,7 @@ impl Application {
             _sqlite_lock: lock,
             catalog: Arc::new(catalog),
             body_limit: settings.http.body_limit_bytes,
+            body_timeout: Duration::from_millis(settings.http.body_timeout_ms.max(1)),
             limiter,
             jobs,
             models: Arc::new(settings.models.clone()),

@@ -36,7 +36,23 @@ pub async fn read_json(req: &HttpRequest, mut payload: web::Payload, limit: usiz
         return Err(ApiError::PayloadTooLarge(limit));
     }
     let mut body = web::BytesMut::with_capacity(declared.unwrap_or(0).min(limit));
-    while let Some(chunk) = payload.next().await {
+    // A client that stalls mid-body must not hold the connection: the whole
+    // body has `http.body_timeout_ms` to arrive.
+    let timeout = req
+        .app_data::<web::Data<crate::app::AppState>>()
+        .map_or(std::time::Duration::from_secs(10), |state| state.body_timeout);
+    let deadline = tokio::time::Instant::now() + timeout;
+    loop {
+        let next = match tokio::time::timeout_at(deadline, payload.next()).await {
+            Ok(next) => next,
+            Err(_) => {
+                return Err(ApiError::RequestTimeout(format!(
+                    "the request body did not arrive within {} ms",
+                    timeout.as_millis()
+                )));
+            }
+        };
+        let Some(chunk) = next else { break };
         let chunk = chunk.map_err(|e| ApiError::bad_request(format!("request body could not be read: {e}")))?;
         if body.len() + chunk.len() > limit {
             return Err(ApiError::PayloadTooLarge(limit));

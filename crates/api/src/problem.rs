@@ -44,6 +44,8 @@ pub enum ApiError {
     #[error("request body exceeds the limit of {0} bytes")]
     PayloadTooLarge(usize),
     #[error("{0}")]
+    RequestTimeout(String),
+    #[error("{0}")]
     Conflict(String),
     #[error("{0}")]
     TooManyRequests(String),
@@ -96,6 +98,7 @@ impl ResponseError for ApiError {
             ApiError::MethodNotAllowed { .. } => StatusCode::METHOD_NOT_ALLOWED,
             ApiError::UnsupportedMediaType(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             ApiError::PayloadTooLarge(_) => StatusCode::PAYLOAD_TOO_LARGE,
+            ApiError::RequestTimeout(_) => StatusCode::REQUEST_TIMEOUT,
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
@@ -110,6 +113,12 @@ impl ResponseError for ApiError {
             && let Ok(value) = HeaderValue::from_str(allow)
         {
             response.headers_mut().insert(header::ALLOW, value);
+        }
+        if status == StatusCode::REQUEST_TIMEOUT {
+            // The rest of the body was never read: the connection cannot be reused.
+            response
+                .head_mut()
+                .set_connection_type(actix_web::http::ConnectionType::Close);
         }
         if status == StatusCode::UNAUTHORIZED {
             response

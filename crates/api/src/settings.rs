@@ -79,6 +79,8 @@ pub struct HttpSettings {
     pub body_limit_bytes: usize,
     /// Worker threads per listener; unset means one per CPU core.
     pub workers: Option<usize>,
+    /// Longest a request body may take to arrive, in milliseconds (408 after).
+    pub body_timeout_ms: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -240,6 +242,7 @@ impl Default for HttpSettings {
         Self {
             body_limit_bytes: 64 * 1024,
             workers: None,
+            body_timeout_ms: 10_000,
         }
     }
 }

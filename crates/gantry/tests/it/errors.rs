@@ -133,3 +133,41 @@ async fn internal_errors_disclose_nothing(backend: Backend) {
     // The rest of the platform keeps answering.
     assert_eq!(app.get("/v2/catalog/datacenters", &key).await.status(), 200);
 }
+
+/// A client with a valid key that declares a body and stalls gets a 408
+/// problem after `http.body_timeout_ms`, and the connection is closed, on
+/// both listeners.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stalled_request_body_is_a_408_problem() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let app = TestApp::spawn_with(Backend::Sqlite, |s| s.http.body_timeout_ms = 300).await;
+    let (_, key) = app.user_with_key("all").await;
+    for (base, path) in [
+        (&app.base, "/v2/network-volumes"),
+        (&app.public_base, "/v2/gantry-echo/run"),
+    ] {
+        let addr = base.trim_start_matches("http://");
+        let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+        let head = format!(
+            "POST {path} HTTP/1.1\r\nHost: {addr}\r\nAuthorization: Bearer {key}\r\n\
+             Content-Type: application/json\r\nContent-Length: 1000\r\n\r\n{{\"name\": "
+        );
+        stream.write_all(head.as_bytes()).await.unwrap();
+        let started = std::time::Instant::now();
+        let mut answer = Vec::new();
+        // The server answers and closes: read to the end.
+        tokio::time::timeout(std::time::Duration::from_secs(10), stream.read_to_end(&mut answer))
+            .await
+            .expect("answered and closed within 10 s")
+            .unwrap();
+        let text = String::from_utf8_lossy(&answer);
+        assert!(text.starts_with("HTTP/1.1 408"), "{text}");
+        assert!(
+            text.to_ascii_lowercase()
+                .contains("content-type: application/problem+json"),
+            "{text}"
+        );
+        assert!(text.contains("\"status\":408"), "{text}");
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    }
+}
