@@ -519,3 +519,28 @@ async fn the_model_list_and_the_openapi_document_follow_the_manifest() {
             .any(|r| r["$ref"] == format!("#/components/schemas/ModelInput.{MODEL}"))
     );
 }
+
+/// Through the public endpoint, a raw prompt decoded greedily gives exactly
+/// llama.cpp's own greedy continuation of it (the first 32 tokens, from
+/// llama.cpp itself on the same file: crates/workers/text/tests/fixtures).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn served_greedy_text_equals_llama_cpp_reference() {
+    let fixture: Value = serde_json::from_str(include_str!(
+        "../../../workers/text/tests/fixtures/smollm2-greedy-llama-cpp.json"
+    ))
+    .unwrap();
+    let app = text_app(Backend::Sqlite).await;
+    let (_, key) = app.user_with_key("endpoints:run").await;
+    for case in fixture["cases"].as_array().unwrap() {
+        let input = json!({"prompt": case["prompt"], "raw": true, "max_tokens": 32, "temperature": 0});
+        let job: Value = app
+            .text("runsync", &key, json!({ "input": input }))
+            .await
+            .json()
+            .await
+            .unwrap();
+        assert_eq!(job["status"], "COMPLETED", "{job}");
+        assert_eq!(job["output"]["choices"][0]["text"], case["text"], "{}", case["prompt"]);
+        assert_eq!(job["output"]["usage"]["output"], 32);
+    }
+}
