@@ -39,7 +39,7 @@ command -v cmake >/dev/null || { log "cmake is required"; exit 1; }
 # --- the vendored source Cargo.lock pins ------------------------------------
 version="$(awk '/^name = "llama-cpp-sys-2"$/ { getline; gsub(/[^0-9.]/, ""); print; exit }' "$repo/Cargo.lock")"
 [ -n "$version" ] || { log "llama-cpp-sys-2 is not in $repo/Cargo.lock"; exit 1; }
-crate_dir="$(cd "$repo" && cargo metadata --format-version 1 --locked --offline 2>/dev/null |
+crate_dir="$(cd "$repo" && cargo metadata --format-version 1 --locked 2>/dev/null |
     python3 -c '
 import json, os, sys
 v = sys.argv[1]
@@ -47,7 +47,7 @@ for p in json.load(sys.stdin)["packages"]:
     if p["name"] == "llama-cpp-sys-2" and p["version"] == v:
         print(os.path.dirname(p["manifest_path"]))
         break
-' "$version" || true)"
+' "$version" 2>/dev/null || true)"
 if [ -z "$crate_dir" ]; then
     # cargo metadata can fail while the workspace is mid-edit; the registry path will do.
     crate_dir="$(ls -d "${CARGO_HOME:-$HOME/.cargo}"/registry/src/*/"llama-cpp-sys-2-$version" 2>/dev/null | head -n1 || true)"

@@ -4,8 +4,9 @@
 //
 //   gantry-greedy-ref -m MODEL.gguf [-n 32] [-t 1] [-v] PROMPT [PROMPT ...]
 //
-// Each prompt is tokenized as the model asks (BOS only where the vocabulary's
-// add_bos flag says so; no chat template, special-token text not parsed),
+// Each prompt is tokenized as is, as llama-simple and the worker's
+// greedy_tokens do (BOS only where the vocabulary's add_bos flag says so,
+// special-token text parsed, no chat template),
 // evaluated in one batch in a fresh context, then continued one token at a
 // time with llama_sampler_init_greedy until n tokens or an end-of-generation
 // token (which is not recorded). Single thread by default, so the float sums
@@ -22,7 +23,11 @@
 static bool g_verbose = false;
 
 static void log_cb(ggml_log_level level, const char * text, void *) {
-    if (g_verbose || level >= GGML_LOG_LEVEL_ERROR) {
+    static ggml_log_level last = GGML_LOG_LEVEL_INFO;  // CONT continues the previous line's level
+    if (level != GGML_LOG_LEVEL_CONT) {
+        last = level;
+    }
+    if (g_verbose || last >= GGML_LOG_LEVEL_ERROR) {
         fputs(text, stderr);
     }
 }
@@ -143,9 +148,9 @@ int main(int argc, char ** argv) {
     std::string cases;
     std::string fa_used = "?";
     for (const std::string & prompt : prompts) {
-        int n = -llama_tokenize(vocab, prompt.c_str(), (int) prompt.size(), nullptr, 0, true, false);
+        int n = -llama_tokenize(vocab, prompt.c_str(), (int) prompt.size(), nullptr, 0, true, true);
         std::vector<llama_token> prompt_tokens(n);
-        if (llama_tokenize(vocab, prompt.c_str(), (int) prompt.size(), prompt_tokens.data(), n, true, false) != n) {
+        if (llama_tokenize(vocab, prompt.c_str(), (int) prompt.size(), prompt_tokens.data(), n, true, true) != n) {
             fprintf(stderr, "tokenize failed\n");
             return 1;
         }

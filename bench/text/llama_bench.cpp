@@ -26,7 +26,11 @@
 #include <vector>
 
 static void log_cb(ggml_log_level level, const char * text, void *) {
-    if (level >= GGML_LOG_LEVEL_ERROR) {
+    static ggml_log_level last = GGML_LOG_LEVEL_INFO;  // CONT continues the previous line's level
+    if (level != GGML_LOG_LEVEL_CONT) {
+        last = level;
+    }
+    if (last >= GGML_LOG_LEVEL_ERROR) {
         fputs(text, stderr);
     }
 }

@@ -17,6 +17,7 @@ use std::collections::VecDeque;
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::num::NonZeroU32;
+use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::mpsc as std_mpsc;
 use std::time::Instant;
@@ -266,7 +267,13 @@ impl<'m> Engine<'m> {
             self.drop_abandoned();
             self.admit();
             if !self.active.is_empty() {
-                self.step();
+                // A bug must not take the engine down with it: fail the
+                // sequences of this step, start from a clean cache, go on.
+                let stepped = std::panic::catch_unwind(AssertUnwindSafe(|| self.step()));
+                if stepped.is_err() {
+                    self.fail_all("the text engine panicked");
+                    self.context.clear_kv_cache();
+                }
             }
         }
         tracing::debug!("text engine stopped");

@@ -245,6 +245,9 @@ fn parse_prompt(object: &Map<String, Value>, raw: bool, errors: &mut Vec<String>
             };
             if raw {
                 Some(Prompt::Raw(text.clone()))
+            } else if text.contains('\0') {
+                errors.push("`prompt` must not contain NUL characters (unless `raw` is true)".into());
+                None
             } else {
                 Some(Prompt::Chat(vec![Message {
                     role: Role::User,
@@ -300,7 +303,11 @@ fn parse_messages(messages: &Value, errors: &mut Vec<String>) -> Option<Vec<Mess
             ));
         }
         let content = match message.get("content") {
-            Some(Value::String(content)) => Some(content.clone()),
+            Some(Value::String(content)) if !content.contains('\0') => Some(content.clone()),
+            Some(Value::String(_)) => {
+                errors.push(format!("`messages[{i}].content` must not contain NUL characters"));
+                None
+            }
             _ => {
                 errors.push(format!("`messages[{i}].content` must be a string"));
                 None
@@ -469,6 +476,11 @@ mod tests {
             (json!({"prompt": "a", "stop": ""}), "`stop`"),
             (json!({"prompt": "a", "stop": [1]}), "`stop`"),
             (json!({"prompt": "a", "seed": 1.5}), "`seed`"),
+            (json!({"prompt": "a\u{0}b"}), "`prompt` must not contain NUL"),
+            (
+                json!({"messages": [{"role": "user", "content": "a\u{0}"}]}),
+                "`messages[0].content` must not contain NUL",
+            ),
         ] {
             let error = parse(input.clone()).unwrap_err();
             assert!(error.contains(needle), "{input}: {error}");

@@ -44,8 +44,30 @@
 //! `usage.output` generated tokens (the end-of-generation token is not
 //! counted); the job bills `input + output` `tokens`.
 //!
-//! llama.cpp's own logging goes to `tracing` (targets under `llama_cpp_2`,
-//! chatty at INFO; filter with e.g. `llama_cpp_2=warn`).
+//! # Chat templates
+//!
+//! Prompts are formatted by llama.cpp's built-in template engine, which
+//! recognises the GGUF's `tokenizer.chat_template` (ChatML, Llama 3, Gemma,
+//! ...) but does not run Jinja: parts of a template beyond the message
+//! layout (SmolLM2's default system message, for one) are not reproduced. A
+//! model without a usable template serves only `raw` prompts.
+//!
+//! # Determinism
+//!
+//! Temperature 0 is plain argmax, so a request run alone gives exactly the
+//! tokens of llama.cpp's own greedy decoding ([`greedy_tokens`] reproduces
+//! `llama-simple`), and a fixed `seed` repeats a sampled output. Batching
+//! keeps this exact while a sequence's KV cells stay in position order, but
+//! llama.cpp's kernels are not batch-invariant in general: when another
+//! sequence ends and frees cells that a running sequence then reuses, or
+//! when the cache or the batch grows past the sizes where llama.cpp switches
+//! attention kernels, sums are taken in another order and a near-tie between
+//! two tokens can flip (llama.cpp issue #7052; GPUs behave the same way).
+//!
+//! # Logging
+//!
+//! llama.cpp's own log goes to `tracing` under the target `llama-cpp-2`; it
+//! is chatty at INFO while loading (filter with `llama-cpp-2=warn`).
 
 mod engine;
 mod input;
@@ -372,18 +394,12 @@ impl Shared {
                 "this model has no chat template; send `prompt` with `raw: true`",
             ));
         };
-        let mut chat = Vec::with_capacity(messages.len());
-        let mut problems = Vec::new();
-        for (i, message) in messages.iter().enumerate() {
-            match LlamaChatMessage::new(message.role.as_str().to_owned(), message.content.clone()) {
-                Ok(message) => chat.push(message),
-                Err(_) => problems.push(format!("`messages[{i}].content` must not contain NUL characters")),
-            }
-        }
-        if !problems.is_empty() {
-            // a plain `prompt` is message 0
-            return Err(JobError::BadInput(problems.join("; ")));
-        }
+        // `Params::parse` refused NUL characters, the only failure here.
+        let chat = messages
+            .iter()
+            .map(|message| LlamaChatMessage::new(message.role.as_str().to_owned(), message.content.clone()))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(JobError::bad_input)?;
         self.model
             .apply_chat_template(template, &chat, true)
             .map_err(|e| JobError::internal(format!("cannot apply the chat template: {e}")))
