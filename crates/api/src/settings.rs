@@ -132,6 +132,9 @@ pub struct SchedulerSettings {
     /// PEM file of extra root certificates trusted for `https://` webhooks,
     /// on top of the system's.
     pub webhook_ca_file: Option<std::path::PathBuf>,
+    /// Address ranges (CIDR) webhooks may reach although they are loopback,
+    /// private, link-local or otherwise special-purpose (refused by default).
+    pub webhook_allow_ranges: Vec<String>,
 }
 
 impl Default for SchedulerSettings {
@@ -157,6 +160,7 @@ impl Default for SchedulerSettings {
             webhook_attempts: 3,
             webhook_timeout_ms: 10_000,
             webhook_ca_file: None,
+            webhook_allow_ranges: Vec::new(),
         }
     }
 }
@@ -174,6 +178,7 @@ impl SchedulerSettings {
         config.webhook_attempts = self.webhook_attempts.max(1);
         config.webhook_timeout = std::time::Duration::from_millis(self.webhook_timeout_ms.max(1));
         config.webhook_ca_file = self.webhook_ca_file.clone();
+        config.webhook_allow_ranges = self.webhook_allow_ranges.clone();
         config
     }
 }

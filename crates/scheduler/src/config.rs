@@ -56,6 +56,10 @@ pub struct SchedulerConfig {
     /// scheduler starts was run by a process that died, so it is requeued at
     /// once instead of after its lease lapses. Default false.
     pub sole_owner: bool,
+    /// Address ranges (CIDR) webhooks may reach although they are loopback,
+    /// private or otherwise special-purpose (refused by default: see
+    /// `destinations.rs`). Default none.
+    pub webhook_allow_ranges: Vec<String>,
 }
 
 impl Default for SchedulerConfig {
@@ -76,6 +80,7 @@ impl Default for SchedulerConfig {
             webhook_timeout: Duration::from_secs(10),
             webhook_ca_file: None,
             sole_owner: false,
+            webhook_allow_ranges: Vec::new(),
         }
     }
 }

@@ -14,6 +14,7 @@
 //! Any number of schedulers may share one PostgreSQL database. See
 //! `docs/scheduler.md` for the lifecycle, leases and billing rules.
 mod config;
+mod destinations;
 mod engine;
 mod entity;
 mod plan;
@@ -24,6 +25,7 @@ mod types;
 mod webhooks;
 
 pub use config::SchedulerConfig;
+pub use destinations::{AddressPolicy, IpRange};
 pub use scheduler::Scheduler;
 pub use store::{JobStore, LiveStream};
 pub use types::{JobCounts, JobError, JobPolicy, JobStatus, JobView, Mode, NewJob, SchedulerError, StreamView};

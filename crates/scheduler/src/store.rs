@@ -77,6 +77,12 @@ impl JobStore {
             if !matches!(parsed.scheme(), "http" | "https") {
                 return Err(JobError::Invalid("`webhook` must be an http(s) URL".into()));
             }
+            // An address literal can be judged now; a name is judged on the
+            // addresses it resolves to when the webhook is delivered.
+            let policy = crate::webhooks::policy(&self.config).map_err(|e| JobError::Invalid(e.to_string()))?;
+            policy
+                .check_url(&parsed)
+                .map_err(|e| JobError::Invalid(format!("`webhook`: {e}")))?;
         }
         let max = millis(self.config.max_timeout);
         let bounded = |name: &str, value: Option<u64>, default: Duration| -> Result<i64, JobError> {

@@ -18,6 +18,7 @@ use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, 
 use tokio::task::JoinSet;
 
 use crate::config::SchedulerConfig;
+use crate::destinations::{AddressPolicy, GuardedResolver};
 use crate::entity::job;
 use crate::store::serialize_writes;
 use crate::types::{JobStatus, JobView, SchedulerError};
@@ -27,11 +28,22 @@ use job::Column as J;
 /// The client every delivery of one scheduler goes through.
 pub(crate) fn client(config: &SchedulerConfig) -> Result<reqwest::Client, SchedulerError> {
     let tls = tls_config(config)?;
+    let policy = Arc::new(policy(config)?);
     reqwest::Client::builder()
         .timeout(config.webhook_timeout)
         .tls_backend_preconfigured(tls)
+        // Only permitted addresses are ever connected to (destinations.rs),
+        // and a redirect could lead anywhere: none is followed.
+        .dns_resolver(Arc::new(GuardedResolver { policy }))
+        .redirect(reqwest::redirect::Policy::none())
         .build()
         .map_err(|e| SchedulerError::Webhooks(e.to_string()))
+}
+
+/// The destinations webhooks may reach (see destinations.rs).
+pub(crate) fn policy(config: &SchedulerConfig) -> Result<AddressPolicy, SchedulerError> {
+    AddressPolicy::new(&config.webhook_allow_ranges)
+        .map_err(|e| SchedulerError::Webhooks(format!("webhook_allow_ranges: {e}")))
 }
 
 fn tls_config(config: &SchedulerConfig) -> Result<rustls::ClientConfig, SchedulerError> {
@@ -96,6 +108,7 @@ fn pause_after(attempt: u32) -> Duration {
 /// treat the job id as the delivery's identity.
 pub(crate) struct Deliveries {
     client: reqwest::Client,
+    policy: Arc<AddressPolicy>,
     db: DatabaseConnection,
     write_lock: Arc<tokio::sync::Mutex<()>>,
     attempts: u32,
@@ -113,6 +126,7 @@ impl Deliveries {
     ) -> Result<Self, SchedulerError> {
         Ok(Deliveries {
             client: client(config)?,
+            policy: Arc::new(policy(config)?),
             db,
             write_lock,
             attempts: config.webhook_attempts.max(1),
@@ -128,15 +142,16 @@ impl Deliveries {
     /// (a retry's outcome gets its own).
     pub(crate) fn send(&mut self, url: String, view: JobView, finished_at: Option<i64>) {
         while self.running.try_join_next().is_some() {}
-        let (client, db, lock, attempts) = (
+        let (client, policy, db, lock, attempts) = (
             self.client.clone(),
+            Arc::clone(&self.policy),
             self.db.clone(),
             Arc::clone(&self.write_lock),
             self.attempts,
         );
         self.running.spawn(async move {
             if view.status != JobStatus::Cancelled {
-                deliver(&client, &url, &view, attempts).await;
+                deliver(&client, &policy, &url, &view, attempts).await;
             }
             if let Err(error) = done(&db, &lock, &view.id, finished_at).await {
                 // The row stays pending: a sweep delivers it again later.
@@ -214,7 +229,15 @@ async fn done(
 
 /// POSTs `view` to `url`, `attempts` times at most (0.5 s, then 1 s, 2 s …
 /// apart) until the receiver answers 2xx.
-async fn deliver(client: &reqwest::Client, url: &str, view: &JobView, attempts: u32) {
+async fn deliver(client: &reqwest::Client, policy: &AddressPolicy, url: &str, view: &JobView, attempts: u32) {
+    let refused = match reqwest::Url::parse(url) {
+        Ok(parsed) => policy.check_url(&parsed).err(),
+        Err(error) => Some(format!("invalid URL: {error}")),
+    };
+    if let Some(reason) = refused {
+        tracing::warn!(job_id = %view.id, %reason, "webhook not delivered");
+        return;
+    }
     for attempt in 1..=attempts {
         match client.post(url).json(view).send().await {
             Ok(response) if response.status().is_success() => return,

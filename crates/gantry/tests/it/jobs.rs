@@ -377,3 +377,40 @@ async fn nul_characters_are_stored_safely_and_harm_no_other_job(backend: Backend
     let body = problem(res, 422).await;
     assert!(errors_of(&body).iter().any(|e| e.contains("webhook")), "{body}");
 }
+
+/// Webhooks never reach loopback, private or link-local addresses unless the
+/// operator allows the range: IP literals in any spelling are refused at
+/// submit, and a name is refused on the address it resolves to.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhooks_to_internal_addresses_are_refused() {
+    let app = TestApp::spawn_with(Backend::Sqlite, |s| s.scheduler.webhook_allow_ranges.clear()).await;
+    let (_, key) = app.user_with_key("endpoints:run").await;
+    for url in [
+        "http://127.0.0.1:9/hook",
+        "http://[::ffff:127.0.0.1]/",
+        "http://0x7f000001/",
+        "http://user:pw@127.0.0.1/",
+        "http://169.254.169.254/latest/meta-data",
+        "http://10.0.0.1/",
+        "http://[::1]/",
+    ] {
+        let res = app.submit("run", &key, json!({"input": {}, "webhook": url})).await;
+        let body = problem(res, 422).await;
+        assert!(errors_of(&body).iter().any(|e| e.contains("webhook")), "{url}: {body}");
+    }
+    // A name that resolves to loopback: accepted (names resolve later), never delivered.
+    let receiver = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = receiver.local_addr().unwrap().port();
+    let res = app
+        .submit(
+            "run",
+            &key,
+            json!({"input": {}, "webhook": format!("http://localhost:{port}/hook")}),
+        )
+        .await;
+    assert_eq!(res.status(), 200);
+    let id = res.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_string();
+    assert_eq!(app.until_final(&key, &id).await["status"], "COMPLETED");
+    let connected = tokio::time::timeout(Duration::from_secs(2), receiver.accept()).await;
+    assert!(connected.is_err(), "the webhook reached a loopback address");
+}

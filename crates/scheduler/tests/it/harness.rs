@@ -26,6 +26,8 @@ pub use gantry_testkit::Backend;
 /// Quick sweeps and a short lease, so crash recovery shows within a second.
 pub fn config() -> SchedulerConfig {
     let mut config = SchedulerConfig::default();
+    // The tests' webhook receivers listen on loopback.
+    config.webhook_allow_ranges = vec!["127.0.0.0/8".into()];
     config.sweep_interval = Duration::from_millis(50);
     config.lease = Duration::from_millis(600);
     config
