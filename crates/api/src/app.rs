@@ -265,6 +265,7 @@ fn serve(
             .app_data(state.clone())
             .app_data(surface)
             .wrap(ErrorHandlers::new().default_handler(ensure_problem))
+            .wrap(actix_web::middleware::from_fn(crate::middleware::observe))
             .configure(move |cfg| routes::register(cfg, &endpoints))
             .default_service(web::to(routes::not_found))
     })
@@ -308,4 +309,47 @@ fn lock_sqlite(settings: &Settings) -> Result<Option<std::fs::File>, StartError>
         ))),
         Err(std::fs::TryLockError::Error(err)) => Err(err.into()),
     }
+}
+
+/// A listener that serves only `GET /metrics`, for the roles without HTTP
+/// listeners of their own (`gantry scheduler`): `metrics_addr`.
+pub fn metrics_server(
+    addr: &str,
+    jobs: JobStore,
+    models: Arc<ModelCatalog>,
+    dispatcher: Option<Dispatcher>,
+) -> Result<(actix_web::dev::Server, SocketAddr), StartError> {
+    let bind_err = |source| StartError::Bind {
+        addr: addr.to_string(),
+        source,
+    };
+    let listener = TcpListener::bind(addr).map_err(bind_err)?;
+    let local = listener.local_addr()?;
+    let server = HttpServer::new(move || {
+        let (jobs, models, dispatcher) = (jobs.clone(), models.clone(), dispatcher.clone());
+        App::new().route(
+            "/metrics",
+            web::get().to(move || {
+                let (jobs, models, dispatcher) = (jobs.clone(), models.clone(), dispatcher.clone());
+                async move {
+                    let ids: Vec<String> = models.iter().map(|m| m.id.clone()).collect();
+                    match gantry_scheduler::metrics::render(&jobs, &ids, dispatcher.as_ref()).await {
+                        Ok(text) => actix_web::HttpResponse::Ok()
+                            .content_type(gantry_telemetry::CONTENT_TYPE)
+                            .body(text),
+                        Err(error) => {
+                            tracing::warn!(%error, "metrics could not be read");
+                            actix_web::HttpResponse::ServiceUnavailable().finish()
+                        }
+                    }
+                }
+            }),
+        )
+    })
+    .workers(1)
+    .disable_signals()
+    .listen(listener)
+    .map_err(bind_err)?
+    .run();
+    Ok((server, local))
 }

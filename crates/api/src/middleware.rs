@@ -44,6 +44,17 @@ pub async fn authenticate<B: MessageBody + 'static>(
             Some(state.limiter.check(&counter, &policy).await)
         }
     };
+    let listener = match surface {
+        Surface::Management => "management",
+        Surface::Public => "public",
+    };
+    let observed = gantry_telemetry::metrics();
+    match &outcome {
+        None => {}
+        Some(Outcome::Unavailable { .. }) => observed.ratelimit_decision(listener, "unavailable"),
+        Some(Outcome::Decided(decision)) if decision.allowed() => observed.ratelimit_decision(listener, "allowed"),
+        Some(Outcome::Decided(_)) => observed.ratelimit_decision(listener, "limited"),
+    }
     let decision = match outcome {
         None
         | Some(Outcome::Unavailable {
@@ -164,4 +175,26 @@ pub fn ensure_problem<B>(res: ServiceResponse<B>) -> actix_web::Result<ErrorHand
     Ok(ErrorHandlerResponse::Response(
         ServiceResponse::new(req, new).map_into_right_body(),
     ))
+}
+
+/// Counts every request of a listener and its latency, by route pattern
+/// (`/v2/{model_id}/run`, never the raw path) and status.
+pub async fn observe<B: MessageBody + 'static>(
+    req: ServiceRequest,
+    next: Next<B>,
+) -> Result<ServiceResponse<B>, actix_web::Error> {
+    let started = std::time::Instant::now();
+    let route = req.match_pattern().unwrap_or_else(|| "unmatched".to_string());
+    let method = req.method().as_str().to_string();
+    let listener = match req.app_data::<Surface>().copied().unwrap_or(Surface::Management) {
+        Surface::Management => "management",
+        Surface::Public => "public",
+    };
+    let result = next.call(req).await;
+    let status = match &result {
+        Ok(res) => res.status().as_u16(),
+        Err(error) => error.as_response_error().status_code().as_u16(),
+    };
+    gantry_telemetry::metrics().http_request(&route, &method, listener, status, started.elapsed());
+    result
 }

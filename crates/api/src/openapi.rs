@@ -18,7 +18,7 @@ use crate::routes::{Endpoint, management_endpoints, public_endpoints};
     paths(
         volumes::list, volumes::create, volumes::get, volumes::update, volumes::delete,
         catalog::list_data_centers, catalog::get_data_center,
-        meta::openapi, meta::healthz, meta::readyz,
+        meta::openapi, meta::healthz, meta::readyz, meta::metrics,
     ),
     components(schemas(Problem, volumes::ListNetworkVolumesResponse, catalog::ListDataCentersResponse)),
     tags((name = "Network Volumes"), (name = "Catalog"), (name = "Meta")),

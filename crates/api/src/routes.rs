@@ -55,6 +55,7 @@ pub fn management_endpoints() -> Vec<Endpoint> {
         open(Method::GET, "/v2/openapi.json", || web::get().to(meta::openapi)),
         open(Method::GET, "/healthz", || web::get().to(meta::healthz)),
         open(Method::GET, "/readyz", || web::get().to(meta::readyz)),
+        open(Method::GET, "/metrics", || web::get().to(meta::metrics)),
     ]
 }
 

@@ -41,6 +41,9 @@ pub struct Settings {
     pub models_dir: Option<PathBuf>,
     /// `serve` fetches the missing weights of its bundled models when it starts.
     pub pull_on_start: bool,
+    /// `gantry scheduler` serves `GET /metrics` on this address when set (the
+    /// `api` and `serve` roles serve it on the management listener).
+    pub metrics_addr: Option<String>,
     /// The text engine of the bundled text models and `gantry worker --model <text model>`.
     pub text: TextSettings,
     pub catalog: CatalogSettings,
@@ -235,6 +238,7 @@ impl Default for Settings {
             models: gantry_manifest::Manifest::builtin().catalog(),
             models_dir: None,
             pull_on_start: true,
+            metrics_addr: None,
             text: TextSettings::default(),
             auth: AuthSettings::default(),
             catalog: CatalogSettings::default(),

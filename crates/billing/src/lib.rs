@@ -117,6 +117,28 @@ pub async fn record_charges<C: ConnectionTrait>(db: &C, charges: &[Charge], at_m
     Ok(db.execute(&insert).await?.rows_affected())
 }
 
+/// Totals of the whole ledger per model and unit: (model, unit, quantity in
+/// micro-units, micro-USD). For the metrics endpoint.
+pub async fn totals<C: ConnectionTrait>(db: &C) -> Result<Vec<(String, String, i64, i64)>, DbErr> {
+    Entity::find()
+        .select_only()
+        .column(Column::Model)
+        .column(Column::Unit)
+        .expr_as(
+            Expr::cust("CAST(COALESCE(SUM(quantity_micros), 0) AS BIGINT)"),
+            "quantity",
+        )
+        .expr_as(
+            Expr::cust("CAST(COALESCE(SUM(amount_micro_usd), 0) AS BIGINT)"),
+            "amount",
+        )
+        .group_by(Column::Model)
+        .group_by(Column::Unit)
+        .into_tuple()
+        .all(db)
+        .await
+}
+
 /// A ledger entry, as the billing history shows it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize)]
 #[serde(rename_all = "camelCase")]

@@ -269,8 +269,26 @@ async fn scheduler(settings: Settings) -> CliResult {
     let dispatcher = SchedulerRole::dispatcher(&settings, &secret);
     // Handlers first: a SIGTERM right after the ready line must still shut down gracefully.
     let signal = shutdown_signal()?;
-    let role = SchedulerRole::start(&settings, store, dispatcher, secret).await?;
+    let role = SchedulerRole::start(&settings, store.clone(), dispatcher, secret).await?;
+    let metrics = match settings.metrics_addr.as_deref().filter(|a| !a.is_empty()) {
+        Some(addr) => {
+            let (server, local) = gantry_api::metrics_server(
+                addr,
+                store,
+                std::sync::Arc::new(settings.models.clone()),
+                Some(role.dispatcher.clone()),
+            )?;
+            tracing::info!(metrics = %local, "serving /metrics");
+            let handle = server.handle();
+            tokio::spawn(server);
+            Some(handle)
+        }
+        None => None,
+    };
     signal.await;
+    if let Some(handle) = metrics {
+        handle.stop(true).await;
+    }
     tracing::info!("shutting down the scheduler");
     role.shutdown().await;
     Ok(())

@@ -17,6 +17,7 @@ mod config;
 mod destinations;
 mod engine;
 mod entity;
+pub mod metrics;
 mod plan;
 mod scheduler;
 mod signals;

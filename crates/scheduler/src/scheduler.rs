@@ -713,6 +713,17 @@ impl Core {
             return;
         }
         let now = now_ms();
+        let observed = gantry_telemetry::metrics();
+        for row in finals {
+            let ms = |from: i64, to: Option<i64>| {
+                to.map(|to| std::time::Duration::from_millis(u64::try_from(to - from).unwrap_or(0)))
+            };
+            let delay = row
+                .started_at_ms
+                .and_then(|started| ms(row.queued_at_ms, Some(started)));
+            let execution = row.started_at_ms.and_then(|started| ms(started, row.completed_at_ms));
+            observed.job_finished(&row.model, delay, execution);
+        }
         let views: Vec<JobView> = finals.iter().map(|row| JobView::of(row, now)).collect();
         // Only `runsync` callers wait, and one may wait in another process.
         self.store.hub.finished(&views, |i| finals[i].sync);

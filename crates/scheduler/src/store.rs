@@ -490,6 +490,46 @@ impl JobStore {
         Ok(counts)
     }
 
+    /// Kept jobs by model and status, with the oldest `queued_at_ms` of each
+    /// group: (model, status, count, oldest queued). For the metrics endpoint.
+    pub async fn census(&self) -> Result<Vec<(String, String, i64, i64)>, JobError> {
+        Ok(job::Entity::find()
+            .select_only()
+            .column(J::Model)
+            .column(J::Status)
+            .expr_as(Expr::cust("CAST(COUNT(*) AS BIGINT)"), "jobs")
+            .expr_as(Expr::cust("CAST(MIN(queued_at_ms) AS BIGINT)"), "oldest")
+            .filter(J::ExpiresAtMs.gt(now_ms()))
+            .group_by(J::Model)
+            .group_by(J::Status)
+            .into_tuple()
+            .all(&self.db)
+            .await?)
+    }
+
+    /// Per model, the idle and running workers and the free slots the live
+    /// schedulers last recorded (see [`JobStore::workers`]).
+    pub async fn worker_census(&self) -> Result<Vec<(String, i64, i64)>, JobError> {
+        use presence::Column as P;
+        let since = now_ms().saturating_sub(self.config.presence_window_ms());
+        Ok(presence::Entity::find()
+            .select_only()
+            .column(P::Model)
+            .expr_as(Expr::cust("CAST(COALESCE(SUM(idle), 0) AS BIGINT)"), "idle")
+            .expr_as(Expr::cust("CAST(COALESCE(SUM(running), 0) AS BIGINT)"), "running")
+            .filter(P::UpdatedAtMs.gte(since))
+            .group_by(P::Model)
+            .into_tuple()
+            .all(&self.db)
+            .await?)
+    }
+
+    /// The micro-units produced and micro-USD charged per model and unit,
+    /// from the ledger (exact, and the same from every process).
+    pub async fn charged_totals(&self) -> Result<Vec<(String, String, i64, i64)>, JobError> {
+        Ok(gantry_billing::totals(&self.db).await?)
+    }
+
     /// Idle and running workers of `model_id`, over every live scheduler: the
     /// sums of the `worker_presence` rows the schedulers refreshed within
     /// [`SchedulerConfig::presence_window_ms`] (a crashed scheduler's rows stop

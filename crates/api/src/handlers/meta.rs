@@ -32,3 +32,17 @@ pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError
     })?;
     Ok(HttpResponse::Ok().json(json!({"status": "ready"})))
 }
+
+#[utoipa::path(get, path = "/metrics", operation_id = "metrics", tag = "Meta",
+    description = "Prometheus metrics (text format 0.0.4): HTTP requests and latency by route, rate limiter decisions, \
+queue depth and oldest queued job per model, jobs by model and status, job delay and execution histograms, \
+workers and slots by model, units produced and USD charged per model. No key needed; see docs/operations.md.", security(()),
+    responses((status = 200, description = "The metrics", content_type = "text/plain")))]
+pub async fn metrics(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let models: Vec<String> = state.models.iter().map(|m| m.id.clone()).collect();
+    let dispatcher = state.workers.as_ref().map(|w| &w.0);
+    let text = gantry_scheduler::metrics::render(&state.jobs, &models, dispatcher).await?;
+    Ok(HttpResponse::Ok()
+        .content_type(gantry_telemetry::CONTENT_TYPE)
+        .body(text))
+}

@@ -8,6 +8,7 @@ mod catalog;
 mod cli;
 mod errors;
 mod jobs;
+mod metrics;
 mod openapi;
 mod processes;
 mod ratelimits;
