@@ -71,11 +71,13 @@ pub fn public_openapi_json() -> serde_json::Value {
     if !refs.is_empty() {
         let input = &mut doc["components"]["schemas"]["RunRequest"]["properties"]["input"];
         let description = input.get("description").cloned();
-        *input = serde_json::json!({ "oneOf": refs });
+        // Every input is a JSON object, and then one of the models' own.
+        *input = serde_json::json!({ "allOf": [{ "type": "object" }, { "oneOf": refs }] });
         if let Some(description) = description {
             input["description"] = description;
         }
     }
+    openai_request_schemas(&mut doc);
     doc
 }
 
@@ -96,6 +98,69 @@ fn finish(mut doc: utoipa::openapi::OpenApi, endpoints: &[Endpoint]) -> utoipa::
         }
     }
     doc
+}
+
+/// The request bodies of the OpenAI-compatible routes, as they are checked
+/// (`handlers/openai.rs`): other OpenAI fields are accepted and ignored.
+fn openai_request_schemas(doc: &mut serde_json::Value) {
+    use serde_json::json;
+    let common = json!({
+        "model": {"type": ["string", "null"], "description": "Ignored: the model is the one in the path."},
+        "max_tokens": {"type": ["integer", "null"], "minimum": 1},
+        "max_completion_tokens": {"type": ["integer", "null"], "minimum": 1},
+        "temperature": {"type": ["number", "null"], "minimum": 0, "maximum": 2},
+        "top_p": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1},
+        "top_k": {"type": ["integer", "null"], "minimum": 0, "description": "An extension: sample among the k likeliest tokens."},
+        "seed": {"type": ["integer", "null"], "minimum": 0},
+        "stop": {"oneOf": [
+            {"type": "null"},
+            {"type": "string", "minLength": 1},
+            {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 4}
+        ]},
+        "n": {"type": ["integer", "null"], "minimum": 1, "maximum": 1},
+        "presence_penalty": {"type": ["number", "null"], "minimum": 0, "maximum": 0},
+        "frequency_penalty": {"type": ["number", "null"], "minimum": 0, "maximum": 0},
+        "logprobs": {"type": ["boolean", "null"], "enum": [false, null]},
+        "user": {"type": ["string", "null"]},
+        "stream": {"type": ["boolean", "null"]},
+        "stream_options": {"type": ["object", "null"], "properties": {"include_usage": {"type": ["boolean", "null"]}}, "additionalProperties": false}
+    });
+    let mut chat = json!({
+        "type": "object",
+        "required": ["messages"],
+        "additionalProperties": false,
+        "properties": common.clone(),
+    });
+    chat["properties"]["messages"] = json!({
+        "type": "array", "minItems": 1,
+        "items": {"type": "object", "required": ["role", "content"], "properties": {
+            "role": {"enum": ["system", "developer", "user", "assistant"]},
+            "content": {"oneOf": [
+                {"type": "string"},
+                {"type": "array", "items": {"type": "object", "required": ["type", "text"],
+                    "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}}
+            ]}
+        }}
+    });
+    let mut completion = json!({
+        "type": "object",
+        "required": ["prompt"],
+        "additionalProperties": false,
+        "properties": common,
+    });
+    completion["properties"]["prompt"] = json!({"oneOf": [
+        {"type": "string", "minLength": 1},
+        {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 1}
+    ]});
+    for (path, schema) in [
+        ("/v2/{model_id}/openai/v1/chat/completions", chat),
+        ("/v2/{model_id}/openai/v1/completions", completion),
+    ] {
+        let body = &mut doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"];
+        if !body.is_null() {
+            *body = schema;
+        }
+    }
 }
 
 fn operation<'a>(item: &'a mut Option<&mut PathItem>, endpoint: &Endpoint) -> Option<&'a mut Operation> {

@@ -220,7 +220,7 @@ pub async fn run(
 #[utoipa::path(post, path = "/v2/{model_id}/runsync", operation_id = "runSync", tag = "Model endpoints",
     description = "Runs a job and waits for it, up to `wait` ms (default 90000, 1000 to 300000). A finished job is returned whole; otherwise `{id, status}` to poll. Requires `endpoints:run`. Bodies over 20 MB: 413.",
     params(("model_id" = String, Path, description = "Model identifier", example = "gantry-echo"),
-        ("wait" = Option<u64>, Query, description = "Longest wait in ms, 1000 to 300000")),
+        ("wait" = Option<u64>, Query, description = "Longest wait in ms, 1000 to 300000", minimum = 1000, maximum = 300000)),
     request_body = RunRequest,
     responses((status = 200, description = "The finished job, or `{id, status}`", body = JobDoc)))]
 pub async fn runsync(
