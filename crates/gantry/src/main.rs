@@ -299,7 +299,8 @@ async fn worker(settings: Settings, model: String, scheduler: String, slots: u32
         Some(secret) if !secret.is_empty() => secret.as_bytes().to_vec(),
         _ => return Err("set scheduler.worker_secret (GANTRY_SCHEDULER__WORKER_SECRET) to the scheduler's".into()),
     };
-    let id = id.unwrap_or_else(|| format!("{model}-{}", std::process::id()));
+    // The host name keeps replicas apart: in a container every process id is 1.
+    let id = id.unwrap_or_else(|| format!("{model}-{}-{}", host_name(), std::process::id()));
     let mut config = gantry::worker_config(&scheduler, &id, Credentials::Secret(secret), &settings);
     config.slots = slots.max(1);
     if gantry::is_text_model(&model) {
@@ -556,4 +557,15 @@ mod tests {
         assert_eq!(super::utc_date(951_782_400), "2000-02-29T00:00:00Z");
         assert_eq!(super::utc_date(1_795_289_883), "2026-11-21T19:38:03Z");
     }
+}
+
+/// This machine's host name (a container's is its id), for default worker ids.
+fn host_name() -> String {
+    std::env::var("HOSTNAME")
+        .ok()
+        .filter(|h| !h.is_empty())
+        .or_else(|| std::fs::read_to_string("/etc/hostname").ok())
+        .map(|h| h.trim().to_string())
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "localhost".into())
 }
