@@ -190,11 +190,32 @@ pub async fn observe<B: MessageBody + 'static>(
         Surface::Management => "management",
         Surface::Public => "public",
     };
-    let result = next.call(req).await;
+    // Every log line of the request carries its id (the caller's
+    // `X-Request-Id` when it sends a sane one), and the response returns it.
+    let request_id = req
+        .headers()
+        .get("x-request-id")
+        .and_then(|v| v.to_str().ok())
+        .filter(|id| !id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_graphic()))
+        .map_or_else(new_request_id, str::to_string);
+    let span = tracing::info_span!("request", request_id = %request_id);
+    let mut result = tracing::Instrument::instrument(next.call(req), span).await;
+    if let Ok(res) = &mut result
+        && let Ok(value) = header::HeaderValue::from_str(&request_id)
+    {
+        res.headers_mut().insert(HeaderName::from_static("x-request-id"), value);
+    }
     let status = match &result {
         Ok(res) => res.status().as_u16(),
         Err(error) => error.as_response_error().status_code().as_u16(),
     };
     gantry_telemetry::metrics().http_request(&route, &method, listener, status, started.elapsed());
     result
+}
+
+/// A new request id: 16 random bytes in hex.
+fn new_request_id() -> String {
+    use rand::RngExt;
+    let bytes: [u8; 16] = rand::rng().random();
+    bytes.iter().map(|b| format!("{b:02x}")).collect()
 }

@@ -26,6 +26,8 @@ pub struct Settings {
     pub redis_url: Option<String>,
     /// A tracing filter, e.g. `info` or `gantry_api=debug,info`.
     pub log: String,
+    /// `text` (for people) or `json` (one object per line, for collectors).
+    pub log_format: String,
     /// Worker threads of the process's async runtime (scheduler, gRPC, the
     /// bundled workers, background work); unset means [`Settings::runtime_threads`]'s default.
     pub runtime_threads: Option<usize>,
@@ -231,6 +233,7 @@ impl Default for Settings {
             database_max_connections: None,
             redis_url: None,
             log: "info".into(),
+            log_format: "text".into(),
             runtime_threads: None,
             http: HttpSettings::default(),
             rate_limits: RateLimitSettings::default(),

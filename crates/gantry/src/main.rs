@@ -138,11 +138,14 @@ fn main() -> ExitCode {
     };
     // Admin commands print their answer; only problems belong on stderr.
     let quiet = matches!(cli.command, Command::Users(_) | Command::Keys(_) | Command::Migrate);
-    init_tracing(if quiet && std::env::var_os("GANTRY_LOG").is_none() {
-        "warn"
-    } else {
-        &settings.log
-    });
+    init_tracing(
+        if quiet && std::env::var_os("GANTRY_LOG").is_none() {
+            "warn"
+        } else {
+            &settings.log
+        },
+        &settings.log_format,
+    );
     let with_http = matches!(cli.command, Command::Serve | Command::Api);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(settings.runtime_threads(with_http))
@@ -164,16 +167,26 @@ fn main() -> ExitCode {
     }
 }
 
-fn init_tracing(filter: &str) {
+fn init_tracing(filter: &str, format: &str) {
     let filter = tracing_subscriber::EnvFilter::try_from_env("RUST_LOG")
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(filter))
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
     use std::io::IsTerminal;
-    tracing_subscriber::fmt()
+    let builder = tracing_subscriber::fmt()
         .with_env_filter(filter)
-        .with_ansi(std::io::stderr().is_terminal())
-        .with_writer(std::io::stderr)
-        .init();
+        .with_writer(std::io::stderr);
+    if format.eq_ignore_ascii_case("json") {
+        // One JSON object per line; the fields of the enclosing spans (the
+        // request's `request_id`) are on every line logged inside them.
+        builder
+            .json()
+            .flatten_event(true)
+            .with_current_span(false)
+            .with_span_list(true)
+            .init();
+    } else {
+        builder.with_ansi(std::io::stderr().is_terminal()).init();
+    }
 }
 
 type CliResult = Result<(), Box<dyn std::error::Error>>;

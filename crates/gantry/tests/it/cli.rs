@@ -493,3 +493,46 @@ async fn jobs_a_killed_serve_left_running_run_again_at_the_next_start() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
 }
+
+/// `log_format = "json"`: every log line is one JSON object; and every
+/// response carries its request id (the caller's, or a new one).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn json_logs_and_request_ids() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut child = serve_on_free_ports(dir.path())
+        .env("GANTRY_LOG_FORMAT", "json")
+        .env("GANTRY_HTTP__WORKERS", "1")
+        .env_remove("GANTRY_DATABASE_URL")
+        .env_remove("RUST_LOG")
+        .stdout(Stdio::null())
+        .stderr(Stdio::piped())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(child.stderr.take().unwrap()).lines();
+    let mut management = None;
+    for line in lines.by_ref() {
+        let line = line.unwrap();
+        let entry: serde_json::Value =
+            serde_json::from_str(&line).unwrap_or_else(|e| panic!("not a JSON line ({e}): {line}"));
+        assert!(entry["timestamp"].is_string() && entry["level"].is_string(), "{line}");
+        if entry["message"] == "gantry is serving" {
+            management = entry["management"].as_str().map(str::to_string);
+            break;
+        }
+    }
+    let management = management.expect("serve logged its addresses");
+    let client = crate::harness::http_client(Duration::from_secs(10));
+    let echoed = client
+        .get(format!("http://{management}/healthz"))
+        .header("x-request-id", "req-42")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(echoed.headers()["x-request-id"], "req-42");
+    let fresh = client.get(format!("http://{management}/v2/nope")).send().await.unwrap();
+    assert_eq!(fresh.status(), 404);
+    let id = fresh.headers()["x-request-id"].to_str().unwrap().to_string();
+    assert_eq!(id.len(), 32, "{id}");
+    let _ = child.kill();
+    let _ = child.wait();
+}
