@@ -562,16 +562,6 @@ fn utc_date(unix: i64) -> String {
     )
 }
 
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn utc_dates() {
-        assert_eq!(super::utc_date(0), "1970-01-01T00:00:00Z");
-        assert_eq!(super::utc_date(951_782_400), "2000-02-29T00:00:00Z");
-        assert_eq!(super::utc_date(1_795_289_883), "2026-11-21T19:38:03Z");
-    }
-}
-
 /// This machine's host name (a container's is its id), for default worker ids.
 fn host_name() -> String {
     std::env::var("HOSTNAME")
@@ -581,4 +571,14 @@ fn host_name() -> String {
         .map(|h| h.trim().to_string())
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "localhost".into())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn utc_dates() {
+        assert_eq!(super::utc_date(0), "1970-01-01T00:00:00Z");
+        assert_eq!(super::utc_date(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(super::utc_date(1_795_289_883), "2026-11-21T19:38:03Z");
+    }
 }
