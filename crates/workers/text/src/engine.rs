@@ -233,6 +233,8 @@ struct Engine<'m> {
     free_ids: Vec<i32>,
     waiting: VecDeque<Job>,
     active: Vec<Sequence>,
+    /// End-of-turn tokens the GGUF does not mark as end of generation.
+    extra_eog: Vec<LlamaToken>,
 }
 
 impl<'m> Engine<'m> {
@@ -249,6 +251,7 @@ impl<'m> Engine<'m> {
             free_ids: (0..max_sequences).rev().collect(),
             waiting: VecDeque::new(),
             active: Vec::new(),
+            extra_eog: crate::family_end_of_turn(model),
         }
     }
 
@@ -414,7 +417,7 @@ impl<'m> Engine<'m> {
             };
             let token = sequence.sampler.sample(&self.context, index);
             let mut finish = None;
-            if vocab.is_eog(token) {
+            if vocab.is_eog(token) || self.extra_eog.contains(&token) {
                 finish = Some(FinishReason::Stop);
             } else {
                 sequence.generated.push(token.0);

@@ -336,16 +336,24 @@ impl TextModel {
         let _stop_when_dropped = job_cancel.clone().drop_guard();
         let mut events = self.engine.submit(request, job_cancel);
         let mut pieces = Vec::new();
-        while let Some(event) = events.recv().await {
+        loop {
+            // A cancel wins at once, even over pieces already queued: the
+            // engine drops the sequence at its next step (`job_cancel` is a
+            // child of `cancel`).
+            let event = tokio::select! {
+                biased;
+                () = cancel.cancelled() => return Err(JobError::Cancelled),
+                event = events.recv() => event,
+            };
             match event {
-                Event::Piece(piece) => {
+                Some(Event::Piece(piece)) => {
                     pieces.push(piece.clone());
                     on_piece(piece).await?;
                 }
-                Event::Done(result) => return result.map(|finished| (pieces, finished)),
+                Some(Event::Done(result)) => return result.map(|finished| (pieces, finished)),
+                None => return Err(JobError::internal("the text engine stopped unexpectedly")),
             }
         }
-        Err(JobError::internal("the text engine stopped unexpectedly"))
     }
 }
 
@@ -406,12 +414,49 @@ impl Shared {
     }
 }
 
-/// The GGUF's chat template, if llama.cpp can apply it.
+fn is_gemma(model: &LlamaModel) -> bool {
+    model
+        .meta_val_str("general.architecture")
+        .is_ok_and(|family| family.starts_with("gemma"))
+}
+
+/// Tokens that end a turn in the model's chat format but that the GGUF may
+/// not mark as end of generation: Gemma's `<end_of_turn>` (without it, a
+/// Gemma answer runs on into a new turn).
+pub(crate) fn family_end_of_turn(model: &LlamaModel) -> Vec<LlamaToken> {
+    if !is_gemma(model) {
+        return Vec::new();
+    }
+    match model.vocab().tokenize(b"<end_of_turn>", false, true).as_slice() {
+        [token] => vec![*token],
+        _ => Vec::new(),
+    }
+}
+
+/// The GGUF's chat template, if llama.cpp can apply it; for a GGUF that
+/// carries none, llama.cpp's built-in template of its model family where
+/// the family has exactly one (Gemma's `<start_of_turn>` turns: some Gemma 3
+/// conversions ship without `tokenizer.chat_template`).
 fn usable_template(model: &LlamaModel) -> Option<LlamaChatTemplate> {
-    let template = model.chat_template(None).ok()?;
-    let probe = LlamaChatMessage::new("user".into(), "hi".into()).ok()?;
-    model.apply_chat_template(&template, &[probe], true).ok()?;
-    Some(template)
+    let applies = |template: &LlamaChatTemplate| {
+        LlamaChatMessage::new("user".into(), "hi".into())
+            .ok()
+            .is_some_and(|probe| model.apply_chat_template(template, &[probe], true).is_ok())
+    };
+    if let Some(template) = model.chat_template(None).ok().filter(|t| applies(t)) {
+        return Some(template);
+    }
+    let family = model.meta_val_str("general.architecture").ok()?;
+    let builtin = if family.starts_with("gemma") {
+        "gemma"
+    } else {
+        return None;
+    };
+    let template = LlamaChatTemplate::new(builtin).ok()?;
+    applies(&template).then(|| {
+        tracing::info!(%family, builtin, "the GGUF has no chat template: using llama.cpp's built-in one");
+        template
+    })
 }
 
 impl Model for TextModel {
