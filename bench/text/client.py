@@ -287,15 +287,29 @@ def measure(args):
     }
     # Warm-up: the first request pays for lazy allocations in the engine and HTTP stack.
     for _ in range(args.warmup):
-        stream_once(args, time.perf_counter() + args.timeout)
+        try:
+            stream_once(args, time.perf_counter() + args.timeout)
+        except (Failure, OSError) as e:
+            out["skipped"] = [f"warm-up: {e}"]
     reference_text = None
+    out.setdefault("skipped", [])
     for c in levels:
         requests, rounds = [], []
         with RssSampler(args.pid) as rss:
-            for _ in range(args.rounds):
-                results, agg = run_round(args, c)
+            for k in range(args.rounds):
+                if time.perf_counter() - t_start > args.budget:
+                    out["skipped"].append(f"c={c} round {k + 1}: over the {args.budget:.0f} s budget")
+                    break
+                try:
+                    results, agg = run_round(args, c)
+                except Failure as e:
+                    out["skipped"].append(f"c={c} round {k + 1}: {e}")
+                    print(f"client: c={c}: {e}", file=sys.stderr)
+                    break
                 requests.extend(results)
                 rounds.append(agg)
+        if not requests:
+            continue
         for r in requests:
             if reference_text is None:
                 reference_text = r["text"]
@@ -304,6 +318,7 @@ def measure(args):
         level = {
             "concurrency": c,
             "requests": len(requests),
+            "rounds": len(rounds),
             "ttft_s": summary([m["ttft_s"] for m in metrics]),
             "gen_tps_per_stream": summary([m["gen_tps"] for m in metrics]),
             "pp_tps": summary([m["pp_tps"] for m in metrics]),
@@ -322,15 +337,36 @@ def measure(args):
         print(
             f"client: c={c}: ttft {level['ttft_s']['median'] * 1000:.0f} ms, "
             f"{level['gen_tps_per_stream']['median']:.1f} tok/s per stream, "
-            f"{level['aggregate_gen_tps']['median']:.1f} tok/s aggregate",
+            f"{level['aggregate_gen_tps']['median']:.1f} tok/s aggregate ({len(rounds)} rounds)",
             file=sys.stderr,
         )
 
     sync = []
     with RssSampler(args.pid) as rss:
-        for _ in range(args.rounds):
-            sync.append(runsync_once(args))
+        for k in range(args.rounds):
+            # runsync always gets one request, budget or not: it is one single-stream request.
+            if k > 0 and time.perf_counter() - t_start > args.budget:
+                out["skipped"].append(f"runsync request {k + 1}: over the {args.budget:.0f} s budget")
+                break
+            try:
+                sync.append(runsync_once(args))
+            except (Failure, OSError) as e:
+                out["skipped"].append(f"runsync request {k + 1}: {e}")
+                break
+    if not sync:
+        out["runsync"] = None
+        sync_total = None
     stream1 = next((lvl for lvl in out["streaming"] if lvl["concurrency"] == 1), None)
+    if sync:
+        runsync_summary(out, sync, stream1, reference_text, rss.peak_kib)
+    out["final"] = proc_status(args.pid)
+    out["loadavg_after"] = open("/proc/loadavg").read().split()[:3]
+    out["client_wall_s"] = time.perf_counter() - t_start
+    json.dump(out, sys.stdout, indent=2)
+    print()
+
+
+def runsync_summary(out, sync, stream1, reference_text, rss_peak_kib):
     sync_total = summary([s["t_total"] for s in sync])
     sync_tokens = summary([s["completion_tokens"] for s in sync])
     out["runsync"] = {
@@ -343,18 +379,13 @@ def measure(args):
         "end_to_end_tps": summary([s["completion_tokens"] / s["t_total"] for s in sync]),
         "same_text_as_streaming": reference_text is not None and all(s["text"] == reference_text for s in sync),
         "finish_reasons": sorted({str(s["finish_reason"]) for s in sync}),
-        "rss_peak_kib": rss.peak_kib,
+        "rss_peak_kib": rss_peak_kib,
     }
     if stream1:
         # Same prompt, same greedy tokens: the difference of total time is the cost of streaming them.
         diff = stream1["total_s"]["median"] - sync_total["median"]
         out["runsync"]["sse_overhead_s"] = diff
         out["runsync"]["sse_overhead_ms_per_token"] = 1000 * diff / sync_tokens["median"]
-    out["final"] = proc_status(args.pid)
-    out["loadavg_after"] = open("/proc/loadavg").read().split()[:3]
-    out["client_wall_s"] = time.perf_counter() - t_start
-    json.dump(out, sys.stdout, indent=2)
-    print()
 
 
 # ---------------------------------------------------------------- report
@@ -422,15 +453,15 @@ def report(args):
         f"GANTRY_TEXT__THREADS={meta.get('threads', '?')}; load average before {' '.join(res['loadavg_before'])}, "
         f"after {' '.join(res['loadavg_after'])}")
     add("")
-    p_tok = med(res["streaming"][0], "prompt_tokens")
+    p_tok = med(res["streaming"][0], "prompt_tokens") if res["streaming"] else None
     add(f"Streaming chat completions (OpenAI route), max_tokens {res['max_tokens']}, temperature 0, "
-        f"{fmt(p_tok, 0)} prompt tokens after the chat template, {res['rounds']} rounds per level, medians:")
+        f"{fmt(p_tok, 0)} prompt tokens after the chat template, up to {res['rounds']} rounds per level, medians:")
     add("")
-    add("| streams | TTFT ms | prompt tok/s (≈ prompt/TTFT) | gen tok/s per stream | aggregate gen tok/s "
+    add("| streams | rounds | TTFT ms | prompt tok/s (≈ prompt/TTFT) | gen tok/s per stream | aggregate gen tok/s "
         "| end-to-end tok/s | completion tokens | peak RSS MiB |")
-    add("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
+    add("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for lvl in res["streaming"]:
-        add(f"| {lvl['concurrency']} | {fmt(med(lvl, 'ttft_s'), 0, 1000)} | {fmt(med(lvl, 'pp_tps'))} "
+        add(f"| {lvl['concurrency']} | {lvl.get('rounds', '?')} | {fmt(med(lvl, 'ttft_s'), 0, 1000)} | {fmt(med(lvl, 'pp_tps'))} "
             f"| {fmt(med(lvl, 'gen_tps_per_stream'))} | {fmt(med(lvl, 'aggregate_gen_tps'))} "
             f"| {fmt(med(lvl, 'end_to_end_tps'))} | {fmt(med(lvl, 'completion_tokens'), 0)} "
             f"| {fmt(lvl['rss_peak_kib'], 1, 1 / 1024)} |")
@@ -452,6 +483,9 @@ def report(args):
             add(f"SSE overhead, (stream total − runsync total) / tokens: {rs['sse_overhead_ms_per_token']:.3f} ms "
                 f"per token ({rs['sse_overhead_s'] * 1000:.1f} ms per request); same text both ways: "
                 f"{rs['same_text_as_streaming']}")
+    add("")
+    for note in res.get("skipped") or []:
+        add(f"Not measured: {note}")
     add("")
     add(f"Server memory: VmRSS idle with the model loaded {fmt(res['idle']['VmRSS'], 1, 1 / 1024)} MiB, "
         f"at the end {fmt(res['final']['VmRSS'], 1, 1 / 1024)} MiB, VmHWM {fmt(res['final']['VmHWM'], 1, 1 / 1024)} MiB")
@@ -488,7 +522,9 @@ def main():
     m.add_argument("--rounds", type=int, default=3)
     m.add_argument("--warmup", type=int, default=1)
     m.add_argument("--max-tokens", type=int, default=128)
-    m.add_argument("--timeout", type=float, default=120.0, help="seconds per request")
+    m.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
+    m.add_argument("--budget", type=float, default=300.0,
+                   help="seconds; no new round starts after this (one runsync request always runs)")
     m.add_argument("--prompt", default=PROMPT)
     c = sub.add_parser("combine")
     c.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE")
