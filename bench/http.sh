@@ -23,6 +23,8 @@ cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; rm -r
 trap cleanup EXIT
 
 export GANTRY_DATA_DIR=$DATA GANTRY_LOG=warn GANTRY_HTTP__WORKERS=$WORKERS GANTRY_SCHEDULER__ADDR=127.0.0.1:0
+# The management API is measured with the echo model only (no text model to load or fetch).
+export GANTRY_SCHEDULER__BUNDLED_WORKERS="[gantry-echo]"
 wait_up() { for _ in $(seq 1 2000); do curl -sf "http://$1/healthz" >/dev/null 2>&1 && return 0; sleep 0.001; done; return 1; }
 rss_mib() { awk '/VmRSS/ {printf "%.1f", $2/1024}' "/proc/$1/status"; }
 
