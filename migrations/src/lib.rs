@@ -8,6 +8,7 @@ mod m20261121_000004_worker_presence;
 mod m20261122_000005_fewer_job_indexes;
 mod m20261122_000006_narrow_job_writes;
 mod m20261122_000007_webhook_outbox;
+mod m20261123_000008_job_trace_context;
 
 pub struct Migrator;
 
@@ -22,6 +23,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261122_000005_fewer_job_indexes::Migration),
             Box::new(m20261122_000006_narrow_job_writes::Migration),
             Box::new(m20261122_000007_webhook_outbox::Migration),
+            Box::new(m20261123_000008_job_trace_context::Migration),
         ]
     }
 }

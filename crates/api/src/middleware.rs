@@ -198,7 +198,16 @@ pub async fn observe<B: MessageBody + 'static>(
         .and_then(|v| v.to_str().ok())
         .filter(|id| !id.is_empty() && id.len() <= 128 && id.bytes().all(|b| b.is_ascii_graphic()))
         .map_or_else(new_request_id, str::to_string);
-    let span = tracing::info_span!("request", request_id = %request_id);
+    let span = tracing::info_span!(
+        "request",
+        request_id = %request_id,
+        otel.name = %format_args!("{method} {route}"),
+        otel.kind = "server",
+        http.request.method = %method,
+        http.route = %route,
+    );
+    // A caller's W3C `traceparent` makes this request part of its trace.
+    gantry_telemetry::trace::set_parent(&span, req.headers().get("traceparent").and_then(|v| v.to_str().ok()));
     let mut result = tracing::Instrument::instrument(next.call(req), span).await;
     if let Ok(res) = &mut result
         && let Ok(value) = header::HeaderValue::from_str(&request_id)

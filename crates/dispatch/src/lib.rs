@@ -121,6 +121,8 @@ pub struct Assignment {
     pub input_json: String,
     /// The worker abandons the attempt (non-retryable failure) past this.
     pub deadline: Option<SystemTime>,
+    /// The W3C `traceparent` the worker's span of the run takes as parent.
+    pub trace_parent: Option<String>,
 }
 
 impl Assignment {
@@ -132,6 +134,7 @@ impl Assignment {
             model: model.into(),
             input_json: input.to_string(),
             deadline: None,
+            trace_parent: None,
         }
     }
 }

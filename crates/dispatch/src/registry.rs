@@ -202,6 +202,7 @@ impl Inner {
                         // A deadline before 1970 has passed: 1 ms after epoch.
                         .unwrap_or(1)
                 }),
+                trace_parent: job.trace_parent.unwrap_or_default(),
             })),
         });
         // A send fails only when the stream is going away (and hands the

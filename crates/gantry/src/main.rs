@@ -138,14 +138,6 @@ fn main() -> ExitCode {
     };
     // Admin commands print their answer; only problems belong on stderr.
     let quiet = matches!(cli.command, Command::Users(_) | Command::Keys(_) | Command::Migrate);
-    init_tracing(
-        if quiet && std::env::var_os("GANTRY_LOG").is_none() {
-            "warn"
-        } else {
-            &settings.log
-        },
-        &settings.log_format,
-    );
     let with_http = matches!(cli.command, Command::Serve | Command::Api);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(settings.runtime_threads(with_http))
@@ -158,35 +150,114 @@ fn main() -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
-    match runtime.block_on(run(cli.command, settings)) {
+    // Inside the runtime: the OTLP exporter's gRPC channel runs on it.
+    let traces = {
+        let _runtime = runtime.enter();
+        init_tracing(
+            if quiet && std::env::var_os("GANTRY_LOG").is_none() {
+                "warn"
+            } else {
+                &settings.log
+            },
+            &settings.log_format,
+            role(&cli.command),
+        )
+    };
+    let code = match runtime.block_on(run(cli.command, settings)) {
         Ok(()) => ExitCode::SUCCESS,
         Err(err) => {
             eprintln!("gantry: {err}");
             ExitCode::FAILURE
         }
+    };
+    // Exports the spans still buffered, while the runtime still runs.
+    if let Some(provider) = traces
+        && let Err(err) = provider.shutdown()
+    {
+        eprintln!("gantry: exporting the last traces: {err}");
+    }
+    code
+}
+
+/// The role of a long-running command, which names its traces' service
+/// (`gantry-api`, …); admin commands export no traces.
+fn role(command: &Command) -> Option<&'static str> {
+    match command {
+        Command::Serve => Some("gantry"),
+        Command::Api => Some("gantry-api"),
+        Command::Scheduler => Some("gantry-scheduler"),
+        Command::Worker { .. } => Some("gantry-worker"),
+        _ => None,
     }
 }
 
-fn init_tracing(filter: &str, format: &str) {
+/// An OTLP (gRPC) trace pipeline, when `OTEL_EXPORTER_OTLP_ENDPOINT` (or
+/// `OTEL_EXPORTER_OTLP_TRACES_ENDPOINT`) is set; the exporter reads the other
+/// standard `OTEL_*` variables itself, the batch processor `OTEL_BSP_*`.
+/// Must run inside the Tokio runtime. Installs the W3C trace context
+/// propagator, which carries traces across processes.
+fn otlp_traces(service: &str) -> Option<opentelemetry_sdk::trace::SdkTracerProvider> {
+    let configured = ["OTEL_EXPORTER_OTLP_ENDPOINT", "OTEL_EXPORTER_OTLP_TRACES_ENDPOINT"]
+        .iter()
+        .any(|name| std::env::var_os(name).is_some_and(|value| !value.is_empty()));
+    if !configured {
+        return None;
+    }
+    let exporter = match opentelemetry_otlp::SpanExporter::builder().with_tonic().build() {
+        Ok(exporter) => exporter,
+        Err(err) => {
+            eprintln!("gantry: traces are not exported: {err}");
+            return None;
+        }
+    };
+    let resource = opentelemetry_sdk::Resource::builder();
+    // `OTEL_SERVICE_NAME` (read by the builder) wins over the role's name.
+    let resource = if std::env::var_os("OTEL_SERVICE_NAME").is_some_and(|v| !v.is_empty()) {
+        resource
+    } else {
+        resource.with_service_name(service.to_string())
+    };
+    let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+        .with_batch_exporter(exporter)
+        .with_resource(resource.build())
+        .build();
+    opentelemetry::global::set_text_map_propagator(opentelemetry_sdk::propagation::TraceContextPropagator::new());
+    gantry_telemetry::trace::enable();
+    Some(provider)
+}
+
+/// The log subscriber (text or JSON on stderr) and, for a long-running
+/// role with an OTLP endpoint configured, the layer exporting its spans;
+/// returns that pipeline's provider, to shut down (flush) on exit.
+fn init_tracing(filter: &str, format: &str, role: Option<&str>) -> Option<opentelemetry_sdk::trace::SdkTracerProvider> {
+    use opentelemetry::trace::TracerProvider as _;
+    use tracing_subscriber::layer::SubscriberExt as _;
+    use tracing_subscriber::util::SubscriberInitExt as _;
     let filter = tracing_subscriber::EnvFilter::try_from_env("RUST_LOG")
         .or_else(|_| tracing_subscriber::EnvFilter::try_new(filter))
         .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info"));
+    let provider = role.and_then(otlp_traces);
+    let otel = provider
+        .as_ref()
+        .map(|provider| tracing_opentelemetry::layer().with_tracer(provider.tracer("gantry")));
     use std::io::IsTerminal;
-    let builder = tracing_subscriber::fmt()
-        .with_env_filter(filter)
-        .with_writer(std::io::stderr);
+    let fmt = tracing_subscriber::fmt::layer().with_writer(std::io::stderr);
+    let registry = tracing_subscriber::registry().with(filter).with(otel);
     if format.eq_ignore_ascii_case("json") {
         // One JSON object per line; the fields of the enclosing spans (the
         // request's `request_id`) are on every line logged inside them.
-        builder
-            .json()
-            .flatten_event(true)
-            .with_current_span(false)
-            .with_span_list(true)
+        registry
+            .with(
+                fmt.json()
+                    .flatten_event(true)
+                    .with_current_span(false)
+                    .with_span_list(true),
+            )
             .init();
     } else {
-        builder.with_ansi(std::io::stderr().is_terminal()).init();
+        registry.with(fmt.with_ansi(std::io::stderr().is_terminal())).init();
     }
+    provider
 }
 
 type CliResult = Result<(), Box<dyn std::error::Error>>;

@@ -33,7 +33,7 @@ const MAX_OPS: usize = 1024;
 const COLUMNS: &str = "id, user_id, model, status, input, output, error, webhook, low_priority, sync, \
     execution_timeout_ms, ttl_ms, attempt, max_attempts, retries, worker_id, owner, lease_until_ms, \
     run_deadline_ms, created_at_ms, queued_at_ms, started_at_ms, completed_at_ms, expires_at_ms, \
-    cost_micro_usd, usage_unit, usage_quantity_micros, chunks_read, webhook_due_ms";
+    cost_micro_usd, usage_unit, usage_quantity_micros, chunks_read, webhook_due_ms, trace_context";
 
 /// One queued operation and where its result goes.
 struct Op {
@@ -273,7 +273,7 @@ fn copy(error: &DbErr) -> DbErr {
 static INSERT_JOB: LazyLock<String> = LazyLock::new(|| {
     format!(
         "INSERT INTO jobs ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, \
-         ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29)"
+         ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30)"
     )
 });
 
@@ -356,6 +356,7 @@ impl<'c> Statements<'c> {
             row.usage_quantity_micros,
             row.chunks_read,
             row.webhook_due_ms,
+            row.trace_context,
         ])?;
         Ok(())
     }
@@ -408,6 +409,7 @@ fn job_of(row: &Row<'_>) -> rusqlite::Result<job::Model> {
         usage_quantity_micros: row.get(26)?,
         chunks_read: row.get(27)?,
         webhook_due_ms: row.get(28)?,
+        trace_context: row.get(29)?,
     })
 }
 

@@ -48,6 +48,10 @@ pub mod job {
         /// scheduler holds it (see `webhooks.rs`); `None` without a webhook
         /// or once delivered.
         pub webhook_due_ms: Option<i64>,
+        /// The W3C `traceparent` of the span that submitted the job: the
+        /// spans that follow it (assignment, run, settlement) join its trace.
+        #[sea_orm(column_type = "Text", nullable)]
+        pub trace_context: Option<String>,
     }
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
@@ -88,6 +92,7 @@ pub mod job {
             usage_quantity_micros: None,
             chunks_read: 0,
             webhook_due_ms: None,
+            trace_context: None,
         }
     }
 }

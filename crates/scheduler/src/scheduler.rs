@@ -382,6 +382,13 @@ impl Core {
     async fn finish_settlement(&mut self, batch: Vec<Event>, mut outcome: Outcome, done: Result<Settled, DbErr>) {
         match done {
             Ok(settled) => {
+                // One span per job whose final status committed, in its trace.
+                if gantry_telemetry::trace::enabled() {
+                    for row in &settled.finals {
+                        let span = tracing::info_span!("job.settle", job_id = %row.id, status = %row.status);
+                        gantry_telemetry::trace::set_parent(&span, row.trace_context.as_deref());
+                    }
+                }
                 outcome.finals = settled.finals;
                 outcome.claims = settled.claims;
                 // Chunks are committed: wake their live readers in this process.
@@ -887,6 +894,16 @@ impl Core {
         let store_after = self.store.config.sync_store_after_ms();
         for Handed { row, stored } in rows {
             let deadline_ms = row.run_deadline_ms.unwrap_or(i64::MAX);
+            // The assignment joins the job's trace; the worker's run is its child.
+            let span = if gantry_telemetry::trace::enabled() {
+                let span =
+                    tracing::info_span!("job.assign", job_id = %row.id, attempt = row.attempt, model = %row.model);
+                gantry_telemetry::trace::set_parent(&span, row.trace_context.as_deref());
+                span
+            } else {
+                tracing::Span::none()
+            };
+            let _entered = span.enter();
             let assignment = Assignment {
                 job_id: row.id.clone(),
                 attempt: u32::try_from(row.attempt).unwrap_or(0),
@@ -895,6 +912,7 @@ impl Core {
                 // parses it (and fails the job as bad input if it cannot).
                 input_json: row.input.clone(),
                 deadline: system_time(deadline_ms),
+                trace_parent: gantry_telemetry::trace::traceparent_of(&span),
             };
             let ahead = self.store.config.claim_ahead > 0;
             let retry = ahead.then(|| assignment.clone());

@@ -69,6 +69,22 @@ impl JobStore {
     /// Validates and stores a job (IN_QUEUE); it is durable when this returns.
     /// Bad input writes nothing.
     pub async fn submit(&self, user: &str, model: &ModelSpec, req: NewJob, mode: Mode) -> Result<JobView, JobError> {
+        let span = if gantry_telemetry::trace::enabled() {
+            tracing::info_span!("job.submit", model = %model.id, job_id = tracing::field::Empty)
+        } else {
+            tracing::Span::none()
+        };
+        tracing::Instrument::instrument(self.submit_in_span(user, model, req, mode), span).await
+    }
+
+    /// [`JobStore::submit`] inside its `job.submit` span (if traces are exported).
+    async fn submit_in_span(
+        &self,
+        user: &str,
+        model: &ModelSpec,
+        req: NewJob,
+        mode: Mode,
+    ) -> Result<JobView, JobError> {
         if !req.input.is_object() {
             return Err(JobError::Invalid("`input` must be a JSON object".into()));
         }
@@ -133,7 +149,10 @@ impl JobStore {
             usage_quantity_micros: None,
             chunks_read: 0,
             webhook_due_ms,
+            // The `job.submit` span: what follows the job joins its trace.
+            trace_context: gantry_telemetry::trace::current_traceparent(),
         };
+        tracing::Span::current().record("job_id", row.id.as_str());
         // What the caller is told: accepted into the queue.
         let view = JobView::of(&row, now);
         // A scheduler of this process has a free slot and nothing queued for

@@ -4,6 +4,8 @@
 //! depth, jobs by state, units and dollars charged) are read when scraped
 //! and written with [`Exposition`]. The output is the Prometheus text
 //! format, version 0.0.4: names carry their unit, counters end in `_total`.
+pub mod trace;
+
 use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::sync::atomic::{AtomicU64, Ordering};

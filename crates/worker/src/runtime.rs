@@ -355,6 +355,7 @@ impl<M: Model> Session<'_, M> {
             model,
             input_json,
             deadline_unix_ms,
+            trace_parent,
         } = assign;
         let refusal = if state.draining {
             Some((true, "worker is draining".to_owned()))
@@ -399,7 +400,15 @@ impl<M: Model> Session<'_, M> {
         let grace = self.config.cancel_grace;
         let token = cancel.clone();
         let received = Instant::now();
-        let handle = self.tasks.spawn(async move {
+        // The run joins the job's trace: its parent is the scheduler's assignment.
+        let span = if gantry_telemetry::trace::enabled() {
+            let span = tracing::info_span!("job.run", job_id = %job_id, attempt, model = %self.model.id());
+            gantry_telemetry::trace::set_parent(&span, Some(trace_parent.as_str()));
+            span
+        } else {
+            tracing::Span::none()
+        };
+        let run = async move {
             let queue = received.elapsed();
             let started = Instant::now();
             let driven = drive(model, input, ctx, token, expires, grace).await;
@@ -408,7 +417,8 @@ impl<M: Model> Session<'_, M> {
                 queue,
                 run: started.elapsed(),
             }
-        });
+        };
+        let handle = self.tasks.spawn(tracing::Instrument::instrument(run, span));
         tracing::debug!(%job_id, attempt, "job started");
         self.task_jobs.insert(handle.id(), job_id.clone());
         self.jobs.insert(

@@ -13,4 +13,5 @@ mod openapi;
 mod processes;
 mod ratelimits;
 mod text;
+mod tracing;
 mod volumes;

@@ -80,12 +80,11 @@ async fn the_metrics_endpoint_is_valid_prometheus_text() {
     assert!(
         value(&after, "gantry_queue_oldest_age_seconds", &[("model", "gantry-echo")]).is_some_and(|age| age >= 0.0)
     );
+    // The request, limiter and latency figures are the process's (other tests of
+    // this binary count too): compare before and after.
     let route = [("route", "/v2/{model_id}/run"), ("method", "POST"), ("status", "200")];
-    assert_eq!(
-        value(&after, "gantry_http_requests_total", &route),
-        Some(3.0),
-        "by route pattern, not path"
-    );
+    let runs = |samples: &[Value]| value(samples, "gantry_http_requests_total", &route).unwrap_or(0.0);
+    assert!(runs(&after) - runs(&before) >= 3.0, "by route pattern, not path");
     assert!(
         value(
             &after,
@@ -131,7 +130,8 @@ async fn completed_jobs_show_in_usage_dollars_and_latency() {
         Some(2.0)
     );
     assert_eq!(value(&samples, "gantry_charged_usd_total", &echo), Some(0.00002));
-    assert_eq!(value(&samples, "gantry_job_execution_seconds_count", &echo), Some(2.0));
+    // Observed by every scheduler of this test process: at least this app's two.
+    assert!(value(&samples, "gantry_job_execution_seconds_count", &echo).is_some_and(|n| n >= 2.0));
     assert_eq!(
         value(
             &samples,
