@@ -185,7 +185,7 @@ pub async fn observe<B: MessageBody + 'static>(
 ) -> Result<ServiceResponse<B>, actix_web::Error> {
     let started = std::time::Instant::now();
     let route = req.match_pattern().unwrap_or_else(|| "unmatched".to_string());
-    let method = req.method().as_str().to_string();
+    let method = req.method().clone();
     let listener = match req.app_data::<Surface>().copied().unwrap_or(Surface::Management) {
         Surface::Management => "management",
         Surface::Public => "public",
@@ -201,9 +201,9 @@ pub async fn observe<B: MessageBody + 'static>(
     let span = tracing::info_span!(
         "request",
         request_id = %request_id,
-        otel.name = %format_args!("{method} {route}"),
+        otel.name = %format_args!("{} {route}", method.as_str()),
         otel.kind = "server",
-        http.request.method = %method,
+        http.request.method = method.as_str(),
         http.route = %route,
     );
     // A caller's W3C `traceparent` makes this request part of its trace.
@@ -218,13 +218,19 @@ pub async fn observe<B: MessageBody + 'static>(
         Ok(res) => res.status().as_u16(),
         Err(error) => error.as_response_error().status_code().as_u16(),
     };
-    gantry_telemetry::metrics().http_request(&route, &method, listener, status, started.elapsed());
+    gantry_telemetry::metrics().http_request(&route, method.as_str(), listener, status, started.elapsed());
     result
 }
 
 /// A new request id: 16 random bytes in hex.
 fn new_request_id() -> String {
     use rand::RngExt;
+    const HEX: &[u8; 16] = b"0123456789abcdef";
     let bytes: [u8; 16] = rand::rng().random();
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    let mut id = String::with_capacity(32);
+    for b in bytes {
+        id.push(char::from(HEX[usize::from(b >> 4)]));
+        id.push(char::from(HEX[usize::from(b & 0xf)]));
+    }
+    id
 }

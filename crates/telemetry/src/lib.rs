@@ -76,14 +76,33 @@ impl Histogram {
     }
 }
 
-/// Label values of one HTTP series.
-type HttpKey = (String, String, &'static str, u16);
+/// The HTTP series of one route pattern: counts by (method, listener,
+/// status) and latency by (method, listener). Keyed by the pattern so that a
+/// request allocates nothing once its route has been seen.
+#[derive(Default)]
+struct RouteStats {
+    counts: BTreeMap<(&'static str, &'static str, u16), u64>,
+    latency: BTreeMap<(&'static str, &'static str), Histogram>,
+}
+
+/// A method as a static label (anything unusual is `OTHER`).
+fn method_label(method: &str) -> &'static str {
+    match method {
+        "GET" => "GET",
+        "POST" => "POST",
+        "PUT" => "PUT",
+        "PATCH" => "PATCH",
+        "DELETE" => "DELETE",
+        "HEAD" => "HEAD",
+        "OPTIONS" => "OPTIONS",
+        _ => "OTHER",
+    }
+}
 
 /// What this process has observed.
 #[derive(Default)]
 pub struct Metrics {
-    http_requests: Mutex<BTreeMap<HttpKey, u64>>,
-    http_latency: Mutex<BTreeMap<(String, String, &'static str), Histogram>>,
+    http: Mutex<BTreeMap<String, RouteStats>>,
     ratelimit: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
     job_delay: Mutex<BTreeMap<String, Histogram>>,
     job_execution: Mutex<BTreeMap<String, Histogram>>,
@@ -103,13 +122,19 @@ impl Metrics {
     /// One HTTP request: its route pattern (`/v2/{model_id}/run`, never the
     /// raw path, so ids do not make series), method, listener, status and duration.
     pub fn http_request(&self, route: &str, method: &str, listener: &'static str, status: u16, took: Duration) {
-        *lock(&self.http_requests)
-            .entry((route.to_string(), method.to_string(), listener, status))
-            .or_insert(0) += 1;
-        lock(&self.http_latency)
-            .entry((route.to_string(), method.to_string(), listener))
-            .or_insert_with(|| Histogram::new(HTTP_BUCKETS))
-            .observe(took);
+        let method = method_label(method);
+        let mut http = lock(&self.http);
+        if !http.contains_key(route) {
+            http.insert(route.to_string(), RouteStats::default());
+        }
+        if let Some(stats) = http.get_mut(route) {
+            *stats.counts.entry((method, listener, status)).or_insert(0) += 1;
+            stats
+                .latency
+                .entry((method, listener))
+                .or_insert_with(|| Histogram::new(HTTP_BUCKETS))
+                .observe(took);
+        }
     }
 
     /// One rate limiter decision on `listener`: `allowed`, `limited` or `unavailable`.
@@ -140,31 +165,37 @@ impl Metrics {
             "counter",
             "HTTP requests answered, by route pattern, method, listener and status.",
         );
-        for ((route, method, listener, status), n) in lock(&self.http_requests).iter() {
-            let status = status.to_string();
-            out.sample(
-                "gantry_http_requests_total",
-                &[
-                    ("route", route),
-                    ("method", method),
-                    ("listener", listener),
-                    ("status", &status),
-                ],
-                *n as f64,
-            );
+        let http = lock(&self.http);
+        for (route, stats) in http.iter() {
+            for ((method, listener, status), n) in &stats.counts {
+                let status = status.to_string();
+                out.sample(
+                    "gantry_http_requests_total",
+                    &[
+                        ("route", route),
+                        ("method", method),
+                        ("listener", listener),
+                        ("status", &status),
+                    ],
+                    *n as f64,
+                );
+            }
         }
         out.family(
             "gantry_http_request_duration_seconds",
             "histogram",
             "Time to answer an HTTP request (to the response head), by route pattern.",
         );
-        for ((route, method, listener), histogram) in lock(&self.http_latency).iter() {
-            histogram.write(
-                out,
-                "gantry_http_request_duration_seconds",
-                &[("route", route), ("method", method), ("listener", listener)],
-            );
+        for (route, stats) in http.iter() {
+            for ((method, listener), histogram) in &stats.latency {
+                histogram.write(
+                    out,
+                    "gantry_http_request_duration_seconds",
+                    &[("route", route), ("method", method), ("listener", listener)],
+                );
+            }
         }
+        drop(http);
         out.family(
             "gantry_ratelimit_decisions_total",
             "counter",
