@@ -399,11 +399,23 @@ def med(d, key):
     return (d.get(key) or {}).get("median")
 
 
+def spread(d, key, digits=1, scale=1.0):
+    """median (min–max), to show how much a figure moved between requests or rounds."""
+    v = d.get(key) or {}
+    if v.get("median") is None:
+        return "–"
+    if v.get("n", 1) < 2:
+        return fmt(v["median"], digits, scale)
+    return f"{fmt(v['median'], digits, scale)} ({fmt(v['min'], digits, scale)}–{fmt(v['max'], digits, scale)})"
+
+
 def llama_bench_summary(rows):
     """{"pp": t/s, "tg": t/s, ...} from gantry-llama-bench's (or upstream llama-bench's) JSON rows."""
     entry = {}
     for row in rows:
         kind = "pp" if row.get("n_prompt") and not row.get("n_gen") else "tg"
+        if (row.get("n_parallel") or 1) > 1:
+            kind = f"tg_npl{row['n_parallel']}"
         entry[kind] = row["avg_ts"]
         entry[kind + "_stddev"] = row.get("stddev_ts")
         entry[kind + "_test"] = row.get("test") or f"{kind}{row.get('n_prompt') or row.get('n_gen')}"
@@ -439,6 +451,12 @@ def combine(args):
             ratios[f"single_stream_gen_over_llama_bench_tg_{label}"] = med(s1, "gen_tps_per_stream") / tg
         if s1 and pp:
             ratios[f"single_stream_prompt_tps_over_llama_bench_pp_{label}"] = med(s1, "pp_tps") / pp
+        for c in agg:
+            npl = b["summary"].get(f"tg_npl{c}")
+            if npl and tg:
+                ratios[f"llama_bench_{label}_tg_npl{c}_over_tg"] = npl / tg
+            if npl and agg[c]:
+                ratios[f"aggregate_gen_at_{c}_over_llama_bench_tg_npl{c}_{label}"] = agg[c] / npl
     doc["ratios"] = ratios
     json.dump(doc, sys.stdout, indent=2)
     print()
@@ -455,28 +473,28 @@ def report(args):
     add("")
     p_tok = med(res["streaming"][0], "prompt_tokens") if res["streaming"] else None
     add(f"Streaming chat completions (OpenAI route), max_tokens {res['max_tokens']}, temperature 0, "
-        f"{fmt(p_tok, 0)} prompt tokens after the chat template, up to {res['rounds']} rounds per level, medians:")
+        f"{fmt(p_tok, 0)} prompt tokens after the chat template, up to {res['rounds']} rounds per level; medians (min–max over requests, or rounds for aggregate):")
     add("")
     add("| streams | rounds | TTFT ms | prompt tok/s (≈ prompt/TTFT) | gen tok/s per stream | aggregate gen tok/s "
         "| end-to-end tok/s | completion tokens | peak RSS MiB |")
     add("| ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: | ---: |")
     for lvl in res["streaming"]:
-        add(f"| {lvl['concurrency']} | {lvl.get('rounds', '?')} | {fmt(med(lvl, 'ttft_s'), 0, 1000)} | {fmt(med(lvl, 'pp_tps'))} "
-            f"| {fmt(med(lvl, 'gen_tps_per_stream'))} | {fmt(med(lvl, 'aggregate_gen_tps'))} "
+        add(f"| {lvl['concurrency']} | {lvl.get('rounds', '?')} | {spread(lvl, 'ttft_s', 0, 1000)} | {fmt(med(lvl, 'pp_tps'))} "
+            f"| {spread(lvl, 'gen_tps_per_stream')} | {spread(lvl, 'aggregate_gen_tps')} "
             f"| {fmt(med(lvl, 'end_to_end_tps'))} | {fmt(med(lvl, 'completion_tokens'), 0)} "
             f"| {fmt(lvl['rss_peak_kib'], 1, 1 / 1024)} |")
     rs = res.get("runsync") or {}
     s1 = next((lvl for lvl in res["streaming"] if lvl["concurrency"] == 1), None)
     add("")
-    add("One request at a time, streamed vs not (medians):")
+    add("One request at a time, streamed vs not (medians, min–max):")
     add("")
     add("| route | total s | completion tokens | end-to-end tok/s | job execution ms |")
     add("| --- | ---: | ---: | ---: | ---: |")
     if s1:
-        add(f"| openai chat, stream | {fmt(med(s1, 'total_s'), 3)} | {fmt(med(s1, 'completion_tokens'), 0)} "
+        add(f"| openai chat, stream | {spread(s1, 'total_s', 3)} | {fmt(med(s1, 'completion_tokens'), 0)} "
             f"| {fmt(med(s1, 'completion_tokens') / med(s1, 'total_s'))} | – |")
     if rs:
-        add(f"| runsync | {fmt(med(rs, 'total_s'), 3)} | {fmt(med(rs, 'completion_tokens'), 0)} "
+        add(f"| runsync | {spread(rs, 'total_s', 3)} | {fmt(med(rs, 'completion_tokens'), 0)} "
             f"| {fmt(med(rs, 'end_to_end_tps'))} | {fmt(med(rs, 'execution_ms'), 0)} |")
         if "sse_overhead_ms_per_token" in rs:
             add("")
@@ -486,7 +504,8 @@ def report(args):
     add("")
     for note in res.get("skipped") or []:
         add(f"Not measured: {note}")
-    add("")
+    if res.get("skipped"):
+        add("")
     add(f"Server memory: VmRSS idle with the model loaded {fmt(res['idle']['VmRSS'], 1, 1 / 1024)} MiB, "
         f"at the end {fmt(res['final']['VmRSS'], 1, 1 / 1024)} MiB, VmHWM {fmt(res['final']['VmHWM'], 1, 1 / 1024)} MiB")
     if bench:
@@ -502,11 +521,26 @@ def report(args):
                 f"| {sm.get('tg_test', 'tg')}: {fmt(sm.get('tg'))} ± {fmt(sm.get('tg_stddev'))} "
                 f"| {fmt(ratios.get(f'single_stream_gen_over_llama_bench_tg_{label}'), 2)} "
                 f"| {fmt(ratios.get(f'single_stream_prompt_tps_over_llama_bench_pp_{label}'), 2)} |")
-    agg_ratios = [(k, v) for k, v in ratios.items() if k.startswith("aggregate_gen_at_")]
+    agg_ratios = [(k, v) for k, v in ratios.items() if k.startswith("aggregate_gen_at_") and k.endswith("_over_single")]
     if agg_ratios:
         add("")
-        add("Aggregate gen tok/s over single stream: " + ", ".join(
+        add("Aggregate gen tok/s over single stream, gantry: " + ", ".join(
             f"@{k.split('_')[3]}: {v:.2f}" for k, v in agg_ratios))
+    levels = sorted({lvl["concurrency"] for lvl in res["streaming"]} - {1})
+    if any(b["summary"].get(f"tg_npl{c}") for b in bench.values() for c in levels):
+        add("")
+        add("Same streams as one llama.cpp batch (gantry-llama-bench --npl: one token for each of N sequences "
+            "per decode, from an empty cache):")
+        add("")
+        add("| llama.cpp build | " + " | ".join(f"tg@{c} t/s | ÷ tg | gantry aggregate@{c} ÷ it" for c in levels) + " |")
+        add("| --- |" + " ---: | ---: | ---: |" * len(levels))
+        for label, b in bench.items():
+            cells = []
+            for c in levels:
+                cells += [fmt(b["summary"].get(f"tg_npl{c}")),
+                          fmt(ratios.get(f"llama_bench_{label}_tg_npl{c}_over_tg"), 2),
+                          fmt(ratios.get(f"aggregate_gen_at_{c}_over_llama_bench_tg_npl{c}_{label}"), 2)]
+            add(f"| {label} | " + " | ".join(cells) + " |")
     print("\n".join(lines))
 
 

@@ -14,6 +14,11 @@
 // a ggml threadpool attached to the context with the given polling level, as
 // upstream does (--no-threadpool leaves ggml to make one per graph, as a
 // llama.cpp user that attaches none gets).
+//
+// --npl 4,16 adds, beyond upstream, tg<n>@npl<k>: n steps that each decode
+// one token for each of k sequences in one batch (unified KV cache of k*n
+// cells), as a server batching k streams does; its t/s counts all k
+// sequences' tokens (upstream's llama-batched-bench measures the same).
 
 #include "ggml-cpu.h"
 #include "llama.h"
@@ -67,9 +72,32 @@ static bool decode_gen(llama_context * ctx, const llama_vocab * vocab, int n_gen
     return true;
 }
 
+// n_gen steps that each decode one token for every one of n_par sequences
+// (sequence s at position step), as a server batching n_par streams does.
+static bool decode_gen_parallel(llama_context * ctx, const llama_vocab * vocab, int n_gen, int n_par) {
+    const int n_vocab = llama_vocab_n_tokens(vocab);
+    llama_batch batch = llama_batch_init(n_par, 0, 1);
+    bool ok = true;
+    for (int step = 0; ok && step < n_gen; step++) {
+        batch.n_tokens = n_par;
+        for (int s = 0; s < n_par; s++) {
+            batch.token[s]     = (step == 0 && llama_vocab_get_add_bos(vocab)) ? llama_vocab_bos(vocab)
+                                                                               : std::rand() % n_vocab;
+            batch.pos[s]       = step;
+            batch.n_seq_id[s]  = 1;
+            batch.seq_id[s][0] = s;
+            batch.logits[s]    = true;
+        }
+        ok = llama_decode(ctx, batch) == 0;
+        llama_synchronize(ctx);
+    }
+    llama_batch_free(batch);
+    return ok;
+}
+
 struct result {
     std::string name;
-    int n_prompt, n_gen;
+    int n_prompt, n_gen, n_par;
     std::vector<double> ts;  // tokens per second, one per run
     std::vector<double> ns;  // run wall time
 };
@@ -77,7 +105,7 @@ struct result {
 static void usage() {
     fprintf(stderr,
             "usage: gantry-llama-bench -m MODEL.gguf [-t 2] [-p 100] [-n 128] [-r 3] [-b 2048] [-ub 512]\n"
-            "                          [--poll 50] [--no-threadpool] [-o json|md]\n");
+            "                          [--poll 50] [--no-threadpool] [--npl 4,16] [-o json|md]\n");
     exit(2);
 }
 
@@ -85,6 +113,7 @@ int main(int argc, char ** argv) {
     std::string model_path, output = "md";
     int threads = 2, n_prompt = 100, n_gen = 128, reps = 3, n_batch = 2048, n_ubatch = 512, poll = 50;
     bool use_threadpool = true;
+    std::vector<int> parallel;  // extra tg tests with this many sequences decoded together
     for (int i = 1; i < argc; i++) {
         std::string a = argv[i];
         auto val = [&]() -> const char * {
@@ -111,6 +140,17 @@ int main(int argc, char ** argv) {
             poll = atoi(val());
         } else if (a == "--no-threadpool") {
             use_threadpool = false;
+        } else if (a == "--npl") {
+            std::string list = val();
+            for (size_t pos = 0; pos < list.size();) {
+                size_t end = list.find(',', pos);
+                end        = end == std::string::npos ? list.size() : end;
+                int n      = atoi(list.substr(pos, end - pos).c_str());
+                if (n > 1) {
+                    parallel.push_back(n);
+                }
+                pos = end + 1;
+            }
         } else if (a == "-o") {
             output = val();
         } else {
@@ -146,14 +186,17 @@ int main(int argc, char ** argv) {
     }
 
     std::vector<result> results;
-    for (int test = 0; test < 2; test++) {
-        const int p = test == 0 ? n_prompt : 0;
-        const int g = test == 0 ? 0 : n_gen;
+    for (int test = 0; test < 2 + (int) parallel.size(); test++) {
+        const int p   = test == 0 ? n_prompt : 0;
+        const int g   = test == 0 ? 0 : n_gen;
+        const int par = test < 2 ? 1 : parallel[test - 2];
         if (p + g == 0) {
             continue;
         }
         llama_context_params cparams = llama_context_default_params();
-        cparams.n_ctx                = p + g;
+        cparams.n_ctx                = (p + g) * par;
+        cparams.n_seq_max            = par;
+        cparams.kv_unified           = true;
         cparams.n_batch              = n_batch;
         cparams.n_ubatch             = n_ubatch;
         cparams.n_threads            = threads;
@@ -170,15 +213,23 @@ int main(int argc, char ** argv) {
         llama_memory_t mem = llama_get_memory(ctx);
 
         // warm-up
-        bool ok = p ? decode_prompt(ctx, vocab, p, n_batch) : decode_gen(ctx, vocab, 1);
-        result r{ p ? "pp" + std::to_string(p) : "tg" + std::to_string(g), p, g, {}, {} };
+        auto run = [&](int n) {
+            return p ? decode_prompt(ctx, vocab, p, n_batch)
+                     : (par > 1 ? decode_gen_parallel(ctx, vocab, n, par) : decode_gen(ctx, vocab, n));
+        };
+        bool ok = run(1);
+        std::string name = p ? "pp" + std::to_string(p) : "tg" + std::to_string(g);
+        if (par > 1) {
+            name += "@npl" + std::to_string(par);
+        }
+        result r{ name, p, g, par, {}, {} };
         for (int rep = 0; ok && rep < reps; rep++) {
             llama_memory_clear(mem, false);
             auto t0 = std::chrono::steady_clock::now();
-            ok      = p ? decode_prompt(ctx, vocab, p, n_batch) : decode_gen(ctx, vocab, g);
+            ok      = run(g);
             double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
             r.ns.push_back(ns);
-            r.ts.push_back((p + g) / (ns / 1e9));
+            r.ts.push_back((double) (p + g) * par / (ns / 1e9));  // all sequences' tokens
         }
         llama_free(ctx);
         if (!ok) {
@@ -213,11 +264,11 @@ int main(int argc, char ** argv) {
             printf("  {\"tool\": \"gantry-llama-bench\", \"llama_cpp_source\": \"%s\", \"model_desc\": \"%s\", "
                    "\"model_size\": %llu, \"model_n_params\": %llu, \"n_threads\": %d, \"threadpool\": %s, "
                    "\"poll\": %d, \"n_batch\": %d, \"n_ubatch\": %d, \"test\": \"%s\", \"n_prompt\": %d, "
-                   "\"n_gen\": %d, \"avg_ns\": %.0f, \"stddev_ns\": %.0f, \"avg_ts\": %.3f, \"stddev_ts\": %.3f, "
+                   "\"n_gen\": %d, \"n_parallel\": %d, \"avg_ns\": %.0f, \"stddev_ns\": %.0f, \"avg_ts\": %.3f, \"stddev_ts\": %.3f, "
                    "\"samples_ts\": [",
                    GANTRY_LLAMA_SOURCE_ID, desc, (unsigned long long) llama_model_size(model),
                    (unsigned long long) llama_model_n_params(model), threads, pool ? "true" : "false", poll, n_batch,
-                   n_ubatch, r.name.c_str(), r.n_prompt, r.n_gen, mean(r.ns), stdev(r.ns), mean(r.ts), stdev(r.ts));
+                   n_ubatch, r.name.c_str(), r.n_prompt, r.n_gen, r.n_par, mean(r.ns), stdev(r.ns), mean(r.ts), stdev(r.ts));
             for (size_t k = 0; k < r.ts.size(); k++) {
                 printf("%s%.3f", k ? ", " : "", r.ts[k]);
             }

@@ -10,7 +10,8 @@
 # Environment (defaults):
 #   THREADS=2            GANTRY_TEXT__THREADS and llama-bench -t
 #   CONCURRENCY=1,4,16   stream counts; ROUNDS=3 rounds of each
-#   MAX_TOKENS=128       REQUEST_TIMEOUT=120 (s, per request)
+#   MAX_TOKENS=128       REQUEST_TIMEOUT=60 (s, per request)
+#   BUDGET=300           s of client time after which no new round starts
 #   OUT_DIR=/tmp/gantry-bench-text   latest.json, latest.md, serve.log, llama-bench-*.json
 #   GANTRY_BIN           a gantry binary to use instead of building target/release/gantry
 #   LLAMA_VARIANTS="gantry native"   llama.cpp builds to compare (see build-llama-cpp.sh)
@@ -18,8 +19,10 @@
 #
 # The release build (thin LTO) is skipped when target/release/gantry is newer
 # than every source; it is not counted in the run's time budget. Everything
-# after it is bounded: 90 s for the server to come up, REQUEST_TIMEOUT per
-# request, 480 s for the client, 150 s per llama-bench run.
+# after it is bounded: 90 s for the server to come up and 60 s for its first
+# job; the client starts no round after BUDGET s, each request has
+# REQUEST_TIMEOUT, and the client is killed at BUDGET + 4 x REQUEST_TIMEOUT;
+# 90 s per llama-bench run. Typically 3-5 minutes in all.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
@@ -28,7 +31,8 @@ THREADS="${THREADS:-2}"
 CONCURRENCY="${CONCURRENCY:-1,4,16}"
 ROUNDS="${ROUNDS:-3}"
 MAX_TOKENS="${MAX_TOKENS:-128}"
-REQUEST_TIMEOUT="${REQUEST_TIMEOUT:-120}"
+REQUEST_TIMEOUT="${REQUEST_TIMEOUT:-60}"
+BUDGET="${BUDGET:-300}"
 OUT_DIR="${OUT_DIR:-/tmp/gantry-bench-text}"
 LLAMA_VARIANTS="${LLAMA_VARIANTS:-gantry native}"
 MANAGEMENT_ADDR="${MANAGEMENT_ADDR:-127.0.0.1:18080}"
@@ -140,10 +144,15 @@ t_first_job=$(date +%s%N)
 log "first job done $(((t_first_job - t_launch) / 1000000)) ms after launch"
 
 # --- (c) the client ----------------------------------------------------------
-timeout 480 python3 "$here/client.py" measure --url "http://$PUBLIC_ADDR" --key "$KEY" --model "$MODEL_ID" \
-    --pid "$SERVER_PID" --concurrency "$CONCURRENCY" --rounds "$ROUNDS" --max-tokens "$MAX_TOKENS" \
-    --timeout "$REQUEST_TIMEOUT" >"$OUT_DIR/client.json"
+client_rc=0
+timeout "$((BUDGET + 4 * REQUEST_TIMEOUT))" python3 "$here/client.py" measure --url "http://$PUBLIC_ADDR" \
+    --key "$KEY" --model "$MODEL_ID" --pid "$SERVER_PID" --concurrency "$CONCURRENCY" --rounds "$ROUNDS" \
+    --max-tokens "$MAX_TOKENS" --timeout "$REQUEST_TIMEOUT" --budget "$BUDGET" >"$OUT_DIR/client.json" || client_rc=$?
 stop_server
+if [ "$client_rc" != 0 ]; then
+    log "the client failed (exit $client_rc); see $OUT_DIR/serve.log"
+    exit 1
+fi
 
 # --- (d) plain llama.cpp, after the server is gone -----------------------------
 bench_args=()
@@ -151,8 +160,12 @@ for variant in $LLAMA_VARIANTS; do
     tool="$LLAMA_BUILD/$variant/bin/llama-bench"
     [ -x "$tool" ] || tool="$LLAMA_BUILD/$variant/bin/gantry-llama-bench"
     out="$OUT_DIR/llama-bench-$variant.json"
-    log "llama.cpp ($variant build): $(basename "$tool") -m <gguf> -t $THREADS -p 100 -n $MAX_TOKENS -r 3 -o json"
-    if timeout 150 "$tool" -m "$GGUF" -t "$THREADS" -p 100 -n "$MAX_TOKENS" -r 3 -o json >"$out"; then
+    extra=()
+    npl="$(echo "$CONCURRENCY" | tr ',' '\n' | awk '$1 > 1' | paste -sd, -)"
+    # Ours also measures the streams decoded as one batch (upstream's llama-bench has no --npl).
+    [ "$(basename "$tool")" = gantry-llama-bench ] && [ -n "$npl" ] && extra=(--npl "$npl")
+    log "llama.cpp ($variant build): $(basename "$tool") -m <gguf> -t $THREADS -p 100 -n $MAX_TOKENS -r 3 ${extra[*]} -o json"
+    if timeout 90 "$tool" -m "$GGUF" -t "$THREADS" -p 100 -n "$MAX_TOKENS" -r 3 "${extra[@]}" -o json >"$out"; then
         bench_args+=("$variant=$out")
     else
         log "llama-bench ($variant) failed or timed out"
