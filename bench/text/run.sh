@@ -22,7 +22,7 @@
 # after it is bounded: 90 s for the server to come up and 60 s for its first
 # job; the client starts no round after BUDGET s, each request has
 # REQUEST_TIMEOUT, and the client is killed at BUDGET + 4 x REQUEST_TIMEOUT;
-# 90 s per llama-bench run. Typically 3-5 minutes in all.
+# 90 s per llama-bench run. About 1-2 minutes in all on a quiet 2-core machine.
 set -euo pipefail
 
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
