@@ -24,14 +24,14 @@ type Log = Arc<Mutex<Vec<String>>>;
 
 /// One `gantry` child process. Its stderr (the log) is drained by a thread into
 /// memory, so the child never blocks on a full pipe; it is killed on drop.
-struct Proc {
+pub(crate) struct Proc {
     name: String,
     child: Child,
     log: Log,
 }
 
 impl Proc {
-    fn spawn(name: &str, mut command: Command) -> Proc {
+    pub(crate) fn spawn(name: &str, mut command: Command) -> Proc {
         command
             .stdin(Stdio::null())
             .stdout(Stdio::null())
@@ -78,7 +78,7 @@ impl Proc {
     }
 
     /// Waits for a log line containing `needle`; fails if the process exits first.
-    async fn wait_for_log(&mut self, needle: &str) -> String {
+    pub(crate) async fn wait_for_log(&mut self, needle: &str) -> String {
         let started = Instant::now();
         loop {
             if let Some(line) = self.log.lock().unwrap().iter().find(|l| l.contains(needle)) {
@@ -110,7 +110,7 @@ impl Proc {
     }
 
     /// SIGTERM: the graceful stop.
-    fn terminate(&self) {
+    pub(crate) fn terminate(&self) {
         let status = Command::new("kill")
             .args(["-TERM", &self.pid().to_string()])
             .status()
@@ -118,7 +118,7 @@ impl Proc {
         assert!(status.success(), "kill -TERM {} failed", self.pid());
     }
 
-    async fn wait_exit(&mut self, within: Duration) -> ExitStatus {
+    pub(crate) async fn wait_exit(&mut self, within: Duration) -> ExitStatus {
         let started = Instant::now();
         loop {
             if let Some(status) = self.child.try_wait().expect("try_wait") {
@@ -135,6 +135,15 @@ impl Proc {
     }
 }
 
+impl Proc {
+    /// SIGTERM, then a graceful exit (status 0) within [`WAIT`].
+    pub(crate) async fn stop(&mut self) {
+        self.terminate();
+        let status = self.wait_exit(WAIT).await;
+        assert!(status.success(), "{} exited with {status}\n{}", self.name, self.tail());
+    }
+}
+
 impl Drop for Proc {
     fn drop(&mut self) {
         if matches!(self.child.try_wait(), Ok(None)) {
@@ -145,7 +154,7 @@ impl Drop for Proc {
 }
 
 /// The value of `key=` in a tracing log line.
-fn log_field(line: &str, key: &str) -> String {
+pub(crate) fn log_field(line: &str, key: &str) -> String {
     let needle = format!(" {key}=");
     let at = line
         .find(&needle)

@@ -6,12 +6,13 @@
 //! only because each process flushes them when it stops (SIGTERM).
 
 use std::collections::BTreeSet;
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use gantry_testkit::PgDatabase;
+
+use crate::processes::{Proc, log_field};
 use opentelemetry_proto::tonic::collector::trace::v1::trace_service_server::{TraceService, TraceServiceServer};
 use opentelemetry_proto::tonic::collector::trace::v1::{ExportTraceServiceRequest, ExportTraceServiceResponse};
 use opentelemetry_proto::tonic::common::v1::any_value;
@@ -126,101 +127,6 @@ fn caller_context() -> (String, String, String) {
     let span_id = format!("{:016x}", 0x00ca_11e7_u64 ^ crate::harness::unique());
     let traceparent = format!("00-{trace_id}-{span_id}-01");
     (trace_id, span_id, traceparent)
-}
-
-/// One `gantry` child process whose stderr (its log) is collected in memory.
-struct Proc {
-    name: String,
-    child: Child,
-    log: Arc<Mutex<Vec<String>>>,
-}
-
-impl Proc {
-    fn spawn(name: &str, mut command: Command) -> Proc {
-        command
-            .stdin(Stdio::null())
-            .stdout(Stdio::null())
-            .stderr(Stdio::piped());
-        let mut child = command.spawn().unwrap_or_else(|e| panic!("cannot start {name}: {e}"));
-        let stderr = child.stderr.take().expect("piped stderr");
-        let log: Arc<Mutex<Vec<String>>> = Arc::default();
-        let sink = Arc::clone(&log);
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines() {
-                let Ok(line) = line else { break };
-                sink.lock().unwrap().push(line);
-            }
-        });
-        Proc {
-            name: name.to_string(),
-            child,
-            log,
-        }
-    }
-
-    fn tail(&self) -> String {
-        let log = self.log.lock().unwrap();
-        let from = log.len().saturating_sub(25);
-        format!("--- {} ---\n{}\n", self.name, log[from..].join("\n"))
-    }
-
-    /// Waits for a log line containing `needle`; returns the value of its `key=` field.
-    async fn wait_for_log(&mut self, needle: &str, key: &str) -> String {
-        let started = Instant::now();
-        loop {
-            if let Some(line) = self.log.lock().unwrap().iter().find(|l| l.contains(needle)) {
-                let field = format!(" {key}=");
-                let at = line.find(&field).unwrap_or_else(|| panic!("no {key}= in {line:?}"));
-                return line[at + field.len()..]
-                    .split_whitespace()
-                    .next()
-                    .unwrap_or_default()
-                    .to_string();
-            }
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                panic!(
-                    "{} exited ({status}) before logging {needle:?}\n{}",
-                    self.name,
-                    self.tail()
-                );
-            }
-            assert!(
-                started.elapsed() < WAIT,
-                "{} did not log {needle:?}\n{}",
-                self.name,
-                self.tail()
-            );
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-
-    /// SIGTERM, then waits for the (graceful) exit.
-    async fn stop(&mut self) {
-        let status = Command::new("kill")
-            .args(["-TERM", &self.child.id().to_string()])
-            .status()
-            .expect("run kill");
-        assert!(status.success(), "kill -TERM {}", self.name);
-        let started = Instant::now();
-        loop {
-            if let Some(status) = self.child.try_wait().expect("try_wait") {
-                assert!(status.success(), "{} exited with {status}\n{}", self.name, self.tail());
-                return;
-            }
-            assert!(started.elapsed() < WAIT, "{} did not stop\n{}", self.name, self.tail());
-            tokio::time::sleep(Duration::from_millis(20)).await;
-        }
-    }
-}
-
-impl Drop for Proc {
-    fn drop(&mut self) {
-        if matches!(self.child.try_wait(), Ok(None)) {
-            let _ = self.child.kill();
-        }
-        let _ = self.child.wait();
-    }
 }
 
 /// The settings every process of a test shares: its own data directory,
@@ -356,7 +262,10 @@ async fn one_process_exports_the_request_and_its_job_in_the_callers_trace() {
     let deployment = Deployment::new(&endpoint, None);
     let key = deployment.user_key();
     let mut serve = deployment.spawn("serve", &["serve"]);
-    let public = format!("http://{}", serve.wait_for_log("gantry is serving", "public").await);
+    let public = format!(
+        "http://{}",
+        log_field(&serve.wait_for_log("gantry is serving").await, "public")
+    );
     let (trace_id, caller_span_id, traceparent) = caller_context();
     runsync(&public, &key, &traceparent).await;
     serve.stop().await;
@@ -386,12 +295,16 @@ async fn one_trace_follows_a_job_through_the_api_scheduler_and_worker_processes(
         deployment.spawn("api", &["api"]),
         deployment.spawn("scheduler", &["scheduler"]),
     );
-    let public = format!("http://{}", api.wait_for_log("gantry api is serving", "public").await);
+    let public = format!(
+        "http://{}",
+        log_field(&api.wait_for_log("gantry api is serving").await, "public")
+    );
     let scheduler_url = format!(
         "http://{}",
-        scheduler
-            .wait_for_log("scheduler is listening for workers", "scheduler")
-            .await
+        log_field(
+            &scheduler.wait_for_log("scheduler is listening for workers").await,
+            "scheduler"
+        )
     );
     let mut worker = deployment.spawn(
         "worker",
@@ -407,7 +320,7 @@ async fn one_trace_follows_a_job_through_the_api_scheduler_and_worker_processes(
             "traced-worker",
         ],
     );
-    worker.wait_for_log(": connected to the scheduler", "worker_id").await;
+    log_field(&worker.wait_for_log(": connected to the scheduler").await, "worker_id");
 
     let (trace_id, caller_span_id, traceparent) = caller_context();
     let job = runsync(&public, &key, &traceparent).await;
