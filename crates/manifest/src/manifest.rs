@@ -165,14 +165,16 @@ pub enum ManifestError {
 impl Manifest {
     /// The manifest built into the binary. It is checked by the tests; were it
     /// ever invalid this logs the error and returns an empty manifest.
-    pub fn builtin() -> Manifest {
-        match Manifest::from_toml(BUILTIN_MANIFEST) {
+    pub fn builtin() -> &'static Manifest {
+        // Parsed once per process: request handlers (`GET /v2/models`) read it.
+        static BUILTIN: std::sync::OnceLock<Manifest> = std::sync::OnceLock::new();
+        BUILTIN.get_or_init(|| match Manifest::from_toml(BUILTIN_MANIFEST) {
             Ok(manifest) => manifest,
             Err(error) => {
                 tracing::error!(%error, "the built-in model manifest is invalid");
                 Manifest::empty()
             }
-        }
+        })
     }
 
     /// Parses and validates a manifest. Relative `path:` sources are kept as written.
@@ -278,7 +280,7 @@ mod tests {
     #[test]
     fn builtin_manifest_is_valid() {
         let manifest = Manifest::from_toml(BUILTIN_MANIFEST).unwrap();
-        assert_eq!(manifest, Manifest::builtin());
+        assert_eq!(&manifest, Manifest::builtin());
         assert!(manifest.models().len() >= 3);
         for model in manifest.models() {
             assert!(!model.description.trim().is_empty(), "{}", model.id);
