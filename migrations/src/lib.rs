@@ -9,6 +9,8 @@ mod m20261122_000005_fewer_job_indexes;
 mod m20261122_000006_narrow_job_writes;
 mod m20261122_000007_webhook_outbox;
 mod m20261123_000008_job_trace_context;
+mod m20261124_000009_output_files;
+mod m20261124_000010_webhook_secrets;
 
 pub struct Migrator;
 
@@ -24,6 +26,8 @@ impl MigratorTrait for Migrator {
             Box::new(m20261122_000006_narrow_job_writes::Migration),
             Box::new(m20261122_000007_webhook_outbox::Migration),
             Box::new(m20261123_000008_job_trace_context::Migration),
+            Box::new(m20261124_000009_output_files::Migration),
+            Box::new(m20261124_000010_webhook_secrets::Migration),
         ]
     }
 }

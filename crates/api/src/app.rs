@@ -36,6 +36,8 @@ pub struct AppState {
     pub(crate) rate_limits: crate::settings::RateLimitSettings,
     pub(crate) openapi: web::Bytes,
     pub(crate) openapi_public: web::Bytes,
+    /// The store of generated files (`GET /files/…` reads the local one).
+    pub files: Option<gantry_files::Files>,
     /// Held while serving an SQLite database: one serving process per file.
     _sqlite_lock: Option<std::fs::File>,
 }
@@ -171,7 +173,8 @@ impl Application {
                     .map_err(|e| StartError::Config(e.to_string()))?
             }
         };
-        let mut job_config = settings.scheduler.job_config();
+        let mut job_config = settings.job_config().map_err(StartError::Config)?;
+        let files = job_config.files.clone();
         // Holding the SQLite file's lock proves no other process runs its jobs.
         job_config.sole_owner = lock.is_some();
         let jobs = JobStore::new(db.clone(), job_config);
@@ -201,6 +204,7 @@ impl Application {
             rate_limits: settings.rate_limits.clone(),
             openapi: openapi.into(),
             openapi_public: openapi_public.into(),
+            files: files.clone(),
             db,
         });
         let workers = settings
@@ -210,6 +214,9 @@ impl Application {
         let (management, management_addr) =
             serve(&settings.management_addr, state.clone(), Surface::Management, workers)?;
         let (public, public_addr) = serve(&settings.public_addr, state.clone(), Surface::Public, workers)?;
+        if let Some(files) = &files {
+            files.listening_at(public_addr);
+        }
         Ok(Self {
             handles: vec![management.handle(), public.handle()],
             servers: vec![management, public],

@@ -7,7 +7,7 @@ use utoipa::openapi::path::{Operation, PathItem};
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::{Content, HttpMethod, Ref, RefOr, Response, ResponseBuilder};
 
-use crate::handlers::{catalog, jobs, meta, models, openai, volumes};
+use crate::handlers::{catalog, files, jobs, meta, models, openai, volumes};
 use crate::problem::{PROBLEM_JSON, Problem};
 use crate::routes::{Endpoint, management_endpoints, public_endpoints};
 
@@ -32,10 +32,11 @@ struct ApiDoc;
     paths(
         models::list, jobs::run, jobs::runsync, jobs::status, jobs::stream, jobs::cancel, jobs::retry, jobs::purge_queue, jobs::health,
         openai::chat_completions, openai::completions, openai::models,
+        files::get, files::head,
         meta::openapi, meta::healthz, meta::readyz,
     ),
     components(schemas(Problem, openai::OpenAiErrorResponse, openai::OpenAiError)),
-    tags((name = "Model endpoints"), (name = "OpenAI-compatible"), (name = "Meta")),
+    tags((name = "Model endpoints"), (name = "OpenAI-compatible"), (name = "Files"), (name = "Meta")),
 )]
 struct PublicDoc;
 

@@ -4,7 +4,7 @@ use actix_web::http::Method;
 use actix_web::middleware::from_fn;
 use actix_web::{Route, web};
 
-use crate::handlers::{catalog, jobs, meta, models, openai, volumes};
+use crate::handlers::{catalog, files, jobs, meta, models, openai, volumes};
 use crate::middleware::authenticate;
 use crate::problem::ApiError;
 
@@ -88,6 +88,12 @@ pub fn public_endpoints() -> Vec<Endpoint> {
         }),
         keyed(Method::GET, "/v2/{model_id}/openai/v1/models", || {
             web::get().to(openai::models)
+        }),
+        open(Method::GET, "/files/jobs/{job_id}/{attempt}/{name}", || {
+            web::get().to(files::get)
+        }),
+        open(Method::HEAD, "/files/jobs/{job_id}/{attempt}/{name}", || {
+            web::head().to(files::head)
         }),
         open(Method::GET, "/v2/openapi.json", || web::get().to(meta::openapi)),
         open(Method::GET, "/healthz", || web::get().to(meta::healthz)),

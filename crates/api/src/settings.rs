@@ -49,6 +49,9 @@ pub struct Settings {
     /// The text engine of the bundled text models and `gantry worker --model <text model>`.
     pub text: TextSettings,
     pub catalog: CatalogSettings,
+    /// Where generated files (images, audio, video) are stored and how long
+    /// their URLs work.
+    pub files: gantry_files::FilesConfig,
 }
 
 /// The text generation engine (llama.cpp), per loaded model.
@@ -170,6 +173,21 @@ impl Default for SchedulerSettings {
     }
 }
 
+impl Settings {
+    /// Opens the store of generated files.
+    pub fn open_files(&self) -> Result<gantry_files::Files, String> {
+        gantry_files::Files::open(&self.files, &self.data_dir, &format!("http://{}", self.public_addr))
+            .map_err(|e| format!("files: {e}"))
+    }
+
+    /// The job layer's configuration, with the file store.
+    pub fn job_config(&self) -> Result<gantry_scheduler::SchedulerConfig, String> {
+        let mut config = self.scheduler.job_config();
+        config.files = Some(self.open_files()?);
+        Ok(config)
+    }
+}
+
 impl SchedulerSettings {
     pub fn job_config(&self) -> gantry_scheduler::SchedulerConfig {
         let mut config = gantry_scheduler::SchedulerConfig::default();
@@ -245,6 +263,7 @@ impl Default for Settings {
             text: TextSettings::default(),
             auth: AuthSettings::default(),
             catalog: CatalogSettings::default(),
+            files: gantry_files::FilesConfig::default(),
         }
     }
 }

@@ -25,6 +25,7 @@
 //! # }
 //! ```
 
+mod files;
 mod registry;
 mod service;
 mod status;
@@ -37,9 +38,12 @@ use std::time::{Duration, SystemTime};
 use serde_json::Value;
 use tokio::sync::mpsc;
 
+pub use files::{FileSink, FileUpload, StoredFile};
 pub use gantry_proto::DEADLINE_EXCEEDED;
 pub use gantry_proto::v1::{Timings, Usage};
 pub use service::GatewayService;
+/// The attribute the [`FileSink`] and [`FileUpload`] implementations use.
+pub use tonic::async_trait;
 
 use gantry_proto::v1::worker_gateway_server::WorkerGatewayServer;
 use registry::Inner;
@@ -66,8 +70,11 @@ pub struct DispatchConfig {
     /// Default 1024.
     pub event_capacity: usize,
     /// Largest gRPC message accepted or sent (job inputs and outputs travel
-    /// in one message each). Default 64 MiB.
+    /// in one message each; output files travel in chunks). Default 64 MiB.
     pub max_message_bytes: usize,
+    /// Where output files are stored. Without one, a job that sends a file
+    /// fails (retryably, so a scheduler that has a store may run it).
+    pub files: Option<Arc<dyn FileSink>>,
 }
 
 impl DispatchConfig {
@@ -82,6 +89,7 @@ impl DispatchConfig {
             hello_timeout: Duration::from_secs(10),
             event_capacity: 1024,
             max_message_bytes: 64 << 20,
+            files: None,
         }
     }
 
@@ -103,6 +111,7 @@ impl std::fmt::Debug for DispatchConfig {
             .field("hello_timeout", &self.hello_timeout)
             .field("event_capacity", &self.event_capacity)
             .field("max_message_bytes", &self.max_message_bytes)
+            .field("files", &self.files.is_some())
             .finish()
     }
 }
@@ -179,6 +188,8 @@ pub enum Event {
         output: Value,
         usage: Usage,
         timings: Timings,
+        /// Output files, stored; their URLs go at each file's pointer.
+        files: Vec<StoredFile>,
     },
     /// Terminal: the attempt failed; retry only if `retryable`. An `error` of
     /// exactly [`DEADLINE_EXCEEDED`] means the attempt's deadline passed.

@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
+use crate::files::StoredFile;
 use crate::status::StreamError;
 use crate::{AssignError, Assignment, DispatchConfig, Event, Health, ModelHealth, WorkerId, WorkerInfo};
 
@@ -139,34 +140,56 @@ impl Inner {
         .await;
     }
 
-    /// Handles one message of stream `conn` of `worker_id`.
-    pub(crate) async fn on_message(&self, worker_id: &str, conn: u64, message: WorkerMessage) {
+    /// Handles one message of stream `conn` of `worker_id`. `files` are the
+    /// stored files of a `Result` (or why they are unusable); the files no
+    /// event carries on are handed back, for the caller to discard.
+    pub(crate) async fn on_message(
+        &self,
+        worker_id: &str,
+        conn: u64,
+        message: WorkerMessage,
+        files: Result<Vec<StoredFile>, String>,
+    ) -> Vec<StoredFile> {
         let outcome = {
             let mut state = self.state();
             let Some(entry) = state.workers.get_mut(worker_id).filter(|entry| entry.conn == conn) else {
-                return;
+                return files.unwrap_or_default();
             };
             entry.last_seen = Instant::now();
             let Some(kind) = message.kind else {
-                return;
+                return files.unwrap_or_default();
             };
             let effect = state.apply(worker_id, &kind);
             (effect, kind)
         };
         // Payloads are parsed outside the lock: outputs can be large.
         match outcome {
-            (Effect::Ignore, _) => {}
+            (Effect::Ignore, _) => files.unwrap_or_default(),
             (Effect::Capacity(models), _) => {
                 for model in models {
                     self.emit(Event::CapacityAvailable { model }).await;
                 }
+                files.unwrap_or_default()
             }
             (Effect::Forward, kind) => {
-                if let Some(event) = job_event(worker_id, kind) {
+                let (event, unused) = job_event(worker_id, kind, files);
+                if let Some(event) = event {
                     self.emit(event).await;
                 }
+                unused
             }
         }
+    }
+
+    /// Whether `job_id`'s `attempt` runs on stream `conn` of `worker_id`; a
+    /// message of the stream, so the worker's lease is renewed.
+    pub(crate) fn runs_on(&self, worker_id: &str, conn: u64, job_id: &str, attempt: u32) -> bool {
+        let mut state = self.state();
+        let Some(entry) = state.workers.get_mut(worker_id).filter(|entry| entry.conn == conn) else {
+            return false;
+        };
+        entry.last_seen = Instant::now();
+        entry.runs(job_id, attempt)
     }
 
     pub(crate) fn assign(&self, job: Assignment) -> Result<WorkerId, AssignError> {
@@ -360,7 +383,7 @@ impl Registry {
                 tracing::warn!(%worker_id, "ignoring a second hello");
                 Effect::Ignore
             }
-            Kind::Heartbeat(_) => Effect::Ignore,
+            Kind::Heartbeat(_) | Kind::FileChunk(_) => Effect::Ignore,
             Kind::Draining(_) => {
                 tracing::info!(%worker_id, "worker is draining");
                 entry.draining = true;
@@ -429,8 +452,9 @@ fn storable(text: String) -> String {
     }
 }
 
-/// The event for a job message accepted by [`Registry::apply`].
-fn job_event(worker_id: &str, kind: Kind) -> Option<Event> {
+/// The event for a job message accepted by [`Registry::apply`], and the files
+/// it does not carry.
+fn job_event(worker_id: &str, kind: Kind, files: Result<Vec<StoredFile>, String>) -> (Option<Event>, Vec<StoredFile>) {
     let worker_id = worker_id.to_owned();
     let event = match kind {
         Kind::Progress(progress) => Event::Progress {
@@ -446,23 +470,43 @@ fn job_event(worker_id: &str, kind: Kind) -> Option<Event> {
             attempt: chunk.attempt,
             worker_id,
         },
-        Kind::Result(result) => match serde_json::from_str(&result.output_json) {
-            Ok(output) => Event::Completed {
-                job_id: result.job_id,
-                attempt: result.attempt,
-                worker_id,
-                output,
-                usage: result.usage.unwrap_or_default(),
-                timings: result.timings.unwrap_or_default(),
-            },
-            Err(error) => Event::Failed {
-                job_id: result.job_id,
-                attempt: result.attempt,
-                worker_id,
-                error: format!("worker sent output that is not JSON: {error}"),
-                retryable: true,
-            },
-        },
+        Kind::Result(result) => {
+            let (event, unused) = match (serde_json::from_str(&result.output_json), files) {
+                (Ok(output), Ok(files)) => (
+                    Event::Completed {
+                        job_id: result.job_id,
+                        attempt: result.attempt,
+                        worker_id,
+                        output,
+                        usage: result.usage.unwrap_or_default(),
+                        timings: result.timings.unwrap_or_default(),
+                        files,
+                    },
+                    Vec::new(),
+                ),
+                (Err(error), files) => (
+                    Event::Failed {
+                        job_id: result.job_id,
+                        attempt: result.attempt,
+                        worker_id,
+                        error: format!("worker sent output that is not JSON: {error}"),
+                        retryable: true,
+                    },
+                    files.unwrap_or_default(),
+                ),
+                (Ok(_), Err(error)) => (
+                    Event::Failed {
+                        job_id: result.job_id,
+                        attempt: result.attempt,
+                        worker_id,
+                        error: storable(error),
+                        retryable: true,
+                    },
+                    Vec::new(),
+                ),
+            };
+            return (Some(event), unused);
+        }
         Kind::Failure(failure) => Event::Failed {
             job_id: failure.job_id,
             attempt: failure.attempt,
@@ -475,11 +519,11 @@ fn job_event(worker_id: &str, kind: Kind) -> Option<Event> {
             attempt: cancelled.attempt,
             worker_id,
         },
-        Kind::Hello(_) | Kind::Heartbeat(_) | Kind::Draining(_) | Kind::SlotCredit(_) => {
-            return None;
+        Kind::Hello(_) | Kind::Heartbeat(_) | Kind::Draining(_) | Kind::SlotCredit(_) | Kind::FileChunk(_) => {
+            return (None, files.unwrap_or_default());
         }
     };
-    Some(event)
+    (Some(event), files.unwrap_or_default())
 }
 
 /// Parses a worker's JSON; keeps malformed text as a JSON string.

@@ -9,6 +9,7 @@ use tokio::sync::mpsc;
 use tokio_stream::wrappers::UnboundedReceiverStream;
 use tonic::{Request, Response, Status, Streaming};
 
+use crate::files::Assembly;
 use crate::registry::Inner;
 use crate::status::StreamError;
 
@@ -76,22 +77,51 @@ async fn accept(
         let registration = inner.register(hello, tx).await;
         let conn = registration.conn;
         let kill = registration.kill;
+        let mut files = Assembly::new(inner.config.files.clone());
         let ended = loop {
             tokio::select! {
-                () = kill.cancelled() => return,
+                () = kill.cancelled() => break None,
                 message = inbound.message() => match message {
-                    Ok(Some(message)) => inner.on_message(&worker_id, conn, message).await,
+                    Ok(Some(message)) => deliver(&inner, &worker_id, conn, message, &mut files).await,
                     Ok(None) => break None,
                     Err(status) => break Some(status),
                 },
             }
         };
+        files.close().await;
         if let Some(status) = ended {
             tracing::info!(%worker_id, %status, "worker stream failed");
         }
         inner.deregister(&worker_id, conn, None).await;
     });
     Ok(Response::new(UnboundedReceiverStream::new(rx)))
+}
+
+/// Routes one message: file chunks to the stream's [`Assembly`], everything
+/// else to the registry, with the stored files of a result.
+async fn deliver(inner: &Inner, worker_id: &str, conn: u64, message: WorkerMessage, files: &mut Assembly) {
+    let stored = match &message.kind {
+        Some(Kind::FileChunk(_)) => {
+            if let Some(Kind::FileChunk(chunk)) = message.kind
+                && inner.runs_on(worker_id, conn, &chunk.job_id, chunk.attempt)
+            {
+                files.chunk(chunk).await;
+            }
+            return;
+        }
+        Some(Kind::Result(result)) => files.result(&result.job_id, result.attempt, &result.files).await,
+        Some(Kind::Failure(failure)) => {
+            files.ended(&failure.job_id, failure.attempt).await;
+            Ok(Vec::new())
+        }
+        Some(Kind::Cancelled(cancelled)) => {
+            files.ended(&cancelled.job_id, cancelled.attempt).await;
+            Ok(Vec::new())
+        }
+        _ => Ok(Vec::new()),
+    };
+    let unused = inner.on_message(worker_id, conn, message, stored).await;
+    files.discard(unused).await;
 }
 
 fn check_hello(hello: &Hello, claims: &auth::WorkerClaims) -> Result<(), StreamError> {

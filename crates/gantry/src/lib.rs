@@ -41,19 +41,21 @@ pub fn worker_secret(settings: &Settings) -> Vec<u8> {
 
 impl SchedulerRole {
     /// The dispatcher (worker registry) and its event stream, before anything listens.
-    pub fn dispatcher(settings: &Settings, secret: &[u8]) -> (Dispatcher, mpsc::Receiver<Event>) {
+    pub fn dispatcher(settings: &Settings, secret: &[u8]) -> Result<(Dispatcher, mpsc::Receiver<Event>), StartError> {
         let mut config = DispatchConfig::new(secret.to_vec());
+        // Workers stream output files here; the store keeps them.
+        config.files = Some(settings.open_files().map_err(StartError::Config)?.sink());
         config.heartbeat_interval = Duration::from_millis(settings.scheduler.heartbeat_interval_ms.max(50));
         config.lease = config.heartbeat_interval * 3;
-        Dispatcher::new(config)
+        Ok(Dispatcher::new(config))
     }
 
     /// Refuses settings the scheduler would fail on, before anything is
     /// created or bound.
     pub fn check(settings: &Settings) -> Result<(), StartError> {
         settings
-            .scheduler
             .job_config()
+            .map_err(StartError::Config)?
             .check()
             .map_err(|e| StartError::Config(format!("scheduler: {e}")))
     }
@@ -225,7 +227,7 @@ impl Platform {
     pub async fn start(settings: Settings) -> Result<Platform, StartError> {
         SchedulerRole::check(&settings)?;
         let secret = worker_secret(&settings);
-        let (dispatcher, events) = SchedulerRole::dispatcher(&settings, &secret);
+        let (dispatcher, events) = SchedulerRole::dispatcher(&settings, &secret)?;
         let app = Application::build(settings.clone(), Some(dispatcher.clone())).await?;
         let store = app.state().jobs.clone();
         let scheduler = SchedulerRole::start(&settings, store, (dispatcher, events), secret).await?;

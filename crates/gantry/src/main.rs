@@ -99,6 +99,14 @@ enum UsersCommand {
         #[arg(long, conflicts_with_all = ["minute", "hour", "day", "exempt", "no_exempt"])]
         reset: bool,
     },
+    /// Print the secret the user's webhooks are signed with (Standard
+    /// Webhooks, `whsec_…`), creating it if needed; `--rotate` replaces it.
+    WebhookSecret {
+        email: String,
+        /// Replace the secret: deliveries from now on are signed with the new one.
+        #[arg(long)]
+        rotate: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -279,7 +287,10 @@ async fn run(command: Command, settings: Settings) -> CliResult {
             Ok(())
         }
         Command::Models(cmd) => models(cmd, &settings).await,
-        Command::Users(cmd) => users(cmd, auth_service(&settings).await?).await,
+        Command::Users(cmd) => {
+            let db = connect_database(&settings).await?;
+            users(cmd, db).await
+        }
         Command::Keys(cmd) => keys(cmd, auth_service(&settings).await?).await,
     }
 }
@@ -347,10 +358,10 @@ async fn scheduler(settings: Settings) -> CliResult {
     }
     SchedulerRole::check(&settings)?;
     let db = connect_database(&settings).await?;
-    let store = gantry_scheduler::JobStore::new(db, settings.scheduler.job_config());
+    let store = gantry_scheduler::JobStore::new(db, settings.job_config()?);
     connect_job_signals(&settings, &store)?;
     let secret = gantry::worker_secret(&settings);
-    let dispatcher = SchedulerRole::dispatcher(&settings, &secret);
+    let dispatcher = SchedulerRole::dispatcher(&settings, &secret)?;
     // Handlers first: a SIGTERM right after the ready line must still shut down gracefully.
     let signal = shutdown_signal()?;
     let role = SchedulerRole::start(&settings, store.clone(), dispatcher, secret).await?;
@@ -523,8 +534,20 @@ fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
     })
 }
 
-async fn users(cmd: UsersCommand, auth: AuthService) -> CliResult {
+async fn users(cmd: UsersCommand, db: sea_orm::DatabaseConnection) -> CliResult {
+    let auth = AuthService::new(db.clone(), std::time::Duration::from_millis(1));
     match cmd {
+        UsersCommand::WebhookSecret { email, rotate } => {
+            let user = auth.find_user(&email).await?;
+            let secret = gantry_scheduler::webhook_secret(&db, &user.id, rotate).await?;
+            println!("{secret}");
+            if rotate {
+                eprintln!(
+                    "rotated the webhook secret of {}: deliveries are signed with the new one",
+                    user.email
+                );
+            }
+        }
         UsersCommand::Create { email } => {
             let user = auth.create_user(&email).await?;
             println!("{}", user.id);

@@ -60,6 +60,9 @@ pub struct SchedulerConfig {
     /// private or otherwise special-purpose (refused by default: see
     /// `destinations.rs`). Default none.
     pub webhook_allow_ranges: Vec<String>,
+    /// Where output files are stored, and how their URLs are made. Without
+    /// it a job whose worker sends files fails. Default none.
+    pub files: Option<gantry_files::Files>,
 }
 
 impl Default for SchedulerConfig {
@@ -81,6 +84,7 @@ impl Default for SchedulerConfig {
             webhook_ca_file: None,
             sole_owner: false,
             webhook_allow_ranges: Vec::new(),
+            files: None,
         }
     }
 }
@@ -102,6 +106,16 @@ impl SchedulerConfig {
     /// [`Self::sync_store_after`] in ms, at most 500.
     pub(crate) fn sync_store_after_ms(&self) -> i64 {
         millis(self.sync_store_after).min(MAX_SYNC_STORE_AFTER_MS)
+    }
+
+    /// How long an output file lives: the file store's lifetime (7 days
+    /// without a store).
+    pub(crate) fn file_lifetime_ms(&self) -> i64 {
+        millis(
+            self.files
+                .as_ref()
+                .map_or(Duration::from_secs(7 * 24 * 3600), gantry_files::Files::lifetime),
+        )
     }
 
     pub(crate) fn retention_ms(&self, sync: bool) -> i64 {

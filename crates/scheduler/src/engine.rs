@@ -33,7 +33,7 @@ const MAX_OPS: usize = 1024;
 const COLUMNS: &str = "id, user_id, model, status, input, output, error, webhook, low_priority, sync, \
     execution_timeout_ms, ttl_ms, attempt, max_attempts, retries, worker_id, owner, lease_until_ms, \
     run_deadline_ms, created_at_ms, queued_at_ms, started_at_ms, completed_at_ms, expires_at_ms, \
-    cost_micro_usd, usage_unit, usage_quantity_micros, chunks_read, webhook_due_ms, trace_context";
+    cost_micro_usd, usage_unit, usage_quantity_micros, chunks_read, webhook_due_ms, trace_context, files";
 
 /// One queued operation and where its result goes.
 struct Op {
@@ -273,7 +273,7 @@ fn copy(error: &DbErr) -> DbErr {
 static INSERT_JOB: LazyLock<String> = LazyLock::new(|| {
     format!(
         "INSERT INTO jobs ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, \
-         ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30)"
+         ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31)"
     )
 });
 
@@ -281,11 +281,14 @@ const INSERT_CHARGE: &str = "INSERT INTO ledger_entries (id, user_id, job_id, mo
      amount_micro_usd, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
      ON CONFLICT (id) DO NOTHING";
 
+const INSERT_FILE: &str = "INSERT INTO files (key, job_id, user_id, media_type, size, created_at_ms, \
+     expires_at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (key) DO NOTHING";
+
 static COMPLETE_JOB: LazyLock<String> = LazyLock::new(|| {
     format!(
         "UPDATE jobs SET status = '{completed}', output = ?3, error = NULL, worker_id = ?4, \
          cost_micro_usd = ?5, usage_unit = ?6, usage_quantity_micros = ?7, completed_at_ms = ?8, \
-         expires_at_ms = CASE WHEN sync THEN ?9 ELSE ?10 END, lease_until_ms = NULL \
+         expires_at_ms = CASE WHEN sync THEN ?9 ELSE ?10 END, lease_until_ms = NULL, files = ?11 \
          WHERE id = ?1 AND attempt = ?2 AND status = '{in_progress}' RETURNING {COLUMNS}",
         completed = JobStatus::Completed.as_str(),
         in_progress = JobStatus::InProgress.as_str(),
@@ -357,7 +360,28 @@ impl<'c> Statements<'c> {
             row.chunks_read,
             row.webhook_due_ms,
             row.trace_context,
+            row.files,
         ])?;
+        Ok(())
+    }
+
+    /// The `files` rows of a completed job (none when it has no files).
+    fn files(&mut self, row: &job::Model, lifetime_ms: i64) -> rusqlite::Result<()> {
+        if row.files.is_none() {
+            return Ok(());
+        }
+        let mut statement = self.conn.prepare_cached(INSERT_FILE)?;
+        for file in crate::entity::file::of_job(row, lifetime_ms) {
+            statement.execute(params![
+                file.key,
+                file.job_id,
+                file.user_id,
+                file.media_type,
+                file.size,
+                file.created_at_ms,
+                file.expires_at_ms
+            ])?;
+        }
         Ok(())
     }
 
@@ -410,6 +434,7 @@ fn job_of(row: &Row<'_>) -> rusqlite::Result<job::Model> {
         chunks_read: row.get(27)?,
         webhook_due_ms: row.get(28)?,
         trace_context: row.get(29)?,
+        files: row.get(30)?,
     })
 }
 
@@ -421,6 +446,7 @@ fn settle(statements: &mut Statements<'_>, plan: &Plan) -> rusqlite::Result<Sett
         statements.insert(&store.row)?;
         if let Some(usage) = &store.charge {
             statements.charge(&store.row, usage, plan.now)?;
+            statements.files(&store.row, plan.file_lifetime_ms)?;
         }
         // Its final row joins `settled.finals` after the commit
         // (`with_stored_finals`), moved out of the plan.
@@ -442,6 +468,7 @@ fn settle(statements: &mut Statements<'_>, plan: &Plan) -> rusqlite::Result<Sett
                 worker_id,
                 output,
                 usage,
+                files,
             } => {
                 let complete = Statements::prepared(conn, &mut statements.complete, &COMPLETE_JOB)?;
                 let row = complete
@@ -456,13 +483,15 @@ fn settle(statements: &mut Statements<'_>, plan: &Plan) -> rusqlite::Result<Sett
                             usage.quantity_micros,
                             plan.now,
                             plan.sync_until,
-                            plan.async_until
+                            plan.async_until,
+                            files
                         ],
                         job_of,
                     )
                     .optional()?;
                 let Some(row) = row else { continue };
                 statements.charge(&row, usage, plan.now)?;
+                statements.files(&row, plan.file_lifetime_ms)?;
                 settled.finals.push(row);
             }
             Step::Finish {
@@ -594,8 +623,9 @@ mod tests {
                 quantity_micros: 1_000_000,
                 amount: 10,
             },
+            files: Some(r#"[{"pointer":"/image_url","key":"jobs/a/1/0.png","media_type":"image/png","size":3,"created_ms":20}]"#.into()),
         });
-        // A stale attempt changes nothing and charges nothing.
+        // A stale attempt changes nothing, charges nothing and records no file.
         plan.steps.push(Step::Complete {
             job_id: "b".into(),
             attempt: 7,
@@ -606,6 +636,7 @@ mod tests {
                 quantity_micros: 1_000_000,
                 amount: 10,
             },
+            files: Some(r#"[{"pointer":"/image_url","key":"jobs/b/7/0.png","media_type":"image/png","size":3,"created_ms":20}]"#.into()),
         });
         let settled = engine.settle(plan).await.unwrap();
         assert_eq!(settled.finals.len(), 1);
@@ -623,6 +654,14 @@ mod tests {
             .unwrap()
             .unwrap();
         assert_eq!(charges.try_get::<i64>("", "n").unwrap(), 1);
+        let files = crate::entity::file::Entity::find().all(&db).await.unwrap();
+        assert_eq!(files.len(), 1);
+        assert_eq!(
+            (files[0].key.as_str(), files[0].job_id.as_str()),
+            ("jobs/a/1/0.png", "a")
+        );
+        assert_eq!(files[0].expires_at_ms, 20 + 7 * 24 * 3600 * 1000);
+        assert!(a.files.is_some_and(|f| f.contains("jobs/a/1/0.png")));
     }
 
     /// What the writer thread spends per `runsync` job written once (final
@@ -661,7 +700,7 @@ mod tests {
                     amount: 10,
                 };
                 let output = r#"{"cost":0.00001,"prompt":"hello from the benchmark"}"#.to_string();
-                let row = plan.completed(row, "gantry-echo-bundled-22712", output, &usage);
+                let row = plan.completed(row, "gantry-echo-bundled-22712", output, &usage, None);
                 plan.stores.push(crate::plan::Store {
                     row,
                     charge: Some(usage),

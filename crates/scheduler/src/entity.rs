@@ -52,6 +52,10 @@ pub mod job {
         /// spans that follow it (assignment, run, settlement) join its trace.
         #[sea_orm(column_type = "Text", nullable)]
         pub trace_context: Option<String>,
+        /// The stored output files of a completed job: a JSON array of
+        /// `gantry_dispatch::StoredFile`; `None` when it has none.
+        #[sea_orm(column_type = "Text", nullable)]
+        pub files: Option<String>,
     }
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
@@ -93,6 +97,7 @@ pub mod job {
             chunks_read: 0,
             webhook_due_ms: None,
             trace_context: None,
+            files: None,
         }
     }
 }
@@ -109,6 +114,70 @@ pub mod chunk {
         pub seq: i64,
         #[sea_orm(column_type = "Text")]
         pub output: String,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+pub mod file {
+    use sea_orm::entity::prelude::*;
+
+    /// A stored object that a committed result references (see the
+    /// migration `m20261124_000009_output_files`).
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "files")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false, column_type = "Text")]
+        pub key: String,
+        pub job_id: String,
+        pub user_id: String,
+        pub media_type: String,
+        pub size: i64,
+        pub created_at_ms: i64,
+        pub expires_at_ms: i64,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+
+    /// The rows of a completed job's files, expiring `lifetime_ms` after
+    /// each was created.
+    pub(crate) fn of_job(row: &super::job::Model, lifetime_ms: i64) -> Vec<Model> {
+        let Some(files) = row.files.as_deref() else {
+            return Vec::new();
+        };
+        let files: Vec<gantry_dispatch::StoredFile> = serde_json::from_str(files).unwrap_or_default();
+        files
+            .into_iter()
+            .map(|f| Model {
+                key: f.key,
+                job_id: row.id.clone(),
+                user_id: row.user_id.clone(),
+                media_type: f.media_type,
+                size: i64::try_from(f.size).unwrap_or(i64::MAX),
+                created_at_ms: f.created_ms,
+                expires_at_ms: f.created_ms.saturating_add(lifetime_ms),
+            })
+            .collect()
+    }
+}
+
+pub mod webhook_secret {
+    use sea_orm::entity::prelude::*;
+
+    /// A user's webhook signing secret (see `signing.rs`).
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "webhook_secrets")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub user_id: String,
+        pub secret: String,
+        pub created_at_ms: i64,
     }
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

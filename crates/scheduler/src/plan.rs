@@ -10,14 +10,14 @@ use sea_orm::{
     ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, IdenStatic, Iterable, QueryFilter, Statement,
 };
 
-use crate::entity::{chunk, job};
+use crate::entity::{chunk, file, job};
 use crate::store::plus;
 use crate::types::JobStatus;
 
 use job::Column as J;
 
-/// Jobs completed by one `UPDATE … FROM (VALUES …)` statement (7 bind values each).
-const COMPLETE_CHUNK: usize = 256;
+/// Jobs completed by one `UPDATE … FROM (VALUES …)` statement (8 bind values each).
+const COMPLETE_CHUNK: usize = 224;
 
 /// Writes of one transaction: rows of unstored jobs (see [`Store`]), stream
 /// chunks, then terminal transitions (each guarded on `(id, attempt,
@@ -37,6 +37,8 @@ pub(crate) struct Plan {
     pub(crate) claims: Vec<(String, u64)>,
     pub(crate) instance: String,
     pub(crate) lease_until: i64,
+    /// How long an output file lives (its `files` row's expiry).
+    pub(crate) file_lifetime_ms: i64,
 }
 
 #[derive(Clone)]
@@ -48,6 +50,8 @@ pub(crate) enum Step {
         worker_id: String,
         output: String,
         usage: Usage,
+        /// The stored output files (JSON), written with the completion.
+        files: Option<String>,
     },
     /// Another final status; `error` and `worker_id` are kept when `None`.
     Finish {
@@ -117,6 +121,7 @@ impl Plan {
             claims: Vec::new(),
             instance: instance.to_string(),
             lease_until: now.saturating_add(crate::config::millis(config.lease)),
+            file_lifetime_ms: config.file_lifetime_ms(),
         }
     }
 
@@ -129,9 +134,17 @@ impl Plan {
     // job that is only in memory (see [`Store`]).
 
     /// As [`Step::Complete`] leaves it.
-    pub(crate) fn completed(&self, mut row: job::Model, worker_id: &str, output: String, usage: &Usage) -> job::Model {
+    pub(crate) fn completed(
+        &self,
+        mut row: job::Model,
+        worker_id: &str,
+        output: String,
+        usage: &Usage,
+        files: Option<String>,
+    ) -> job::Model {
         row.status = JobStatus::Completed.as_str().to_string();
         row.output = Some(output);
+        row.files = files;
         row.error = None;
         row.worker_id = Some(worker_id.to_string());
         row.cost_micro_usd = Some(usage.amount);
@@ -234,7 +247,7 @@ pub(crate) fn is_final(row: &job::Model) -> bool {
 /// Runs `plan` on `db` (a transaction, so it commits as one).
 pub(crate) async fn execute<C: ConnectionTrait>(db: &C, plan: &Plan) -> Result<Settled, DbErr> {
     let mut settled = Settled::default();
-    store_all(db, &plan.stores, plan.now, &mut settled).await?;
+    store_all(db, &plan.stores, plan.now, plan.file_lifetime_ms, &mut settled).await?;
     insert_chunks(db, &plan.chunks).await?;
     let retention = Expr::cust(format!(
         "CASE WHEN sync THEN {} ELSE {} END",
@@ -290,13 +303,16 @@ pub(crate) async fn execute<C: ConnectionTrait>(db: &C, plan: &Plan) -> Result<S
             _ => None,
         })
         .collect();
+    let mut files = Vec::new();
     for row in completed {
         if let Some(Step::Complete { usage, .. }) = by_id.get(row.id.as_str()) {
             charges.push(usage.charge(&row));
+            files.extend(file::of_job(&row, plan.file_lifetime_ms));
         }
         settled.finals.push(row);
     }
     record_charges(db, &charges, plan.now).await?;
+    insert_files(db, files).await?;
     for (model, limit) in &plan.claims {
         let rows = claim(db, model, *limit, plan).await?;
         settled.claims.push((model.clone(), *limit, rows));
@@ -414,8 +430,8 @@ async fn complete_all<C: ConnectionTrait>(
     let mut changed = Vec::with_capacity(completions.len());
     for part in completions.chunks(COMPLETE_CHUNK) {
         let mut sql = String::with_capacity(256 + part.len() * 128 + returning.len());
-        let mut values: Vec<sea_orm::Value> = Vec::with_capacity(part.len() * 7);
-        sql.push_str("WITH b (b_id, b_attempt, b_output, b_worker, b_cost, b_unit, b_quantity) AS (VALUES ");
+        let mut values: Vec<sea_orm::Value> = Vec::with_capacity(part.len() * 8);
+        sql.push_str("WITH b (b_id, b_attempt, b_output, b_worker, b_cost, b_unit, b_quantity, b_files) AS (VALUES ");
         for (i, step) in part.iter().enumerate() {
             let Step::Complete {
                 job_id,
@@ -423,6 +439,7 @@ async fn complete_all<C: ConnectionTrait>(
                 worker_id,
                 output,
                 usage,
+                files,
             } = step
             else {
                 continue;
@@ -430,7 +447,7 @@ async fn complete_all<C: ConnectionTrait>(
             if i > 0 {
                 sql.push_str(", ");
             }
-            let row: [(sea_orm::Value, &str); 7] = [
+            let row: [(sea_orm::Value, &str); 8] = [
                 (job_id.as_str().into(), "TEXT"),
                 ((*attempt).into(), "INTEGER"),
                 (output.as_str().into(), "TEXT"),
@@ -438,6 +455,7 @@ async fn complete_all<C: ConnectionTrait>(
                 (usage.amount.into(), "BIGINT"),
                 (usage.unit.as_str().into(), "TEXT"),
                 (usage.quantity_micros.into(), "BIGINT"),
+                (files.clone().into(), "TEXT"),
             ];
             sql.push('(');
             for (k, (value, ty)) in row.into_iter().enumerate() {
@@ -456,7 +474,7 @@ async fn complete_all<C: ConnectionTrait>(
             ") UPDATE jobs SET status = '{completed}', output = b.b_output, error = NULL, worker_id = b.b_worker, \
              cost_micro_usd = b.b_cost, usage_unit = b.b_unit, usage_quantity_micros = b.b_quantity, \
              completed_at_ms = {now}, expires_at_ms = CASE WHEN sync THEN {sync_until} ELSE {async_until} END, \
-             lease_until_ms = NULL \
+             lease_until_ms = NULL, files = b.b_files \
              FROM b WHERE jobs.id = b.b_id AND jobs.attempt = b.b_attempt \
              AND (jobs.status = '{in_progress}') IS TRUE \
              RETURNING {returning}",
@@ -515,7 +533,13 @@ pub(crate) fn requeue_or_fail(
 
 /// Writes the rows of unstored jobs (one statement) and the charges of the
 /// completed ones; final rows go to `settled.finals`.
-async fn store_all<C: ConnectionTrait>(db: &C, stores: &[Store], now: i64, settled: &mut Settled) -> Result<(), DbErr> {
+async fn store_all<C: ConnectionTrait>(
+    db: &C,
+    stores: &[Store],
+    now: i64,
+    file_lifetime_ms: i64,
+    settled: &mut Settled,
+) -> Result<(), DbErr> {
     use sea_orm::{ActiveModelTrait, IntoActiveModel};
     if stores.is_empty() {
         return Ok(());
@@ -527,9 +551,28 @@ async fn store_all<C: ConnectionTrait>(db: &C, stores: &[Store], now: i64, settl
         .filter_map(|s| Some(s.charge.as_ref()?.charge(&s.row)))
         .collect();
     record_charges(db, &charges, now).await?;
+    let files = stores
+        .iter()
+        .filter(|s| s.charge.is_some())
+        .flat_map(|s| file::of_job(&s.row, file_lifetime_ms))
+        .collect();
+    insert_files(db, files).await?;
     settled
         .finals
         .extend(stores.iter().filter(|s| is_final(&s.row)).map(|s| s.row.clone()));
+    Ok(())
+}
+
+/// Records the stored objects that committed results reference.
+async fn insert_files<C: ConnectionTrait>(db: &C, files: Vec<file::Model>) -> Result<(), DbErr> {
+    use sea_orm::IntoActiveModel;
+    if files.is_empty() {
+        return Ok(());
+    }
+    file::Entity::insert_many(files.into_iter().map(IntoActiveModel::into_active_model))
+        .on_conflict(OnConflict::column(file::Column::Key).do_nothing().to_owned())
+        .exec_without_returning(db)
+        .await?;
     Ok(())
 }
 

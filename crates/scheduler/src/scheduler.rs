@@ -54,6 +54,8 @@ pub struct Scheduler {
     hub: Arc<Hub>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
+    /// Deletes expired and unreferenced output files (with a file store).
+    file_sweeper: Option<JoinHandle<()>>,
 }
 
 impl Scheduler {
@@ -79,6 +81,7 @@ impl Scheduler {
             pending_workers: HashMap::new(),
             to_fill: HashSet::new(),
             drained: HashSet::new(),
+            signalled_in_flight: HashSet::new(),
             webhooks,
             presence: HashSet::new(),
             presence_pruned_ms: 0,
@@ -101,6 +104,13 @@ impl Scheduler {
             .hub
             .open_lane(&core.instance, millis(core.store.config.lease));
         let hub = Arc::clone(&core.store.hub);
+        let file_sweeper = core.store.config.files.clone().map(|files| {
+            tokio::spawn(crate::files::sweep(
+                files,
+                core.db.clone(),
+                Arc::clone(&core.store.hub.write_lock),
+            ))
+        });
         let (stop, stopped) = oneshot::channel();
         let task = tokio::spawn(core.run(events, stopped));
         Ok(Scheduler {
@@ -108,6 +118,7 @@ impl Scheduler {
             hub,
             stop: Some(stop),
             task: Some(task),
+            file_sweeper,
         })
     }
 
@@ -119,6 +130,9 @@ impl Scheduler {
     /// Stops the loops and hands the jobs this instance runs back to the queue
     /// at once (without using up an attempt); they are cancelled on their workers.
     pub async fn shutdown(mut self) {
+        if let Some(sweeper) = self.file_sweeper.take() {
+            sweeper.abort();
+        }
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
@@ -130,6 +144,9 @@ impl Scheduler {
 
 impl Drop for Scheduler {
     fn drop(&mut self) {
+        if let Some(sweeper) = self.file_sweeper.take() {
+            sweeper.abort();
+        }
         if let Some(task) = self.task.take() {
             task.abort();
             // No more submits written as claimed by this instance; those
@@ -180,6 +197,10 @@ struct Core {
     /// Models whose last claim found the queue empty: a freed slot alone does
     /// not trigger a claim for them (a submit, a requeue or a sweep does).
     drained: HashSet<String>,
+    /// Models whose queue was signalled while a settlement (and its claims)
+    /// was being committed: that claim may have missed the new jobs, so its
+    /// finding an empty queue must not drop them (see `finish_settlement`).
+    signalled_in_flight: HashSet<String>,
     webhooks: webhooks::Deliveries,
     /// Models this instance has `worker_presence` rows for.
     presence: HashSet<String>,
@@ -264,9 +285,15 @@ impl Core {
                     let pending = hub.take_pending();
                     if pending.refill_all {
                         self.fill_all_with_free_slots(&self.dispatcher.health());
+                        if flight.is_some() {
+                            self.signalled_in_flight.extend(self.to_fill.iter().cloned());
+                        }
                     }
                     for model in pending.models {
                         self.drained.remove(&model);
+                        if flight.is_some() {
+                            self.signalled_in_flight.insert(model.clone());
+                        }
                         self.to_fill.insert(model);
                     }
                     for job_id in pending.cancels {
@@ -344,6 +371,7 @@ impl Core {
     /// Applies a batch of events in one transaction (retried a few times on a
     /// database error). Completion and charge of a job commit together.
     fn start_settlement(&mut self, batch: Vec<Event>) -> InFlight {
+        self.signalled_in_flight.clear();
         // Freed slots take jobs kept ready before anything is written.
         if !self.ready.is_empty() {
             self.assign_ready();
@@ -457,6 +485,12 @@ impl Core {
                 Err(error) => tracing::warn!(%model, %error, "assigning claimed jobs failed"),
             }
         }
+        // Jobs queued while the claim was being committed may not have been
+        // seen by it: claim again rather than wait for a sweep.
+        for model in std::mem::take(&mut self.signalled_in_flight) {
+            self.drained.remove(&model);
+            self.to_fill.insert(model);
+        }
     }
 
     /// Models to claim for in the settlement transaction of `batch`: those
@@ -534,8 +568,10 @@ impl Core {
                     worker_id,
                     output,
                     usage,
+                    files,
                     ..
                 } => {
+                    let files = (!files.is_empty()).then(|| serde_json::to_string(files).unwrap_or_default());
                     let Some(running) = current(job_id, *attempt) else {
                         tracing::debug!(%job_id, attempt, "ignoring a result for an attempt not running here");
                         continue;
@@ -557,7 +593,13 @@ impl Core {
                         outcome.stored.push(job_id.clone());
                         plan.stores.push(match priced {
                             Ok(usage) => Store {
-                                row: plan.completed(row, worker_id, output_with_cost(output, usage.amount), &usage),
+                                row: plan.completed(
+                                    row,
+                                    worker_id,
+                                    output_with_cost(output, usage.amount),
+                                    &usage,
+                                    files,
+                                ),
                                 charge: Some(usage),
                             },
                             Err(error) => Store {
@@ -574,6 +616,7 @@ impl Core {
                             worker_id: worker_id.clone(),
                             output: output_with_cost(output, usage.amount),
                             usage,
+                            files,
                         },
                         Err(error) => Step::Finish {
                             job_id: job_id.clone(),
@@ -736,7 +779,7 @@ impl Core {
         self.store.hub.finished(&views, |i| finals[i].sync);
         for (row, view) in finals.iter().zip(views) {
             if let Some(url) = row.webhook.clone() {
-                self.webhooks.send(url, view, row.completed_at_ms);
+                self.webhooks.send(url, row.user_id.clone(), view, row.completed_at_ms);
             }
         }
     }

@@ -151,6 +151,7 @@ impl JobStore {
             webhook_due_ms,
             // The `job.submit` span: what follows the job joins its trace.
             trace_context: gantry_telemetry::trace::current_traceparent(),
+            files: None,
         };
         tracing::Span::current().record("job_id", row.id.as_str());
         // What the caller is told: accepted into the queue.
@@ -242,10 +243,16 @@ impl JobStore {
     pub async fn get(&self, user: &str, model_id: &str, job_id: &str) -> Result<JobView, JobError> {
         let now = now_ms();
         match self.find(user, model_id, job_id, now).await {
-            Ok(row) => Ok(JobView::of(&row, now)),
+            Ok(row) => Ok(self.linked(JobView::of(&row, now)).await),
             Err(JobError::NotFound) if self.hub.is_unstored(job_id, user, model_id) => Ok(JobView::unstored(job_id)),
             Err(error) => Err(error),
         }
+    }
+
+    /// `view` with a URL at the place of each of its output files (computed
+    /// now: URLs are never stored).
+    async fn linked(&self, view: JobView) -> JobView {
+        view.linked(self.config.files.as_ref()).await
     }
 
     /// Waits until the job is final or `timeout` passes, then returns its view.
@@ -284,7 +291,7 @@ impl JobStore {
             let nap = poll.min(deadline.saturating_duration_since(now));
             tokio::select! {
                 notified = waiter.receiver(), if waiter.is_open() => match notified {
-                    Some(Wake::Final(view)) => return Ok(view),
+                    Some(Wake::Final(view)) => return Ok(self.linked(view).await),
                     // Changed elsewhere: read it now, registered again first
                     // so that a result settled in between is not missed.
                     Some(Wake::Reread) => {

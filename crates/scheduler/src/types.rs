@@ -107,6 +107,10 @@ pub struct JobView {
     /// Set when `FAILED` or `TIMED_OUT`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// The stored output files whose URLs [`JobView::linked`] puts into
+    /// `output` (empty once it has).
+    #[serde(skip)]
+    pub files: Vec<gantry_files::StoredFile>,
 }
 
 impl JobView {
@@ -120,7 +124,28 @@ impl JobView {
             worker_id: None,
             output: None,
             error: None,
+            files: Vec::new(),
         }
+    }
+
+    /// The view with a URL, valid from now until the file's lifetime ends,
+    /// at the place of each output file. Without a file store the places
+    /// hold `null`.
+    pub async fn linked(mut self, files: Option<&gantry_files::Files>) -> Self {
+        if self.files.is_empty() {
+            return self;
+        }
+        let stored = std::mem::take(&mut self.files);
+        let output = self.output.get_or_insert(Value::Null);
+        match files {
+            Some(files) => files.resolve(output, &stored).await,
+            None => {
+                for file in &stored {
+                    gantry_files::place(output, &file.pointer, Value::Null);
+                }
+            }
+        }
+        self
     }
 
     pub(crate) fn of(row: &job::Model, now_ms: i64) -> Self {
@@ -146,6 +171,10 @@ impl JobView {
             JobStatus::Failed | JobStatus::TimedOut => row.error.clone(),
             _ => None,
         };
+        let files = match (status, row.files.as_deref()) {
+            (JobStatus::Completed, Some(files)) => serde_json::from_str(files).unwrap_or_default(),
+            _ => Vec::new(),
+        };
         Self {
             id: row.id.clone(),
             status,
@@ -154,6 +183,7 @@ impl JobView {
             worker_id: row.worker_id.clone(),
             output,
             error,
+            files,
         }
     }
 }
@@ -226,6 +256,7 @@ mod tests {
             worker_id: Some("w".into()),
             output: Some(json!({"a": 1})),
             error: None,
+            files: Vec::new(),
         };
         assert_eq!(
             serde_json::to_value(&view).unwrap(),

@@ -113,6 +113,8 @@ pub(crate) struct Deliveries {
     write_lock: Arc<tokio::sync::Mutex<()>>,
     attempts: u32,
     window: Duration,
+    /// Puts the URLs of output files into the delivered output.
+    files: Option<gantry_files::Files>,
     /// Deliveries running: aborted with the scheduler (a crash loses them
     /// only until another sweep takes them over).
     running: JoinSet<()>,
@@ -131,6 +133,7 @@ impl Deliveries {
             write_lock,
             attempts: config.webhook_attempts.max(1),
             window: window(config),
+            files: config.files.clone(),
             running: JoinSet::new(),
         })
     }
@@ -140,18 +143,35 @@ impl Deliveries {
     /// `finished_at` is the row's `completed_at_ms` as it finished: the
     /// delivery is marked done only if the job has not been retried since
     /// (a retry's outcome gets its own).
-    pub(crate) fn send(&mut self, url: String, view: JobView, finished_at: Option<i64>) {
+    pub(crate) fn send(&mut self, url: String, user_id: String, view: JobView, finished_at: Option<i64>) {
         while self.running.try_join_next().is_some() {}
-        let (client, policy, db, lock, attempts) = (
+        let (client, policy, db, lock, attempts, files) = (
             self.client.clone(),
             Arc::clone(&self.policy),
             self.db.clone(),
             Arc::clone(&self.write_lock),
             self.attempts,
+            self.files.clone(),
         );
         self.running.spawn(async move {
+            let view = view.linked(files.as_ref()).await;
             if view.status != JobStatus::Cancelled {
-                deliver(&client, &policy, &url, &view, attempts).await;
+                match crate::signing::secret_for(&db, &user_id).await {
+                    Ok(secret) => {
+                        let message_id = format!("msg_{}_{}", view.id, finished_at.unwrap_or_default());
+                        let delivery = Delivery {
+                            url: &url,
+                            message_id: &message_id,
+                            secret: &secret,
+                        };
+                        deliver(&client, &policy, &delivery, &view, attempts).await;
+                    }
+                    // The row stays pending: a sweep delivers it later.
+                    Err(error) => {
+                        tracing::warn!(job_id = %view.id, %error, "webhook secret unavailable; delivery postponed");
+                        return;
+                    }
+                }
             }
             if let Err(error) = done(&db, &lock, &view.id, finished_at).await {
                 // The row stays pending: a sweep delivers it again later.
@@ -197,7 +217,7 @@ impl Deliveries {
             if row.status != JobStatus::Cancelled.as_str() {
                 tracing::info!(job_id = %row.id, "taking over a webhook delivery its finisher did not complete");
             }
-            self.send(url, JobView::of(&row, now), row.completed_at_ms);
+            self.send(url, row.user_id.clone(), JobView::of(&row, now), row.completed_at_ms);
         }
         Ok(())
     }
@@ -227,9 +247,25 @@ async fn done(
     Ok(())
 }
 
-/// POSTs `view` to `url`, `attempts` times at most (0.5 s, then 1 s, 2 s …
-/// apart) until the receiver answers 2xx.
-async fn deliver(client: &reqwest::Client, policy: &AddressPolicy, url: &str, view: &JobView, attempts: u32) {
+/// Where one delivery goes and how it is signed.
+struct Delivery<'a> {
+    url: &'a str,
+    /// `webhook-id`: the same on every attempt of the delivery, so a
+    /// receiver can drop duplicates.
+    message_id: &'a str,
+    secret: &'a str,
+}
+
+/// POSTs `view` to the delivery's URL, signed, `attempts` times at most
+/// (0.5 s, then 1 s, 2 s … apart) until the receiver answers 2xx.
+async fn deliver(
+    client: &reqwest::Client,
+    policy: &AddressPolicy,
+    delivery: &Delivery<'_>,
+    view: &JobView,
+    attempts: u32,
+) {
+    let url = delivery.url;
     let refused = match reqwest::Url::parse(url) {
         Ok(parsed) => policy.check_url(&parsed).err(),
         Err(error) => Some(format!("invalid URL: {error}")),
@@ -238,8 +274,25 @@ async fn deliver(client: &reqwest::Client, policy: &AddressPolicy, url: &str, vi
         tracing::warn!(job_id = %view.id, %reason, "webhook not delivered");
         return;
     }
+    let body = match serde_json::to_vec(view) {
+        Ok(body) => body,
+        Err(error) => {
+            tracing::error!(job_id = %view.id, %error, "webhook body not serializable");
+            return;
+        }
+    };
     for attempt in 1..=attempts {
-        match client.post(url).json(view).send().await {
+        // Each attempt is signed at its own time (receivers reject stale timestamps).
+        let timestamp = crate::store::now_ms().div_euclid(1000);
+        let signature = crate::signing::signature(delivery.secret, delivery.message_id, timestamp, &body);
+        let request = client
+            .post(url)
+            .header(reqwest::header::CONTENT_TYPE, "application/json")
+            .header("webhook-id", delivery.message_id)
+            .header("webhook-timestamp", timestamp.to_string())
+            .header("webhook-signature", signature)
+            .body(body.clone());
+        match request.send().await {
             Ok(response) if response.status().is_success() => return,
             Ok(response) => {
                 tracing::warn!(job_id = %view.id, status = %response.status(), attempt, "webhook refused")

@@ -1,7 +1,7 @@
 use std::sync::Arc;
 use std::time::SystemTime;
 
-use gantry_proto::v1::{Progress, StreamChunk, WorkerMessage, worker_message::Kind};
+use gantry_proto::v1::{FileChunk, OutputFile, Progress, StreamChunk, WorkerMessage, worker_message::Kind};
 use serde_json::Value;
 use tokio::sync::{Mutex, mpsc};
 use tokio_util::sync::CancellationToken;
@@ -29,7 +29,13 @@ struct Inner {
     /// Next chunk sequence number; the lock is held while the chunk is
     /// queued so sequence numbers and stream order always agree.
     next_seq: Mutex<u64>,
+    /// Files sent so far, listed in the result.
+    files: Mutex<Vec<OutputFile>>,
 }
+
+/// Size of one [`FileChunk`]: well below the gRPC message limit, large
+/// enough that a 100 MB video is a hundred messages.
+pub const FILE_CHUNK_BYTES: usize = 1 << 20;
 
 impl JobContext {
     pub(crate) fn new(
@@ -47,6 +53,7 @@ impl JobContext {
                 cancel,
                 out,
                 next_seq: Mutex::new(0),
+                files: Mutex::new(Vec::new()),
             }),
         }
     }
@@ -109,6 +116,60 @@ impl JobContext {
         self.send(kind).await?;
         *next_seq += 1;
         Ok(())
+    }
+
+    /// Sends an output file (an image, audio, a video) and puts its URL at
+    /// `json_pointer` (RFC 6901, for example `"/image_url"` or `"/images/0"`)
+    /// of the job's output: readers of the job see an expiring URL there, in
+    /// place of whatever the output holds at that spot. The bytes travel now,
+    /// in chunks of [`FILE_CHUNK_BYTES`], and the scheduler stores them; they
+    /// become part of the result only if the job then succeeds, and are
+    /// deleted otherwise.
+    pub async fn put_file(&self, json_pointer: &str, media_type: &str, data: &[u8]) -> Result<(), JobError> {
+        if !json_pointer.starts_with('/') {
+            return Err(JobError::internal(format!(
+                "file pointer {json_pointer:?} must start with '/'"
+            )));
+        }
+        let media_type = if media_type.is_empty() {
+            "application/octet-stream"
+        } else {
+            media_type
+        };
+        let mut files = self.inner.files.lock().await;
+        let file_id = u32::try_from(files.len()).map_err(|_| JobError::internal("too many output files"))?;
+        let mut offset = 0usize;
+        loop {
+            let end = (offset + FILE_CHUNK_BYTES).min(data.len());
+            let chunk = FileChunk {
+                job_id: self.inner.job_id.clone(),
+                attempt: self.inner.attempt,
+                file_id,
+                media_type: if offset == 0 {
+                    media_type.to_owned()
+                } else {
+                    String::new()
+                },
+                offset: offset as u64,
+                data: data[offset..end].to_vec(),
+                last: end == data.len(),
+            };
+            self.send(Kind::FileChunk(chunk)).await?;
+            offset = end;
+            if offset == data.len() {
+                break;
+            }
+        }
+        files.push(OutputFile {
+            file_id,
+            json_pointer: json_pointer.to_owned(),
+        });
+        Ok(())
+    }
+
+    /// The files sent so far (for the result).
+    pub(crate) async fn take_files(&self) -> Vec<OutputFile> {
+        std::mem::take(&mut *self.inner.files.lock().await)
     }
 
     async fn send(&self, kind: Kind) -> Result<(), JobError> {

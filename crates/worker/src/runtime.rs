@@ -247,6 +247,8 @@ struct RunningJob {
 
 struct JobReport {
     driven: Driven,
+    /// Files the job sent, listed in its result.
+    files: Vec<gantry_proto::v1::OutputFile>,
     queue: Duration,
     run: Duration,
 }
@@ -411,9 +413,10 @@ impl<M: Model> Session<'_, M> {
         let run = async move {
             let queue = received.elapsed();
             let started = Instant::now();
-            let driven = drive(model, input, ctx, token, expires, grace).await;
+            let driven = drive(model, input, ctx.clone(), token, expires, grace).await;
             JobReport {
                 driven,
+                files: ctx.take_files().await,
                 queue,
                 run: started.elapsed(),
             }
@@ -538,6 +541,7 @@ fn terminal_message(job_id: String, job: &RunningJob, report: Result<JobReport, 
                 load_ns: 0,
                 run_ns: nanos(report.run),
             }),
+            files: report.files,
         }),
         _ if report.driven.deadline_exceeded => failure(DEADLINE_EXCEEDED.into(), false),
         _ if job.cancel_requested => Kind::Cancelled(Cancelled { job_id, attempt }),

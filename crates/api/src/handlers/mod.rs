@@ -1,4 +1,5 @@
 pub mod catalog;
+pub mod files;
 pub mod jobs;
 pub(crate) mod live;
 pub mod meta;

@@ -37,7 +37,9 @@ async fn echo_job_completes_with_output_and_usage() {
             output,
             usage,
             timings,
+            files,
         } => {
+            assert!(files.is_empty());
             assert_eq!((job_id.as_str(), attempt, worker_id.as_str()), ("job-1", 1, "w-echo"));
             assert_eq!(output, input);
             assert_eq!(usage, Usage::whole("requests", 1));

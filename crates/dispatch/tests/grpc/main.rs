@@ -4,6 +4,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 mod auth;
+mod files;
 mod harness;
 mod jobs;
 mod lifecycle;

@@ -20,7 +20,7 @@ async fn the_document_describes_exactly_the_routes_that_exist() {
     let mut documented = BTreeSet::new();
     for (path, item) in doc["paths"].as_object().unwrap() {
         for method in item.as_object().unwrap().keys() {
-            if ["get", "post", "put", "patch", "delete"].contains(&method.as_str()) {
+            if ["get", "head", "post", "put", "patch", "delete"].contains(&method.as_str()) {
                 documented.insert((method.to_uppercase(), path.clone()));
             }
         }
@@ -109,7 +109,7 @@ async fn the_public_listener_documents_its_own_routes() {
     let mut documented = BTreeSet::new();
     for (path, item) in doc["paths"].as_object().unwrap() {
         for method in item.as_object().unwrap().keys() {
-            if ["get", "post", "put", "patch", "delete"].contains(&method.as_str()) {
+            if ["get", "head", "post", "put", "patch", "delete"].contains(&method.as_str()) {
                 documented.insert((method.to_uppercase(), path.clone()));
             }
         }

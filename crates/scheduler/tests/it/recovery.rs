@@ -108,6 +108,7 @@ async fn duplicate_and_late_results_never_charge_twice(backend: Backend) {
                 quantity_micros: 5_000_000,
             },
             timings: Default::default(),
+            files: Vec::new(),
         })
         .await
         .unwrap();

@@ -56,6 +56,12 @@ impl Model for EchoModel {
 
     async fn run(&self, input: Value, ctx: JobContext) -> Result<Output, JobError> {
         let options = Options::parse(&input)?;
+        // A file goes first, so that `fail` after it shows a failed job's
+        // files being discarded.
+        if let Some(file) = &options.file {
+            let data = file.text.repeat(usize::try_from(file.repeat).unwrap_or(usize::MAX));
+            ctx.put_file("/file_url", &file.media_type, data.as_bytes()).await?;
+        }
         if let Some(message) = options.fail {
             return Err(JobError::BadInput(message));
         }
@@ -81,6 +87,54 @@ struct Options {
     fail: Option<String>,
     sleep_ms: u64,
     stream: u64,
+    file: Option<FileOption>,
+}
+
+/// `file`: an output file of `text` repeated `repeat` times, whose URL the
+/// output gets as `file_url`.
+#[derive(Debug, PartialEq)]
+struct FileOption {
+    text: String,
+    repeat: u64,
+    media_type: String,
+}
+
+/// Largest echo file (text × repeat), in bytes.
+const MAX_FILE_BYTES: u64 = 256 << 20;
+
+impl FileOption {
+    fn parse(value: &Value) -> Result<Option<Self>, JobError> {
+        let object = match value {
+            Value::Null => return Ok(None),
+            Value::Object(object) => object,
+            _ => return Err(JobError::bad_input("`file` must be an object")),
+        };
+        let text = match object.get("text") {
+            Some(Value::String(text)) => text.clone(),
+            _ => return Err(JobError::bad_input("`file.text` must be a string")),
+        };
+        let repeat = match object.get("repeat") {
+            None | Some(Value::Null) => 1,
+            Some(value) => value
+                .as_u64()
+                .ok_or_else(|| JobError::bad_input("`file.repeat` must be a non-negative integer"))?,
+        };
+        if (text.len() as u64).saturating_mul(repeat) > MAX_FILE_BYTES {
+            return Err(JobError::bad_input(format!(
+                "`file` may be at most {MAX_FILE_BYTES} bytes"
+            )));
+        }
+        let media_type = match object.get("media_type") {
+            None | Some(Value::Null) => "text/plain".to_owned(),
+            Some(Value::String(media_type)) => media_type.clone(),
+            _ => return Err(JobError::bad_input("`file.media_type` must be a string")),
+        };
+        Ok(Some(Self {
+            text,
+            repeat,
+            media_type,
+        }))
+    }
 }
 
 impl Options {
@@ -107,7 +161,13 @@ impl Options {
                 "`stream` may ask for at most {MAX_STREAM_CHUNKS} chunks"
             )));
         }
-        Ok(Self { fail, sleep_ms, stream })
+        let file = FileOption::parse(object.get("file").unwrap_or(&Value::Null))?;
+        Ok(Self {
+            fail,
+            sleep_ms,
+            stream,
+            file,
+        })
     }
 }
 
@@ -124,7 +184,8 @@ mod tests {
             Options {
                 fail: Some("failure requested by the input".into()),
                 sleep_ms: 5,
-                stream: 2
+                stream: 2,
+                file: None,
             }
         );
         assert_eq!(
