@@ -11,6 +11,7 @@ mod m20261122_000007_webhook_outbox;
 mod m20261123_000008_job_trace_context;
 mod m20261124_000009_output_files;
 mod m20261124_000010_webhook_secrets;
+mod m20261124_000011_credit;
 
 pub struct Migrator;
 
@@ -28,6 +29,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261123_000008_job_trace_context::Migration),
             Box::new(m20261124_000009_output_files::Migration),
             Box::new(m20261124_000010_webhook_secrets::Migration),
+            Box::new(m20261124_000011_credit::Migration),
         ]
     }
 }

@@ -7,7 +7,7 @@ use utoipa::openapi::path::{Operation, PathItem};
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::{Content, HttpMethod, Ref, RefOr, Response, ResponseBuilder};
 
-use crate::handlers::{catalog, files, jobs, meta, models, openai, volumes};
+use crate::handlers::{billing, catalog, files, jobs, meta, models, openai, volumes};
 use crate::problem::{PROBLEM_JSON, Problem};
 use crate::routes::{Endpoint, management_endpoints, public_endpoints};
 
@@ -18,10 +18,11 @@ use crate::routes::{Endpoint, management_endpoints, public_endpoints};
     paths(
         volumes::list, volumes::create, volumes::get, volumes::update, volumes::delete,
         catalog::list_data_centers, catalog::get_data_center,
+        billing::balance,
         meta::openapi, meta::healthz, meta::readyz, meta::metrics,
     ),
-    components(schemas(Problem, volumes::ListNetworkVolumesResponse, catalog::ListDataCentersResponse)),
-    tags((name = "Network Volumes"), (name = "Catalog"), (name = "Meta")),
+    components(schemas(Problem, volumes::ListNetworkVolumesResponse, catalog::ListDataCentersResponse, billing::Balance)),
+    tags((name = "Network Volumes"), (name = "Catalog"), (name = "Billing"), (name = "Meta")),
 )]
 struct ApiDoc;
 
@@ -225,6 +226,17 @@ fn decorate(op: &mut Operation, endpoint: &Endpoint) {
         add("405", "Method not allowed on this path; `Allow` lists the methods.");
         if endpoint.path.contains('{') {
             add("404", "Not found, or not the caller's.");
+        }
+        // Every route that queues a job admits it against the caller's credit.
+        let queues = endpoint.path.ends_with("/run")
+            || endpoint.path.ends_with("/runsync")
+            || endpoint.path.contains("/retry/")
+            || endpoint.path.ends_with("/completions");
+        if endpoint.path.starts_with("/v2/{model_id}/") && queues {
+            add(
+                "402",
+                "No credit left: the balance minus what the caller's queued and running jobs may cost is not above zero. Nothing was queued.",
+            );
         }
         if op.request_body.is_some() {
             add(

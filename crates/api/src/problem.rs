@@ -32,6 +32,8 @@ pub enum ApiError {
     #[error("{0}")]
     Forbidden(String),
     #[error("{0}")]
+    PaymentRequired(String),
+    #[error("{0}")]
     NotFound(String),
     #[error("{detail}")]
     BadRequest { detail: String, errors: Vec<String> },
@@ -92,6 +94,7 @@ impl ResponseError for ApiError {
         match self {
             ApiError::Unauthorized(_) => StatusCode::UNAUTHORIZED,
             ApiError::Forbidden(_) => StatusCode::FORBIDDEN,
+            ApiError::PaymentRequired(_) => StatusCode::PAYMENT_REQUIRED,
             ApiError::NotFound(_) => StatusCode::NOT_FOUND,
             ApiError::BadRequest { .. } => StatusCode::BAD_REQUEST,
             ApiError::Unprocessable(_) => StatusCode::UNPROCESSABLE_ENTITY,

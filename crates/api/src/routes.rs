@@ -4,7 +4,7 @@ use actix_web::http::Method;
 use actix_web::middleware::from_fn;
 use actix_web::{Route, web};
 
-use crate::handlers::{catalog, files, jobs, meta, models, openai, volumes};
+use crate::handlers::{billing, catalog, files, jobs, meta, models, openai, volumes};
 use crate::middleware::authenticate;
 use crate::problem::ApiError;
 
@@ -52,6 +52,7 @@ pub fn management_endpoints() -> Vec<Endpoint> {
         keyed(Method::GET, "/v2/catalog/datacenters/{id}", || {
             web::get().to(catalog::get_data_center)
         }),
+        keyed(Method::GET, "/v2/billing/balance", || web::get().to(billing::balance)),
         open(Method::GET, "/v2/openapi.json", || web::get().to(meta::openapi)),
         open(Method::GET, "/healthz", || web::get().to(meta::healthz)),
         open(Method::GET, "/readyz", || web::get().to(meta::readyz)),

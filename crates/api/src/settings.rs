@@ -52,6 +52,22 @@ pub struct Settings {
     /// Where generated files (images, audio, video) are stored and how long
     /// their URLs work.
     pub files: gantry_files::FilesConfig,
+    pub billing: BillingSettings,
+}
+
+/// Credit and billing.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct BillingSettings {
+    /// Jobs are accepted only while their owner has credit (`402` otherwise);
+    /// operators add it with `gantry users add-credit EMAIL USD`.
+    pub require_credit: bool,
+}
+
+impl Default for BillingSettings {
+    fn default() -> Self {
+        Self { require_credit: true }
+    }
 }
 
 /// The text generation engine (llama.cpp), per loaded model.
@@ -184,6 +200,7 @@ impl Settings {
     pub fn job_config(&self) -> Result<gantry_scheduler::SchedulerConfig, String> {
         let mut config = self.scheduler.job_config();
         config.files = Some(self.open_files()?);
+        config.require_credit = self.billing.require_credit;
         Ok(config)
     }
 }
@@ -264,6 +281,7 @@ impl Default for Settings {
             auth: AuthSettings::default(),
             catalog: CatalogSettings::default(),
             files: gantry_files::FilesConfig::default(),
+            billing: BillingSettings::default(),
         }
     }
 }

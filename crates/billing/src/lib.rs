@@ -9,6 +9,7 @@
 //! ([`entry_id`]), so charging a job twice is impossible (the primary key).
 //! [`record_charges`] takes any connection, so the scheduler writes the
 //! charge in the same transaction as the job's completion.
+pub mod credit;
 mod entity;
 
 use gantry_catalog::{ModelSpec, Price};
@@ -114,7 +115,22 @@ pub async fn record_charges<C: ConnectionTrait>(db: &C, charges: &[Charge], at_m
             .map_err(|e| DbErr::Custom(e.to_string()))?;
     }
     insert.on_conflict(OnConflict::column(Column::Id).do_nothing().to_owned());
-    Ok(db.execute(&insert).await?.rows_affected())
+    // Only the charges written now lower balances: a job charged before is
+    // neither charged nor debited again.
+    insert.returning_col(Column::Id);
+    let written = db.query_all(&insert).await?;
+    let mut debits: Vec<(String, i64)> = Vec::new();
+    for row in &written {
+        let id: String = row.try_get_by_index(0)?;
+        if let Some(charge) = charges.iter().find(|c| entry_id(&c.job_id) == id) {
+            match debits.iter_mut().find(|(user, _)| *user == charge.user_id) {
+                Some((_, total)) => *total -= charge.amount_micro_usd,
+                None => debits.push((charge.user_id.clone(), -charge.amount_micro_usd)),
+            }
+        }
+    }
+    credit::adjust(db, &debits, at_ms).await?;
+    Ok(written.len() as u64)
 }
 
 /// Totals of the whole ledger per model and unit: (model, unit, quantity in

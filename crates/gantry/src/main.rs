@@ -99,6 +99,15 @@ enum UsersCommand {
         #[arg(long, conflicts_with_all = ["minute", "hour", "day", "exempt", "no_exempt"])]
         reset: bool,
     },
+    /// Add credit (USD, exact: up to 6 decimals) to a user's balance; prints the new balance.
+    AddCredit {
+        email: String,
+        /// The amount in USD, e.g. `10` or `0.25`.
+        usd: String,
+        /// Why (kept with the credit entry).
+        #[arg(long, default_value = "top-up")]
+        reason: String,
+    },
     /// Print the secret the user's webhooks are signed with (Standard
     /// Webhooks, `whsec_…`), creating it if needed; `--rotate` replaces it.
     WebhookSecret {
@@ -309,7 +318,7 @@ async fn serve(settings: Settings) -> CliResult {
         scheduler,
         workers,
     } = Platform::start(settings).await?;
-    bootstrap_admin(&app.state().auth).await?;
+    bootstrap_admin(&app.state().auth, &app.state().db).await?;
     // Listen for signals before announcing readiness, so an early SIGTERM is graceful too.
     let signal = shutdown_signal()?;
     tracing::info!(
@@ -344,7 +353,7 @@ async fn serve_until(app: Application, signal: impl std::future::Future<Output =
 
 async fn api(settings: Settings) -> CliResult {
     let app = Application::build(settings, None).await?;
-    bootstrap_admin(&app.state().auth).await?;
+    bootstrap_admin(&app.state().auth, &app.state().db).await?;
     let signal = shutdown_signal()?;
     tracing::info!(management = %app.management_addr(), public = %app.public_addr(), "gantry api is serving");
     serve_until(app, signal).await
@@ -495,8 +504,13 @@ fn mib(bytes: u64) -> String {
     }
 }
 
-/// On a first start with no users, create an admin and print one all-scopes key, once.
-async fn bootstrap_admin(auth: &AuthService) -> CliResult {
+/// The credit the first user gets, so that a fresh install can run models at
+/// once (a credit entry like any top-up).
+const BOOTSTRAP_CREDIT_MICRO_USD: i64 = 100_000_000;
+
+/// On a first start with no users, create an admin with 100 USD of credit
+/// and print one all-scopes key, once.
+async fn bootstrap_admin(auth: &AuthService, db: &sea_orm::DatabaseConnection) -> CliResult {
     if auth.user_count().await? > 0 {
         return Ok(());
     }
@@ -509,8 +523,12 @@ async fn bootstrap_admin(auth: &AuthService) -> CliResult {
     let issued = auth
         .issue_key(&user, ScopeSet::all(), None, Some("bootstrap".into()))
         .await?;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+    gantry_billing::credit::add_credit(db, &user.id, BOOTSTRAP_CREDIT_MICRO_USD, "bootstrap", now).await?;
     println!(
-        "Created the first user, {email}, with an API key that has every scope.\n\
+        "Created the first user, {email}, with 100 USD of credit and an API key that has every scope.\n\
          It is shown only this once; store it now:\n\n    {key}\n",
         email = user.email,
         key = issued.key.expose()
@@ -537,6 +555,21 @@ fn shutdown_signal() -> std::io::Result<impl std::future::Future<Output = ()>> {
 async fn users(cmd: UsersCommand, db: sea_orm::DatabaseConnection) -> CliResult {
     let auth = AuthService::new(db.clone(), std::time::Duration::from_millis(1));
     match cmd {
+        UsersCommand::AddCredit { email, usd, reason } => {
+            let amount = gantry_billing::credit::parse_usd(&usd)?;
+            let user = auth.find_user(&email).await?;
+            let now = std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+            let balance = gantry_billing::credit::add_credit(&db, &user.id, amount, &reason, now).await?;
+            println!("{}", gantry_billing::credit::usd_string(balance));
+            eprintln!(
+                "added {} USD to {}; balance {} USD",
+                gantry_billing::credit::usd_string(amount),
+                user.email,
+                gantry_billing::credit::usd_string(balance)
+            );
+        }
         UsersCommand::WebhookSecret { email, rotate } => {
             let user = auth.find_user(&email).await?;
             let secret = gantry_scheduler::webhook_secret(&db, &user.id, rotate).await?;

@@ -63,6 +63,10 @@ pub struct SchedulerConfig {
     /// Where output files are stored, and how their URLs are made. Without
     /// it a job whose worker sends files fails. Default none.
     pub files: Option<gantry_files::Files>,
+    /// A job is admitted only while its owner has credit: balance minus the
+    /// holds of their queued and running jobs above zero (`402` otherwise).
+    /// Default false.
+    pub require_credit: bool,
 }
 
 impl Default for SchedulerConfig {
@@ -85,6 +89,7 @@ impl Default for SchedulerConfig {
             sole_owner: false,
             webhook_allow_ranges: Vec::new(),
             files: None,
+            require_credit: false,
         }
     }
 }

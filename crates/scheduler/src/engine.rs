@@ -33,7 +33,7 @@ const MAX_OPS: usize = 1024;
 const COLUMNS: &str = "id, user_id, model, status, input, output, error, webhook, low_priority, sync, \
     execution_timeout_ms, ttl_ms, attempt, max_attempts, retries, worker_id, owner, lease_until_ms, \
     run_deadline_ms, created_at_ms, queued_at_ms, started_at_ms, completed_at_ms, expires_at_ms, \
-    cost_micro_usd, usage_unit, usage_quantity_micros, chunks_read, webhook_due_ms, trace_context, files";
+    cost_micro_usd, usage_unit, usage_quantity_micros, chunks_read, webhook_due_ms, trace_context, files, hold_micro_usd";
 
 /// One queued operation and where its result goes.
 struct Op {
@@ -273,7 +273,7 @@ fn copy(error: &DbErr) -> DbErr {
 static INSERT_JOB: LazyLock<String> = LazyLock::new(|| {
     format!(
         "INSERT INTO jobs ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, \
-         ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31)"
+         ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32)"
     )
 });
 
@@ -361,6 +361,7 @@ impl<'c> Statements<'c> {
             row.webhook_due_ms,
             row.trace_context,
             row.files,
+            row.hold_micro_usd,
         ])?;
         Ok(())
     }
@@ -385,10 +386,11 @@ impl<'c> Statements<'c> {
         Ok(())
     }
 
-    /// The ledger entry of a completed job (at most one per job).
+    /// The ledger entry of a completed job (at most one per job), and the
+    /// debit of its owner's balance when the entry is new.
     fn charge(&mut self, row: &job::Model, usage: &Usage, now: i64) -> rusqlite::Result<()> {
         let statement = Self::prepared(self.conn, &mut self.charge, INSERT_CHARGE)?;
-        statement.execute(params![
+        let written = statement.execute(params![
             gantry_billing::entry_id(&row.id),
             row.user_id,
             row.id,
@@ -398,6 +400,10 @@ impl<'c> Statements<'c> {
             usage.amount,
             now
         ])?;
+        if written == 1 {
+            let mut debit = self.conn.prepare_cached(gantry_billing::credit::ADJUST_ONE_SQL)?;
+            debit.execute(params![row.user_id, -usage.amount, now])?;
+        }
         Ok(())
     }
 }
@@ -435,6 +441,7 @@ fn job_of(row: &Row<'_>) -> rusqlite::Result<job::Model> {
         webhook_due_ms: row.get(28)?,
         trace_context: row.get(29)?,
         files: row.get(30)?,
+        hold_micro_usd: row.get(31)?,
     })
 }
 

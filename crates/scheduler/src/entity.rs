@@ -56,6 +56,9 @@ pub mod job {
         /// `gantry_dispatch::StoredFile`; `None` when it has none.
         #[sea_orm(column_type = "Text", nullable)]
         pub files: Option<String>,
+        /// The most the job may cost (micro-USD), counted against its
+        /// owner's balance while it is queued or running (`credit.rs`).
+        pub hold_micro_usd: i64,
     }
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
@@ -98,6 +101,7 @@ pub mod job {
             webhook_due_ms: None,
             trace_context: None,
             files: None,
+            hold_micro_usd: 0,
         }
     }
 }

@@ -14,6 +14,7 @@
 //! Any number of schedulers may share one PostgreSQL database. See
 //! `docs/scheduler.md` for the lifecycle, leases and billing rules.
 mod config;
+mod credit;
 mod destinations;
 mod engine;
 mod entity;

@@ -152,6 +152,7 @@ impl JobStore {
             // The `job.submit` span: what follows the job joins its trace.
             trace_context: gantry_telemetry::trace::current_traceparent(),
             files: None,
+            hold_micro_usd: crate::credit::hold(model, &req.input),
         };
         tracing::Span::current().record("job_id", row.id.as_str());
         // What the caller is told: accepted into the queue.
@@ -166,7 +167,10 @@ impl JobStore {
         // A sync job given to this process's scheduler is not written now at
         // all: the scheduler writes it when it ends, or once it has run for
         // `sync_store_after` (see `SchedulerConfig::sync_store_after`).
-        let unstored = parked && claimed.is_some() && self.config.sync_store_after_ms() > 0;
+        // With credit enforced every job is admitted by a write (see
+        // `credit.rs`), so none stays unstored.
+        let unstored =
+            parked && claimed.is_some() && self.config.sync_store_after_ms() > 0 && !self.config.require_credit;
         if parked {
             self.hub.park(&row, claimed.is_some());
         }
@@ -187,14 +191,19 @@ impl JobStore {
             }
             return Ok(view);
         }
-        if let Err(error) = self.insert(&row).await {
+        let inserted = if self.config.require_credit {
+            crate::credit::admit(&self.db, &self.hub.write_lock, &row).await
+        } else {
+            self.insert(&row).await.map_err(JobError::from)
+        };
+        if let Err(error) = inserted {
             if parked {
                 self.hub.unpark(&row.id);
             }
             if claimed.is_some() {
                 self.hub.return_credit(&row.model);
             }
-            return Err(error.into());
+            return Err(error);
         }
         if claimed.is_some() {
             // If the lane closed meanwhile, the row stays IN_PROGRESS until its
@@ -253,6 +262,14 @@ impl JobStore {
     /// now: URLs are never stored).
     async fn linked(&self, view: JobView) -> JobView {
         view.linked(self.config.files.as_ref()).await
+    }
+
+    /// The user's balance and what their jobs in flight may still cost
+    /// (micro-USD).
+    pub async fn credit(&self, user: &str) -> Result<(i64, i64), JobError> {
+        let balance = gantry_billing::credit::balance(&self.db, user).await?;
+        let held = crate::credit::held(&self.db, user).await?;
+        Ok((balance, held))
     }
 
     /// Waits until the job is final or `timeout` passes, then returns its view.
@@ -340,6 +357,9 @@ impl JobStore {
     /// Sends a `FAILED` or `TIMED_OUT` job back to the queue: same id, same
     /// input, a fresh TTL and a fresh budget of attempts.
     pub async fn retry(&self, user: &str, model_id: &str, job_id: &str) -> Result<JobView, JobError> {
+        if self.config.require_credit {
+            crate::credit::has_credit(&self.db, user).await?;
+        }
         let guard = serialize_writes(&self.hub.write_lock, &self.db).await;
         let now = now_ms();
         let attempts = i64::from(self.config.max_attempts);

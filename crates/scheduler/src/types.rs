@@ -224,6 +224,14 @@ pub enum JobError {
     /// whose scheduler stopped before writing it: it is gone and uncharged.
     #[error("the scheduler running this job stopped before the job was stored; it was not charged, submit it again")]
     Lost,
+    /// The account has no credit left for another job (balance minus what
+    /// its queued and running jobs may cost); nothing was queued.
+    #[error(
+        "no credit left: the balance is {} USD and jobs in flight may cost up to {} USD; add credit to run more jobs",
+        gantry_billing::credit::usd_string(*balance),
+        gantry_billing::credit::usd_string(*held)
+    )]
+    PaymentRequired { balance: i64, held: i64 },
     #[error(transparent)]
     Database(#[from] DbErr),
 }

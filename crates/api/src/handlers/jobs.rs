@@ -30,6 +30,7 @@ impl From<JobError> for ApiError {
             JobError::Invalid(message) => ApiError::Unprocessable(vec![message]),
             JobError::NotRetryable(_) => ApiError::Conflict(err.to_string()),
             JobError::Lost => ApiError::Unavailable(err.to_string()),
+            JobError::PaymentRequired { .. } => ApiError::PaymentRequired(err.to_string()),
             JobError::Database(db) => ApiError::internal("job storage failed", &db),
         }
     }

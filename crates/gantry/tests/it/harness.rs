@@ -56,6 +56,8 @@ impl TestApp {
         // The echo model only; the text model tests add theirs.
         settings.scheduler.bundled_workers = vec!["gantry-echo".into()];
         settings.pull_on_start = false;
+        // Credit is tested on its own (credit.rs); elsewhere users need none.
+        settings.billing.require_credit = false;
         // The tests' webhook receivers listen on loopback.
         settings.scheduler.webhook_allow_ranges = vec!["127.0.0.0/8".into()];
         tweak(&mut settings);

@@ -6,6 +6,7 @@ mod harness;
 mod auth;
 mod catalog;
 mod cli;
+mod credit;
 mod errors;
 mod files;
 mod jobs;

@@ -244,12 +244,14 @@ impl Cluster {
         String::from_utf8(output.stdout).expect("utf-8 stdout")
     }
 
-    /// A user (exempt from rate limits: the tests poll a lot) with an `endpoints:run` key,
+    /// A user (exempt from rate limits: the tests poll a lot) with credit and an `endpoints:run` key,
     /// made with the CLI. This also applies the migrations, before any server starts.
     fn user_key(&self) -> String {
         let email = format!("procs{}@example.test", crate::harness::unique());
         self.cli(&["users", "create", &email]);
         self.cli(&["users", "set-limits", &email, "--exempt"]);
+        // Credit is required (the default): enough for every test's jobs.
+        self.cli(&["users", "add-credit", &email, "100"]);
         let key = self.cli(&["keys", "create", "--user", &email, "--scopes", "endpoints:run"]);
         let key = key.trim().to_string();
         assert!(key.starts_with("gk_"), "a key on stdout: {key:?}");

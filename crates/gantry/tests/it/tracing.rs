@@ -180,13 +180,14 @@ impl Deployment {
         command
     }
 
-    /// A user with an `endpoints:run` key, made with the CLI (which also
+    /// A user with credit and an `endpoints:run` key, made with the CLI (which also
     /// applies the migrations).
     fn user_key(&self) -> String {
         let email = format!("traces{}@example.test", crate::harness::unique());
         for args in [
             vec!["users", "create", email.as_str()],
             vec!["users", "set-limits", email.as_str(), "--exempt"],
+            vec!["users", "add-credit", email.as_str(), "10"],
         ] {
             let output = self.command(&args).stdin(Stdio::null()).output().expect("run gantry");
             assert!(

@@ -1,0 +1,117 @@
+//! Admitting jobs against their owner's credit.
+//!
+//! Every job carries a hold: the most it may cost (`jobs.hold_micro_usd`,
+//! [`hold`]). With `SchedulerConfig::require_credit`, a job is admitted only
+//! while its owner's balance minus the holds of their queued and running jobs
+//! is above zero, and the check and the job's insert are one transaction
+//! serialized per user (the user's `credit_accounts` row is locked on
+//! PostgreSQL; SQLite writes one at a time). Holds are not a stored counter:
+//! they are read from the jobs in flight, so a job that fails, is cancelled,
+//! times out or is lost with its process releases its hold by reaching that
+//! state, and no path can leak one. A completion debits the balance by the
+//! actual cost in its own transaction (`gantry_billing::record_charges`).
+//!
+//! The bound: each admitted job saw credit left after every hold before it,
+//! so as long as a job costs at most its hold, the balance never ends more
+//! than one job's cost below zero, however many jobs race for the last credit.
+
+use gantry_catalog::ModelSpec;
+use sea_orm::sea_query::Expr;
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, EntityTrait, QueryFilter, QuerySelect, Statement,
+    TransactionTrait,
+};
+use serde_json::Value;
+
+use crate::entity::job;
+use crate::store::serialize_writes;
+use crate::types::{JobError, JobStatus};
+
+/// The most a job of `model` with `input` may cost, in micro-USD: its price
+/// for an upper bound of the units it can use. Requests: 1. Tokens: the
+/// context of the text models (8192). Characters: the prompt's length (at
+/// least 1). Megapixels: `width` × `height` × `num_images` (1 MP if absent).
+/// Seconds: `duration` (10 s if absent). Other units: 1.
+pub fn hold(model: &ModelSpec, input: &Value) -> i64 {
+    let number = |key: &str| {
+        input
+            .get(key)
+            .and_then(Value::as_f64)
+            .filter(|n| n.is_finite() && *n > 0.0)
+    };
+    let units: f64 = match model.unit.as_str() {
+        "tokens" => 8192.0,
+        "characters" => input
+            .get("prompt")
+            .and_then(Value::as_str)
+            .map_or(1.0, |p| p.chars().count().max(1) as f64),
+        "megapixels" => {
+            let pixels = number("width").unwrap_or(1024.0) * number("height").unwrap_or(1024.0);
+            pixels * number("num_images").unwrap_or(1.0) / 1e6
+        }
+        "seconds" => number("duration").unwrap_or(10.0),
+        _ => 1.0,
+    };
+    let micros = (units * 1e6).ceil().min(i64::MAX as f64) as i64;
+    gantry_billing::cost(micros, &model.unit, model).unwrap_or(i64::MAX / 4)
+}
+
+/// What the user's jobs in flight may still cost.
+pub async fn held<C: ConnectionTrait>(db: &C, user: &str) -> Result<i64, sea_orm::DbErr> {
+    let sum: Option<Option<i64>> = job::Entity::find()
+        .select_only()
+        .column_as(Expr::cust("CAST(COALESCE(SUM(hold_micro_usd), 0) AS BIGINT)"), "held")
+        .filter(job::Column::UserId.eq(user))
+        .filter(job::Column::Status.is_in([JobStatus::InQueue.as_str(), JobStatus::InProgress.as_str()]))
+        .into_tuple()
+        .one(db)
+        .await?;
+    Ok(sum.flatten().unwrap_or(0))
+}
+
+/// Inserts `row` if its owner has credit left, else `PaymentRequired` and
+/// nothing is written.
+pub(crate) async fn admit(
+    db: &DatabaseConnection,
+    write_lock: &tokio::sync::Mutex<()>,
+    row: &job::Model,
+) -> Result<(), JobError> {
+    use sea_orm::{ActiveModelTrait, IntoActiveModel};
+    let _guard = serialize_writes(write_lock, db).await;
+    let txn = db.begin().await?;
+    let backend = txn.get_database_backend();
+    // The account row is the per-user lock: admissions of one user queue
+    // here, and a settlement's debit waits for the admission to commit.
+    let lock = match backend {
+        DbBackend::Postgres => "SELECT balance_micro_usd FROM credit_accounts WHERE user_id = $1 FOR UPDATE",
+        _ => "SELECT balance_micro_usd FROM credit_accounts WHERE user_id = ?",
+    };
+    let balance = txn
+        .query_one_raw(Statement::from_sql_and_values(
+            backend,
+            lock,
+            [row.user_id.as_str().into()],
+        ))
+        .await?
+        .map(|r| r.try_get_by_index::<i64>(0))
+        .transpose()?
+        .unwrap_or(0);
+    let held = held(&txn, &row.user_id).await?;
+    if balance.saturating_sub(held) <= 0 {
+        return Err(JobError::PaymentRequired { balance, held });
+    }
+    row.clone().into_active_model().reset_all().insert(&txn).await?;
+    txn.commit().await?;
+    Ok(())
+}
+
+/// Whether the user could start one more job now (for a retry; not
+/// serialized with other admissions).
+pub(crate) async fn has_credit<C: ConnectionTrait>(db: &C, user: &str) -> Result<(), JobError> {
+    let balance = gantry_billing::credit::balance(db, user).await?;
+    let held = held(db, user).await?;
+    if balance.saturating_sub(held) <= 0 {
+        return Err(JobError::PaymentRequired { balance, held });
+    }
+    Ok(())
+}
