@@ -12,6 +12,8 @@ mod m20261123_000008_job_trace_context;
 mod m20261124_000009_output_files;
 mod m20261124_000010_webhook_secrets;
 mod m20261124_000011_credit;
+mod m20261124_000012_storage_charges;
+mod m20261124_000013_worker_gpus;
 
 pub struct Migrator;
 
@@ -30,6 +32,8 @@ impl MigratorTrait for Migrator {
             Box::new(m20261124_000009_output_files::Migration),
             Box::new(m20261124_000010_webhook_secrets::Migration),
             Box::new(m20261124_000011_credit::Migration),
+            Box::new(m20261124_000012_storage_charges::Migration),
+            Box::new(m20261124_000013_worker_gpus::Migration),
         ]
     }
 }

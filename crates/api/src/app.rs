@@ -25,6 +25,9 @@ pub struct AppState {
     pub auth: Arc<AuthService>,
     pub volumes: VolumeService,
     pub catalog: Arc<Catalog>,
+    /// The GPU types and CPU flavors of `/v2/catalog/gpus` and `/cpus`.
+    pub gpus: Arc<Vec<gantry_catalog::GpuType>>,
+    pub cpus: Arc<Vec<gantry_catalog::CpuType>>,
     pub body_limit: usize,
     /// How long a request body may take to arrive (`http.body_timeout_ms`).
     pub body_timeout: Duration,
@@ -195,6 +198,16 @@ impl Application {
             },
             _sqlite_lock: lock,
             catalog: Arc::new(catalog),
+            gpus: Arc::new(if settings.catalog.gpus.is_empty() {
+                gantry_catalog::default_gpus()
+            } else {
+                settings.catalog.gpus.clone()
+            }),
+            cpus: Arc::new(if settings.catalog.cpus.is_empty() {
+                gantry_catalog::default_cpus()
+            } else {
+                settings.catalog.cpus.clone()
+            }),
             body_limit: settings.http.body_limit_bytes,
             body_timeout: Duration::from_millis(settings.http.body_timeout_ms.max(1)),
             limiter,

@@ -18,7 +18,8 @@ use crate::routes::{Endpoint, management_endpoints, public_endpoints};
     paths(
         volumes::list, volumes::create, volumes::get, volumes::update, volumes::delete,
         catalog::list_data_centers, catalog::get_data_center,
-        billing::balance,
+        catalog::list_gpus, catalog::get_gpu, catalog::list_cpus, catalog::get_cpu,
+        billing::history, billing::endpoints, billing::network_volumes, billing::balance,
         meta::openapi, meta::healthz, meta::readyz, meta::metrics,
     ),
     components(schemas(Problem, volumes::ListNetworkVolumesResponse, catalog::ListDataCentersResponse, billing::Balance)),
@@ -246,7 +247,7 @@ fn decorate(op: &mut Operation, endpoint: &Endpoint) {
             add("413", "The request body exceeds the limit.");
             add("415", "The request body is not application/json.");
             add("422", "Validation failed; `errors` lists every failure.");
-        } else if endpoint.path.starts_with("/v2/catalog") {
+        } else if endpoint.path.starts_with("/v2/catalog") || endpoint.path.starts_with("/v2/billing") {
             add("400", "Invalid query parameters; `errors` lists every failure.");
         }
         add(

@@ -52,6 +52,17 @@ pub fn management_endpoints() -> Vec<Endpoint> {
         keyed(Method::GET, "/v2/catalog/datacenters/{id}", || {
             web::get().to(catalog::get_data_center)
         }),
+        keyed(Method::GET, "/v2/catalog/gpus", || web::get().to(catalog::list_gpus)),
+        keyed(Method::GET, "/v2/catalog/gpus/{id}", || web::get().to(catalog::get_gpu)),
+        keyed(Method::GET, "/v2/catalog/cpus", || web::get().to(catalog::list_cpus)),
+        keyed(Method::GET, "/v2/catalog/cpus/{id}", || web::get().to(catalog::get_cpu)),
+        keyed(Method::GET, "/v2/billing", || web::get().to(billing::history)),
+        keyed(Method::GET, "/v2/billing/endpoints", || {
+            web::get().to(billing::endpoints)
+        }),
+        keyed(Method::GET, "/v2/billing/network-volumes", || {
+            web::get().to(billing::network_volumes)
+        }),
         keyed(Method::GET, "/v2/billing/balance", || web::get().to(billing::balance)),
         open(Method::GET, "/v2/openapi.json", || web::get().to(meta::openapi)),
         open(Method::GET, "/healthz", || web::get().to(meta::healthz)),

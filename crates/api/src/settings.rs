@@ -62,11 +62,16 @@ pub struct BillingSettings {
     /// Jobs are accepted only while their owner has credit (`402` otherwise);
     /// operators add it with `gantry users add-credit EMAIL USD`.
     pub require_credit: bool,
+    /// Monthly prices of network volume storage per GB, in micro-USD, by tier.
+    pub storage: gantry_billing::storage::StoragePrices,
 }
 
 impl Default for BillingSettings {
     fn default() -> Self {
-        Self { require_credit: true }
+        Self {
+            require_credit: true,
+            storage: gantry_billing::storage::StoragePrices::default(),
+        }
     }
 }
 
@@ -201,6 +206,7 @@ impl Settings {
         let mut config = self.scheduler.job_config();
         config.files = Some(self.open_files()?);
         config.require_credit = self.billing.require_credit;
+        config.storage_prices = self.billing.storage;
         Ok(config)
     }
 }
@@ -256,6 +262,10 @@ impl Default for RateLimitSettings {
 pub struct CatalogSettings {
     /// Replaces the built-in data center set when non-empty.
     pub data_centers: Vec<DataCenter>,
+    /// Replaces the built-in GPU types when non-empty.
+    pub gpus: Vec<gantry_catalog::GpuType>,
+    /// Replaces the built-in CPU flavors when non-empty.
+    pub cpus: Vec<gantry_catalog::CpuType>,
 }
 
 impl Default for Settings {

@@ -11,6 +11,8 @@
 //! charge in the same transaction as the job's completion.
 pub mod credit;
 mod entity;
+pub mod history;
+pub mod storage;
 
 use gantry_catalog::{ModelSpec, Price};
 use sea_orm::sea_query::{Expr, OnConflict, Query};

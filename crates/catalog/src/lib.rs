@@ -2,10 +2,15 @@
 //! resource availability). It comes from configuration, with a built-in default set.
 mod datacenter;
 mod defaults;
+mod hardware;
 mod models;
 
 pub use datacenter::{
     AvailabilityLevel, Catalog, Compliance, DataCenter, DataCenterFilter, DataCenterInclude, DataCenterRegion,
     DataCenterView, ResourceAvailability, TierError, VolumeType,
+};
+pub use hardware::{
+    CpuPrice, CpuType, GpuManufacturer, GpuMaxCount, GpuPrice, GpuType, VcpuRange, availability_of, default_cpus,
+    default_gpus,
 };
 pub use models::{ModelCatalog, ModelKind, ModelSpec, Price};

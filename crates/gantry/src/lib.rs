@@ -100,6 +100,11 @@ impl SchedulerRole {
         })
     }
 
+    /// The secret this scheduler's workers sign their tokens with.
+    pub fn worker_secret(&self) -> &[u8] {
+        &self.secret
+    }
+
     /// Starts the bundled workers named in the settings, in this process.
     /// Missing weights are fetched first when `pull_on_start` is set; a model
     /// whose weights cannot be had is left out (with a message that says how
@@ -139,9 +144,34 @@ impl SchedulerRole {
 
 pub fn worker_config(url: &str, worker_id: &str, credentials: Credentials, settings: &Settings) -> WorkerConfig {
     let mut config = WorkerConfig::new(url, worker_id, credentials);
+    if let Some((name, memory)) = detect_gpu() {
+        config.gpu_name = name.clone();
+        config.gpu_memory_bytes = *memory;
+    }
     config.slots = settings.scheduler.bundled_slots.max(1);
     config.heartbeat_interval = Duration::from_millis(settings.scheduler.heartbeat_interval_ms.max(50));
     config
+}
+
+/// The machine's first GPU as the driver names it, with its memory in bytes,
+/// from `nvidia-smi` (once per process); `None` without an NVIDIA GPU or
+/// driver. Workers report it in their hello: the GPU catalog's availability
+/// is made of these reports.
+pub fn detect_gpu() -> &'static Option<(String, u64)> {
+    static GPU: std::sync::OnceLock<Option<(String, u64)>> = std::sync::OnceLock::new();
+    GPU.get_or_init(|| {
+        let output = std::process::Command::new("nvidia-smi")
+            .args(["--query-gpu=name,memory.total", "--format=csv,noheader,nounits"])
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::null())
+            .output()
+            .ok()
+            .filter(|o| o.status.success())?;
+        let text = String::from_utf8(output.stdout).ok()?;
+        let (name, memory_mib) = text.lines().next()?.split_once(',')?;
+        let memory_mib: u64 = memory_mib.trim().parse().ok()?;
+        Some((name.trim().to_owned(), memory_mib * 1024 * 1024))
+    })
 }
 
 /// Workers running in this process; each drains (finishes what runs) on shutdown.

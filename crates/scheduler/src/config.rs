@@ -67,6 +67,8 @@ pub struct SchedulerConfig {
     /// holds of their queued and running jobs above zero (`402` otherwise).
     /// Default false.
     pub require_credit: bool,
+    /// Monthly prices of network volume storage per GB, by tier.
+    pub storage_prices: gantry_billing::storage::StoragePrices,
 }
 
 impl Default for SchedulerConfig {
@@ -90,6 +92,7 @@ impl Default for SchedulerConfig {
             webhook_allow_ranges: Vec::new(),
             files: None,
             require_credit: false,
+            storage_prices: gantry_billing::storage::StoragePrices::default(),
         }
     }
 }

@@ -190,6 +190,28 @@ pub mod webhook_secret {
     impl ActiveModelBehavior for ActiveModel {}
 }
 
+pub mod worker_gpu {
+    use sea_orm::entity::prelude::*;
+
+    /// GPUs reported by one scheduler's workers (see `Core::publish_presence`).
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "worker_gpus")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub scheduler_id: String,
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub gpu_name: String,
+        pub workers: i32,
+        pub memory_bytes: i64,
+        pub updated_at_ms: i64,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
 pub mod presence {
     use sea_orm::entity::prelude::*;
 

@@ -22,7 +22,7 @@ use tokio::task::JoinHandle;
 
 use crate::config::millis;
 use crate::engine::Engine;
-use crate::entity::{chunk, job, presence};
+use crate::entity::{chunk, job, presence, worker_gpu};
 use crate::plan::{self, Plan, Settled, Step, Store, Usage, is_final, running_jobs};
 use crate::signals::Signal;
 use crate::store::{Attached, Handed, Hub, JobStore, now_ms, plus, retention_expr, serialize_writes};
@@ -54,8 +54,9 @@ pub struct Scheduler {
     hub: Arc<Hub>,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
-    /// Deletes expired and unreferenced output files (with a file store).
-    file_sweeper: Option<JoinHandle<()>>,
+    /// Tasks beside the loop: the sweeper of output files, the accrual of
+    /// network volume storage.
+    background: Vec<JoinHandle<()>>,
 }
 
 impl Scheduler {
@@ -82,6 +83,7 @@ impl Scheduler {
             to_fill: HashSet::new(),
             drained: HashSet::new(),
             signalled_in_flight: HashSet::new(),
+            gpus_published: false,
             webhooks,
             presence: HashSet::new(),
             presence_pruned_ms: 0,
@@ -104,13 +106,15 @@ impl Scheduler {
             .hub
             .open_lane(&core.instance, millis(core.store.config.lease));
         let hub = Arc::clone(&core.store.hub);
-        let file_sweeper = core.store.config.files.clone().map(|files| {
-            tokio::spawn(crate::files::sweep(
+        let mut background = Vec::new();
+        if let Some(files) = core.store.config.files.clone() {
+            background.push(tokio::spawn(crate::files::sweep(
                 files,
                 core.db.clone(),
                 Arc::clone(&core.store.hub.write_lock),
-            ))
-        });
+            )));
+        }
+        background.push(tokio::spawn(accrue_storage(core.store.clone())));
         let (stop, stopped) = oneshot::channel();
         let task = tokio::spawn(core.run(events, stopped));
         Ok(Scheduler {
@@ -118,7 +122,7 @@ impl Scheduler {
             hub,
             stop: Some(stop),
             task: Some(task),
-            file_sweeper,
+            background,
         })
     }
 
@@ -130,8 +134,8 @@ impl Scheduler {
     /// Stops the loops and hands the jobs this instance runs back to the queue
     /// at once (without using up an attempt); they are cancelled on their workers.
     pub async fn shutdown(mut self) {
-        if let Some(sweeper) = self.file_sweeper.take() {
-            sweeper.abort();
+        for task in self.background.drain(..) {
+            task.abort();
         }
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
@@ -144,8 +148,8 @@ impl Scheduler {
 
 impl Drop for Scheduler {
     fn drop(&mut self) {
-        if let Some(sweeper) = self.file_sweeper.take() {
-            sweeper.abort();
+        for task in self.background.drain(..) {
+            task.abort();
         }
         if let Some(task) = self.task.take() {
             task.abort();
@@ -201,6 +205,8 @@ struct Core {
     /// was being committed: that claim may have missed the new jobs, so its
     /// finding an empty queue must not drop them (see `finish_settlement`).
     signalled_in_flight: HashSet<String>,
+    /// Whether `worker_gpus` holds rows of this instance.
+    gpus_published: bool,
     webhooks: webhooks::Deliveries,
     /// Models this instance has `worker_presence` rows for.
     presence: HashSet<String>,
@@ -1199,7 +1205,12 @@ impl Core {
                 .filter(P::UpdatedAtMs.lt(prune_before))
                 .exec(&self.db)
                 .await?;
+            worker_gpu::Entity::delete_many()
+                .filter(worker_gpu::Column::UpdatedAtMs.lt(prune_before))
+                .exec(&self.db)
+                .await?;
         }
+        self.publish_gpus(now).await?;
         drop(guard);
         if prune {
             self.presence_pruned_ms = now;
@@ -1208,10 +1219,68 @@ impl Core {
         Ok(())
     }
 
+    /// Publishes the GPUs this instance's workers reported in their hello
+    /// (`worker_gpus`: one row per GPU name, `""` for workers without a GPU;
+    /// rows of names gone deleted). The caller holds the write lock.
+    async fn publish_gpus(&mut self, now: i64) -> Result<(), DbErr> {
+        use worker_gpu::Column as G;
+        let mut gpus: std::collections::BTreeMap<String, (i32, i64)> = std::collections::BTreeMap::new();
+        for worker in self.dispatcher.workers() {
+            // Workers without a GPU are counted under the empty name (CPU capacity).
+            if worker.draining {
+                continue;
+            }
+            let entry = gpus.entry(worker.gpu_name.trim().to_owned()).or_default();
+            entry.0 += 1;
+            entry.1 = entry.1.max(i64::try_from(worker.gpu_memory_bytes).unwrap_or(i64::MAX));
+        }
+        if gpus.is_empty() && !self.gpus_published {
+            return Ok(());
+        }
+        if !gpus.is_empty() {
+            let mut upsert = Query::insert();
+            upsert.into_table(worker_gpu::Entity).columns([
+                G::SchedulerId,
+                G::GpuName,
+                G::Workers,
+                G::MemoryBytes,
+                G::UpdatedAtMs,
+            ]);
+            for (name, (workers, memory)) in &gpus {
+                upsert
+                    .values([
+                        self.instance.as_str().into(),
+                        name.as_str().into(),
+                        (*workers).into(),
+                        (*memory).into(),
+                        now.into(),
+                    ])
+                    .map_err(|e| DbErr::Custom(e.to_string()))?;
+            }
+            upsert.on_conflict(
+                OnConflict::columns([G::SchedulerId, G::GpuName])
+                    .update_columns([G::Workers, G::MemoryBytes, G::UpdatedAtMs])
+                    .to_owned(),
+            );
+            self.db.execute(&upsert).await?;
+        }
+        worker_gpu::Entity::delete_many()
+            .filter(G::SchedulerId.eq(self.instance.as_str()))
+            .filter(G::GpuName.is_not_in(gpus.keys().map(String::as_str)))
+            .exec(&self.db)
+            .await?;
+        self.gpus_published = !gpus.is_empty();
+        Ok(())
+    }
+
     /// On shutdown: deletes this instance's `worker_presence` rows, so its
     /// workers stop counting at once.
     async fn withdraw_presence(&mut self) -> Result<(), DbErr> {
         let _guard = serialize_writes(&self.store.hub.write_lock, &self.db).await;
+        worker_gpu::Entity::delete_many()
+            .filter(worker_gpu::Column::SchedulerId.eq(self.instance.as_str()))
+            .exec(&self.db)
+            .await?;
         presence::Entity::delete_many()
             .filter(presence::Column::SchedulerId.eq(self.instance.as_str()))
             .exec(&self.db)
@@ -1470,6 +1539,21 @@ impl Core {
             self.store.hub.signal(Signal::Queued(model));
         }
         Ok(())
+    }
+}
+
+/// Charges network volume storage every minute (each started hour once,
+/// whichever scheduler gets there first).
+async fn accrue_storage(store: JobStore) {
+    let mut tick = tokio::time::interval(Duration::from_secs(60));
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    loop {
+        tick.tick().await;
+        match store.accrue_storage(now_ms(), None).await {
+            Ok(0) => {}
+            Ok(hours) => tracing::debug!(hours, "network volume storage charged"),
+            Err(error) => tracing::warn!(%error, "charging network volume storage failed"),
+        }
     }
 }
 

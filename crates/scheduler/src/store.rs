@@ -272,6 +272,33 @@ impl JobStore {
         Ok((balance, held))
     }
 
+    /// The user's job charges in a billing window: (created ms, micro-USD).
+    pub async fn billing_job_charges(
+        &self,
+        user: &str,
+        window: &gantry_billing::history::Window,
+    ) -> Result<Vec<(i64, i64)>, JobError> {
+        Ok(gantry_billing::history::job_charges(&self.db, user, window).await?)
+    }
+
+    /// The user's storage charges in a billing window: (hour ms, volume,
+    /// tier, micro-USD).
+    pub async fn billing_storage_charges(
+        &self,
+        user: &str,
+        window: &gantry_billing::history::Window,
+        volume: Option<&str>,
+    ) -> Result<Vec<(i64, String, String, i64)>, JobError> {
+        Ok(gantry_billing::history::storage_charges(&self.db, user, window, volume).await?)
+    }
+
+    /// Charges the started hours of network volumes not charged yet (of
+    /// `volume` alone when given), as of `now_ms`; returns the hours charged.
+    pub async fn accrue_storage(&self, now_ms: i64, volume: Option<&str>) -> Result<u64, JobError> {
+        let _guard = serialize_writes(&self.hub.write_lock, &self.db).await;
+        Ok(gantry_billing::storage::accrue(&self.db, &self.config.storage_prices, now_ms, volume).await?)
+    }
+
     /// Waits until the job is final or `timeout` passes, then returns its view.
     /// Woken at once by a scheduler in this process; otherwise polls the
     /// database with backoff (25 ms doubling to 500 ms; every second for a job
@@ -594,6 +621,34 @@ impl JobStore {
             .await?;
         let (idle, running) = row.unwrap_or((0, 0));
         Ok((u64::try_from(idle).unwrap_or(0), u64::try_from(running).unwrap_or(0)))
+    }
+
+    /// The GPUs connected workers report, over every scheduler sharing the
+    /// database: (GPU name, workers, largest memory in bytes); workers
+    /// without a GPU under the name `""`.
+    pub async fn worker_gpus(&self) -> Result<Vec<(String, u64, u64)>, JobError> {
+        use crate::entity::worker_gpu::{Column as G, Entity};
+        let since = now_ms().saturating_sub(self.config.presence_window_ms());
+        let rows: Vec<(String, i64, i64)> = Entity::find()
+            .select_only()
+            .column(G::GpuName)
+            .expr_as(Expr::cust("CAST(SUM(workers) AS BIGINT)"), "workers")
+            .expr_as(Expr::cust("CAST(MAX(memory_bytes) AS BIGINT)"), "memory")
+            .filter(G::UpdatedAtMs.gte(since))
+            .group_by(G::GpuName)
+            .into_tuple()
+            .all(&self.db)
+            .await?;
+        Ok(rows
+            .into_iter()
+            .map(|(name, workers, memory)| {
+                (
+                    name,
+                    u64::try_from(workers).unwrap_or(0),
+                    u64::try_from(memory).unwrap_or(0),
+                )
+            })
+            .collect())
     }
 
     /// Reads by primary key only and applies the rest of [`callers_job`] here:

@@ -1,11 +1,15 @@
-//! Billing: the caller's credit balance.
-use actix_web::{HttpResponse, web};
+//! Billing: the caller's credit balance and billing history.
+use actix_web::{HttpRequest, HttpResponse, web};
 use gantry_auth::Scope;
 use gantry_billing::credit::usd_string;
+use gantry_billing::history::{BucketSize, Window, format_rfc3339, parse_rfc3339};
+use gantry_billing::usd;
 use serde::Serialize;
+use serde_json::{Value, json};
 use utoipa::ToSchema;
 
 use crate::app::AppState;
+use crate::handlers::catalog::query_pairs;
 use crate::middleware::Caller;
 use crate::problem::ApiError;
 
@@ -41,4 +45,277 @@ pub async fn balance(state: web::Data<AppState>, caller: Caller) -> Result<HttpR
         available_usd: usd_string(balance.saturating_sub(held)),
         credit_required: state.jobs.config().require_credit,
     }))
+}
+
+/// The query of a billing history route, validated: every failure listed.
+struct HistoryQuery {
+    window: Window,
+    network_volume_id: Option<String>,
+}
+
+const HISTORY_PARAMS: [&str; 4] = ["startTime", "endTime", "bucketSize", "lastN"];
+
+fn history_query(req: &HttpRequest, extra: &[&str]) -> Result<HistoryQuery, ApiError> {
+    let known: Vec<&str> = HISTORY_PARAMS.iter().chain(extra).copied().collect();
+    let pairs = query_pairs(req, &known)?;
+    let mut errors = Vec::new();
+    let mut seen = std::collections::HashSet::new();
+    let (mut start, mut end, mut last_n, mut bucket, mut volume) = (None, None, None, BucketSize::Day, None);
+    for (key, value) in &pairs {
+        if !seen.insert(key.as_str()) {
+            errors.push(format!("{key}: given more than once"));
+            continue;
+        }
+        match key.as_str() {
+            "startTime" | "endTime" => match parse_rfc3339(value) {
+                Some(ms) if key == "startTime" => start = Some(ms),
+                Some(ms) => end = Some(ms),
+                None => errors.push(format!(
+                    "{key}: {value:?} is not an RFC 3339 date-time (e.g. 2026-06-01T00:00:00Z)"
+                )),
+            },
+            "bucketSize" => match BucketSize::parse(value) {
+                Some(size) => bucket = size,
+                None => errors.push(format!(
+                    "bucketSize: {value:?} is not one of hour, day, week, month, year"
+                )),
+            },
+            "lastN" => match value.parse::<u64>() {
+                Ok(n) if n >= 1 => last_n = Some(n),
+                _ => errors.push(format!("lastN: {value:?} is not an integer of at least 1")),
+            },
+            "networkVolumeId" if value.is_empty() => errors.push("networkVolumeId: must not be empty".into()),
+            "networkVolumeId" => volume = Some(value.clone()),
+            _ => {}
+        }
+    }
+    if !errors.is_empty() {
+        return Err(ApiError::BadRequest {
+            detail: "invalid query parameters".into(),
+            errors,
+        });
+    }
+    let window = Window::resolve(start, end, last_n, bucket, now_ms()).map_err(|errors| ApiError::BadRequest {
+        detail: "invalid query parameters".into(),
+        errors,
+    })?;
+    Ok(HistoryQuery {
+        window,
+        network_volume_id: volume,
+    })
+}
+
+fn now_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+}
+
+fn query_echo(window: &Window) -> Value {
+    json!({
+        "startTime": format_rfc3339(window.start),
+        "endTime": format_rfc3339(window.end),
+        "bucketSize": window.bucket.as_str(),
+    })
+}
+
+fn range(bucket: (i64, i64)) -> serde_json::Map<String, Value> {
+    let mut record = serde_json::Map::new();
+    record.insert("startTime".into(), format_rfc3339(bucket.0).into());
+    record.insert("endTime".into(), format_rfc3339(bucket.1).into());
+    record
+}
+
+/// The cost components of `GET /v2/billing` that Gantry has no resource for
+/// (pods, serverless workers, clusters): always 0.
+const ABSENT_COMPONENTS: [&str; 10] = [
+    "podGpuAmount",
+    "podCpuAmount",
+    "podDiskAmount",
+    "serverlessGpuAmount",
+    "serverlessCpuAmount",
+    "serverlessDiskAmount",
+    "serverlessFeeAmount",
+    "clusterGpuAmount",
+    "clusterDiskAmount",
+    "clusterNetworkingAmount",
+];
+
+/// Sums per bucket, in micro-USD: (endpoint, standard storage, high-performance storage).
+type Sums = (i64, i64, i64);
+
+fn aggregate_amounts(sums: Sums) -> serde_json::Map<String, Value> {
+    let (endpoint, standard, high) = sums;
+    let mut amounts = serde_json::Map::new();
+    amounts.insert("totalAmount".into(), usd(endpoint + standard + high).into());
+    for component in ABSENT_COMPONENTS {
+        amounts.insert(component.into(), 0.0.into());
+    }
+    amounts.insert("storageStandardAmount".into(), usd(standard).into());
+    amounts.insert("storageHighPerformanceAmount".into(), usd(high).into());
+    amounts.insert("endpointAmount".into(), usd(endpoint).into());
+    amounts
+}
+
+#[utoipa::path(get, path = "/v2/billing", operation_id = "listBilling", tag = "Billing",
+    description = "Total spend per time bucket, with its components: `endpointAmount` (model jobs), \
+`storageStandardAmount` and `storageHighPerformanceAmount` (network volumes); the pod, serverless and cluster \
+components are 0 (Gantry has none of those resources). See `/v2/billing/endpoints` for the query parameters.",
+    params(
+        ("startTime" = Option<String>, Query, description = "Start (RFC 3339), inclusive"),
+        ("endTime" = Option<String>, Query, description = "End (RFC 3339), exclusive"),
+        ("bucketSize" = Option<String>, Query, description = "hour, day, week, month or year (default day)"),
+        ("lastN" = Option<u64>, Query, description = "The last N buckets, ending with the current one"),
+    ),
+    responses((status = 200, description = "Records per bucket and totals")))]
+pub async fn history(req: HttpRequest, state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
+    let user = caller.require(Scope::BillingRead)?.user_id.clone();
+    let query = history_query(&req, &[])?;
+    let window = query.window;
+    let buckets = window.buckets();
+    let mut sums: Vec<Sums> = vec![(0, 0, 0); buckets.len()];
+    for (at, amount) in state.jobs.billing_job_charges(&user, &window).await? {
+        if let Some(i) = window.index_of(&buckets, at) {
+            sums[i].0 += amount;
+        }
+    }
+    for (at, _, tier, amount) in state.jobs.billing_storage_charges(&user, &window, None).await? {
+        if let Some(i) = window.index_of(&buckets, at) {
+            if tier == "HIGH_PERFORMANCE" {
+                sums[i].2 += amount;
+            } else {
+                sums[i].1 += amount;
+            }
+        }
+    }
+    let mut records = Vec::with_capacity(buckets.len());
+    let mut total: Sums = (0, 0, 0);
+    for (bucket, sum) in buckets.iter().zip(&sums) {
+        let mut record = range(*bucket);
+        record.extend(aggregate_amounts(*sum));
+        records.push(Value::Object(record));
+        total = (total.0 + sum.0, total.1 + sum.1, total.2 + sum.2);
+    }
+    Ok(HttpResponse::Ok().json(json!({
+        "records": records,
+        "metadata": {
+            "query": query_echo(&window),
+            "recordCount": records.len(),
+            "totals": Value::Object(aggregate_amounts(total)),
+        }
+    })))
+}
+
+#[utoipa::path(get, path = "/v2/billing/endpoints", operation_id = "listEndpointBilling", tag = "Billing",
+    description = "What the caller's model jobs cost per time bucket (`totalAmount`), from the ledger of charges \
+(one per completed job, written with its completion). Query: `startTime`/`endTime` (RFC 3339, half-open; default \
+the last 30 days, snapped outward to bucket boundaries) or `lastN` buckets ending with the current one; \
+`bucketSize` hour, day (default), week (ISO, from Monday), month or year, in UTC. Amounts are USD; each is an exact \
+sum of micro-dollar charges, so the records add up to the totals. Bad parameters are `400` with every failure \
+listed. Requires `billing:read`.",
+    params(
+        ("startTime" = Option<String>, Query, description = "Start (RFC 3339), inclusive"),
+        ("endTime" = Option<String>, Query, description = "End (RFC 3339), exclusive"),
+        ("bucketSize" = Option<String>, Query, description = "hour, day, week, month or year (default day)"),
+        ("lastN" = Option<u64>, Query, description = "The last N buckets, ending with the current one"),
+    ),
+    responses((status = 200, description = "Records per bucket and totals")))]
+pub async fn endpoints(req: HttpRequest, state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
+    let user = caller.require(Scope::BillingRead)?.user_id.clone();
+    let window = history_query(&req, &[])?.window;
+    let buckets = window.buckets();
+    let mut sums = vec![0i64; buckets.len()];
+    for (at, amount) in state.jobs.billing_job_charges(&user, &window).await? {
+        if let Some(i) = window.index_of(&buckets, at) {
+            sums[i] += amount;
+        }
+    }
+    let records: Vec<Value> = buckets
+        .iter()
+        .zip(&sums)
+        .map(|(bucket, sum)| {
+            let mut record = range(*bucket);
+            record.insert("totalAmount".into(), usd(*sum).into());
+            Value::Object(record)
+        })
+        .collect();
+    Ok(HttpResponse::Ok().json(json!({
+        "records": records,
+        "metadata": {
+            "query": query_echo(&window),
+            "recordCount": records.len(),
+            "totals": {"totalAmount": usd(sums.iter().sum())},
+        }
+    })))
+}
+
+#[utoipa::path(get, path = "/v2/billing/network-volumes", operation_id = "listNetworkVolumeBilling", tag = "Billing",
+    description = "What the caller's network volumes cost per time bucket: one record per volume per bucket in \
+which it was charged (volumes are charged by the started hour, at the size and tier they had then, until they are \
+deleted), split into `standardAmount` and `highPerformanceAmount`. `networkVolumeId` keeps one volume (deleted \
+ones included).",
+    params(
+        ("startTime" = Option<String>, Query, description = "Start (RFC 3339), inclusive"),
+        ("endTime" = Option<String>, Query, description = "End (RFC 3339), exclusive"),
+        ("bucketSize" = Option<String>, Query, description = "hour, day, week, month or year (default day)"),
+        ("lastN" = Option<u64>, Query, description = "The last N buckets, ending with the current one"),
+        ("networkVolumeId" = Option<String>, Query, description = "One volume only"),
+    ),
+    responses((status = 200, description = "Records per volume and bucket, and totals")))]
+pub async fn network_volumes(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    caller: Caller,
+) -> Result<HttpResponse, ApiError> {
+    let user = caller.require(Scope::BillingRead)?.user_id.clone();
+    let query = history_query(&req, &["networkVolumeId"])?;
+    let window = query.window;
+    let buckets = window.buckets();
+    // (bucket, volume) -> (standard, high performance)
+    let mut sums: std::collections::BTreeMap<(usize, String), (i64, i64)> = std::collections::BTreeMap::new();
+    let charges = state
+        .jobs
+        .billing_storage_charges(&user, &window, query.network_volume_id.as_deref())
+        .await?;
+    for (at, volume, tier, amount) in charges {
+        if let Some(i) = window.index_of(&buckets, at) {
+            let entry = sums.entry((i, volume)).or_default();
+            if tier == "HIGH_PERFORMANCE" {
+                entry.1 += amount;
+            } else {
+                entry.0 += amount;
+            }
+        }
+    }
+    let mut volumes = std::collections::BTreeSet::new();
+    let (mut standard_total, mut high_total) = (0i64, 0i64);
+    let records: Vec<Value> = sums
+        .iter()
+        .map(|((i, volume), (standard, high))| {
+            volumes.insert(volume.clone());
+            standard_total += standard;
+            high_total += high;
+            let mut record = range(buckets[*i]);
+            record.insert("totalAmount".into(), usd(standard + high).into());
+            record.insert("standardAmount".into(), usd(*standard).into());
+            record.insert("highPerformanceAmount".into(), usd(*high).into());
+            record.insert("networkVolumeId".into(), volume.clone().into());
+            Value::Object(record)
+        })
+        .collect();
+    let mut echo = query_echo(&window);
+    echo["networkVolumeId"] = query.network_volume_id.map_or(Value::Null, Value::String);
+    Ok(HttpResponse::Ok().json(json!({
+        "records": records,
+        "metadata": {
+            "query": echo,
+            "recordCount": records.len(),
+            "uniqueNetworkVolumeCount": volumes.len(),
+            "totals": {
+                "totalAmount": usd(standard_total + high_total),
+                "standardAmount": usd(standard_total),
+                "highPerformanceAmount": usd(high_total),
+            },
+        }
+    })))
 }

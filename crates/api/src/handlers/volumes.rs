@@ -190,7 +190,8 @@ pub async fn update(
 }
 
 #[utoipa::path(delete, path = "/v2/network-volumes/{id}", operation_id = "deleteNetworkVolume", tag = "Network Volumes",
-    description = "Permanently deletes a network volume. Requires `volumes:write`.",
+    description = "Permanently deletes a network volume. Its storage is charged up to the hour in progress \
+first (volumes are charged by the started hour). Requires `volumes:write`.",
     params(("id" = String, Path, description = "Network volume identifier")),
     responses((status = 204, description = "Deleted. Response has no body.")))]
 pub async fn delete(
@@ -199,6 +200,14 @@ pub async fn delete(
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let principal = caller.require(Scope::VolumesWrite)?;
+    // Only the caller's own volume is accrued (another's id is answered
+    // exactly like a missing one, by the delete below).
+    if state.volumes.get(&principal.user_id, &id).await.is_ok() {
+        let now = std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
+        state.jobs.accrue_storage(now, Some(&id)).await?;
+    }
     state.volumes.delete(&principal.user_id, &id).await?;
     Ok(HttpResponse::NoContent().finish())
 }

@@ -2,7 +2,10 @@ use serde_json::Value;
 
 use crate::harness::{Backend, TestApp, errors_of, problem};
 
-gantry_testkit::on_both_backends!(data_centers_list_filter_and_get);
+gantry_testkit::on_both_backends!(
+    data_centers_list_filter_and_get,
+    gpu_availability_follows_the_workers_hello,
+);
 
 async fn ids(app: &TestApp, key: &str, query: &str) -> Vec<String> {
     let res = app.get(&format!("/v2/catalog/datacenters{query}"), key).await;
@@ -106,4 +109,122 @@ async fn data_centers_list_filter_and_get(backend: Backend) {
     assert!(one["cpuAvailability"].as_array().is_some_and(|a| !a.is_empty()));
     let missing = problem(app.get("/v2/catalog/datacenters/NOPE-9", &key).await, 404).await;
     assert_eq!(missing["detail"], "data center not found");
+}
+
+/// The availability of a GPU type (SERVERLESS), polled until it is `want`.
+async fn until_gpu_availability(app: &TestApp, key: &str, id: &str, want: &str) {
+    let path = format!(
+        "/v2/catalog/gpus/{}?include=AVAILABILITY&product=SERVERLESS",
+        id.replace(' ', "%20")
+    );
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let res = app.get(&path, key).await;
+        assert_eq!(res.status(), 200);
+        let body: Value = res.json().await.unwrap();
+        if body["availability"] == want {
+            return;
+        }
+        assert!(std::time::Instant::now() < deadline, "{id}: still {body}, want {want}");
+        tokio::time::sleep(std::time::Duration::from_millis(100)).await;
+    }
+}
+
+async fn gpu_availability_follows_the_workers_hello(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let (_, key) = app.user_with_key("catalog:read").await;
+    let h100 = "NVIDIA H100 80GB HBM3";
+
+    // The list in the reference shape, without availability unless asked.
+    let res = app.get("/v2/catalog/gpus", &key).await;
+    let body: Value = res.json().await.unwrap();
+    let gpu = body["gpus"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|g| g["id"] == h100)
+        .unwrap()
+        .clone();
+    for field in [
+        "name",
+        "pool",
+        "manufacturer",
+        "memory",
+        "secure",
+        "community",
+        "price",
+        "maxCount",
+    ] {
+        assert!(gpu.get(field).is_some(), "{field}: {gpu}");
+    }
+    assert_eq!(gpu["manufacturer"], "NVIDIA");
+    assert!(gpu.get("availability").is_none());
+    until_gpu_availability(&app, &key, h100, "NONE").await;
+
+    // A worker whose hello reports an H100 makes it available; gone, it is not.
+    let url = format!("http://{}", app.scheduler.addr);
+    let mut config = gantry_worker::WorkerConfig::new(
+        url,
+        "gpu-worker-1",
+        gantry_worker::Credentials::Secret(app.scheduler.worker_secret().to_vec()),
+    );
+    config.gpu_name = h100.into();
+    config.gpu_memory_bytes = 80 << 30;
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let worker = tokio::spawn(gantry_worker_echo::runtime(config).run_until(async move {
+        let _ = stopped.await;
+    }));
+    until_gpu_availability(&app, &key, h100, "LOW").await;
+    // Not for pods, nor for two GPUs per unit, nor under a location filter.
+    for query in [
+        "product=POD",
+        "product=SERVERLESS&count=2",
+        "product=SERVERLESS&countryCodes=FR",
+    ] {
+        let res = app
+            .get(
+                &format!("/v2/catalog/gpus/NVIDIA%20H100%2080GB%20HBM3?include=AVAILABILITY&{query}"),
+                &key,
+            )
+            .await;
+        assert_eq!(res.json::<Value>().await.unwrap()["availability"], "NONE", "{query}");
+    }
+    // Other GPU types stay unavailable.
+    until_gpu_availability(&app, &key, "NVIDIA L4", "NONE").await;
+    let _ = stop.send(());
+    worker.await.unwrap().unwrap();
+    until_gpu_availability(&app, &key, h100, "NONE").await;
+
+    // The bundled echo worker has no GPU: CPU capacity.
+    let res = app
+        .get("/v2/catalog/cpus/cpu5c?include=AVAILABILITY&product=SERVERLESS", &key)
+        .await;
+    let cpu: Value = res.json().await.unwrap();
+    assert_eq!(cpu["availability"], "LOW", "{cpu}");
+    assert_eq!(cpu["vcpu"]["min"], 2);
+
+    // Unknown ids are 404; bad parameters are 400 with every failure listed.
+    problem(app.get("/v2/catalog/gpus/NVIDIA%20Voodoo", &key).await, 404).await;
+    problem(app.get("/v2/catalog/cpus/cpu9z", &key).await, 404).await;
+    let res = app
+        .get("/v2/catalog/gpus?product=SERVERLESS&count=0&cloud=MOON", &key)
+        .await;
+    let errors = errors_of(&problem(res, 400).await);
+    assert_eq!(errors.len(), 5, "{errors:?}");
+    let res = app
+        .get(
+            "/v2/catalog/gpus?include=AVAILABILITY&countryCodes=fr&cudaVersions=12",
+            &key,
+        )
+        .await;
+    let errors = errors_of(&problem(res, 400).await);
+    assert_eq!(errors.len(), 3, "{errors:?}");
+    let res = app
+        .get(
+            "/v2/catalog/cpus?include=AVAILABILITY&product=CLUSTER&vcpuCount=3",
+            &key,
+        )
+        .await;
+    let errors = errors_of(&problem(res, 400).await);
+    assert_eq!(errors.len(), 2, "{errors:?}");
 }

@@ -19,7 +19,7 @@ async fn with_credit(backend: Backend) -> TestApp {
 }
 
 impl TestApp {
-    async fn balance(&self, key: &str) -> Value {
+    pub(crate) async fn balance(&self, key: &str) -> Value {
         let res = self.get("/v2/billing/balance", key).await;
         assert_eq!(res.status(), 200);
         res.json().await.unwrap()

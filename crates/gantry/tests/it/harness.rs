@@ -16,9 +16,12 @@ pub struct TestApp {
     pub public_base: String,
     pub client: Client,
     pub auth: Arc<AuthService>,
+    /// The job layer of the platform (for what a test drives behind HTTP,
+    /// such as a simulated clock).
+    pub jobs: gantry_scheduler::JobStore,
     pub database_url: String,
     pub settings: Settings,
-    _scheduler: gantry::SchedulerRole,
+    pub scheduler: gantry::SchedulerRole,
     _workers: gantry::Workers,
     handles: Vec<gantry_api::ServerHandle>,
     _database: Option<PgDatabase>,
@@ -69,15 +72,17 @@ impl TestApp {
         let base = format!("http://{}", app.management_addr());
         let public_base = format!("http://{}", app.public_addr());
         let auth = app.state().auth.clone();
+        let jobs = app.state().jobs.clone();
         let handles = app.handles();
         tokio::spawn(app.run_until_stopped());
         TestApp {
-            _scheduler: scheduler,
+            scheduler,
             _workers: workers,
             base,
             public_base,
             client: http_client(Duration::from_secs(30)),
             auth,
+            jobs,
             database_url,
             settings,
             handles,

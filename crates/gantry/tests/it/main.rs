@@ -4,6 +4,7 @@
 mod harness;
 
 mod auth;
+mod billing;
 mod catalog;
 mod cli;
 mod credit;

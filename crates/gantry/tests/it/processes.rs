@@ -433,7 +433,8 @@ impl Cluster {
     }
 
     /// The database says: exactly these jobs exist, each COMPLETED, each with exactly
-    /// one ledger entry of the job's own cost, and nothing else is charged.
+    /// one ledger entry of the job's own cost, nothing else is charged, and every
+    /// balance was debited exactly its charges.
     async fn assert_each_completed_and_charged_once(&self, ids: &[String]) -> BTreeMap<String, JobRow> {
         let jobs = self.jobs().await;
         let ledger = self.ledger().await;
@@ -455,6 +456,23 @@ impl Cluster {
         }
         for id in ids {
             assert_eq!(charged.get(id.as_str()), Some(&1), "job {id} charged exactly once");
+        }
+        // Every balance is its credit entries minus its charges: each charge
+        // was debited once, whatever crashed or was retried.
+        let balances = self
+            .query(
+                "SELECT a.user_id, a.balance_micro_usd, \
+                 CAST((SELECT COALESCE(SUM(c.amount_micro_usd), 0) FROM credit_entries c WHERE c.user_id = a.user_id) AS BIGINT) AS credited, \
+                 CAST((SELECT COALESCE(SUM(l.amount_micro_usd), 0) FROM ledger_entries l WHERE l.user_id = a.user_id) AS BIGINT) AS charged \
+                 FROM credit_accounts a",
+            )
+            .await;
+        assert!(!balances.is_empty(), "the test users have credit");
+        for row in balances {
+            let balance: i64 = row.try_get("", "balance_micro_usd").expect("balance");
+            let credited: i64 = row.try_get("", "credited").expect("credited");
+            let charged: i64 = row.try_get("", "charged").expect("charged");
+            assert_eq!(balance, credited - charged, "balance = credit entries - charges");
         }
         jobs
     }
