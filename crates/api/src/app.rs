@@ -183,7 +183,7 @@ impl Application {
         let jobs = JobStore::new(db.clone(), job_config);
         connect_job_signals(&settings, &jobs)?;
         let document = |doc| serde_json::to_vec(&doc).map_err(|e| StartError::Config(e.to_string()));
-        let openapi = document(crate::openapi::openapi_document())?;
+        let openapi = document(crate::openapi::openapi_json())?;
         let openapi_public = serde_json::to_vec(&crate::openapi::public_openapi_json())
             .map_err(|e| StartError::Config(e.to_string()))?;
         let state = web::Data::new(AppState {

@@ -52,6 +52,84 @@ pub fn public_openapi_document() -> utoipa::openapi::OpenApi {
     finish(PublicDoc::openapi(), &public_endpoints())
 }
 
+/// The management API's document as served: [`openapi_document`] with each
+/// query parameter's accepted values spelled out (see [`tighten_parameters`]).
+pub fn openapi_json() -> serde_json::Value {
+    let mut doc = serde_json::to_value(openapi_document()).unwrap_or_default();
+    tighten_parameters(&mut doc);
+    // An update names at least one field (422 otherwise).
+    doc["components"]["schemas"]["UpdateNetworkVolumeRequest"]["minProperties"] = serde_json::json!(1);
+    doc
+}
+
+/// The schemas of query parameters that the handlers parse by hand (lists,
+/// enums, dates), so the document says what the server accepts: one value of
+/// an enum where the server also takes a comma-separated list of them.
+fn query_parameter_schema(path: &str, name: &str) -> Option<serde_json::Value> {
+    use serde_json::json;
+    let gpu = path.starts_with("/v2/catalog/gpus");
+    Some(match name {
+        "startTime" | "endTime" => json!({"type": "string", "format": "date-time"}),
+        "bucketSize" => json!({"type": "string", "enum": ["hour", "day", "week", "month", "year"], "default": "day"}),
+        "lastN" => json!({"type": "integer", "minimum": 1, "maximum": 10000}),
+        "networkVolumeId" => json!({"type": "string", "minLength": 1}),
+        "include" if path.starts_with("/v2/catalog/datacenters") => {
+            json!({"type": "string", "enum": ["GPU_AVAILABILITY", "CPU_AVAILABILITY"]})
+        }
+        "include" => json!({"type": "string", "enum": ["AVAILABILITY"]}),
+        "product" if gpu => json!({"type": "string", "enum": ["POD", "CLUSTER", "SERVERLESS"]}),
+        "product" => json!({"type": "string", "enum": ["POD", "SERVERLESS"]}),
+        "count" => json!({"type": "integer", "minimum": 1}),
+        "cloud" => json!({"type": "string", "enum": ["SECURE", "COMMUNITY"]}),
+        "countryCodes" => json!({"type": "string", "pattern": "^[A-Z]{2}(,[A-Z]{2})*$"}),
+        "cudaVersions" => json!({"type": "string", "pattern": "^[0-9]+\\.[0-9]+(,[0-9]+\\.[0-9]+)*$"}),
+        "minCudaVersion" => json!({"type": "string", "pattern": "^[0-9]+(\\.[0-9]+)?$"}),
+        "vcpuCount" => json!({"type": "integer", "enum": [2, 4, 8, 16, 32, 64, 128, 256, 512]}),
+        "regions" => {
+            json!({"type": "string", "enum": ["NORTH_AMERICA", "SOUTH_AMERICA", "EUROPE", "ASIA", "MIDDLE_EAST", "AFRICA", "OCEANIA", "ANTARCTICA", "UNKNOWN"]})
+        }
+        "networkVolumeTypes" => json!({"type": "string", "enum": ["STANDARD", "HIGH_PERFORMANCE"]}),
+        "compliance" => {
+            json!({"type": "string", "enum": ["GDPR", "ISO_IEC_27001", "ISO_14001", "PCI_DSS", "HITRUST", "SOC_1_TYPE_2", "SOC_2_TYPE_2", "SOC_3_TYPE_2", "ITAR", "FISMA_HIGH", "HIPAA", "RENEWABLE"]})
+        }
+        _ => return None,
+    })
+}
+
+/// Replaces the schema of every query parameter [`query_parameter_schema`] knows.
+fn tighten_parameters(doc: &mut serde_json::Value) {
+    let Some(paths) = doc.get_mut("paths").and_then(serde_json::Value::as_object_mut) else {
+        return;
+    };
+    for (path, item) in paths.iter_mut() {
+        let Some(item) = item.as_object_mut() else { continue };
+        for operation in item.values_mut() {
+            let Some(parameters) = operation
+                .get_mut("parameters")
+                .and_then(serde_json::Value::as_array_mut)
+            else {
+                continue;
+            };
+            for parameter in parameters {
+                if parameter["in"] == "header" && parameter["name"] == "Last-Event-ID" {
+                    // A chunk sequence number, as the events' `id` carry it.
+                    parameter["schema"] = serde_json::json!({"type": "string", "pattern": "^[0-9]{1,18}$"});
+                    continue;
+                }
+                if parameter["in"] != "query" {
+                    continue;
+                }
+                let Some(name) = parameter["name"].as_str() else {
+                    continue;
+                };
+                if let Some(schema) = query_parameter_schema(path, name) {
+                    parameter["schema"] = schema;
+                }
+            }
+        }
+    }
+}
+
 /// The public listener's document as served: [`public_openapi_document`]
 /// with the input schema of every model of the manifest (`ModelInput.<id>`),
 /// which a job's `input` is one of.
@@ -73,13 +151,26 @@ pub fn public_openapi_json() -> serde_json::Value {
     }
     if !refs.is_empty() {
         let input = &mut doc["components"]["schemas"]["RunRequest"]["properties"]["input"];
-        let description = input.get("description").cloned();
-        // Every input is a JSON object, and then one of the models' own.
-        *input = serde_json::json!({ "allOf": [{ "type": "object" }, { "oneOf": refs }] });
-        if let Some(description) = description {
-            input["description"] = description;
+        // Any JSON object is accepted: the model checks it against its own
+        // schema (`ModelInput.<id>`, listed here) and a bad input ends the
+        // job FAILED with the reason, never retried, never charged.
+        *input = serde_json::json!({
+            "type": "object",
+            "description": "The model's input: a JSON object as the model's own schema describes it \
+        (`ModelInput.<model_id>` in this document's components). The endpoint accepts any object; an input the model \
+        refuses ends the job `FAILED` with the reason (never retried, never charged).",
+            "x-model-inputs": refs,
+        });
+    }
+    doc["components"]["schemas"]["RunRequest"]["properties"]["webhook"]["pattern"] =
+        serde_json::json!(crate::handlers::jobs::WEBHOOK_PATTERN);
+    // Unknown members of a job request are refused (422), at any depth.
+    for schema in ["RunRequest", "RunPolicy"] {
+        if doc["components"]["schemas"][schema].is_object() {
+            doc["components"]["schemas"][schema]["additionalProperties"] = serde_json::json!(false);
         }
     }
+    tighten_parameters(&mut doc);
     openai_request_schemas(&mut doc);
     doc
 }
@@ -233,6 +324,9 @@ fn decorate(op: &mut Operation, endpoint: &Endpoint) {
             || endpoint.path.ends_with("/runsync")
             || endpoint.path.contains("/retry/")
             || endpoint.path.ends_with("/completions");
+        if endpoint.path.contains("/retry/") {
+            add("409", "The job is not FAILED or TIMED_OUT: only those can be retried.");
+        }
         if endpoint.path.starts_with("/v2/{model_id}/") && queues {
             add(
                 "402",

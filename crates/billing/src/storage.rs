@@ -69,6 +69,11 @@ pub async fn accrue(
 ) -> Result<u64, DbErr> {
     let txn = db.begin().await?;
     let backend = txn.get_database_backend();
+    // A write first: on SQLite it takes the write lock before the reads
+    // below, which would otherwise see a snapshot that a concurrent writer
+    // makes stale by the time this transaction writes (SQLITE_BUSY_SNAPSHOT).
+    txn.execute_unprepared("DELETE FROM storage_charges WHERE 1 = 0")
+        .await?;
     let placeholder = if backend == DbBackend::Postgres { "$1" } else { "?" };
     // Each volume with the last hour charged (if any). `created_at` is Unix µs.
     let mut sql = String::from(

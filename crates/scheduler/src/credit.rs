@@ -4,8 +4,9 @@
 //! [`hold`]). With `SchedulerConfig::require_credit`, a job is admitted only
 //! while its owner's balance minus the holds of their queued and running jobs
 //! is above zero, and the check and the job's insert are one transaction
-//! serialized per user (the user's `credit_accounts` row is locked on
-//! PostgreSQL; SQLite writes one at a time). Holds are not a stored counter:
+//! serialized per user (the transaction's first statement writes the
+//! user's `credit_accounts` row, which locks it on PostgreSQL and takes the
+//! write lock on SQLite). Holds are not a stored counter:
 //! they are read from the jobs in flight, so a job that fails, is cancelled,
 //! times out or is lost with its process releases its hold by reaching that
 //! state, and no path can leak one. A completion debits the balance by the
@@ -80,17 +81,28 @@ pub(crate) async fn admit(
     let _guard = serialize_writes(write_lock, db).await;
     let txn = db.begin().await?;
     let backend = txn.get_database_backend();
-    // The account row is the per-user lock: admissions of one user queue
-    // here, and a settlement's debit waits for the admission to commit.
+    // The account row is the per-user lock, taken by the transaction's first
+    // statement, a write: on PostgreSQL it locks the row (admissions of one
+    // user queue here, and a settlement's debit waits for this commit); on
+    // SQLite a write first takes the database's write lock before any read,
+    // so the reads below cannot be of an older snapshot than the insert.
     let lock = match backend {
-        DbBackend::Postgres => "SELECT balance_micro_usd FROM credit_accounts WHERE user_id = $1 FOR UPDATE",
-        _ => "SELECT balance_micro_usd FROM credit_accounts WHERE user_id = ?",
+        DbBackend::Postgres => {
+            "INSERT INTO credit_accounts (user_id, balance_micro_usd, updated_at_ms) VALUES ($1, 0, $2) \
+             ON CONFLICT (user_id) DO UPDATE SET updated_at_ms = credit_accounts.updated_at_ms \
+             RETURNING balance_micro_usd"
+        }
+        _ => {
+            "INSERT INTO credit_accounts (user_id, balance_micro_usd, updated_at_ms) VALUES (?, 0, ?) \
+             ON CONFLICT (user_id) DO UPDATE SET updated_at_ms = credit_accounts.updated_at_ms \
+             RETURNING balance_micro_usd"
+        }
     };
     let balance = txn
         .query_one_raw(Statement::from_sql_and_values(
             backend,
             lock,
-            [row.user_id.as_str().into()],
+            [row.user_id.as_str().into(), row.created_at_ms.into()],
         ))
         .await?
         .map(|r| r.try_get_by_index::<i64>(0))

@@ -123,5 +123,14 @@ pub async fn render(store: &JobStore, models: &[String], dispatcher: Option<&Dis
     for (model, micro) in charged {
         out.sample("gantry_charged_usd_total", &[("model", model)], micro as f64 / 1e6);
     }
+    let (files, bytes) = store.stored_files().await?;
+    out.family(
+        "gantry_files_stored",
+        "gauge",
+        "Output files kept for their URLs (until their lifetime ends).",
+    );
+    out.sample("gantry_files_stored", &[], files as f64);
+    out.family("gantry_files_stored_bytes", "gauge", "Bytes of the output files kept.");
+    out.sample("gantry_files_stored_bytes", &[], bytes as f64);
     Ok(out.finish())
 }

@@ -623,6 +623,18 @@ impl JobStore {
         Ok((u64::try_from(idle).unwrap_or(0), u64::try_from(running).unwrap_or(0)))
     }
 
+    /// Output files kept (rows of `files`) and their bytes.
+    pub async fn stored_files(&self) -> Result<(i64, i64), JobError> {
+        let row: Option<(i64, i64)> = crate::entity::file::Entity::find()
+            .select_only()
+            .expr_as(Expr::cust("CAST(COUNT(*) AS BIGINT)"), "files")
+            .expr_as(Expr::cust("CAST(COALESCE(SUM(size), 0) AS BIGINT)"), "bytes")
+            .into_tuple()
+            .one(&self.db)
+            .await?;
+        Ok(row.unwrap_or((0, 0)))
+    }
+
     /// The GPUs connected workers report, over every scheduler sharing the
     /// database: (GPU name, workers, largest memory in bytes); workers
     /// without a GPU under the name `""`.

@@ -213,6 +213,9 @@ fn hardware_query(req: &HttpRequest, gpu: bool) -> Result<Option<AvailabilityQue
                 }
                 with_availability_only.push("cloud");
             }
+            "countryCodes" | "cudaVersions" if list(value).is_empty() => {
+                errors.push(format!("{key}: must name at least one value"));
+            }
             "countryCodes" => {
                 for code in list(value) {
                     if code.len() != 2 || !code.bytes().all(|b| b.is_ascii_uppercase()) {

@@ -51,28 +51,49 @@ pub struct JobRef {
 pub struct RunRequest {
     /// The model's input (a JSON object).
     input: Object,
-    /// http(s) URL that receives the final job as a POST.
-    webhook: Option<String>,
-    policy: Option<RunPolicy>,
+    /// http(s) URL that receives the final job as a POST (signed, see the docs).
+    #[schema(required = false, max_length = 2048)]
+    webhook: String,
+    #[schema(required = false)]
+    policy: RunPolicy,
 }
 
 #[derive(ToSchema)]
 #[allow(dead_code)]
 struct Object {}
 
+/// Longest accepted `webhook`.
+pub(crate) const WEBHOOK_MAX_LENGTH: usize = 2048;
+
+/// The shape of an accepted `webhook`, as the server checks it and the
+/// document states it: http(s), a host name (its last label starting with a
+/// letter) or a dotted IPv4 address, an optional port, path and query. The
+/// address it leads to is checked later (webhook destinations).
+pub(crate) const WEBHOOK_PATTERN: &str = concat!(
+    r"^https?://",
+    r"(([A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?\.)*[A-Za-z]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?",
+    r"|((25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9])\.){3}(25[0-5]|2[0-4][0-9]|1[0-9]{2}|[1-9]?[0-9]))",
+    r"(:([1-9][0-9]{0,3}|[1-5][0-9]{4}|6[0-4][0-9]{3}|65[0-4][0-9]{2}|655[0-2][0-9]|6553[0-5]))?",
+    r"(/[A-Za-z0-9._~!$&'()*+,;=:@%-]*)*",
+    r"(\?[A-Za-z0-9._~!$&'()*+,;=:@%/?-]*)?$",
+);
+
+static WEBHOOK_URL: std::sync::LazyLock<regex::Regex> =
+    std::sync::LazyLock::new(|| regex::Regex::new(WEBHOOK_PATTERN).unwrap_or_else(|e| unreachable!("{e}")));
+
 /// Per-job policy.
 #[derive(ToSchema)]
 #[allow(dead_code)]
 struct RunPolicy {
     /// Longest the job may run, in ms (default 600000).
-    #[schema(rename = "executionTimeout", minimum = 1)]
-    execution_timeout: Option<u64>,
+    #[schema(rename = "executionTimeout", minimum = 1, maximum = 604800000, required = false)]
+    execution_timeout: u64,
     /// Longest the job may live, queue plus run, in ms (default 24 h).
-    #[schema(minimum = 1)]
-    ttl: Option<u64>,
+    #[schema(minimum = 1, maximum = 604800000, required = false)]
+    ttl: u64,
     /// Dispatch after the jobs without it.
-    #[schema(rename = "lowPriority")]
-    low_priority: Option<bool>,
+    #[schema(rename = "lowPriority", required = false)]
+    low_priority: bool,
 }
 
 /// A job: `output` when COMPLETED, `error` when FAILED or TIMED_OUT.
@@ -129,6 +150,13 @@ fn new_job(body: &Value) -> Result<NewJob, ApiError> {
             v.fail("webhook", "must be an http or https URL");
         } else if url.chars().any(char::is_control) {
             v.fail("webhook", "must not contain control characters");
+        } else if url.len() > WEBHOOK_MAX_LENGTH {
+            v.fail("webhook", format!("must be at most {WEBHOOK_MAX_LENGTH} characters"));
+        } else if !WEBHOOK_URL.is_match(url) {
+            v.fail(
+                "webhook",
+                "must be an http or https URL with a host name or an IPv4 address, a port, a path and a query",
+            );
         }
     }
     let mut policy = JobPolicy::default();
@@ -142,7 +170,13 @@ fn new_job(body: &Value) -> Result<NewJob, ApiError> {
             }
             let positive = |v: &mut ObjectValidator, name: &str| match fields.get(name) {
                 None => None,
-                Some(value) => match value.as_u64() {
+                // JSON has one number type: 1000 and 1000.0 are the same integer.
+                Some(value) => match value.as_u64().or_else(|| {
+                    value
+                        .as_f64()
+                        .filter(|f| f.fract() == 0.0 && (1.0..=9_007_199_254_740_992.0).contains(f))
+                        .map(|f| f as u64)
+                }) {
                     Some(n) if n >= 1 => Some(n),
                     _ => {
                         v.fail(&format!("policy.{name}"), "must be a positive integer (milliseconds)");
@@ -266,8 +300,10 @@ With `Accept: text/event-stream`, Server-Sent Events instead: one `chunk` event 
 stream ends. A reader that reconnects with `Last-Event-ID` gets exactly the chunks after it. SSE readers keep \
 their own position and do not consume chunks from the JSON form. Requires `endpoints:run`.",
     params(("model_id" = String, Path), ("job_id" = String, Path),
-        ("Last-Event-ID" = Option<i64>, Header, description = "SSE: resume after this chunk")),
-    responses((status = 200, description = "Status and unread chunks (JSON), or an event stream (`text/event-stream`)")))]
+        ("Last-Event-ID" = Option<String>, Header, description = "SSE: resume after this chunk (a chunk sequence number)")),
+    responses((status = 200, description = "Status and unread chunks (JSON), or an event stream (`text/event-stream`)"),
+        (status = 400, description = "`Last-Event-ID` is not a chunk sequence number", body = crate::problem::Problem,
+            content_type = "application/problem+json")))]
 pub async fn stream(
     state: web::Data<AppState>,
     caller: Caller,
@@ -276,11 +312,12 @@ pub async fn stream(
 ) -> Result<HttpResponse, ApiError> {
     let (model_id, job_id) = path.into_inner();
     model(&state, &caller, &model_id)?;
+    // A malformed Last-Event-ID is refused in either form.
+    let from = live::resume_from(&req).map_err(|e| ApiError::BadRequest {
+        detail: "invalid headers".into(),
+        errors: vec![e],
+    })?;
     if live::wants_sse(&req) {
-        let from = live::resume_from(&req).map_err(|e| ApiError::BadRequest {
-            detail: "invalid headers".into(),
-            errors: vec![e],
-        })?;
         // Unknown or foreign jobs are a 404 before the stream starts.
         state.jobs.get(caller.user_id(), &model_id, &job_id).await?;
         let frames = live::follow(live::Follow {

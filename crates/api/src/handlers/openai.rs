@@ -276,10 +276,18 @@ fn parse(kind: Kind, body: &Value) -> Result<Request, Refusal> {
     for name in ["top_k", "seed"] {
         match fields.get(name) {
             None | Some(Value::Null) => {}
-            Some(value) if value.is_u64() => {
-                input.insert(name.into(), value.clone());
-            }
-            Some(_) => errors.push(format!("{name}: must be a non-negative integer")),
+            // JSON has one number type: 40 and 40.0 are the same integer.
+            Some(value) => match value.as_u64().or_else(|| {
+                value
+                    .as_f64()
+                    .filter(|f| f.fract() == 0.0 && (0.0..=9_007_199_254_740_992.0).contains(f))
+                    .map(|f| f as u64)
+            }) {
+                Some(n) => {
+                    input.insert(name.into(), n.into());
+                }
+                None => errors.push(format!("{name}: must be a non-negative integer")),
+            },
         }
     }
     match fields.get("stop") {

@@ -41,8 +41,8 @@ pub struct CreateNetworkVolumeRequest {
     #[schema(rename = "dataCenter", min_length = 1, example = "EU-RO-1")]
     data_center: String,
     /// Storage tier; omitted means the data center's default (primary) tier
-    #[schema(rename = "type")]
-    volume_type: Option<VolumeType>,
+    #[schema(rename = "type", required = false)]
+    volume_type: VolumeType,
 }
 
 /// Only the provided fields change; at least one is required.
@@ -51,11 +51,11 @@ pub struct CreateNetworkVolumeRequest {
 #[allow(dead_code)]
 pub struct UpdateNetworkVolumeRequest {
     /// New human-readable name: no control or bidirectional override characters
-    #[schema(min_length = 1, max_length = 128)]
-    name: Option<String>,
+    #[schema(min_length = 1, max_length = 128, required = false)]
+    name: String,
     /// New size in GB; must not be smaller than the current size
-    #[schema(minimum = 10, maximum = 4096)]
-    size: Option<i64>,
+    #[schema(minimum = 10, maximum = 4096, required = false)]
+    size: i64,
 }
 
 impl From<VolumeError> for ApiError {

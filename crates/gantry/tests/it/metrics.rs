@@ -107,10 +107,16 @@ async fn the_metrics_endpoint_is_valid_prometheus_text() {
 async fn completed_jobs_show_in_usage_dollars_and_latency() {
     let app = TestApp::spawn(Backend::Sqlite).await;
     let (_, key) = app.user_with_key("endpoints:run").await;
-    for _ in 0..2 {
+    for n in 0..2 {
+        // One of them returns an output file of 5 bytes.
+        let input = if n == 0 {
+            json!({"file": {"text": "bytes"}})
+        } else {
+            json!({})
+        };
         let job: Value = app
             .public(Method::POST, "/v2/gantry-echo/runsync", &key)
-            .json(&json!({"input": {}}))
+            .json(&json!({"input": input}))
             .send()
             .await
             .unwrap()
@@ -130,6 +136,8 @@ async fn completed_jobs_show_in_usage_dollars_and_latency() {
         Some(2.0)
     );
     assert_eq!(value(&samples, "gantry_charged_usd_total", &echo), Some(0.00002));
+    assert_eq!(value(&samples, "gantry_files_stored", &[]), Some(1.0));
+    assert_eq!(value(&samples, "gantry_files_stored_bytes", &[]), Some(5.0));
     // Observed by every scheduler of this test process: at least this app's two.
     assert!(value(&samples, "gantry_job_execution_seconds_count", &echo).is_some_and(|n| n >= 2.0));
     assert_eq!(

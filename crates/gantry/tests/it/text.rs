@@ -510,7 +510,7 @@ async fn the_model_list_and_the_openapi_document_follow_the_manifest() {
         .unwrap();
     let schema = &doc["components"]["schemas"][format!("ModelInput.{MODEL}")];
     assert_eq!(schema["properties"]["messages"]["type"], "array");
-    let input = &doc["components"]["schemas"]["RunRequest"]["properties"]["input"]["allOf"][1]["oneOf"];
+    let input = &doc["components"]["schemas"]["RunRequest"]["properties"]["input"]["x-model-inputs"];
     assert!(
         input
             .as_array()
