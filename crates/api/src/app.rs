@@ -373,3 +373,32 @@ pub fn metrics_server(
     .run();
     Ok((server, local))
 }
+
+/// `GET /metrics` of a process without a database (`gantry worker`): what
+/// this process observed itself (its workers' jobs, run times and slots).
+pub fn process_metrics_server(addr: &str) -> Result<(actix_web::dev::Server, SocketAddr), StartError> {
+    let bind_err = |source| StartError::Bind {
+        addr: addr.to_string(),
+        source,
+    };
+    let listener = TcpListener::bind(addr).map_err(bind_err)?;
+    let local = listener.local_addr()?;
+    let server = HttpServer::new(|| {
+        App::new().route(
+            "/metrics",
+            web::get().to(|| async {
+                let mut out = gantry_telemetry::Exposition::new();
+                gantry_telemetry::metrics().write(&mut out);
+                actix_web::HttpResponse::Ok()
+                    .content_type(gantry_telemetry::CONTENT_TYPE)
+                    .body(out.finish())
+            }),
+        )
+    })
+    .workers(1)
+    .disable_signals()
+    .listen(listener)
+    .map_err(bind_err)?
+    .run();
+    Ok((server, local))
+}

@@ -201,13 +201,20 @@ pub async fn observe<B: MessageBody + 'static>(
     let span = tracing::info_span!(
         "request",
         request_id = %request_id,
+        trace_id = tracing::field::Empty,
         otel.name = %format_args!("{} {route}", method.as_str()),
         otel.kind = "server",
         http.request.method = method.as_str(),
         http.route = %route,
     );
-    // A caller's W3C `traceparent` makes this request part of its trace.
-    gantry_telemetry::trace::set_parent(&span, req.headers().get("traceparent").and_then(|v| v.to_str().ok()));
+    // A caller's W3C `traceparent` makes this request part of its trace; its
+    // log lines name the trace.
+    let traceparent = req.headers().get("traceparent").and_then(|v| v.to_str().ok());
+    gantry_telemetry::trace::set_parent(&span, traceparent);
+    if let Some(trace_id) = gantry_telemetry::trace::trace_id_of(&span, traceparent) {
+        span.record("trace_id", trace_id.as_str());
+    }
+    let access = span.clone();
     let mut result = tracing::Instrument::instrument(next.call(req), span).await;
     if let Ok(res) = &mut result
         && let Ok(value) = header::HeaderValue::from_str(&request_id)
@@ -218,7 +225,10 @@ pub async fn observe<B: MessageBody + 'static>(
         Ok(res) => res.status().as_u16(),
         Err(error) => error.as_response_error().status_code().as_u16(),
     };
-    gantry_telemetry::metrics().http_request(&route, method.as_str(), listener, status, started.elapsed());
+    let took = started.elapsed();
+    gantry_telemetry::metrics().http_request(&route, method.as_str(), listener, status, took);
+    // The access log, at debug level: one line per request, in its span.
+    access.in_scope(|| tracing::debug!(status, took_us = took.as_micros() as u64, "request answered"));
     result
 }
 

@@ -414,12 +414,25 @@ async fn worker(settings: Settings, model: String, scheduler: String, slots: u32
         return Err(format!("the weights of '{model}' are not available (see above)").into());
     }
     let signal = shutdown_signal()?;
+    let metrics = match settings.metrics_addr.as_deref().filter(|a| !a.is_empty()) {
+        Some(addr) => {
+            let (server, local) = gantry_api::process_metrics_server(addr)?;
+            tracing::info!(metrics = %local, "serving /metrics");
+            let handle = server.handle();
+            tokio::spawn(server);
+            Some(handle)
+        }
+        None => None,
+    };
     let mut workers = Workers::new();
     workers.start(&model, config, &settings)?;
     tracing::info!(%model, %scheduler, worker = %id, slots, "worker started");
     signal.await;
     tracing::info!("draining: finishing running jobs, taking no new ones");
     workers.shutdown().await;
+    if let Some(handle) = metrics {
+        handle.stop(true).await;
+    }
     Ok(())
 }
 

@@ -416,11 +416,15 @@ impl Core {
     async fn finish_settlement(&mut self, batch: Vec<Event>, mut outcome: Outcome, done: Result<Settled, DbErr>) {
         match done {
             Ok(settled) => {
-                // One span per job whose final status committed, in its trace.
-                if gantry_telemetry::trace::enabled() {
+                // One span per job whose final status committed, in its
+                // trace, and one for the batch (a trace of its own) linking
+                // the jobs it settled in one transaction.
+                if gantry_telemetry::trace::enabled() && !settled.finals.is_empty() {
+                    let batch = tracing::info_span!(parent: None, "settlement", jobs = settled.finals.len());
                     for row in &settled.finals {
                         let span = tracing::info_span!("job.settle", job_id = %row.id, status = %row.status);
                         gantry_telemetry::trace::set_parent(&span, row.trace_context.as_deref());
+                        gantry_telemetry::trace::add_link(&batch, row.trace_context.as_deref());
                     }
                 }
                 outcome.finals = settled.finals;

@@ -106,6 +106,11 @@ pub struct Metrics {
     ratelimit: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
     job_delay: Mutex<BTreeMap<String, Histogram>>,
     job_execution: Mutex<BTreeMap<String, Histogram>>,
+    /// A worker's jobs by (model, outcome), and its run times by model.
+    worker_jobs: Mutex<BTreeMap<(String, &'static str), u64>>,
+    worker_run: Mutex<BTreeMap<String, Histogram>>,
+    /// A worker's slots by model: (busy, total).
+    worker_slots: Mutex<BTreeMap<String, (u64, u64)>>,
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -156,6 +161,23 @@ impl Metrics {
                 .or_insert_with(|| Histogram::new(JOB_BUCKETS))
                 .observe(execution);
         }
+    }
+
+    /// A job that ended on a worker of this process: `completed`, `failed`
+    /// or `cancelled`, after running `run` in the model.
+    pub fn worker_job_finished(&self, model: &str, outcome: &'static str, run: Option<Duration>) {
+        *lock(&self.worker_jobs).entry((model.to_string(), outcome)).or_insert(0) += 1;
+        if let Some(run) = run {
+            lock(&self.worker_run)
+                .entry(model.to_string())
+                .or_insert_with(|| Histogram::new(JOB_BUCKETS))
+                .observe(run);
+        }
+    }
+
+    /// The slots of this process's worker of `model`: how many run a job now, of how many.
+    pub fn worker_slots(&self, model: &str, busy: u64, total: u64) {
+        lock(&self.worker_slots).insert(model.to_string(), (busy, total));
     }
 
     /// Writes everything observed so far.
@@ -224,6 +246,43 @@ impl Metrics {
             for (model, histogram) in lock(map).iter() {
                 histogram.write(out, name, &[("model", model)]);
             }
+        }
+        out.family(
+            "gantry_worker_jobs_total",
+            "counter",
+            "Jobs that ended on this process's workers, by model and outcome (completed, failed, cancelled).",
+        );
+        for ((model, outcome), n) in lock(&self.worker_jobs).iter() {
+            out.sample(
+                "gantry_worker_jobs_total",
+                &[("model", model), ("outcome", outcome)],
+                *n as f64,
+            );
+        }
+        out.family(
+            "gantry_worker_job_run_seconds",
+            "histogram",
+            "Time jobs spent in the model on this process's workers, by model.",
+        );
+        for (model, histogram) in lock(&self.worker_run).iter() {
+            histogram.write(out, "gantry_worker_job_run_seconds", &[("model", model)]);
+        }
+        out.family(
+            "gantry_worker_slots",
+            "gauge",
+            "Slots of this process's workers, by model and state (busy, free).",
+        );
+        for (model, (busy, total)) in lock(&self.worker_slots).iter() {
+            out.sample(
+                "gantry_worker_slots",
+                &[("model", model), ("state", "busy")],
+                *busy as f64,
+            );
+            out.sample(
+                "gantry_worker_slots",
+                &[("model", model), ("state", "free")],
+                total.saturating_sub(*busy) as f64,
+            );
         }
     }
 }

@@ -37,6 +37,29 @@ pub fn traceparent_of(span: &tracing::Span) -> Option<String> {
     carrier.remove("traceparent").filter(|value| !value.is_empty())
 }
 
+/// The trace id (32 hex digits) `span` belongs to: its OpenTelemetry
+/// context's when traces are exported, else the one of `traceparent` (a
+/// caller's header), so that logs name the caller's trace either way.
+pub fn trace_id_of(span: &tracing::Span, traceparent: Option<&str>) -> Option<String> {
+    if enabled() {
+        use opentelemetry::trace::TraceContextExt;
+        let cx = span.context();
+        let context = cx.span().span_context().clone();
+        if context.is_valid() {
+            return Some(context.trace_id().to_string());
+        }
+    }
+    // version "-" trace id "-" parent id "-" flags
+    let mut parts = traceparent?.trim().split('-');
+    let (_, trace_id) = (parts.next()?, parts.next()?);
+    (trace_id.len() == 32
+        && trace_id
+            .bytes()
+            .all(|b| b.is_ascii_hexdigit() && !b.is_ascii_uppercase())
+        && trace_id.bytes().any(|b| b != b'0'))
+    .then(|| trace_id.to_owned())
+}
+
 /// The `traceparent` of the current span.
 pub fn current_traceparent() -> Option<String> {
     traceparent_of(&tracing::Span::current())
@@ -59,6 +82,20 @@ pub fn set_parent_from(span: &tracing::Span, carrier: &dyn Extractor) {
     if cx.span().span_context().is_valid() {
         // Fails only where the span is disabled or has no OTel layer.
         let _ = span.set_parent(cx);
+    }
+}
+
+/// Adds a link from `span` (not entered yet) to the span of `traceparent`,
+/// as a batch links the jobs it handles. Nothing happens without a valid value.
+pub fn add_link(span: &tracing::Span, traceparent: Option<&str>) {
+    let Some(traceparent) = traceparent.filter(|value| !value.is_empty()) else {
+        return;
+    };
+    let cx = opentelemetry::global::get_text_map_propagator(|propagator| propagator.extract(&One(traceparent)));
+    use opentelemetry::trace::TraceContextExt;
+    let context = cx.span().span_context().clone();
+    if context.is_valid() {
+        span.add_link(context);
     }
 }
 

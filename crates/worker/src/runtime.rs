@@ -424,6 +424,11 @@ impl<M: Model> Session<'_, M> {
         let handle = self.tasks.spawn(tracing::Instrument::instrument(run, span));
         tracing::debug!(%job_id, attempt, "job started");
         self.task_jobs.insert(handle.id(), job_id.clone());
+        gantry_telemetry::metrics().worker_slots(
+            self.model.id(),
+            self.jobs.len() as u64 + 1,
+            u64::from(self.config.slots),
+        );
         self.jobs.insert(
             job_id,
             RunningJob {
@@ -447,7 +452,16 @@ impl<M: Model> Session<'_, M> {
         let Some(job) = self.jobs.remove(&job_id) else {
             return Ok(0);
         };
+        let run = report.as_ref().ok().map(|r| r.run);
         let message = terminal_message(job_id, &job, report);
+        let outcome = match &message {
+            Kind::Result(_) => "completed",
+            Kind::Cancelled(_) => "cancelled",
+            _ => "failed",
+        };
+        let metrics = gantry_telemetry::metrics();
+        metrics.worker_job_finished(self.model.id(), outcome, run);
+        metrics.worker_slots(self.model.id(), self.jobs.len() as u64, u64::from(self.config.slots));
         self.send(message).await?;
         Ok(1)
     }

@@ -501,6 +501,7 @@ async fn json_logs_and_request_ids() {
     let dir = tempfile::tempdir().unwrap();
     let mut child = serve_on_free_ports(dir.path())
         .env("GANTRY_LOG_FORMAT", "json")
+        .env("GANTRY_LOG", "info,gantry_api=debug")
         .env("GANTRY_HTTP__WORKERS", "1")
         .env_remove("GANTRY_DATABASE_URL")
         .env_remove("RUST_LOG")
@@ -522,9 +523,11 @@ async fn json_logs_and_request_ids() {
     }
     let management = management.expect("serve logged its addresses");
     let client = crate::harness::http_client(Duration::from_secs(10));
+    let trace = "0af7651916cd43dd8448eb211c80319c";
     let echoed = client
         .get(format!("http://{management}/healthz"))
         .header("x-request-id", "req-42")
+        .header("traceparent", format!("00-{trace}-b7ad6b7169203331-01"))
         .send()
         .await
         .unwrap();
@@ -533,6 +536,27 @@ async fn json_logs_and_request_ids() {
     assert_eq!(fresh.status(), 404);
     let id = fresh.headers()["x-request-id"].to_str().unwrap().to_string();
     assert_eq!(id.len(), 32, "{id}");
+    // The access log line of the first request names its request and its trace.
+    let mut access = None;
+    for line in lines.by_ref() {
+        let entry: serde_json::Value = serde_json::from_str(&line.unwrap()).unwrap();
+        if entry["fields"]["message"] == "request answered" || entry["message"] == "request answered" {
+            let spans = entry["spans"].as_array().cloned().unwrap_or_default();
+            if spans.iter().any(|s| s["request_id"] == "req-42") {
+                access = Some(entry);
+                break;
+            }
+        }
+    }
+    let access = access.expect("an access log line of the request");
+    let span = access["spans"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|s| s["request_id"] == "req-42")
+        .unwrap()
+        .clone();
+    assert_eq!(span["trace_id"], trace, "{access}");
     let _ = child.kill();
     let _ = child.wait();
 }

@@ -21,6 +21,11 @@ async fn scrape(app: &TestApp) -> Vec<Value> {
         "the Prometheus text format"
     );
     let text = res.text().await.unwrap();
+    parse(&text)
+}
+
+/// Every sample of a Prometheus text exposition, as prometheus_client parses it.
+pub(crate) fn parse(text: &str) -> Vec<Value> {
     let script = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/parse_metrics.py");
     let mut child = Command::new("python3")
         .arg(script)
@@ -43,7 +48,7 @@ async fn scrape(app: &TestApp) -> Vec<Value> {
         .collect()
 }
 
-fn value(samples: &[Value], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
+pub(crate) fn value(samples: &[Value], name: &str, labels: &[(&str, &str)]) -> Option<f64> {
     samples
         .iter()
         .find(|s| s["name"] == name && labels.iter().all(|(k, v)| s["labels"][*k] == *v))

@@ -291,6 +291,10 @@ impl Cluster {
     }
 
     fn worker(&self, id: &str, scheduler: &Sched, slots: u32) -> Proc {
+        self.worker_with(id, scheduler, slots, &[])
+    }
+
+    fn worker_with(&self, id: &str, scheduler: &Sched, slots: u32, env: &[(&str, &str)]) -> Proc {
         let slots = slots.to_string();
         let args = [
             "worker",
@@ -303,7 +307,7 @@ impl Cluster {
             "--id",
             id,
         ];
-        self.spawn(id, &args, &[])
+        self.spawn(id, &args, env)
     }
 
     /// The last lines of every process's log.
@@ -912,4 +916,140 @@ async fn redis_signals_wake_the_other_processes_and_losing_them_loses_no_job() {
             "{id} charged once"
         );
     }
+}
+
+/// `/metrics` of the scheduler and worker roles on their own addresses,
+/// parsed by the Prometheus client: the scheduler's queue and charges, the
+/// worker's jobs, run times and slots.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn scheduler_and_worker_roles_serve_metrics() {
+    let cluster = Cluster::new(&[]).await;
+    let key = cluster.user_key();
+    let free = || {
+        std::net::TcpListener::bind("127.0.0.1:0")
+            .unwrap()
+            .local_addr()
+            .unwrap()
+            .to_string()
+    };
+    let (sched_metrics, worker_metrics) = (free(), free());
+    let api = Cluster::ready_api(cluster.api("api")).await;
+    let sched = cluster.spawn(
+        "scheduler",
+        &["scheduler"],
+        &[("GANTRY_METRICS_ADDR", sched_metrics.as_str())],
+    );
+    let sched = Cluster::ready_scheduler(sched).await;
+    let mut worker = cluster.worker_with("worker", &sched, 2, &[("GANTRY_METRICS_ADDR", worker_metrics.as_str())]);
+    worker.wait_for_log("connected to the scheduler").await;
+    let job = cluster
+        .submit(&api, "runsync?wait=30000", &key, json!({ "n": 1 }))
+        .await;
+    assert_eq!(job["status"], "COMPLETED", "{job}");
+
+    let scrape = async |addr: &str| {
+        let res = cluster
+            .client
+            .get(format!("http://{addr}/metrics"))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200);
+        crate::metrics::parse(&res.text().await.unwrap())
+    };
+    let echo = [("model", "gantry-echo")];
+    let samples = scrape(&sched_metrics).await;
+    assert_eq!(crate::metrics::value(&samples, "gantry_queue_depth", &echo), Some(0.0));
+    assert!(crate::metrics::value(&samples, "gantry_charged_usd_total", &echo).is_some_and(|usd| usd > 0.0));
+    let samples = scrape(&worker_metrics).await;
+    assert_eq!(
+        crate::metrics::value(
+            &samples,
+            "gantry_worker_jobs_total",
+            &[("model", "gantry-echo"), ("outcome", "completed")]
+        ),
+        Some(1.0)
+    );
+    assert_eq!(
+        crate::metrics::value(&samples, "gantry_worker_job_run_seconds_count", &echo),
+        Some(1.0)
+    );
+    assert_eq!(
+        crate::metrics::value(
+            &samples,
+            "gantry_worker_slots",
+            &[("model", "gantry-echo"), ("state", "free")]
+        ),
+        Some(2.0)
+    );
+}
+
+/// The topology `docker-compose.yml` describes, as real processes: the
+/// migrations run once (`gantry migrate`), two API replicas, one scheduler
+/// serving /metrics, a worker for the bundled model, Redis for signals and
+/// rate limits, all on one PostgreSQL database and one files directory with
+/// one signing key. A job with an output file goes in through one replica;
+/// its file is read through the URL the other replica gives.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_compose_topology_runs_as_real_processes() {
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let channel = format!("gantry-compose:{}", crate::harness::unique());
+    let files_dir = tempfile::tempdir().unwrap();
+    let files = files_dir.path().to_str().unwrap().to_owned();
+    let cluster = Cluster::new(&[
+        ("GANTRY_REDIS_URL", url.as_str()),
+        ("GANTRY_SCHEDULER__SIGNAL_CHANNEL", channel.as_str()),
+        ("GANTRY_FILES__DIR", files.as_str()),
+        ("GANTRY_FILES__SIGNING_KEY", "compose-test-signing-key"),
+    ])
+    .await;
+    cluster.cli(&["migrate"]);
+    let key = cluster.user_key();
+    let metrics = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .to_string();
+    let (api1, api2) = (cluster.api("api-1"), cluster.api("api-2"));
+    let sched = cluster.spawn(
+        "scheduler",
+        &["scheduler"],
+        &[("GANTRY_METRICS_ADDR", metrics.as_str())],
+    );
+    let apis = [Cluster::ready_api(api1).await, Cluster::ready_api(api2).await];
+    let sched = Cluster::ready_scheduler(sched).await;
+    let mut worker = cluster.worker("worker-echo", &sched, 8);
+    worker.wait_for_log("connected to the scheduler").await;
+
+    let job = cluster
+        .submit(
+            &apis[0],
+            "runsync?wait=30000",
+            &key,
+            json!({ "file": {"text": "compose ", "repeat": 3} }),
+        )
+        .await;
+    assert_eq!(job["status"], "COMPLETED", "{job}");
+    let first = job["output"]["file_url"].as_str().expect("a file URL").to_owned();
+    assert!(first.starts_with(&apis[0].public), "{first}");
+    let read = |url: String| {
+        let client = cluster.client.clone();
+        async move { client.get(url).send().await.unwrap().text().await.unwrap() }
+    };
+    assert_eq!(read(first).await, "compose compose compose ");
+    let again = cluster.status(&apis[1], &key, &id_of(&job)).await;
+    let second = again["output"]["file_url"].as_str().unwrap().to_owned();
+    assert!(second.starts_with(&apis[1].public), "{second}");
+    assert_eq!(read(second).await, "compose compose compose ");
+
+    let res = cluster
+        .client
+        .get(format!("http://{metrics}/metrics"))
+        .send()
+        .await
+        .unwrap();
+    let samples = crate::metrics::parse(&res.text().await.unwrap());
+    assert_eq!(crate::metrics::value(&samples, "gantry_files_stored", &[]), Some(1.0));
+    cluster.assert_each_completed_and_charged_once(&[id_of(&job)]).await;
 }

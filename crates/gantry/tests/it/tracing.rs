@@ -30,6 +30,8 @@ struct Received {
     trace_id: String,
     span_id: String,
     parent_span_id: String,
+    /// Trace ids of the spans this one links to.
+    links: Vec<String>,
 }
 
 /// An OTLP trace receiver on 127.0.0.1 keeping every span it is sent.
@@ -63,6 +65,7 @@ impl TraceService for Receiver {
                     trace_id: hex(&span.trace_id),
                     span_id: hex(&span.span_id),
                     parent_span_id: hex(&span.parent_span_id),
+                    links: span.links.iter().map(|link| hex(&link.trace_id)).collect(),
                 });
             }
         }
@@ -91,6 +94,24 @@ impl Receiver {
     fn trace(&self, trace_id: &str) -> Vec<Received> {
         let spans = self.spans.lock().unwrap();
         spans.iter().filter(|span| span.trace_id == trace_id).cloned().collect()
+    }
+
+    /// Waits (bounded) until a span named `name` links to trace `trace_id`.
+    async fn linking(&self, name: &str, trace_id: &str) -> Received {
+        let started = Instant::now();
+        loop {
+            if let Some(span) = self
+                .spans
+                .lock()
+                .unwrap()
+                .iter()
+                .find(|span| span.name == name && span.links.iter().any(|t| t == trace_id))
+            {
+                return span.clone();
+            }
+            assert!(started.elapsed() < WAIT, "no {name} span links to trace {trace_id}");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
     }
 
     /// Waits (bounded) until trace `trace_id` holds a span named `name` of
@@ -284,6 +305,10 @@ async fn one_process_exports_the_request_and_its_job_in_the_callers_trace() {
         .await;
     let request = span(&trace, "gantry", "POST /v2/{model_id}/runsync");
     assert_one_tree(&trace, &caller_span_id, request);
+    // The settlement batch that committed the job is a trace of its own,
+    // linked to the job's.
+    let batch = receiver.linking("settlement", &trace_id).await;
+    assert_ne!(batch.trace_id, trace_id);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
