@@ -4,9 +4,9 @@
 //! [`hold`]). With `SchedulerConfig::require_credit`, a job is admitted only
 //! while its owner's balance minus the holds of their queued and running jobs
 //! is above zero, and the check and the job's insert are one transaction
-//! serialized per user (the transaction's first statement writes the
-//! user's `credit_accounts` row, which locks it on PostgreSQL and takes the
-//! write lock on SQLite). Holds are not a stored counter:
+//! serialized per user (on SQLite the writer thread admits, one after
+//! another inside its group commits; on PostgreSQL the transaction's first
+//! statement writes the user's `credit_accounts` row, which locks it). Holds are not a stored counter:
 //! they are read from the jobs in flight, so a job that fails, is cancelled,
 //! times out or is lost with its process releases its hold by reaching that
 //! state, and no path can leak one. A completion debits the balance by the
@@ -74,10 +74,19 @@ pub async fn held<C: ConnectionTrait>(db: &C, user: &str) -> Result<i64, sea_orm
 /// nothing is written.
 pub(crate) async fn admit(
     db: &DatabaseConnection,
+    engine: Option<&crate::engine::Engine>,
     write_lock: &tokio::sync::Mutex<()>,
     row: &job::Model,
 ) -> Result<(), JobError> {
     use sea_orm::{ActiveModelTrait, IntoActiveModel};
+    // The SQLite writer thread admits in its own batches (one commit for
+    // many), serialized by that thread.
+    if let Some(engine) = engine {
+        return match engine.admit(row.clone()).await? {
+            Ok(()) => Ok(()),
+            Err((balance, held)) => Err(JobError::PaymentRequired { balance, held }),
+        };
+    }
     let _guard = serialize_writes(write_lock, db).await;
     let txn = db.begin().await?;
     let backend = txn.get_database_backend();

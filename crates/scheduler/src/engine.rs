@@ -43,16 +43,24 @@ struct Op {
 
 enum Work {
     Insert(Box<job::Model>),
+    /// Insert only if the owner has credit left (see `credit.rs`).
+    Admit(Box<job::Model>),
     Settle(Box<Plan>),
 }
 
 enum Done {
     Inserted,
+    /// Not admitted: the owner's balance and holds.
+    Refused(i64, i64),
     Settled(Settled),
 }
 
+/// An admission's outcome: inserted, or refused with (balance, held).
+pub(crate) type Admission = Result<(), (i64, i64)>;
+
 enum ReplyTo {
     Insert(oneshot::Sender<Result<(), DbErr>>),
+    Admit(oneshot::Sender<Result<Admission, DbErr>>),
     Settle(oneshot::Sender<Result<Settled, DbErr>>),
 }
 
@@ -60,9 +68,12 @@ impl ReplyTo {
     fn send(self, result: Result<Done, DbErr>) {
         match (self, result) {
             (ReplyTo::Insert(to), Ok(_)) => drop(to.send(Ok(()))),
+            (ReplyTo::Admit(to), Ok(Done::Refused(balance, held))) => drop(to.send(Ok(Err((balance, held))))),
+            (ReplyTo::Admit(to), Ok(_)) => drop(to.send(Ok(Ok(())))),
             (ReplyTo::Settle(to), Ok(Done::Settled(settled))) => drop(to.send(Ok(settled))),
-            (ReplyTo::Settle(to), Ok(Done::Inserted)) => drop(to.send(Ok(Settled::default()))),
+            (ReplyTo::Settle(to), Ok(_)) => drop(to.send(Ok(Settled::default()))),
             (ReplyTo::Insert(to), Err(error)) => drop(to.send(Err(error))),
+            (ReplyTo::Admit(to), Err(error)) => drop(to.send(Err(error))),
             (ReplyTo::Settle(to), Err(error)) => drop(to.send(Err(error))),
         }
     }
@@ -123,6 +134,19 @@ impl Engine {
         self.send(Op {
             work: Work::Insert(Box::new(row)),
             reply: ReplyTo::Insert(reply),
+        })?;
+        done.await.map_err(|_| stopped())?
+    }
+
+    /// Inserts one job row if its owner has credit left (balance minus the
+    /// holds of their jobs in flight above zero), committed when this
+    /// returns; else the balance and holds. Admissions are serialized by
+    /// this thread: one in the same batch sees the rows of those before it.
+    pub(crate) async fn admit(&self, row: job::Model) -> Result<Admission, DbErr> {
+        let (reply, done) = oneshot::channel();
+        self.send(Op {
+            work: Work::Admit(Box::new(row)),
+            reply: ReplyTo::Admit(reply),
         })?;
         done.await.map_err(|_| stopped())?
     }
@@ -255,6 +279,7 @@ fn run_all(conn: &mut Connection, works: &[&Work]) -> Result<Vec<Done>, DbErr> {
             done.push(
                 match work {
                     Work::Insert(row) => statements.insert(row).map(|()| Done::Inserted),
+                    Work::Admit(row) => statements.admit(row),
                     Work::Settle(plan) => settle(&mut statements, plan).map(Done::Settled),
                 }
                 .map_err(db_err)?,
@@ -364,6 +389,28 @@ impl<'c> Statements<'c> {
             row.hold_micro_usd,
         ])?;
         Ok(())
+    }
+
+    /// `row` inserted if its owner has credit left, else `Refused`.
+    fn admit(&mut self, row: &job::Model) -> rusqlite::Result<Done> {
+        let balance: i64 = self
+            .conn
+            .prepare_cached("SELECT balance_micro_usd FROM credit_accounts WHERE user_id = ?1")?
+            .query_row(params![row.user_id], |r| r.get(0))
+            .optional()?
+            .unwrap_or(0);
+        let held: i64 = self
+            .conn
+            .prepare_cached(
+                "SELECT COALESCE(SUM(hold_micro_usd), 0) FROM jobs \
+                 WHERE user_id = ?1 AND status IN ('IN_QUEUE', 'IN_PROGRESS')",
+            )?
+            .query_row(params![row.user_id], |r| r.get(0))?;
+        if balance.saturating_sub(held) <= 0 {
+            return Ok(Done::Refused(balance, held));
+        }
+        self.insert(row)?;
+        Ok(Done::Inserted)
     }
 
     /// The `files` rows of a completed job (none when it has no files).

@@ -192,7 +192,7 @@ impl JobStore {
             return Ok(view);
         }
         let inserted = if self.config.require_credit {
-            crate::credit::admit(&self.db, &self.hub.write_lock, &row).await
+            crate::credit::admit(&self.db, self.hub.engine.as_ref(), &self.hub.write_lock, &row).await
         } else {
             self.insert(&row).await.map_err(JobError::from)
         };
