@@ -1,6 +1,6 @@
 //! `gantry`: runs the platform and administers users and API keys.
 /// mimalloc: the request path allocates and frees many small buffers across
-/// threads; glibc's allocator spent ~6 % of the CPU there (docs/benchmarks-jobs.md).
+/// threads; glibc's allocator spent ~6 % of the CPU there (docs/decisions/0016-mimalloc.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -100,7 +100,7 @@ impl Scheduler {
         core.sweep().await?;
         // Every submit may take the lane, on both backends. (Until the
         // PostgreSQL claim was fixed, `/run` jobs did not on PostgreSQL: see
-        // "Claims" in docs/scheduler.md and docs/benchmarks-jobs.md.)
+        // "Claims" in docs/scheduler.md and docs/decisions/0021-fast-lane-run-on-postgres.md.)
         core.fast_lane = core
             .store
             .hub
