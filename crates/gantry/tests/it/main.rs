@@ -10,6 +10,7 @@ mod cli;
 mod credit;
 mod errors;
 mod files;
+mod images;
 mod jobs;
 mod metrics;
 mod openapi;

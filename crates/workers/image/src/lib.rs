@@ -1,0 +1,308 @@
+//! Image models: GAN generators run in plain Rust.
+//!
+//! A generator here is a DCGAN-style stack of transposed convolutions
+//! ([`gan`]), loaded from safetensors (the manifest converts the published
+//! PyTorch checkpoints once, when they are pulled). An unconditional model
+//! draws from noise alone; a conditional one also takes a one-hot label,
+//! which comes from the words of the prompt (`eyes-128`: the colour named in
+//! it). Every image of a job is generated in one batch, resized to the
+//! requested side when that differs from the generator's (Lanczos, 3 lobes),
+//! encoded as PNG, JPEG (quality 90) or lossless WebP, and sent to the
+//! platform, which serves it behind an expiring URL.
+//!
+//! The same seed gives the same bytes: image `i` of a job with seed `s` is
+//! drawn from the seed `s + i` with a portable generator (SplitMix64 and the
+//! Box-Muller transform), so a one-image job with seed `s + i` returns the
+//! same image. Usage is the delivered pixels, in megapixels.
+
+mod gan;
+mod gemm;
+pub mod input;
+
+use std::io::Cursor;
+use std::path::Path;
+use std::sync::Arc;
+
+use gantry_worker::{JobContext, JobError, Model, Output, Usage, WorkerConfig, WorkerRuntime};
+use image::{ImageEncoder, RgbImage};
+use serde_json::{Value, json};
+
+pub use gan::{Generator, LoadError};
+use input::{Abilities, Format, Request};
+
+/// How a manifest entry describes a GAN generator (its `engine` table).
+#[derive(Debug, Clone, PartialEq)]
+pub struct GanSpec {
+    /// Name prefix of the generator's tensors (`netG_state_dict.main`).
+    pub prefix: String,
+    /// Length of the noise vector.
+    pub latent: usize,
+    /// Labels of a conditional model, in the order of its one-hot input,
+    /// each with the words of a prompt that name it.
+    pub labels: Vec<(String, Vec<String>)>,
+}
+
+impl GanSpec {
+    /// Reads `architecture = "dcgan"`, `tensor_prefix`, `latent` and
+    /// `labels` (a table of label → list of words) from an engine table.
+    pub fn from_engine(engine: &serde_json::Map<String, Value>) -> Result<Self, String> {
+        if engine.get("architecture").and_then(Value::as_str) != Some("dcgan") {
+            return Err("engine.architecture must be \"dcgan\"".into());
+        }
+        let prefix = engine
+            .get("tensor_prefix")
+            .and_then(Value::as_str)
+            .ok_or("engine.tensor_prefix is missing")?
+            .to_owned();
+        let latent = engine
+            .get("latent")
+            .and_then(Value::as_u64)
+            .ok_or("engine.latent is missing")? as usize;
+        let labels = match engine.get("labels") {
+            None => Vec::new(),
+            Some(Value::Array(items)) => items
+                .iter()
+                .map(|item| {
+                    let name = item.get("name").and_then(Value::as_str).ok_or("a label has no name")?;
+                    let words = match item.get("words") {
+                        Some(Value::Array(words)) => words
+                            .iter()
+                            .map(|w| w.as_str().map(str::to_lowercase).ok_or("label words must be strings"))
+                            .collect::<Result<Vec<_>, _>>()?,
+                        _ => vec![name.to_lowercase()],
+                    };
+                    Ok((name.to_owned(), words))
+                })
+                .collect::<Result<Vec<_>, &str>>()?,
+            Some(_) => return Err("engine.labels must be a list".into()),
+        };
+        Ok(Self { prefix, latent, labels })
+    }
+}
+
+/// A loaded image model.
+pub struct ImageModel {
+    id: String,
+    spec: GanSpec,
+    generator: Arc<Generator>,
+}
+
+impl ImageModel {
+    /// Loads the generator of model `id` from a safetensors file.
+    pub fn load(id: &str, weights: &Path, spec: GanSpec) -> Result<Self, LoadError> {
+        let tensors = gantry_manifest::torch::read_safetensors(weights).map_err(|e| LoadError::new(e.to_string()))?;
+        let generator = Generator::from_tensors(&tensors, &spec.prefix)?;
+        let wanted = spec.latent + spec.labels.len();
+        if generator.input_len() != wanted {
+            return Err(LoadError::new(format!(
+                "the generator takes {} inputs, but the manifest says {} noise + {} labels",
+                generator.input_len(),
+                spec.latent,
+                spec.labels.len()
+            )));
+        }
+        Ok(Self {
+            id: id.to_owned(),
+            spec,
+            generator: Arc::new(generator),
+        })
+    }
+
+    /// Side of the images the generator draws.
+    pub fn native_side(&self) -> u32 {
+        u32::try_from(self.generator.side()).unwrap_or(u32::MAX)
+    }
+
+    /// Generates and encodes the images of a validated request (blocking:
+    /// run it off the async runtime).
+    pub fn render(&self, request: &Request, seed: u64) -> Result<Vec<Vec<u8>>, String> {
+        render(&self.generator, &self.spec, request, seed)
+    }
+}
+
+/// A [`WorkerRuntime`] serving `model` with `config`.
+pub fn runtime(model: ImageModel, config: WorkerConfig) -> WorkerRuntime<ImageModel> {
+    WorkerRuntime::new(model, config)
+}
+
+impl Model for ImageModel {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    async fn run(&self, input: Value, ctx: JobContext) -> Result<Output, JobError> {
+        let request = input::parse(
+            &input,
+            &Abilities {
+                native_side: self.native_side(),
+                labels: &self.spec.labels,
+            },
+        )
+        .map_err(JobError::BadInput)?;
+        // 53 bits: a seed the caller can send back exactly as a JSON number.
+        let seed = request.seed.unwrap_or_else(|| rand::random::<u64>() >> 11);
+        let n = request.num_images;
+        ctx.progress(json!({"stage": "generating", "images": n})).await?;
+        let (generator, spec, job) = (Arc::clone(&self.generator), self.spec.clone(), request.clone());
+        let images = tokio::task::spawn_blocking(move || render(&generator, &spec, &job, seed))
+            .await
+            .map_err(|e| JobError::internal(format!("the generator stopped: {e}")))?
+            .map_err(JobError::internal)?;
+        if ctx.is_cancelled() {
+            return Err(JobError::Cancelled);
+        }
+        let format = request.format;
+        for (i, bytes) in images.iter().enumerate() {
+            let pointer = if n == 1 {
+                "/image_url".to_owned()
+            } else {
+                format!("/images/{i}")
+            };
+            ctx.put_file(&pointer, format.media_type(), bytes).await?;
+        }
+        let side = request.side;
+        let mut output = json!({
+            "width": side,
+            "height": side,
+            "seed": seed,
+            "output_format": format.name(),
+        });
+        if n == 1 {
+            output["image_url"] = Value::String(String::new());
+        } else {
+            output["images"] = Value::Array(vec![Value::String(String::new()); n]);
+        }
+        if let Some(label) = request.label {
+            output["label"] = Value::String(self.spec.labels[label].0.clone());
+        }
+        let pixels = u64::from(side) * u64::from(side) * n as u64;
+        // One pixel is one millionth of a megapixel: the usage is exact.
+        let usage = Usage::micros("megapixels", i64::try_from(pixels).unwrap_or(i64::MAX));
+        Ok(Output::new(output, usage))
+    }
+}
+
+fn render(generator: &Generator, spec: &GanSpec, request: &Request, seed: u64) -> Result<Vec<Vec<u8>>, String> {
+    let n = request.num_images;
+    let width = generator.input_len();
+    let mut inputs = vec![0.0f32; n * width];
+    for (i, z) in inputs.chunks_mut(width).enumerate() {
+        let mut normal = Normal::new(seed.wrapping_add(i as u64));
+        for v in &mut z[..spec.latent] {
+            *v = normal.next();
+        }
+        if let Some(label) = request.label {
+            z[spec.latent + label] = 1.0;
+        }
+    }
+    let native = u32::try_from(generator.side()).map_err(|e| e.to_string())?;
+    generator
+        .generate(&inputs, n)
+        .into_iter()
+        .map(|rgb| {
+            let mut img = RgbImage::from_raw(native, native, rgb).ok_or("the generator's output has the wrong size")?;
+            if request.side != native {
+                img = image::imageops::resize(&img, request.side, request.side, image::imageops::FilterType::Lanczos3);
+            }
+            encode(&img, request.format)
+        })
+        .collect()
+}
+
+/// JPEG quality of `output_format: "jpeg"`.
+const JPEG_QUALITY: u8 = 90;
+
+fn encode(img: &RgbImage, format: Format) -> Result<Vec<u8>, String> {
+    let mut out = Cursor::new(Vec::new());
+    let (w, h) = img.dimensions();
+    let color = image::ExtendedColorType::Rgb8;
+    let written = match format {
+        Format::Png => image::codecs::png::PngEncoder::new(&mut out).write_image(img.as_raw(), w, h, color),
+        Format::Jpeg => image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, JPEG_QUALITY).write_image(
+            img.as_raw(),
+            w,
+            h,
+            color,
+        ),
+        Format::Webp => image::codecs::webp::WebPEncoder::new_lossless(&mut out).write_image(img.as_raw(), w, h, color),
+    };
+    written.map_err(|e| format!("cannot encode the image as {}: {e}", format.name()))?;
+    Ok(out.into_inner())
+}
+
+/// Standard normal samples from a seed, the same on every platform:
+/// SplitMix64 for uniform bits, Box-Muller for the normal pairs.
+struct Normal {
+    state: u64,
+    spare: Option<f32>,
+}
+
+impl Normal {
+    fn new(seed: u64) -> Self {
+        Self {
+            state: seed,
+            spare: None,
+        }
+    }
+
+    fn next_u64(&mut self) -> u64 {
+        self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.state;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        z ^ (z >> 31)
+    }
+
+    /// Uniform in (0, 1].
+    fn uniform(&mut self) -> f64 {
+        ((self.next_u64() >> 11) + 1) as f64 / (1u64 << 53) as f64
+    }
+
+    fn next(&mut self) -> f32 {
+        if let Some(v) = self.spare.take() {
+            return v;
+        }
+        let (u1, u2) = (self.uniform(), self.uniform());
+        let r = (-2.0 * u1.ln()).sqrt();
+        let theta = std::f64::consts::TAU * u2;
+        self.spare = Some((r * theta.sin()) as f32);
+        (r * theta.cos()) as f32
+    }
+}
+
+impl LoadError {
+    fn new(message: String) -> Self {
+        gan::load_err(message)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn normal_samples_are_standard_and_repeatable() {
+        let mut a = Normal::new(42);
+        let samples: Vec<f32> = (0..20_000).map(|_| a.next()).collect();
+        let mean = samples.iter().sum::<f32>() / samples.len() as f32;
+        let var = samples.iter().map(|v| (v - mean).powi(2)).sum::<f32>() / samples.len() as f32;
+        assert!(mean.abs() < 0.03, "mean {mean}");
+        assert!((var - 1.0).abs() < 0.05, "variance {var}");
+        let mut b = Normal::new(42);
+        assert_eq!(samples[..8], (0..8).map(|_| b.next()).collect::<Vec<_>>()[..]);
+        let mut c = Normal::new(43);
+        assert_ne!(samples[0], c.next());
+    }
+
+    #[test]
+    fn the_engine_table_is_read() {
+        let engine = json!({
+            "architecture": "dcgan", "tensor_prefix": "main", "latent": 100,
+            "labels": [{"name": "gray", "words": ["gray", "Grey"]}, {"name": "red"}]
+        });
+        let spec = GanSpec::from_engine(engine.as_object().unwrap()).unwrap();
+        assert_eq!(spec.labels[1], ("red".to_owned(), vec!["red".to_owned()]));
+        assert_eq!(spec.labels[0].1, vec!["gray", "grey"]);
+        assert!(GanSpec::from_engine(json!({"architecture": "unet"}).as_object().unwrap()).is_err());
+    }
+}
