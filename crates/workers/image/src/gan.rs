@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 
 use gantry_manifest::torch::Tensor;
 
-use crate::gemm::{View, matmul};
+use crate::packed::PackedWeights;
 
 /// Epsilon of PyTorch's `BatchNorm2d` default.
 const BN_EPS: f32 = 1e-5;
@@ -42,8 +42,11 @@ struct Layer {
     k: usize,
     stride: usize,
     pad: usize,
-    /// `cin × (cout·k·k)`, row-major, batch norm folded in.
+    /// `cin × (cout·k·k)`, row-major, batch norm folded in; emptied once
+    /// packed.
     weight: Vec<f32>,
+    /// The weights, transposed and packed for the product.
+    packed: Option<PackedWeights>,
     bias: Vec<f32>,
     activation: Activation,
 }
@@ -135,6 +138,7 @@ impl Generator {
                     stride: if first { 1 } else { 2 },
                     pad: if first { 0 } else { 1 },
                     weight: get(&name("weight"))?,
+                    packed: None,
                     bias,
                     activation: Activation::Relu,
                 });
@@ -145,6 +149,9 @@ impl Generator {
             .ok_or_else(|| load_err(format!("the weights have no layers under {prefix}")))?;
         last.activation = Activation::Tanh;
         let channels = last.cout;
+        for layer in &mut layers {
+            layer.pack();
+        }
         let side = layers.iter().fold(1, |side, l| (side - 1) * l.stride + l.k - 2 * l.pad);
         Ok(Self {
             input: layers[0].cin,
@@ -210,53 +217,50 @@ impl Generator {
 }
 
 impl Layer {
+    /// Packs the (folded) weights for the product, keeping one copy.
+    fn pack(&mut self) {
+        let taps = self.cout * self.k * self.k;
+        self.packed = Some(PackedWeights::from_transposed(&self.weight, self.cin, taps));
+        self.weight = Vec::new();
+    }
+
     /// `x` is `cin × n × side × side`; returns `cout × n × out × out` and `out`.
     fn forward(&self, x: &[f32], n: usize, side: usize) -> (Vec<f32>, usize) {
         let positions = n * side * side;
         let taps = self.cout * self.k * self.k;
         let mut cols = vec![0.0f32; taps * positions];
-        // cols[(co,kh,kw)][(b,ih,iw)] = Σ_ci weight[ci][(co,kh,kw)] · x[ci][(b,ih,iw)]
-        matmul(
-            View {
-                data: &self.weight,
-                rows: taps,
-                cols: self.cin,
-                row_stride: 1,
-                col_stride: taps,
-            },
-            View {
-                data: x,
-                rows: self.cin,
-                cols: positions,
-                row_stride: positions,
-                col_stride: 1,
-            },
-            &mut cols,
-        );
+        // cols[(b,ih,iw)][(co,kh,kw)] = Σ_ci weight[ci][(co,kh,kw)] · x[ci][(b,ih,iw)]
+        let packed = self
+            .packed
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("layers are packed when the model loads"));
+        packed.matmul(x, positions, &mut cols);
         let out_side = (side - 1) * self.stride + self.k - 2 * self.pad;
         let out_plane = out_side * out_side;
         let mut out = vec![0.0f32; self.cout * n * out_plane];
-        for co in 0..self.cout {
-            for kh in 0..self.k {
-                for kw in 0..self.k {
-                    let row = &cols[((co * self.k + kh) * self.k + kw) * positions..][..positions];
-                    for b in 0..n {
-                        let dst = &mut out[(co * n + b) * out_plane..][..out_plane];
-                        for ih in 0..side {
+        // Scatter-add every kernel tap of every input pixel into its output
+        // pixel ("col2im"), one input pixel at a time.
+        for b in 0..n {
+            for ih in 0..side {
+                for iw in 0..side {
+                    let src = &cols[((b * side + ih) * side + iw) * taps..][..taps];
+                    for co in 0..self.cout {
+                        let plane = &mut out[(co * n + b) * out_plane..][..out_plane];
+                        for kh in 0..self.k {
                             let Some(oh) = (ih * self.stride + kh)
                                 .checked_sub(self.pad)
                                 .filter(|oh| *oh < out_side)
                             else {
                                 continue;
                             };
-                            let src = &row[(b * side + ih) * side..][..side];
-                            let dst_row = &mut dst[oh * out_side..][..out_side];
-                            for (iw, v) in src.iter().enumerate() {
+                            let row = &mut plane[oh * out_side..][..out_side];
+                            let tap = &src[(co * self.k + kh) * self.k..][..self.k];
+                            for (kw, v) in tap.iter().enumerate() {
                                 if let Some(ow) = (iw * self.stride + kw)
                                     .checked_sub(self.pad)
                                     .filter(|ow| *ow < out_side)
                                 {
-                                    dst_row[ow] += v;
+                                    row[ow] += v;
                                 }
                             }
                         }
@@ -326,16 +330,18 @@ mod tests {
         let x: Vec<f32> = (0..cin * side * side)
             .map(|i| ((i * 5 % 13) as f32 - 6.0) / 7.0)
             .collect();
-        let layer = Layer {
+        let mut layer = Layer {
             cin,
             cout,
             k: 4,
             stride: 2,
             pad: 1,
             weight: w.clone(),
+            packed: None,
             bias: vec![0.0; cout],
             activation: Activation::Tanh,
         };
+        layer.pack();
         let (got, out_side) = layer.forward(&x, 1, side);
         assert_eq!(out_side, 10);
         let want: Vec<f32> = reference(&x, cin, side, &w, cout, 2, 1)

@@ -16,8 +16,8 @@
 //! same image. Usage is the delivered pixels, in megapixels.
 
 mod gan;
-mod gemm;
 pub mod input;
+mod packed;
 
 use std::io::Cursor;
 use std::path::Path;
