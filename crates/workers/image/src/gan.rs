@@ -18,6 +18,9 @@ use gantry_manifest::torch::Tensor;
 
 use crate::packed::PackedWeights;
 
+/// Floats of kernel taps computed per chunk of input pixels (4 MiB).
+const CHUNK_FLOATS: usize = 1 << 20;
+
 /// Epsilon of PyTorch's `BatchNorm2d` default.
 const BN_EPS: f32 = 1e-5;
 
@@ -228,45 +231,51 @@ impl Layer {
     fn forward(&self, x: &[f32], n: usize, side: usize) -> (Vec<f32>, usize) {
         let positions = n * side * side;
         let taps = self.cout * self.k * self.k;
-        let mut cols = vec![0.0f32; taps * positions];
-        // cols[(b,ih,iw)][(co,kh,kw)] = Σ_ci weight[ci][(co,kh,kw)] · x[ci][(b,ih,iw)]
         let packed = self
             .packed
             .as_ref()
             .unwrap_or_else(|| unreachable!("layers are packed when the model loads"));
-        packed.matmul(x, positions, &mut cols);
         let out_side = (side - 1) * self.stride + self.k - 2 * self.pad;
         let out_plane = out_side * out_side;
         let mut out = vec![0.0f32; self.cout * n * out_plane];
-        // Scatter-add every kernel tap of every input pixel into its output
-        // pixel ("col2im"), one input pixel at a time.
-        for b in 0..n {
-            for ih in 0..side {
-                for iw in 0..side {
-                    let src = &cols[((b * side + ih) * side + iw) * taps..][..taps];
-                    for co in 0..self.cout {
-                        let plane = &mut out[(co * n + b) * out_plane..][..out_plane];
-                        for kh in 0..self.k {
-                            let Some(oh) = (ih * self.stride + kh)
+        // The input pixels in chunks whose kernel taps stay within a few
+        // megabytes: for each chunk, one product gives every tap of every
+        // pixel, cols[(b,ih,iw)][(co,kh,kw)] = Σ_ci weight[ci][(co,kh,kw)] ·
+        // x[ci][(b,ih,iw)], and a scatter-add ("col2im") puts each tap into
+        // its output pixel while the chunk is still in cache.
+        let chunk = (CHUNK_FLOATS / taps).max(1);
+        let mut cols = vec![0.0f32; taps * chunk.min(positions)];
+        let mut first = 0;
+        while first < positions {
+            let len = chunk.min(positions - first);
+            let cols = &mut cols[..taps * len];
+            packed.matmul(x, positions, first..first + len, cols);
+            for (offset, src) in cols.chunks_exact(taps).enumerate() {
+                let pixel = first + offset;
+                let (b, ih, iw) = (pixel / (side * side), pixel / side % side, pixel % side);
+                for co in 0..self.cout {
+                    let plane = &mut out[(co * n + b) * out_plane..][..out_plane];
+                    for kh in 0..self.k {
+                        let Some(oh) = (ih * self.stride + kh)
+                            .checked_sub(self.pad)
+                            .filter(|oh| *oh < out_side)
+                        else {
+                            continue;
+                        };
+                        let row = &mut plane[oh * out_side..][..out_side];
+                        let tap = &src[(co * self.k + kh) * self.k..][..self.k];
+                        for (kw, v) in tap.iter().enumerate() {
+                            if let Some(ow) = (iw * self.stride + kw)
                                 .checked_sub(self.pad)
-                                .filter(|oh| *oh < out_side)
-                            else {
-                                continue;
-                            };
-                            let row = &mut plane[oh * out_side..][..out_side];
-                            let tap = &src[(co * self.k + kh) * self.k..][..self.k];
-                            for (kw, v) in tap.iter().enumerate() {
-                                if let Some(ow) = (iw * self.stride + kw)
-                                    .checked_sub(self.pad)
-                                    .filter(|ow| *ow < out_side)
-                                {
-                                    row[ow] += v;
-                                }
+                                .filter(|ow| *ow < out_side)
+                            {
+                                row[ow] += v;
                             }
                         }
                     }
                 }
             }
+            first += len;
         }
         for co in 0..self.cout {
             let bias = self.bias[co];

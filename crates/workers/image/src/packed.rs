@@ -46,22 +46,23 @@ impl PackedWeights {
         Self { data, rows, depth }
     }
 
-    /// `out = (A × x)ᵀ`: `x` is `depth × n`, row-major; `out` is `n × rows`,
+    /// `out = (A × x[:, cols])ᵀ`: `x` is `depth × stride`, row-major, of
+    /// which the columns `cols` are used; `out` is `cols.len() × rows`,
     /// row-major (each input column's results side by side, which the
     /// kernel writes a cache line at a time).
-    pub fn matmul(&self, x: &[f32], n: usize, out: &mut [f32]) {
-        assert_eq!(x.len(), self.depth * n, "input has the wrong size");
+    pub fn matmul(&self, x: &[f32], stride: usize, cols: std::ops::Range<usize>, out: &mut [f32]) {
+        assert_eq!(x.len(), self.depth * stride, "input has the wrong size");
+        assert!(cols.end <= stride, "columns out of range");
+        let n = cols.len();
         assert_eq!(out.len(), self.rows * n, "output has the wrong size");
         let blocks = n.div_ceil(NR);
         let mut xp = vec![0.0f32; blocks * self.depth * NR];
         for b in 0..blocks {
             for k in 0..self.depth {
-                for q in 0..NR {
-                    let j = b * NR + q;
-                    if j < n {
-                        xp[(b * self.depth + k) * NR + q] = x[k * n + j];
-                    }
-                }
+                let start = b * NR;
+                let len = NR.min(n - start);
+                let src = &x[k * stride + cols.start + start..][..len];
+                xp[(b * self.depth + k) * NR..][..len].copy_from_slice(src);
             }
         }
         #[cfg(target_arch = "x86_64")]
@@ -138,7 +139,7 @@ mod tests {
             let x: Vec<f32> = (0..depth * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 3.0).collect();
             let packed = PackedWeights::from_transposed(&w, depth, rows);
             let mut out = vec![f32::NAN; rows * n];
-            packed.matmul(&x, n, &mut out);
+            packed.matmul(&x, n, 0..n, &mut out);
             for r in 0..rows {
                 for j in 0..n {
                     let want: f32 = (0..depth).map(|k| w[k * rows + r] * x[k * n + j]).sum();

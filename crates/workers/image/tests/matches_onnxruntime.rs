@@ -33,7 +33,11 @@ fn check(model: &str, file: &str, prefix: &str, labels: usize) {
         .map(|i| {
             let (b, c) = (i / width, i % width);
             if c >= width - labels {
-                if (c - (width - labels)) == b % labels.max(1) { 1.0 } else { 0.0 }
+                if (c - (width - labels)) == b % labels.max(1) {
+                    1.0
+                } else {
+                    0.0
+                }
             } else {
                 (((i * 7919) % 2003) as f32 / 2003.0 - 0.5) * 4.0
             }
@@ -59,7 +63,14 @@ fn check(model: &str, file: &str, prefix: &str, labels: usize) {
     let script = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../../bench/image/reference.py");
     let run = Command::new("python3")
         .arg(&script)
-        .args(["compare".as_ref(), weights.as_os_str(), prefix.as_ref(), z.as_os_str(), "8".as_ref(), y.as_os_str()])
+        .args([
+            "compare".as_ref(),
+            weights.as_os_str(),
+            prefix.as_ref(),
+            z.as_os_str(),
+            "8".as_ref(),
+            y.as_os_str(),
+        ])
         .output()
         .expect("python3 runs");
     let stdout = String::from_utf8_lossy(&run.stdout);
