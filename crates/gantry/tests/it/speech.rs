@@ -226,3 +226,55 @@ async fn sentences_stream_in_order_as_playable_wavs_before_the_job_ends() {
     let micro = prompt.chars().count() as i64 * MICRO_USD_PER_CHARACTER;
     assert_eq!(app.charges(&id).await, [micro]);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_reading_stops_and_costs_nothing() {
+    let app = speech_app(Backend::Sqlite).await;
+    let (_, key) = app.user_with_key("endpoints:run").await;
+    let prompt = (1..=40)
+        .map(|i| format!("This is sentence number {i} of a long reading that nobody will hear to the end."))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let job = app.speak("run", &key, json!({ "prompt": prompt })).await;
+    let id = job["id"].as_str().unwrap().to_string();
+    let mut stream = app
+        .public(Method::GET, &format!("/v2/{MODEL}/stream/{id}"), &key)
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap()
+        .bytes_stream();
+    let mut seen = String::new();
+    while !seen.contains("id: 0\n") {
+        let piece = tokio::time::timeout(Duration::from_secs(60), stream.next())
+            .await
+            .expect("a sentence within 60 s")
+            .expect("the stream is open")
+            .unwrap();
+        seen.push_str(&String::from_utf8_lossy(&piece));
+    }
+    let status: Value = app
+        .public_ok(Method::GET, &format!("/v2/{MODEL}/status/{id}"), &key)
+        .await;
+    assert_eq!(status["status"], "IN_PROGRESS", "sentences stream before the end");
+    let cancelled: Value = app
+        .public_ok(Method::POST, &format!("/v2/{MODEL}/cancel/{id}"), &key)
+        .await;
+    assert_eq!(cancelled["status"], "CANCELLED");
+    let mut rest = String::new();
+    while let Some(piece) = tokio::time::timeout(Duration::from_secs(60), stream.next())
+        .await
+        .unwrap()
+    {
+        rest.push_str(&String::from_utf8_lossy(&piece.unwrap()));
+    }
+    let events = parse_sse(&format!("{seen}{rest}"));
+    let last = events.last().unwrap();
+    assert_eq!((last.1.as_str(), &last.2["status"]), ("status", &json!("CANCELLED")));
+    let chunks = events.iter().filter(|(_, name, _)| name == "chunk").count();
+    assert!(chunks < 40, "{chunks} of 40 sentences");
+    assert_eq!(app.charges(&id).await, Vec::<i64>::new());
+    // The worker is free again: a short job goes through.
+    let next = app.speak("runsync", &key, json!({ "prompt": "Still here." })).await;
+    assert_eq!(next["status"], "COMPLETED", "{next}");
+}
