@@ -39,6 +39,8 @@ pub fn parse(input: &Value, voice: &str) -> Result<Request, String> {
             let count = text.chars().count();
             if text.trim().is_empty() {
                 problems.push("'prompt' is empty: give the text to speak".to_owned());
+            } else if text.contains('\0') {
+                problems.push("'prompt' contains a NUL character".to_owned());
             } else if count > MAX_PROMPT_CHARS {
                 problems.push(format!(
                     "'prompt' is {count} characters long; at most {MAX_PROMPT_CHARS} are accepted (split longer text into several jobs)"
@@ -133,6 +135,7 @@ mod tests {
         assert!(parse(&json!("text"), "joe").unwrap_err().contains("JSON object"));
         assert!(parse(&json!({"prompt": "  \n"}), "joe").is_err());
         assert!(parse(&json!({"prompt": 3}), "joe").is_err());
+        assert!(parse(&json!({"prompt": "a\u{0}b"}), "joe").unwrap_err().contains("NUL"));
         assert!(parse(&json!({"prompt": "x", "speed": "fast"}), "joe").is_err());
         assert!(parse(&json!({"prompt": "x", "speed": 0.49}), "joe").is_err());
         let too_long = "é".repeat(MAX_PROMPT_CHARS + 1);
