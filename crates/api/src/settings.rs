@@ -48,6 +48,9 @@ pub struct Settings {
     pub metrics_addr: Option<String>,
     /// The text engine of the bundled text models and `gantry worker --model <text model>`.
     pub text: TextSettings,
+    /// The speech engine (ONNX Runtime) of the bundled speech models and
+    /// `gantry worker --model <speech model>`.
+    pub speech: SpeechSettings,
     pub catalog: CatalogSettings,
     /// Where generated files (images, audio, video) are stored and how long
     /// their URLs work.
@@ -97,6 +100,26 @@ impl Default for TextSettings {
             max_sequences: 16,
             context_tokens: None,
             gpu_layers: 0,
+        }
+    }
+}
+
+/// The speech engine (ONNX Runtime), per loaded voice.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct SpeechSettings {
+    /// Intra-op threads of each ONNX Runtime session; 0 means one per core.
+    pub threads: usize,
+    /// Sessions of a voice that synthesise at once; more jobs take turns,
+    /// sentence by sentence.
+    pub sessions: usize,
+}
+
+impl Default for SpeechSettings {
+    fn default() -> Self {
+        Self {
+            threads: 0,
+            sessions: 1,
         }
     }
 }
@@ -288,6 +311,7 @@ impl Default for Settings {
             pull_on_start: true,
             metrics_addr: None,
             text: TextSettings::default(),
+            speech: SpeechSettings::default(),
             auth: AuthSettings::default(),
             catalog: CatalogSettings::default(),
             files: gantry_files::FilesConfig::default(),

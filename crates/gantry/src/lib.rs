@@ -211,13 +211,17 @@ impl Workers {
                 let loaded = load_image_model(settings, image)?;
                 spawn_runtime(gantry_worker_image::runtime(loaded, config), shutdown)
             }
+            speech if is_model_of(speech, ModelKind::Speech) => {
+                let loaded = load_speech_model(settings, speech)?;
+                spawn_runtime(gantry_worker_speech::runtime(loaded, config), shutdown)
+            }
             other => {
                 let servable: Vec<String> = std::iter::once(gantry_worker_echo::MODEL_ID.to_string())
                     .chain(
                         Manifest::builtin()
                             .models()
                             .iter()
-                            .filter(|m| matches!(m.category, ModelKind::Text | ModelKind::Image))
+                            .filter(|m| matches!(m.category, ModelKind::Text | ModelKind::Image | ModelKind::Speech))
                             .map(|m| m.id.clone()),
                     )
                     .collect();
@@ -322,6 +326,44 @@ fn load_image_model(settings: &Settings, model: &str) -> Result<gantry_worker_im
     let loaded = gantry_worker_image::ImageModel::load(model, &path, spec)
         .map_err(|e| StartError::Config(format!("cannot load '{model}' from {}: {e}", path.display())))?;
     tracing::info!(%model, ms = started.elapsed().as_millis() as u64, side = loaded.native_side(), "image model loaded");
+    Ok(loaded)
+}
+
+/// Loads a speech model (a Piper voice) from the models directory: its
+/// `.onnx` graph and `.onnx.json` config, run on the ONNX Runtime library
+/// that is one of its files.
+fn load_speech_model(settings: &Settings, model: &str) -> Result<gantry_worker_speech::SpeechModel, StartError> {
+    let manifest = Manifest::builtin();
+    let entry = manifest
+        .get(model)
+        .ok_or_else(|| StartError::Config(format!("model '{model}' is not in the manifest")))?;
+    let store = ModelStore::new(settings.models_dir());
+    if let ModelStatus::Missing(files) = store.status(entry) {
+        return Err(StartError::Config(format!(
+            "the weights of '{model}' are missing ({}) in {}; fetch them with `gantry models pull {model}`",
+            files.join(", "),
+            settings.models_dir().display()
+        )));
+    }
+    let file = |what: &str, matches: fn(&str) -> bool| {
+        entry
+            .files
+            .iter()
+            .find(|f| matches(&f.name))
+            .map(|f| store.file_path(model, &f.name))
+            .ok_or_else(|| StartError::Config(format!("model '{model}' names no {what} file")))
+    };
+    let graph = file(".onnx", |name| name.ends_with(".onnx"))?;
+    let config = file(".onnx.json", |name| name.ends_with(".onnx.json"))?;
+    let library = file("libonnxruntime.so", |name| name.starts_with("libonnxruntime.so"))?;
+    let options = gantry_worker_speech::SpeechOptions {
+        threads: settings.speech.threads,
+        sessions: settings.speech.sessions.max(1),
+    };
+    let started = std::time::Instant::now();
+    let loaded = gantry_worker_speech::SpeechModel::load(model, &library, &graph, &config, options)
+        .map_err(|e| StartError::Config(format!("cannot load '{model}' from {}: {e}", graph.display())))?;
+    tracing::info!(%model, ms = started.elapsed().as_millis() as u64, voice = loaded.voice(), "speech model loaded");
     Ok(loaded)
 }
 

@@ -368,6 +368,21 @@ mod tests {
             eyes.files[0].converted_name().as_deref(),
             Some("generator_model_state.safetensors")
         );
+        let joe = manifest.get("piper-en-us-joe").unwrap();
+        assert_eq!((joe.category, joe.unit.as_str()), (ModelKind::Speech, "characters"));
+        assert_eq!(joe.price, Price::new(50_000, 1_000).unwrap());
+        assert!(!joe.default);
+        assert_eq!(joe.input_schema["properties"]["prompt"]["maxLength"], 5000);
+        assert_eq!(joe.input_schema["additionalProperties"], false);
+        let names: Vec<&str> = joe.files.iter().map(|f| f.name.as_str()).collect();
+        assert_eq!(
+            names,
+            [
+                "en_US-joe-medium.onnx",
+                "en_US-joe-medium.onnx.json",
+                "libonnxruntime.so.1.32.0"
+            ]
+        );
         let faces = manifest.get("dcgan-faces-64").unwrap();
         assert_eq!(faces.price, Price::new(2_400, 1).unwrap());
         assert_eq!(faces.files[0].converted_name().as_deref(), Some("weights.safetensors"));

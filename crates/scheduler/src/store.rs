@@ -475,7 +475,9 @@ impl JobStore {
     ) -> Result<(JobView, Vec<(i64, Value)>), JobError> {
         let now = now_ms();
         let row = self.find(user, model_id, job_id, now).await?;
-        let view = JobView::of(&row, now);
+        // Linked like `get`: a final view's output files are URLs here too
+        // (the SSE stream's last event), not the worker's placeholders.
+        let view = self.linked(JobView::of(&row, now)).await;
         let stored = chunk::Entity::find()
             .filter(chunk::Column::JobId.eq(job_id))
             .filter(chunk::Column::Seq.gte(from))

@@ -16,6 +16,7 @@ mod metrics;
 mod openapi;
 mod processes;
 mod ratelimits;
+mod speech;
 mod text;
 mod tracing;
 mod volumes;

@@ -1,0 +1,280 @@
+//! The speech model end to end with its real voice (piper-en-us-joe: the
+//! ONNX graph and the ONNX Runtime library, fetched once into
+//! `GANTRY_TEST_MODELS_DIR`; phonemes from the system's espeak-ng): runsync,
+//! the WAV behind the expiring URL, billing by characters, sentences
+//! streamed over SSE while the job runs, and bad input.
+use std::time::{Duration, Instant};
+
+use base64::Engine as _;
+use futures_util::StreamExt;
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use crate::harness::{Backend, TestApp};
+use crate::text::{models_dir, parse_sse};
+
+const MODEL: &str = "piper-en-us-joe";
+/// 0.05 USD per 1000 characters: 50 micro-USD a character.
+const MICRO_USD_PER_CHARACTER: i64 = 50;
+
+gantry_testkit::on_both_backends!(
+    a_sentence_is_a_real_wav_billed_by_characters,
+    bad_input_fails_and_costs_nothing,
+);
+
+async fn speech_app(backend: Backend) -> TestApp {
+    TestApp::spawn_with(backend, |s| {
+        s.scheduler.bundled_workers = vec![MODEL.into()];
+        s.scheduler.bundled_slots = 2;
+        s.models_dir = Some(models_dir());
+        s.pull_on_start = true;
+        s.speech.threads = 1;
+    })
+    .await
+}
+
+impl TestApp {
+    async fn speak(&self, endpoint: &str, key: &str, input: Value) -> Value {
+        let res = self
+            .public(Method::POST, &format!("/v2/{MODEL}/{endpoint}"), key)
+            .json(&json!({ "input": input }))
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status(), 200);
+        res.json().await.unwrap()
+    }
+}
+
+/// A 16-bit mono PCM WAV, read back: its sample rate and samples.
+fn read_wav(bytes: &[u8]) -> (u32, Vec<i16>) {
+    assert!(bytes.len() >= 44, "{} bytes", bytes.len());
+    assert_eq!(&bytes[0..4], b"RIFF");
+    assert_eq!(&bytes[8..16], b"WAVEfmt ");
+    let u16_at = |i: usize| u16::from_le_bytes([bytes[i], bytes[i + 1]]);
+    let u32_at = |i: usize| u32::from_le_bytes([bytes[i], bytes[i + 1], bytes[i + 2], bytes[i + 3]]);
+    assert_eq!(u32_at(4) as usize, bytes.len() - 8, "RIFF size");
+    assert_eq!((u16_at(20), u16_at(22), u16_at(34)), (1, 1, 16), "PCM, mono, 16 bits");
+    assert_eq!(&bytes[36..40], b"data");
+    assert_eq!(u32_at(40) as usize, bytes.len() - 44, "data size");
+    let samples = bytes[44..]
+        .chunks_exact(2)
+        .map(|b| i16::from_le_bytes([b[0], b[1]]))
+        .collect();
+    (u32_at(24), samples)
+}
+
+fn rms(samples: &[i16]) -> f64 {
+    (samples.iter().map(|&s| f64::from(s).powi(2)).sum::<f64>() / samples.len().max(1) as f64).sqrt()
+}
+
+/// Speech, not silence or noise: loud on average, with quiet gaps.
+fn assert_speech(samples: &[i16], what: &str) {
+    assert!(rms(samples) > 1000.0, "{what}: rms {}", rms(samples));
+    let mut frames: Vec<f64> = samples.chunks(441).map(rms).collect();
+    frames.sort_by(f64::total_cmp);
+    let (quiet, loud) = (frames[frames.len() / 10], frames[frames.len() * 9 / 10]);
+    assert!(loud > 4.0 * quiet, "{what}: 20 ms frames from {quiet} to {loud}");
+}
+
+async fn a_sentence_is_a_real_wav_billed_by_characters(backend: Backend) {
+    let app = speech_app(backend).await;
+    let (_, key) = app.user_with_key("endpoints:run").await;
+    let prompt = "The quick brown fox jumps over the lazy dog.";
+    let job = app.speak("runsync", &key, json!({ "prompt": prompt })).await;
+    assert_eq!(job["status"], "COMPLETED", "{job}");
+    let output = &job["output"];
+    let characters = prompt.chars().count() as i64;
+    assert_eq!(output["characters"], characters);
+    assert_eq!(output["sample_rate"], 22050);
+    assert_eq!(output["format"], "wav");
+
+    let url = output["audio_url"].as_str().expect("audio_url");
+    let res = app.client.get(url).send().await.unwrap();
+    assert_eq!(res.status(), 200, "{url}");
+    assert_eq!(res.headers()["content-type"], "audio/wav");
+    let (rate, samples) = read_wav(&res.bytes().await.unwrap());
+    assert_eq!(rate, 22050);
+    let seconds = samples.len() as f64 / 22050.0;
+    assert!(
+        (output["duration"].as_f64().unwrap() - seconds).abs() < 0.001,
+        "{output}"
+    );
+    // 44 characters of English: about 2.5 s; 8 to 30 characters a second is speech.
+    assert!(seconds > 0.5, "{seconds} s");
+    let per_second = characters as f64 / seconds;
+    assert!((8.0..30.0).contains(&per_second), "{per_second} characters a second");
+    assert_speech(&samples, "the file");
+
+    // Characters x price, charged once, in exact micro-USD.
+    let micro = characters * MICRO_USD_PER_CHARACTER;
+    assert_eq!(output["cost"].as_f64().unwrap(), micro as f64 / 1e6);
+    assert_eq!(app.charges(job["id"].as_str().unwrap()).await, [micro]);
+
+    // Twice the speed, about half the audio.
+    let fast = app
+        .speak(
+            "runsync",
+            &key,
+            json!({ "prompt": prompt, "speed": 2.0, "voice": "joe" }),
+        )
+        .await;
+    assert_eq!(fast["status"], "COMPLETED", "{fast}");
+    let ratio = fast["output"]["duration"].as_f64().unwrap() / seconds;
+    assert!((0.35..0.7).contains(&ratio), "speed 2 gave {ratio} of the duration");
+}
+
+async fn bad_input_fails_and_costs_nothing(backend: Backend) {
+    let app = speech_app(backend).await;
+    let (_, key) = app.user_with_key("endpoints:run").await;
+    for (input, needle) in [
+        (json!({"prompt": ""}), "'prompt' is empty"),
+        (json!({}), "'prompt' is required"),
+        (json!({"prompt": "Hello.", "voice": "amy"}), "unknown voice 'amy'"),
+        (json!({"prompt": "Hello.", "speed": 9}), "'speed' must be from 0.5 to 2"),
+        (json!({"prompt": "Hello.", "format": "mp3"}), "'mp3'"),
+        (json!({"prompt": "x".repeat(5001)}), "at most 5000"),
+        (json!({"prompt": "Hello.", "pitch": 2}), "unknown field 'pitch'"),
+    ] {
+        let job = app.speak("runsync", &key, input.clone()).await;
+        assert_eq!(job["status"], "FAILED", "{input} -> {job}");
+        let error = job["error"].as_str().unwrap();
+        assert!(error.starts_with("bad input"), "{error}");
+        assert!(error.contains(needle), "{needle} in {error}");
+        assert_eq!(app.charges(job["id"].as_str().unwrap()).await, Vec::<i64>::new());
+    }
+}
+
+/// Events of a job's SSE stream with the time each arrived.
+async fn sse_timed(app: &TestApp, key: &str, id: &str) -> Vec<(Instant, String, Value)> {
+    let res = app
+        .public(Method::GET, &format!("/v2/{MODEL}/stream/{id}"), key)
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let mut body = res.bytes_stream();
+    let mut buffer = String::new();
+    let mut events = Vec::new();
+    while let Some(bytes) = tokio::time::timeout(Duration::from_secs(120), body.next())
+        .await
+        .expect("the stream goes on")
+    {
+        buffer.push_str(&String::from_utf8_lossy(&bytes.unwrap()));
+        while let Some(end) = buffer.find("\n\n") {
+            let block: String = buffer.drain(..end + 2).collect();
+            for (_, name, data) in parse_sse(&block) {
+                events.push((Instant::now(), name, data));
+            }
+        }
+    }
+    events
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sentences_stream_in_order_as_playable_wavs_before_the_job_ends() {
+    let app = speech_app(Backend::Sqlite).await;
+    let (_, key) = app.user_with_key("endpoints:run").await;
+    let first = "Hello there.";
+    let second = "This second sentence is a good deal longer than the first one, \
+                  so that it takes the voice a while to speak it from beginning to end.";
+    let prompt = format!("{first} {second}");
+    let job = app.speak("run", &key, json!({ "prompt": prompt })).await;
+    let id = job["id"].as_str().unwrap().to_string();
+    let events = sse_timed(&app, &key, &id).await;
+
+    let (last, chunks) = events.split_last().unwrap();
+    assert_eq!(last.1, "status", "the stream ends with the job");
+    assert_eq!(last.2["status"], "COMPLETED", "{}", last.2);
+    assert_eq!(chunks.len(), 2, "one chunk per sentence: {chunks:?}");
+    let mut streamed = Vec::new();
+    for (i, (_, name, data)) in chunks.iter().enumerate() {
+        assert_eq!(name, "chunk");
+        let chunk = &data["output"];
+        assert_eq!(chunk["index"], i);
+        assert_eq!(chunk["text"], [first, second][i]);
+        assert_eq!(chunk["sample_rate"], 22050);
+        let wav = base64::engine::general_purpose::STANDARD
+            .decode(chunk["audio_base64"].as_str().unwrap())
+            .unwrap();
+        let (rate, samples) = read_wav(&wav);
+        assert_eq!(rate, 22050);
+        assert!(samples.len() > 22050 / 2, "sentence {i}: {} samples", samples.len());
+        assert_speech(&samples, &format!("sentence {i}"));
+        streamed.extend(samples);
+    }
+    // The first sentence was out while the second was still being spoken.
+    let gap = last.0.duration_since(chunks[0].0);
+    assert!(
+        gap > Duration::from_millis(20),
+        "first chunk only {gap:?} before the end"
+    );
+    assert!(chunks[0].0 < chunks[1].0);
+
+    // The chunks, together, are the file.
+    let output = &last.2["output"];
+    assert_eq!(output["sentences"], 2);
+    let res = app
+        .client
+        .get(output["audio_url"].as_str().unwrap())
+        .send()
+        .await
+        .unwrap();
+    let (_, whole) = read_wav(&res.bytes().await.unwrap());
+    assert_eq!(whole, streamed);
+    let micro = prompt.chars().count() as i64 * MICRO_USD_PER_CHARACTER;
+    assert_eq!(app.charges(&id).await, [micro]);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cancelled_reading_stops_and_costs_nothing() {
+    let app = speech_app(Backend::Sqlite).await;
+    let (_, key) = app.user_with_key("endpoints:run").await;
+    let prompt = (1..=40)
+        .map(|i| format!("This is sentence number {i} of a long reading that nobody will hear to the end."))
+        .collect::<Vec<_>>()
+        .join(" ");
+    let job = app.speak("run", &key, json!({ "prompt": prompt })).await;
+    let id = job["id"].as_str().unwrap().to_string();
+    let mut stream = app
+        .public(Method::GET, &format!("/v2/{MODEL}/stream/{id}"), &key)
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap()
+        .bytes_stream();
+    let mut seen = String::new();
+    while !seen.contains("id: 0\n") {
+        let piece = tokio::time::timeout(Duration::from_secs(60), stream.next())
+            .await
+            .expect("a sentence within 60 s")
+            .expect("the stream is open")
+            .unwrap();
+        seen.push_str(&String::from_utf8_lossy(&piece));
+    }
+    let status: Value = app
+        .public_ok(Method::GET, &format!("/v2/{MODEL}/status/{id}"), &key)
+        .await;
+    assert_eq!(status["status"], "IN_PROGRESS", "sentences stream before the end");
+    let cancelled: Value = app
+        .public_ok(Method::POST, &format!("/v2/{MODEL}/cancel/{id}"), &key)
+        .await;
+    assert_eq!(cancelled["status"], "CANCELLED");
+    let mut rest = String::new();
+    while let Some(piece) = tokio::time::timeout(Duration::from_secs(60), stream.next())
+        .await
+        .unwrap()
+    {
+        rest.push_str(&String::from_utf8_lossy(&piece.unwrap()));
+    }
+    let events = parse_sse(&format!("{seen}{rest}"));
+    let last = events.last().unwrap();
+    assert_eq!((last.1.as_str(), &last.2["status"]), ("status", &json!("CANCELLED")));
+    let chunks = events.iter().filter(|(_, name, _)| name == "chunk").count();
+    assert!(chunks < 40, "{chunks} of 40 sentences");
+    assert_eq!(app.charges(&id).await, Vec::<i64>::new());
+    // The worker is free again: a short job goes through.
+    let next = app.speak("runsync", &key, json!({ "prompt": "Still here." })).await;
+    assert_eq!(next["status"], "COMPLETED", "{next}");
+}

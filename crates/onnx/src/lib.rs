@@ -1,0 +1,163 @@
+//! ONNX Runtime for the models that ship as ONNX graphs.
+//!
+//! The runtime is not linked into the binary: its shared library
+//! (`libonnxruntime.so.*`, taken from the `onnxruntime` PyPI wheel and
+//! fetched like a weight file) is opened by path with [`init`], once per
+//! process, and every [`session`] after that runs on it. ONNX Runtime allows
+//! one environment per process, so a second [`init`] with another library is
+//! an error rather than a silent switch.
+//!
+//! ```no_run
+//! # fn main() -> Result<(), gantry_onnx::OnnxError> {
+//! gantry_onnx::init("models/piper-en-us-joe/libonnxruntime.so.1.32.0".as_ref())?;
+//! let session = gantry_onnx::session("models/piper-en-us-joe/en_US-joe-medium.onnx".as_ref(), 1)?;
+//! # drop(session);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Tensors are built from a shape and a `Vec` (`Tensor::from_array(([1, n], ids))`);
+//! the `ndarray` feature of `ort` is off.
+
+use std::path::{Path, PathBuf};
+use std::sync::{Mutex, OnceLock};
+
+pub use ort;
+pub use ort::session::Session;
+pub use ort::value::Tensor;
+
+/// Why the runtime or a session could not be had.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum OnnxError {
+    /// The shared library could not be opened or is not a usable ONNX Runtime.
+    #[error("cannot load the ONNX Runtime library {}: {reason}", path.display())]
+    Library { path: PathBuf, reason: String },
+    /// The runtime of this process was already loaded from another library.
+    #[error("ONNX Runtime is already loaded from {} in this process; cannot load {} too", loaded.display(), wanted.display())]
+    OtherLibrary { loaded: PathBuf, wanted: PathBuf },
+    /// [`session`] was called before [`init`].
+    #[error("ONNX Runtime is not loaded (call gantry_onnx::init first)")]
+    NotInitialised,
+    /// The model file could not be read or is not a valid graph.
+    #[error("cannot load the ONNX model {}: {reason}", path.display())]
+    Model { path: PathBuf, reason: String },
+}
+
+/// The process's runtime: the library it came from and its environment (or
+/// why loading failed, so every caller hears the same reason).
+struct Runtime {
+    library: PathBuf,
+    environment: Result<ort::environment::Environment, String>,
+}
+
+static RUNTIME: OnceLock<Runtime> = OnceLock::new();
+/// Serialises the first load, so two threads never open the library twice.
+static LOADING: Mutex<()> = Mutex::new(());
+
+/// Loads ONNX Runtime from the shared library at `library`, once per process.
+///
+/// Later calls with the same path return at once (with the first call's
+/// result); a call with another path is [`OnnxError::OtherLibrary`].
+pub fn init(library: &Path) -> Result<(), OnnxError> {
+    let wanted = std::fs::canonicalize(library).unwrap_or_else(|_| library.to_path_buf());
+    let runtime = match RUNTIME.get() {
+        Some(runtime) => runtime,
+        None => {
+            let _guard = LOADING.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+            RUNTIME.get_or_init(|| Runtime {
+                library: wanted.clone(),
+                environment: load(&wanted),
+            })
+        }
+    };
+    if runtime.library != wanted {
+        return Err(OnnxError::OtherLibrary {
+            loaded: runtime.library.clone(),
+            wanted,
+        });
+    }
+    runtime
+        .environment
+        .as_ref()
+        .map(|_| ())
+        .map_err(|reason| OnnxError::Library {
+            path: runtime.library.clone(),
+            reason: reason.clone(),
+        })
+}
+
+fn load(library: &Path) -> Result<ort::environment::Environment, String> {
+    if !library.is_file() {
+        return Err("no such file".to_owned());
+    }
+    ort::init_from(library)
+        .map_err(|e| e.to_string())?
+        .with_name("gantry")
+        .build()
+        .map_err(|e| e.to_string())
+}
+
+/// The library the runtime was loaded from, once [`init`] succeeded.
+pub fn loaded_library() -> Option<&'static Path> {
+    RUNTIME
+        .get()
+        .filter(|runtime| runtime.environment.is_ok())
+        .map(|runtime| runtime.library.as_path())
+}
+
+/// A session of the graph in `model`, running each node on up to `threads`
+/// threads (intra-op; 0 lets ONNX Runtime pick one per core). Graph
+/// optimisations are ONNX Runtime's default (all).
+///
+/// `Session::run` takes `&mut self`: share a session behind a lock, or keep
+/// one per concurrent caller.
+pub fn session(model: &Path, threads: usize) -> Result<Session, OnnxError> {
+    let environment = match RUNTIME.get().map(|runtime| &runtime.environment) {
+        Some(Ok(environment)) => environment,
+        Some(Err(reason)) => {
+            return Err(OnnxError::Library {
+                path: RUNTIME.get().map(|r| r.library.clone()).unwrap_or_default(),
+                reason: reason.clone(),
+            });
+        }
+        None => return Err(OnnxError::NotInitialised),
+    };
+    let failed = |reason: String| OnnxError::Model {
+        path: model.to_path_buf(),
+        reason,
+    };
+    if !model.is_file() {
+        return Err(failed("no such file".to_owned()));
+    }
+    Session::builder(environment)
+        .map_err(|e| failed(e.to_string()))?
+        .with_intra_threads(threads)
+        .map_err(|e| failed(e.to_string()))?
+        .commit_from_file(model)
+        .map_err(|e| failed(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_session_needs_the_runtime_and_a_missing_library_is_reported() {
+        // One process, one runtime: these run in order in one test.
+        let err = session(Path::new("/nonexistent/model.onnx"), 1).unwrap_err();
+        assert_eq!(err, OnnxError::NotInitialised);
+
+        let missing = Path::new("/nonexistent/libonnxruntime.so");
+        let err = init(missing).unwrap_err();
+        assert!(
+            matches!(&err, OnnxError::Library { reason, .. } if reason == "no such file"),
+            "{err}"
+        );
+        // The first result sticks; another path is refused.
+        assert_eq!(init(missing).unwrap_err(), err);
+        let other = init(Path::new("/nonexistent/other.so")).unwrap_err();
+        assert!(matches!(other, OnnxError::OtherLibrary { .. }), "{other}");
+        assert!(loaded_library().is_none());
+    }
+}

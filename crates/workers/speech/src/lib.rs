@@ -1,0 +1,410 @@
+//! Text to speech with Piper voices (VITS graphs exported to ONNX), run on
+//! ONNX Runtime through [`gantry_onnx`], with phonemes from espeak-ng.
+//!
+//! A [`SpeechModel`] holds the voice's phoneme table, its default scales and
+//! a small pool of ONNX Runtime sessions of its graph. A job's text is split
+//! into sentences ([`sentences::split`]); each is turned into phonemes
+//! (espeak-ng, IPA), then into ids (`^ _ p1 _ p2 _ … _ $`, Piper's layout),
+//! then into audio by one session run, on a blocking thread. Every sentence
+//! is sent as a stream chunk as soon as it is done, and the whole WAV goes
+//! out as the job's file at the end.
+//!
+//! # Input
+//!
+//! | field    | type   | default | meaning |
+//! |----------|--------|---------|---------|
+//! | `prompt` | string |         | the text to speak, 1 ..= 5000 characters, not all whitespace |
+//! | `voice`  | string | the model's | only the model's own voice (for `piper-en-us-joe`: `"joe"`) |
+//! | `speed`  | number 0.5 ..= 2 | 1 | speaking rate; the voice's `length_scale` is divided by it |
+//! | `format` | string | `"wav"` | only `"wav"` (16-bit PCM, mono) |
+//!
+//! Other fields are rejected; `null` counts as absent. All problems are
+//! reported together in one `BadInput` message, separated by `"; "`.
+//!
+//! # Output
+//!
+//! ```json
+//! {"audio_url": "<expiring URL of the WAV>", "duration": 2.37, "sample_rate": 22050,
+//!  "format": "wav", "characters": 32, "sentences": 2}
+//! ```
+//!
+//! Stream chunks, one per sentence, in order:
+//! `{"index": 0, "text": "Hello there.", "audio_base64": "<a WAV of that sentence>",
+//! "sample_rate": 22050, "duration": 0.93}`. The chunks' audio, concatenated,
+//! is the whole file's. The job bills `characters` (of the prompt).
+
+pub mod input;
+pub mod phonemes;
+pub mod sentences;
+pub mod wav;
+
+use std::path::{Path, PathBuf};
+use std::sync::{Arc, Condvar, Mutex};
+use std::time::Instant;
+
+use base64::Engine as _;
+use gantry_onnx::{Session, Tensor};
+use gantry_worker::{JobContext, JobError, Model, Output, Usage, WorkerConfig, WorkerRuntime};
+use serde_json::{Value, json};
+
+use crate::phonemes::PhonemeIds;
+
+/// How the model uses the machine.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct SpeechOptions {
+    /// Intra-op threads of each ONNX Runtime session; 0 = one per core.
+    pub threads: usize,
+    /// Sessions (copies of the graph) that synthesise at the same time; jobs
+    /// beyond that take turns, sentence by sentence.
+    pub sessions: usize,
+}
+
+impl Default for SpeechOptions {
+    fn default() -> Self {
+        Self {
+            threads: 0,
+            sessions: 1,
+        }
+    }
+}
+
+/// Why a voice could not be loaded.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[non_exhaustive]
+pub enum LoadError {
+    /// The voice config (`.onnx.json`) is missing or not a Piper config.
+    #[error("voice config {}: {reason}", path.display())]
+    Config { path: PathBuf, reason: String },
+    /// ONNX Runtime or the graph could not be loaded.
+    #[error(transparent)]
+    Onnx(#[from] gantry_onnx::OnnxError),
+    /// espeak-ng cannot phonemize in the voice's language.
+    #[error(transparent)]
+    Phonemes(#[from] phonemes::PhonemeError),
+    /// The graph ran but its output is not audio.
+    #[error("the voice graph does not produce audio: {0}")]
+    Graph(String),
+}
+
+/// The defaults a Piper voice config gives for synthesis.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct Scales {
+    pub noise_scale: f32,
+    pub length_scale: f32,
+    pub noise_w: f32,
+}
+
+/// A Piper voice, loaded.
+#[derive(Clone)]
+pub struct SpeechModel {
+    id: String,
+    inner: Arc<Voice>,
+}
+
+struct Voice {
+    /// The name users pass as `voice`.
+    name: String,
+    /// The espeak-ng voice that phonemizes for it (e.g. `en-us`).
+    espeak_voice: String,
+    sample_rate: u32,
+    ids: PhonemeIds,
+    scales: Scales,
+    sessions: Pool,
+}
+
+/// Sessions that callers borrow one at a time (`Session::run` needs `&mut`).
+struct Pool {
+    free: Mutex<Vec<Session>>,
+    returned: Condvar,
+}
+
+impl Pool {
+    fn with<T>(&self, f: impl FnOnce(&mut Session) -> T) -> T {
+        let mut free = self.free.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let mut session = loop {
+            if let Some(session) = free.pop() {
+                break session;
+            }
+            free = self
+                .returned
+                .wait(free)
+                .unwrap_or_else(std::sync::PoisonError::into_inner);
+        };
+        drop(free);
+        // The session goes back even if `f` panics.
+        struct Return<'a>(&'a Pool, Option<Session>);
+        impl Drop for Return<'_> {
+            fn drop(&mut self) {
+                if let Some(session) = self.1.take() {
+                    self.0
+                        .free
+                        .lock()
+                        .unwrap_or_else(std::sync::PoisonError::into_inner)
+                        .push(session);
+                    self.0.returned.notify_one();
+                }
+            }
+        }
+        let mut guard = Return(self, None);
+        let result = f(&mut session);
+        guard.1 = Some(session);
+        result
+    }
+}
+
+/// One synthesised piece of text.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Utterance {
+    /// The phonemes espeak-ng gave (with Piper's punctuation).
+    pub phonemes: String,
+    /// The ids the graph read.
+    pub ids: Vec<i64>,
+    /// Phonemes the voice has no id for (left out).
+    pub missing: Vec<char>,
+    /// The graph's float output.
+    pub audio: Vec<f32>,
+}
+
+impl SpeechModel {
+    /// Loads the voice in `model` (the `.onnx` graph) with its Piper config
+    /// `config` (the `.onnx.json`), on ONNX Runtime from `runtime_library`
+    /// (loaded once per process), and checks it by speaking one word.
+    pub fn load(
+        id: impl Into<String>,
+        runtime_library: &Path,
+        model: &Path,
+        config: &Path,
+        options: SpeechOptions,
+    ) -> Result<Self, LoadError> {
+        let config_error = |reason: String| LoadError::Config {
+            path: config.to_path_buf(),
+            reason,
+        };
+        let text = std::fs::read_to_string(config).map_err(|e| config_error(e.to_string()))?;
+        let json: Value = serde_json::from_str(&text).map_err(|e| config_error(e.to_string()))?;
+        let ids = PhonemeIds::from_config(&json).map_err(config_error)?;
+        if json["phoneme_type"].as_str().is_some_and(|t| t != "espeak") {
+            return Err(config_error(format!(
+                "phoneme_type {} is not supported (only espeak)",
+                json["phoneme_type"]
+            )));
+        }
+        if json["num_speakers"].as_u64().unwrap_or(1) > 1 {
+            return Err(config_error("multi-speaker voices are not supported".to_owned()));
+        }
+        let sample_rate = json["audio"]["sample_rate"]
+            .as_u64()
+            .and_then(|r| u32::try_from(r).ok())
+            .filter(|r| (8000..=96000).contains(r))
+            .ok_or_else(|| config_error("audio.sample_rate is missing or out of range".to_owned()))?;
+        let espeak_voice = json["espeak"]["voice"]
+            .as_str()
+            .ok_or_else(|| config_error("espeak.voice is missing".to_owned()))?
+            .to_owned();
+        let scale = |key: &str, default: f32| json["inference"][key].as_f64().map_or(default, |v| v as f32);
+        let scales = Scales {
+            noise_scale: scale("noise_scale", 0.667),
+            length_scale: scale("length_scale", 1.0),
+            noise_w: scale("noise_w", 0.8),
+        };
+        let name = json["dataset"]
+            .as_str()
+            .filter(|s| !s.is_empty())
+            .map_or_else(|| voice_name_from_file(model), str::to_owned);
+
+        gantry_onnx::init(runtime_library)?;
+        let sessions = (0..options.sessions.max(1))
+            .map(|_| gantry_onnx::session(model, options.threads))
+            .collect::<Result<Vec<_>, _>>()?;
+        let voice = Voice {
+            name,
+            espeak_voice,
+            sample_rate,
+            ids,
+            scales,
+            sessions: Pool {
+                free: Mutex::new(sessions),
+                returned: Condvar::new(),
+            },
+        };
+        // A first run: espeak-ng answers in this language, the graph speaks.
+        let check = voice.synthesize("Ready.", 1.0)?;
+        if check.audio.len() < (sample_rate / 20) as usize {
+            return Err(LoadError::Graph(format!("{} samples for one word", check.audio.len())));
+        }
+        Ok(Self {
+            id: id.into(),
+            inner: Arc::new(voice),
+        })
+    }
+
+    /// The voice's name, the only accepted `voice`.
+    pub fn voice(&self) -> &str {
+        &self.inner.name
+    }
+
+    /// Samples per second of the audio.
+    pub fn sample_rate(&self) -> u32 {
+        self.inner.sample_rate
+    }
+
+    /// The voice config's scales.
+    pub fn scales(&self) -> Scales {
+        self.inner.scales
+    }
+
+    /// Speaks `text` as one utterance (no sentence splitting), blocking.
+    pub fn synthesize(&self, text: &str, speed: f32) -> Result<Utterance, String> {
+        self.inner.synthesize(text, speed).map_err(|e| e.to_string())
+    }
+
+    /// The phoneme ids of `text`, as [`synthesize`](Self::synthesize) feeds
+    /// them to the graph, with the phonemes the voice does not know.
+    pub fn phoneme_ids(&self, text: &str) -> Result<(Vec<i64>, Vec<char>), String> {
+        let phonemes = phonemes::phonemize(text, &self.inner.espeak_voice).map_err(|e| e.to_string())?;
+        Ok(self.inner.ids.ids(&phonemes))
+    }
+
+    /// One run of the graph on `ids` with the given scales, blocking (with
+    /// `noise_scale` and `noise_w` at 0 the output is deterministic).
+    pub fn run_ids(&self, ids: &[i64], scales: Scales) -> Result<Vec<f32>, String> {
+        self.inner.run(ids, scales).map_err(|e| e.to_string())
+    }
+}
+
+impl Voice {
+    fn synthesize(&self, text: &str, speed: f32) -> Result<Utterance, LoadError> {
+        let phonemes = phonemes::phonemize(text, &self.espeak_voice)?;
+        let (ids, missing) = self.ids.ids(&phonemes);
+        if !missing.is_empty() {
+            tracing::debug!(?missing, "phonemes the voice does not know were left out");
+        }
+        if ids.len() < 4 {
+            // Nothing to say (only punctuation the voice drops): no audio.
+            return Ok(Utterance {
+                phonemes,
+                ids,
+                missing,
+                audio: Vec::new(),
+            });
+        }
+        let scales = Scales {
+            length_scale: self.scales.length_scale / speed,
+            ..self.scales
+        };
+        let audio = self.run(&ids, scales)?;
+        Ok(Utterance {
+            phonemes,
+            ids,
+            missing,
+            audio,
+        })
+    }
+
+    /// One run of the graph: `input` [1, n] ids, `input_lengths` [1],
+    /// `scales` [noise_scale, length_scale, noise_w]; the output is
+    /// [1, 1, 1, samples] (any shape is flattened).
+    fn run(&self, ids: &[i64], scales: Scales) -> Result<Vec<f32>, LoadError> {
+        let graph = |e: gantry_onnx::ort::Error| LoadError::Graph(e.to_string());
+        let n = ids.len();
+        let input = Tensor::from_array(([1usize, n], ids.to_vec())).map_err(graph)?;
+        let lengths = Tensor::from_array(([1usize], vec![n as i64])).map_err(graph)?;
+        let scales = Tensor::from_array(([3usize], vec![scales.noise_scale, scales.length_scale, scales.noise_w]))
+            .map_err(graph)?;
+        self.sessions.with(|session| {
+            let outputs = session
+                .run(gantry_onnx::ort::inputs![
+                    "input" => input,
+                    "input_lengths" => lengths,
+                    "scales" => scales,
+                ])
+                .map_err(graph)?;
+            let (_, audio) = outputs[0].try_extract_tensor::<f32>().map_err(graph)?;
+            Ok(audio.to_vec())
+        })
+    }
+}
+
+/// `en_US-joe-medium.onnx` → `joe`; the stem when the name has another shape.
+fn voice_name_from_file(model: &Path) -> String {
+    let stem = model.file_stem().and_then(|s| s.to_str()).unwrap_or("voice");
+    stem.split('-').nth(1).unwrap_or(stem).to_owned()
+}
+
+/// A worker runtime serving `model`.
+pub fn runtime(model: SpeechModel, config: WorkerConfig) -> WorkerRuntime<SpeechModel> {
+    WorkerRuntime::new(model, config)
+}
+
+impl Model for SpeechModel {
+    fn id(&self) -> &str {
+        &self.id
+    }
+
+    async fn run(&self, input: Value, ctx: JobContext) -> Result<Output, JobError> {
+        let request = input::parse(&input, self.voice()).map_err(JobError::BadInput)?;
+        let pieces = sentences::split(&request.prompt);
+        if pieces.is_empty() {
+            return Err(JobError::bad_input("'prompt' has nothing to speak"));
+        }
+        let rate = self.sample_rate();
+        let started = Instant::now();
+        let mut all: Vec<i16> = Vec::new();
+        for (index, text) in pieces.iter().enumerate() {
+            if ctx.is_cancelled() {
+                return Err(JobError::Cancelled);
+            }
+            let voice = Arc::clone(&self.inner);
+            let sentence = text.clone();
+            let speed = request.speed;
+            let utterance = tokio::task::spawn_blocking(move || voice.synthesize(&sentence, speed))
+                .await
+                .map_err(|e| JobError::internal(format!("synthesis thread failed: {e}")))?
+                .map_err(|e| JobError::internal(format!("synthesis failed: {e}")))?;
+            let pcm = wav::to_pcm16(&utterance.audio);
+            let encoded = base64::engine::general_purpose::STANDARD.encode(wav::encode(&pcm, rate));
+            ctx.chunk(json!({
+                "index": index,
+                "text": text,
+                "audio_base64": encoded,
+                "sample_rate": rate,
+                "duration": pcm.len() as f64 / f64::from(rate),
+            }))
+            .await?;
+            all.extend_from_slice(&pcm);
+        }
+        if ctx.is_cancelled() {
+            return Err(JobError::Cancelled);
+        }
+        let duration = all.len() as f64 / f64::from(rate);
+        let file = wav::encode(&all, rate);
+        ctx.put_file("/audio_url", "audio/wav", &file).await?;
+        tracing::debug!(
+            model = %self.id,
+            sentences = pieces.len(),
+            audio_s = duration,
+            ms = started.elapsed().as_millis() as u64,
+            "speech synthesised"
+        );
+        let output = json!({
+            "audio_url": "",
+            "duration": (duration * 1000.0).round() / 1000.0,
+            "sample_rate": rate,
+            "format": "wav",
+            "characters": request.characters,
+            "sentences": pieces.len(),
+        });
+        Ok(Output::new(output, Usage::whole("characters", request.characters)))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn voice_names_come_from_piper_file_names() {
+        assert_eq!(voice_name_from_file(Path::new("/m/en_US-joe-medium.onnx")), "joe");
+        assert_eq!(voice_name_from_file(Path::new("voice.onnx")), "voice");
+    }
+}
