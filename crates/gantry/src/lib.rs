@@ -10,7 +10,7 @@ use std::time::Duration;
 use gantry_api::{Application, Settings, StartError};
 use gantry_catalog::ModelKind;
 use gantry_dispatch::{DispatchConfig, Dispatcher, Event};
-use gantry_manifest::{Manifest, ModelStatus, ModelStore, Progress};
+use gantry_manifest::{Manifest, ModelEntry, ModelStatus, ModelStore, Progress};
 use gantry_scheduler::{JobStore, Scheduler};
 use gantry_worker::{Credentials, WorkerConfig};
 use tokio::sync::{mpsc, watch};
@@ -292,18 +292,10 @@ pub fn is_text_model(model: &str) -> bool {
     is_model_of(model, ModelKind::Text)
 }
 
-/// Whether `model` is in the manifest with category `kind`.
-fn is_model_of(model: &str, kind: ModelKind) -> bool {
-    Manifest::builtin()
-        .get(model)
-        .is_some_and(|entry| entry.category == kind)
-}
-
-/// Loads an image model (a GAN generator) from the models directory: the
-/// safetensors its pull converted from the published checkpoint.
-fn load_image_model(settings: &Settings, model: &str) -> Result<gantry_worker_image::ImageModel, StartError> {
-    let manifest = Manifest::builtin();
-    let entry = manifest
+/// The manifest entry of `model` and the store its weights are in, once every
+/// file is there (else the error names them and the command that fetches them).
+fn ready_model(settings: &Settings, model: &str) -> Result<(&'static ModelEntry, ModelStore), StartError> {
+    let entry = Manifest::builtin()
         .get(model)
         .ok_or_else(|| StartError::Config(format!("model '{model}' is not in the manifest")))?;
     let store = ModelStore::new(settings.models_dir());
@@ -314,6 +306,20 @@ fn load_image_model(settings: &Settings, model: &str) -> Result<gantry_worker_im
             settings.models_dir().display()
         )));
     }
+    Ok((entry, store))
+}
+
+/// Whether `model` is in the manifest with category `kind`.
+fn is_model_of(model: &str, kind: ModelKind) -> bool {
+    Manifest::builtin()
+        .get(model)
+        .is_some_and(|entry| entry.category == kind)
+}
+
+/// Loads an image model (a GAN generator) from the models directory: the
+/// safetensors its pull converted from the published checkpoint.
+fn load_image_model(settings: &Settings, model: &str) -> Result<gantry_worker_image::ImageModel, StartError> {
+    let (entry, store) = ready_model(settings, model)?;
     let file = entry
         .files
         .first()
@@ -333,18 +339,7 @@ fn load_image_model(settings: &Settings, model: &str) -> Result<gantry_worker_im
 /// `.onnx` graph and `.onnx.json` config, run on the ONNX Runtime library
 /// that is one of its files.
 fn load_speech_model(settings: &Settings, model: &str) -> Result<gantry_worker_speech::SpeechModel, StartError> {
-    let manifest = Manifest::builtin();
-    let entry = manifest
-        .get(model)
-        .ok_or_else(|| StartError::Config(format!("model '{model}' is not in the manifest")))?;
-    let store = ModelStore::new(settings.models_dir());
-    if let ModelStatus::Missing(files) = store.status(entry) {
-        return Err(StartError::Config(format!(
-            "the weights of '{model}' are missing ({}) in {}; fetch them with `gantry models pull {model}`",
-            files.join(", "),
-            settings.models_dir().display()
-        )));
-    }
+    let (entry, store) = ready_model(settings, model)?;
     let file = |what: &str, matches: fn(&str) -> bool| {
         entry
             .files
@@ -369,22 +364,11 @@ fn load_speech_model(settings: &Settings, model: &str) -> Result<gantry_worker_s
 
 /// Loads a text model's weights from the models directory.
 fn load_text_model(settings: &Settings, model: &str) -> Result<gantry_worker_text::TextModel, StartError> {
-    let manifest = Manifest::builtin();
-    let entry = manifest
-        .get(model)
-        .ok_or_else(|| StartError::Config(format!("model '{model}' is not in the manifest")))?;
+    let (entry, store) = ready_model(settings, model)?;
     let file = entry
         .files
         .first()
         .ok_or_else(|| StartError::Config(format!("model '{model}' names no weight file")))?;
-    let store = ModelStore::new(settings.models_dir());
-    if let ModelStatus::Missing(files) = store.status(entry) {
-        return Err(StartError::Config(format!(
-            "the weights of '{model}' are missing ({}) in {}; fetch them with `gantry models pull {model}`",
-            files.join(", "),
-            settings.models_dir().display()
-        )));
-    }
     let mut options = gantry_worker_text::EngineOptions {
         threads: settings.text.threads,
         max_sequences: settings.text.max_sequences.max(1),
