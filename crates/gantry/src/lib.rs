@@ -320,17 +320,34 @@ fn is_model_of(model: &str, kind: ModelKind) -> bool {
 /// safetensors its pull converted from the published checkpoint.
 fn load_image_model(settings: &Settings, model: &str) -> Result<gantry_worker_image::ImageModel, StartError> {
     let (entry, store) = ready_model(settings, model)?;
-    let file = entry
-        .files
-        .first()
-        .ok_or_else(|| StartError::Config(format!("model '{model}' names no weight file")))?;
-    let name = file.converted_name().unwrap_or_else(|| file.name.clone());
-    let path = store.file_path(model, &name);
-    let spec = gantry_worker_image::GanSpec::from_engine(&entry.engine)
-        .map_err(|e| StartError::Config(format!("model '{model}': {e}")))?;
     let started = std::time::Instant::now();
-    let loaded = gantry_worker_image::ImageModel::load(model, &path, spec)
-        .map_err(|e| StartError::Config(format!("cannot load '{model}' from {}: {e}", path.display())))?;
+    let loaded = if entry.engine.get("architecture").and_then(serde_json::Value::as_str) == Some("consistency-onnx") {
+        let file = |what: &str, matches: fn(&str) -> bool| {
+            entry
+                .files
+                .iter()
+                .find(|f| matches(&f.name))
+                .map(|f| store.file_path(model, &f.name))
+                .ok_or_else(|| StartError::Config(format!("model '{model}' names no {what} file")))
+        };
+        let graph = file(".onnx", |name| name.ends_with(".onnx"))?;
+        let library = file("libonnxruntime.so", |name| name.starts_with("libonnxruntime.so"))?;
+        let spec = gantry_worker_image::TerrainSpec::from_engine(&entry.engine)
+            .map_err(|e| StartError::Config(format!("model '{model}': {e}")))?;
+        gantry_worker_image::ImageModel::load_terrain(model, &library, &graph, 0, spec)
+            .map_err(|e| StartError::Config(format!("cannot load '{model}' from {}: {e}", graph.display())))?
+    } else {
+        let file = entry
+            .files
+            .first()
+            .ok_or_else(|| StartError::Config(format!("model '{model}' names no weight file")))?;
+        let name = file.converted_name().unwrap_or_else(|| file.name.clone());
+        let path = store.file_path(model, &name);
+        let spec = gantry_worker_image::GanSpec::from_engine(&entry.engine)
+            .map_err(|e| StartError::Config(format!("model '{model}': {e}")))?;
+        gantry_worker_image::ImageModel::load(model, &path, spec)
+            .map_err(|e| StartError::Config(format!("cannot load '{model}' from {}: {e}", path.display())))?
+    };
     tracing::info!(%model, ms = started.elapsed().as_millis() as u64, side = loaded.native_side(), "image model loaded");
     Ok(loaded)
 }

@@ -71,7 +71,10 @@ pub fn init(library: &Path) -> Result<(), OnnxError> {
             })
         }
     };
-    if runtime.library != wanted {
+    // Each model keeps its own copy of the library in its directory: a copy
+    // of the release already loaded (same file name, same size) is the same
+    // runtime.
+    if runtime.library != wanted && !same_release(&runtime.library, &wanted) {
         return Err(OnnxError::OtherLibrary {
             loaded: runtime.library.clone(),
             wanted,
@@ -85,6 +88,11 @@ pub fn init(library: &Path) -> Result<(), OnnxError> {
             path: runtime.library.clone(),
             reason: reason.clone(),
         })
+}
+
+fn same_release(a: &Path, b: &Path) -> bool {
+    let size = |p: &Path| std::fs::metadata(p).ok().filter(|m| m.is_file()).map(|m| m.len());
+    a.file_name() == b.file_name() && size(a).is_some() && size(a) == size(b)
 }
 
 fn load(library: &Path) -> Result<ort::environment::Environment, String> {
@@ -141,6 +149,25 @@ pub fn session(model: &Path, threads: usize) -> Result<Session, OnnxError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_copy_of_the_same_release_is_the_same_runtime() {
+        let dir = tempfile::tempdir().unwrap();
+        let (a, b, c) = (dir.path().join("a"), dir.path().join("b"), dir.path().join("c"));
+        for (d, bytes) in [(&a, &b"12345"[..]), (&b, b"54321"), (&c, b"123")] {
+            std::fs::create_dir(d).unwrap();
+            std::fs::write(d.join("libonnxruntime.so.1.32.0"), bytes).unwrap();
+        }
+        std::fs::write(a.join("libother.so"), b"12345").unwrap();
+        let lib = |d: &Path| d.join("libonnxruntime.so.1.32.0");
+        assert!(same_release(&lib(&a), &lib(&b)));
+        assert!(!same_release(&lib(&a), &lib(&c)), "another size");
+        assert!(!same_release(&lib(&a), &a.join("libother.so")), "another name");
+        assert!(!same_release(
+            &lib(&a),
+            &dir.path().join("missing/libonnxruntime.so.1.32.0")
+        ));
+    }
 
     #[test]
     fn a_session_needs_the_runtime_and_a_missing_library_is_reported() {

@@ -197,3 +197,77 @@ async fn the_prompt_picks_the_eye_colour() {
         "blue eyes are bluer than brown ones: {blueness:?}"
     );
 }
+
+/// `terrain-128`: the ONNX consistency model on ONNX Runtime, served next to
+/// the speech voice's copy of the same runtime. A 16-bit grey PNG heightfield
+/// that is not flat, the difficulty honoured and returned, same seed same
+/// bytes, a rougher terrain for a higher difficulty, billed by pixels.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn terrain_heightfields_follow_the_difficulty() {
+    const TERRAIN: &str = "terrain-128";
+    let app = TestApp::spawn_with(Backend::Sqlite, |s| {
+        s.scheduler.bundled_workers = vec![TERRAIN.into()];
+        s.models_dir = Some(models_dir());
+        s.pull_on_start = true;
+    })
+    .await;
+    let (_, key) = app.user_with_key("endpoints:run").await;
+    // Mean absolute slope between neighbouring pixels, in 16-bit levels.
+    let roughness = |img: &image::ImageBuffer<image::Luma<u16>, Vec<u16>>| -> f64 {
+        let (w, h) = img.dimensions();
+        let mut total = 0.0;
+        for y in 0..h {
+            for x in 1..w {
+                total += f64::from(img.get_pixel(x, y)[0].abs_diff(img.get_pixel(x - 1, y)[0]));
+            }
+        }
+        total / f64::from(h * (w - 1))
+    };
+    let mut rough = Vec::new();
+    for difficulty in [1, 100] {
+        let job = app
+            .draw(
+                TERRAIN,
+                &key,
+                json!({"difficulty": difficulty, "seed": 11, "num_images": 4}),
+            )
+            .await;
+        assert_eq!(job["status"], "COMPLETED", "{job}");
+        assert_eq!(job["output"]["difficulty"], json!(vec![difficulty; 4]));
+        let mut total = 0.0;
+        for url in job["output"]["images"].as_array().unwrap() {
+            let bytes = app.fetch_image(url.as_str().unwrap(), "image/png").await;
+            let img = image::load_from_memory(&bytes).unwrap().to_luma16();
+            assert_eq!(img.dimensions(), (128, 128));
+            let lowest = img.pixels().map(|p| p[0]).min().unwrap();
+            let highest = img.pixels().map(|p| p[0]).max().unwrap();
+            assert_eq!(lowest, 0, "the lowest point is the floor");
+            assert!(highest > 1000, "not flat: highest {highest}");
+            total += roughness(&img);
+        }
+        rough.push(total / 4.0);
+        // 4 x 16384 pixels at 0.02 USD per megapixel.
+        assert_eq!(app.charges(job["id"].as_str().unwrap()).await, [1311]);
+    }
+    assert!(rough[1] > rough[0], "difficulty 100 is rougher than 1: {rough:?}");
+    // A terrain is continuous: neighbours differ by a few percent of the range at most.
+    assert!(rough[1] < 3000.0, "a smooth heightfield, not noise: {rough:?}");
+
+    let once = app.draw(TERRAIN, &key, json!({"seed": 5})).await;
+    let again = app.draw(TERRAIN, &key, json!({"seed": 5})).await;
+    let difficulty = once["output"]["difficulty"].as_u64().unwrap();
+    assert!((1..=100).contains(&difficulty), "drawn from the seed: {once}");
+    assert_eq!(again["output"]["difficulty"], once["output"]["difficulty"]);
+    let a = app
+        .fetch_image(once["output"]["image_url"].as_str().unwrap(), "image/png")
+        .await;
+    let b = app
+        .fetch_image(again["output"]["image_url"].as_str().unwrap(), "image/png")
+        .await;
+    assert_eq!(a, b, "same seed, same bytes");
+
+    let bad = app.draw(TERRAIN, &key, json!({"difficulty": 101})).await;
+    assert_eq!(bad["status"], "FAILED");
+    assert!(bad["error"].as_str().unwrap().contains("difficulty"), "{bad}");
+    assert_eq!(app.charges(bad["id"].as_str().unwrap()).await, Vec::<i64>::new());
+}

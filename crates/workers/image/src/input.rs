@@ -12,7 +12,8 @@ pub const MAX_IMAGES: u64 = 8;
 /// Longest accepted prompt, in characters.
 pub const MAX_PROMPT_CHARS: usize = 2000;
 
-const FIELDS: [&str; 9] = [
+const FIELDS: [&str; 10] = [
+    "difficulty",
     "prompt",
     "negative_prompt",
     "width",
@@ -60,6 +61,9 @@ pub struct Request {
     pub format: Format,
     /// Index of the label the prompt names, for a conditional model.
     pub label: Option<usize>,
+    /// The difficulty asked for, for a model conditioned on one (1 to
+    /// `Abilities::difficulty_levels`); `None`: drawn from the seed.
+    pub difficulty: Option<u32>,
 }
 
 /// What the model can do, for validation.
@@ -69,6 +73,9 @@ pub struct Abilities<'a> {
     /// The labels of a conditional model (empty: unconditional), each with
     /// the words in a prompt that name it.
     pub labels: &'a [(String, Vec<String>)],
+    /// Levels of a model conditioned on a difficulty (0: none; the field is
+    /// refused).
+    pub difficulty_levels: u32,
 }
 
 pub fn parse(input: &Value, model: &Abilities<'_>) -> Result<Request, String> {
@@ -77,7 +84,7 @@ pub fn parse(input: &Value, model: &Abilities<'_>) -> Result<Request, String> {
     };
     let mut errors = Vec::new();
     for key in object.keys() {
-        if !FIELDS.contains(&key.as_str()) {
+        if !FIELDS.contains(&key.as_str()) || (key == "difficulty" && model.difficulty_levels == 0) {
             errors.push(format!("unknown field `{key}` (accepted: {})", FIELDS.join(", ")));
         }
     }
@@ -96,13 +103,10 @@ pub fn parse(input: &Value, model: &Abilities<'_>) -> Result<Request, String> {
     match object.get("negative_prompt") {
         None | Some(Value::Null) => {}
         Some(Value::String(s)) if s.trim().is_empty() => {}
-        Some(_) => errors.push(
-            "negative_prompt: this model is a GAN generator; it has no text guidance to steer away from a prompt"
-                .into(),
-        ),
+        Some(_) => errors.push("negative_prompt: this model has no text guidance to steer away from a prompt".into()),
     }
     if !matches!(object.get("guidance_scale"), None | Some(Value::Null)) {
-        errors.push("guidance_scale: this model is a GAN generator; it has no classifier-free guidance".into());
+        errors.push("guidance_scale: this model is conditioned directly; it has no classifier-free guidance".into());
     }
     match object.get("num_inference_steps") {
         None | Some(Value::Null) => {}
@@ -167,6 +171,17 @@ pub fn parse(input: &Value, model: &Abilities<'_>) -> Result<Request, String> {
             None
         }
     };
+    let difficulty = match object.get("difficulty") {
+        None | Some(Value::Null) => None,
+        Some(_) if model.difficulty_levels == 0 => None,
+        Some(v) => match integer(v).filter(|d| (1..=u64::from(model.difficulty_levels)).contains(d)) {
+            Some(d) => Some(d as u32),
+            None => {
+                errors.push(format!("difficulty: an integer from 1 to {}", model.difficulty_levels));
+                None
+            }
+        },
+    };
     let label = if model.labels.is_empty() {
         None
     } else {
@@ -200,6 +215,7 @@ pub fn parse(input: &Value, model: &Abilities<'_>) -> Result<Request, String> {
         seed,
         format: format.unwrap_or(Format::Png),
         label,
+        difficulty,
     })
 }
 
@@ -274,6 +290,7 @@ mod tests {
             &Abilities {
                 native_side: 64,
                 labels: &[],
+                difficulty_levels: 0,
             },
         )
         .unwrap();
@@ -284,7 +301,8 @@ mod tests {
                 num_images: 1,
                 seed: None,
                 format: Format::Png,
-                label: None
+                label: None,
+                difficulty: None,
             }
         );
     }
@@ -297,6 +315,7 @@ mod tests {
             &Abilities {
                 native_side: 64,
                 labels: &[],
+                difficulty_levels: 0,
             },
         )
         .unwrap_err();
@@ -321,6 +340,7 @@ mod tests {
         let model = Abilities {
             native_side: 128,
             labels: &labels,
+            difficulty_levels: 0,
         };
         let label = |p: &str| parse(&json!({"prompt": p}), &model).map(|r| r.label);
         assert_eq!(label("A Grey eye, close up"), Ok(Some(1)));
@@ -332,10 +352,39 @@ mod tests {
     }
 
     #[test]
+    fn a_difficulty_only_where_the_model_takes_one() {
+        let terrain = Abilities {
+            native_side: 128,
+            labels: &[],
+            difficulty_levels: 100,
+        };
+        assert_eq!(
+            parse(&json!({"difficulty": 35}), &terrain).unwrap().difficulty,
+            Some(35)
+        );
+        assert!(
+            parse(&json!({"difficulty": 0}), &terrain)
+                .unwrap_err()
+                .contains("1 to 100")
+        );
+        let gan = Abilities {
+            native_side: 64,
+            labels: &[],
+            difficulty_levels: 0,
+        };
+        assert!(
+            parse(&json!({"difficulty": 35}), &gan)
+                .unwrap_err()
+                .contains("unknown field `difficulty`")
+        );
+    }
+
+    #[test]
     fn sizes_must_be_square_and_bounded() {
         let model = Abilities {
             native_side: 64,
             labels: &[],
+            difficulty_levels: 0,
         };
         assert_eq!(
             parse(&json!({"width": 512, "height": 512.0}), &model).unwrap().side,

@@ -18,6 +18,7 @@
 mod gan;
 pub mod input;
 mod packed;
+pub mod terrain;
 
 use std::io::Cursor;
 use std::path::Path;
@@ -29,6 +30,7 @@ use serde_json::{Value, json};
 
 pub use gan::{Generator, LoadError};
 use input::{Abilities, Format, Request};
+pub use terrain::{Terrain, TerrainSpec};
 
 /// How a manifest entry describes a GAN generator (its `engine` table).
 #[derive(Debug, Clone, PartialEq)]
@@ -83,8 +85,13 @@ impl GanSpec {
 /// A loaded image model.
 pub struct ImageModel {
     id: String,
-    spec: GanSpec,
-    generator: Arc<Generator>,
+    engine: Engine,
+}
+
+#[derive(Clone)]
+enum Engine {
+    Gan { spec: GanSpec, generator: Arc<Generator> },
+    Terrain(Arc<Terrain>),
 }
 
 impl ImageModel {
@@ -103,20 +110,64 @@ impl ImageModel {
         }
         Ok(Self {
             id: id.to_owned(),
-            spec,
-            generator: Arc::new(generator),
+            engine: Engine::Gan {
+                spec,
+                generator: Arc::new(generator),
+            },
         })
     }
 
-    /// Side of the images the generator draws.
+    /// Loads a terrain model (an ONNX graph on ONNX Runtime).
+    pub fn load_terrain(
+        id: &str,
+        runtime_library: &Path,
+        graph: &Path,
+        threads: usize,
+        spec: TerrainSpec,
+    ) -> Result<Self, LoadError> {
+        Ok(Self {
+            id: id.to_owned(),
+            engine: Engine::Terrain(Arc::new(Terrain::load(runtime_library, graph, threads, spec)?)),
+        })
+    }
+
+    /// Side of the images the model draws.
     pub fn native_side(&self) -> u32 {
-        u32::try_from(self.generator.side()).unwrap_or(u32::MAX)
+        match &self.engine {
+            Engine::Gan { generator, .. } => u32::try_from(generator.side()).unwrap_or(u32::MAX),
+            Engine::Terrain(_) => terrain::SIDE as u32,
+        }
+    }
+
+    fn abilities(&self) -> Abilities<'_> {
+        match &self.engine {
+            Engine::Gan { spec, .. } => Abilities {
+                native_side: self.native_side(),
+                labels: &spec.labels,
+                difficulty_levels: 0,
+            },
+            Engine::Terrain(terrain) => Abilities {
+                native_side: self.native_side(),
+                labels: &[],
+                difficulty_levels: terrain.spec().levels,
+            },
+        }
     }
 
     /// Generates and encodes the images of a validated request (blocking:
     /// run it off the async runtime).
     pub fn render(&self, request: &Request, seed: u64) -> Result<Vec<Vec<u8>>, String> {
-        render(&self.generator, &self.spec, request, seed)
+        self.engine.render(request, seed).map(|(images, _)| images)
+    }
+}
+
+impl Engine {
+    /// The encoded images, and for a terrain the difficulty of each.
+    fn render(&self, request: &Request, seed: u64) -> Result<(Vec<Vec<u8>>, Vec<u32>), String> {
+        match self {
+            Engine::Gan { spec, generator } => Ok((render(generator, spec, request, seed)?, Vec::new())),
+            Engine::Terrain(terrain) => render_terrain(terrain, request, seed),
+        }
     }
 }
 
@@ -131,20 +182,13 @@ impl Model for ImageModel {
     }
 
     async fn run(&self, input: Value, ctx: JobContext) -> Result<Output, JobError> {
-        let request = input::parse(
-            &input,
-            &Abilities {
-                native_side: self.native_side(),
-                labels: &self.spec.labels,
-            },
-        )
-        .map_err(JobError::BadInput)?;
+        let request = input::parse(&input, &self.abilities()).map_err(JobError::BadInput)?;
         // 53 bits: a seed the caller can send back exactly as a JSON number.
         let seed = request.seed.unwrap_or_else(|| rand::random::<u64>() >> 11);
         let n = request.num_images;
         ctx.progress(json!({"stage": "generating", "images": n})).await?;
-        let (generator, spec, job) = (Arc::clone(&self.generator), self.spec.clone(), request.clone());
-        let images = tokio::task::spawn_blocking(move || render(&generator, &spec, &job, seed))
+        let (engine, job) = (self.engine.clone(), request.clone());
+        let (images, difficulties) = tokio::task::spawn_blocking(move || engine.render(&job, seed))
             .await
             .map_err(|e| JobError::internal(format!("the generator stopped: {e}")))?
             .map_err(JobError::internal)?;
@@ -152,13 +196,17 @@ impl Model for ImageModel {
             return Err(JobError::Cancelled);
         }
         let format = request.format;
+        let media_type = match (&self.engine, format) {
+            (Engine::Terrain(_), Format::Png) => "image/png",
+            _ => format.media_type(),
+        };
         for (i, bytes) in images.iter().enumerate() {
             let pointer = if n == 1 {
                 "/image_url".to_owned()
             } else {
                 format!("/images/{i}")
             };
-            ctx.put_file(&pointer, format.media_type(), bytes).await?;
+            ctx.put_file(&pointer, media_type, bytes).await?;
         }
         let side = request.side;
         let mut output = json!({
@@ -172,14 +220,91 @@ impl Model for ImageModel {
         } else {
             output["images"] = Value::Array(vec![Value::String(String::new()); n]);
         }
-        if let Some(label) = request.label {
-            output["label"] = Value::String(self.spec.labels[label].0.clone());
+        if let (Some(label), Engine::Gan { spec, .. }) = (request.label, &self.engine) {
+            output["label"] = Value::String(spec.labels[label].0.clone());
+        }
+        if let Engine::Terrain(terrain) = &self.engine {
+            output["difficulty"] = if n == 1 {
+                json!(difficulties[0])
+            } else {
+                json!(difficulties)
+            };
+            output["height_range_m"] = json!(terrain.spec().height_range);
         }
         let pixels = u64::from(side) * u64::from(side) * n as u64;
         // One pixel is one millionth of a megapixel: the usage is exact.
         let usage = Usage::micros("megapixels", i64::try_from(pixels).unwrap_or(i64::MAX));
         Ok(Output::new(output, usage))
     }
+}
+
+/// Terrains: grey heightfields, 0 m black and `height_range` white (16-bit
+/// PNG, 8-bit JPEG and WebP). Image `i` draws its noise from seed + `i`;
+/// without a `difficulty`, each draws its own (1 to `levels`) from its seed.
+fn render_terrain(terrain: &Terrain, request: &Request, seed: u64) -> Result<(Vec<Vec<u8>>, Vec<u32>), String> {
+    let n = request.num_images;
+    let plane = terrain::SIDE * terrain::SIDE;
+    let mut noise = vec![0.0f32; n * plane];
+    let mut difficulties = Vec::with_capacity(n);
+    for (i, z) in noise.chunks_mut(plane).enumerate() {
+        let mut normal = Normal::new(seed.wrapping_add(i as u64));
+        let drawn = 1 + (normal.next_u64() % u64::from(terrain.spec().levels)) as u32;
+        difficulties.push(request.difficulty.unwrap_or(drawn));
+        for v in z.iter_mut() {
+            *v = normal.next();
+        }
+    }
+    let range = terrain.spec().height_range;
+    let side = terrain::SIDE as u32;
+    let images = terrain
+        .generate(&noise, &difficulties)?
+        .into_iter()
+        .map(|heights| {
+            let levels: Vec<u16> = heights
+                .iter()
+                .map(|h| ((h / range).clamp(0.0, 1.0) * 65535.0).round() as u16)
+                .collect();
+            let mut img: image::ImageBuffer<image::Luma<u16>, Vec<u16>> =
+                image::ImageBuffer::from_raw(side, side, levels).ok_or("the heightfield has the wrong size")?;
+            if request.side != side {
+                img = image::imageops::resize(&img, request.side, request.side, image::imageops::FilterType::Lanczos3);
+            }
+            encode_grey(&img, request.format)
+        })
+        .collect::<Result<Vec<_>, String>>()?;
+    Ok((images, difficulties))
+}
+
+fn encode_grey(img: &image::ImageBuffer<image::Luma<u16>, Vec<u16>>, format: Format) -> Result<Vec<u8>, String> {
+    let mut out = Cursor::new(Vec::new());
+    let (w, h) = img.dimensions();
+    let written = match format {
+        Format::Png => {
+            // The encoder takes 16-bit samples in native byte order.
+            let bytes: Vec<u8> = img.as_raw().iter().flat_map(|v| v.to_ne_bytes()).collect();
+            image::codecs::png::PngEncoder::new(&mut out).write_image(&bytes, w, h, image::ExtendedColorType::L16)
+        }
+        Format::Jpeg | Format::Webp => {
+            let bytes: Vec<u8> = img.as_raw().iter().map(|v| (v >> 8) as u8).collect();
+            if format == Format::Jpeg {
+                image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, JPEG_QUALITY).write_image(
+                    &bytes,
+                    w,
+                    h,
+                    image::ExtendedColorType::L8,
+                )
+            } else {
+                image::codecs::webp::WebPEncoder::new_lossless(&mut out).write_image(
+                    &bytes,
+                    w,
+                    h,
+                    image::ExtendedColorType::L8,
+                )
+            }
+        }
+    };
+    written.map_err(|e| format!("cannot encode the heightfield as {}: {e}", format.name()))?;
+    Ok(out.into_inner())
 }
 
 fn render(generator: &Generator, spec: &GanSpec, request: &Request, seed: u64) -> Result<Vec<Vec<u8>>, String> {
@@ -271,7 +396,7 @@ impl Normal {
 }
 
 impl LoadError {
-    fn new(message: String) -> Self {
+    pub(crate) fn new(message: String) -> Self {
         gan::load_err(message)
     }
 }
