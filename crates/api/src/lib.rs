@@ -19,5 +19,5 @@ pub use problem::{ApiError, Problem};
 pub use routes::{Endpoint, management_endpoints, public_endpoints};
 pub use settings::{
     AuthSettings, CatalogSettings, HttpSettings, RateLimitSettings, SchedulerSettings, Settings, SpeechSettings,
-    TextSettings,
+    TextSettings, VideoSettings,
 };

@@ -51,6 +51,8 @@ pub struct Settings {
     /// The speech engine (ONNX Runtime) of the bundled speech models and
     /// `gantry worker --model <speech model>`.
     pub speech: SpeechSettings,
+    /// The video models (RIFE frame interpolation).
+    pub video: VideoSettings,
     pub catalog: CatalogSettings,
     /// Where generated files (images, audio, video) are stored and how long
     /// their URLs work.
@@ -122,6 +124,17 @@ impl Default for SpeechSettings {
             sessions: 1,
         }
     }
+}
+
+/// The video models: how many frames of a job are drawn at once.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct VideoSettings {
+    /// Frames interpolated in parallel (one thread each); unset or 0 means one per core.
+    pub threads: Option<usize>,
+    /// Address ranges (CIDR) that the URLs of video inputs (keyframe images)
+    /// may reach although they are loopback, private or reserved addresses.
+    pub fetch_allow_ranges: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -312,6 +325,7 @@ impl Default for Settings {
             metrics_addr: None,
             text: TextSettings::default(),
             speech: SpeechSettings::default(),
+            video: VideoSettings::default(),
             auth: AuthSettings::default(),
             catalog: CatalogSettings::default(),
             files: gantry_files::FilesConfig::default(),

@@ -215,13 +215,17 @@ impl Workers {
                 let loaded = load_speech_model(settings, speech)?;
                 spawn_runtime(gantry_worker_speech::runtime(loaded, config), shutdown)
             }
+            video if is_model_of(video, ModelKind::Video) => {
+                let loaded = load_video_model(settings, video)?;
+                spawn_runtime(gantry_worker_video::runtime(loaded, config), shutdown)
+            }
             other => {
                 let servable: Vec<String> = std::iter::once(gantry_worker_echo::MODEL_ID.to_string())
                     .chain(
                         Manifest::builtin()
                             .models()
                             .iter()
-                            .filter(|m| matches!(m.category, ModelKind::Text | ModelKind::Image | ModelKind::Speech))
+                            .filter(|m| m.category != ModelKind::Diagnostic)
                             .map(|m| m.id.clone()),
                     )
                     .collect();
@@ -349,6 +353,58 @@ fn load_image_model(settings: &Settings, model: &str) -> Result<gantry_worker_im
             .map_err(|e| StartError::Config(format!("cannot load '{model}' from {}: {e}", path.display())))?
     };
     tracing::info!(%model, ms = started.elapsed().as_millis() as u64, side = loaded.native_side(), "image model loaded");
+    Ok(loaded)
+}
+
+/// Loads a video model: RIFE from the safetensors its pull converted from
+/// `flownet.pkl`, and for a latent walk the GAN's converted checkpoint.
+fn load_video_model(settings: &Settings, model: &str) -> Result<gantry_worker_video::VideoModel, StartError> {
+    let (entry, store) = ready_model(settings, model)?;
+    let converted = |stem: &str| {
+        entry
+            .files
+            .iter()
+            .find(|f| f.name.starts_with(stem))
+            .map(|f| store.file_path(model, &f.converted_name().unwrap_or_else(|| f.name.clone())))
+            .ok_or_else(|| StartError::Config(format!("model '{model}' names no {stem} file")))
+    };
+    let config = |e: String| StartError::Config(format!("model '{model}': {e}"));
+    let rife = converted("flownet")?;
+    let threads = settings
+        .video
+        .threads
+        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get));
+    let options = gantry_worker_video::Options {
+        threads,
+        block_seconds: u64::try_from(entry.price.per()).unwrap_or(1),
+        fetch_allow_ranges: settings.video.fetch_allow_ranges.clone(),
+    };
+    let started = std::time::Instant::now();
+    let loaded = match entry.engine.get("keyframes").and_then(serde_json::Value::as_str) {
+        Some("dcgan") => {
+            let prefix = entry
+                .engine
+                .get("tensor_prefix")
+                .and_then(serde_json::Value::as_str)
+                .ok_or_else(|| config("its engine table names no tensor_prefix".into()))?;
+            let latent = entry
+                .engine
+                .get("latent")
+                .and_then(serde_json::Value::as_u64)
+                .ok_or_else(|| config("its engine table names no latent size".into()))?;
+            let generator = entry
+                .files
+                .iter()
+                .find(|f| !f.name.starts_with("flownet"))
+                .map(|f| store.file_path(model, &f.converted_name().unwrap_or_else(|| f.name.clone())))
+                .ok_or_else(|| config("it names no generator file".into()))?;
+            gantry_worker_video::VideoModel::load_faces(model, &rife, &generator, prefix, latent as usize, &options)
+        }
+        Some("images") => gantry_worker_video::VideoModel::load_interpolate(model, &rife, &options),
+        other => return Err(config(format!("unknown keyframes source {other:?} (dcgan or images)"))),
+    }
+    .map_err(|e| StartError::Config(format!("cannot load '{model}': {e}")))?;
+    tracing::info!(%model, ms = started.elapsed().as_millis() as u64, threads, "video model loaded");
     Ok(loaded)
 }
 

@@ -32,7 +32,9 @@ use crate::types::{JobError, JobStatus};
 /// for an upper bound of the units it can use. Requests: 1. Tokens: the
 /// context of the text models (8192). Characters: the prompt's length (at
 /// least 1). Megapixels: `width` × `height` × `num_images` (1 MP if absent).
-/// Seconds: `duration` (10 s if absent). Other units: 1.
+/// Seconds: `duration` (10 s if absent), rounded up to whole blocks of the
+/// price's `per` (a video billed per started 5 s block holds every block it
+/// can start). Other units: 1.
 pub fn hold(model: &ModelSpec, input: &Value) -> i64 {
     let number = |key: &str| {
         input
@@ -50,7 +52,10 @@ pub fn hold(model: &ModelSpec, input: &Value) -> i64 {
             let pixels = number("width").unwrap_or(1024.0) * number("height").unwrap_or(1024.0);
             pixels * number("num_images").unwrap_or(1.0) / 1e6
         }
-        "seconds" => number("duration").unwrap_or(10.0),
+        "seconds" => {
+            let block = model.price.per().max(1) as f64;
+            (number("duration").unwrap_or(10.0) / block).ceil() * block
+        }
         _ => 1.0,
     };
     let micros = (units * 1e6).ceil().min(i64::MAX as f64) as i64;
@@ -135,4 +140,27 @@ pub(crate) async fn has_credit<C: ConnectionTrait>(db: &C, user: &str) -> Result
         return Err(JobError::PaymentRequired { balance, held });
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use gantry_catalog::{ModelKind, ModelSpec, Price};
+    use serde_json::json;
+
+    use super::hold;
+
+    fn video() -> ModelSpec {
+        ModelSpec::new("v", ModelKind::Video, "seconds", Price::new(500_000, 5).unwrap())
+    }
+
+    #[test]
+    fn a_video_holds_every_block_it_can_start() {
+        // 0.50 USD per started 5 s: 4 s and 5 s hold one block, 5.5 s two.
+        assert_eq!(hold(&video(), &json!({"duration": 4})), 500_000);
+        assert_eq!(hold(&video(), &json!({"duration": 5})), 500_000);
+        assert_eq!(hold(&video(), &json!({"duration": 5.5})), 1_000_000);
+        assert_eq!(hold(&video(), &json!({})), 1_000_000);
+        let per_second = ModelSpec::new("s", ModelKind::Video, "seconds", Price::new(100, 1).unwrap());
+        assert_eq!(hold(&per_second, &json!({"duration": 2.5})), 300);
+    }
 }

@@ -15,7 +15,6 @@
 //! `docs/scheduler.md` for the lifecycle, leases and billing rules.
 mod config;
 mod credit;
-mod destinations;
 mod engine;
 mod entity;
 mod files;
@@ -29,7 +28,7 @@ mod types;
 mod webhooks;
 
 pub use config::SchedulerConfig;
-pub use destinations::{AddressPolicy, IpRange};
+pub use gantry_net::{AddressPolicy, IpRange};
 pub use scheduler::Scheduler;
 pub use signing::webhook_secret;
 pub use store::{JobStore, LiveStream};

@@ -10,74 +10,33 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use rustls::pki_types::CertificateDer;
-use rustls::pki_types::pem::PemObject;
-
 use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 use tokio::task::JoinSet;
 
 use crate::config::SchedulerConfig;
-use crate::destinations::{AddressPolicy, GuardedResolver};
 use crate::entity::job;
 use crate::store::serialize_writes;
 use crate::types::{JobStatus, JobView, SchedulerError};
+use gantry_net::{AddressPolicy, error_chain};
 
 use job::Column as J;
 
-/// The client every delivery of one scheduler goes through.
+/// The client every delivery of one scheduler goes through: only permitted
+/// addresses are ever connected to (gantry-net), and a redirect could lead
+/// anywhere, so none is followed.
 pub(crate) fn client(config: &SchedulerConfig) -> Result<reqwest::Client, SchedulerError> {
-    let tls = tls_config(config)?;
+    let fail = |e: String| SchedulerError::Webhooks(e);
+    let tls =
+        gantry_net::tls_config(config.webhook_ca_file.as_deref()).map_err(|e| fail(format!("webhook_ca_file {e}")))?;
     let policy = Arc::new(policy(config)?);
-    reqwest::Client::builder()
-        .timeout(config.webhook_timeout)
-        .tls_backend_preconfigured(tls)
-        // Only permitted addresses are ever connected to (destinations.rs),
-        // and a redirect could lead anywhere: none is followed.
-        .dns_resolver(Arc::new(GuardedResolver { policy }))
-        .redirect(reqwest::redirect::Policy::none())
-        .build()
-        .map_err(|e| SchedulerError::Webhooks(e.to_string()))
+    gantry_net::client(policy, config.webhook_timeout, tls).map_err(fail)
 }
 
-/// The destinations webhooks may reach (see destinations.rs).
+/// The destinations webhooks may reach (see gantry-net).
 pub(crate) fn policy(config: &SchedulerConfig) -> Result<AddressPolicy, SchedulerError> {
     AddressPolicy::new(&config.webhook_allow_ranges)
         .map_err(|e| SchedulerError::Webhooks(format!("webhook_allow_ranges: {e}")))
-}
-
-fn tls_config(config: &SchedulerConfig) -> Result<rustls::ClientConfig, SchedulerError> {
-    let mut roots = rustls::RootCertStore::empty();
-    if let Some(path) = &config.webhook_ca_file {
-        let fail = |what: String| SchedulerError::Webhooks(format!("webhook_ca_file {}: {what}", path.display()));
-        let certs = CertificateDer::pem_file_iter(path)
-            .map_err(|e| fail(e.to_string()))?
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(|e| fail(e.to_string()))?;
-        if certs.is_empty() {
-            return Err(fail("holds no certificate".into()));
-        }
-        for cert in certs {
-            roots.add(cert).map_err(|e| fail(e.to_string()))?;
-        }
-    }
-    let extra = roots.len();
-    let native = rustls_native_certs::load_native_certs();
-    let (system, _unparsable) = roots.add_parsable_certificates(native.certs);
-    if system == 0 {
-        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
-        tracing::info!(
-            extra,
-            "no system CA certificates; https webhooks trust the built-in Mozilla roots"
-        );
-    }
-    let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let tls = rustls::ClientConfig::builder_with_provider(provider)
-        .with_safe_default_protocol_versions()
-        .map_err(|e| SchedulerError::Webhooks(e.to_string()))?
-        .with_root_certificates(roots)
-        .with_no_client_auth();
-    Ok(tls)
 }
 
 /// `webhook_due_ms` of a job submitted or retried now: pending (0) when it
@@ -303,19 +262,6 @@ async fn deliver(
             tokio::time::sleep(pause_after(attempt)).await;
         }
     }
-}
-
-/// `error` with its sources: reqwest's own message alone ("error sending
-/// request") does not say that a certificate was refused.
-fn error_chain(error: &dyn std::error::Error) -> String {
-    let mut text = error.to_string();
-    let mut source = error.source();
-    while let Some(cause) = source {
-        text.push_str(": ");
-        text.push_str(&cause.to_string());
-        source = cause.source();
-    }
-    text
 }
 
 #[cfg(test)]

@@ -198,8 +198,8 @@ async fn the_prompt_picks_the_eye_colour() {
     );
 }
 
-/// `terrain-128`: the ONNX consistency model on ONNX Runtime, served next to
-/// the speech voice's copy of the same runtime. A 16-bit grey PNG heightfield
+/// `terrain-128`: the ONNX consistency model on ONNX Runtime (its own copy of
+/// the runtime library, from the manifest). A 16-bit grey PNG heightfield
 /// that is not flat, the difficulty honoured and returned, same seed same
 /// bytes, a rougher terrain for a higher difficulty, billed by pixels.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -19,5 +19,6 @@ mod ratelimits;
 mod speech;
 mod text;
 mod tracing;
+mod videos;
 mod volumes;
 mod webhooks;

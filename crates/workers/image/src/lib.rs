@@ -17,7 +17,7 @@
 
 mod gan;
 pub mod input;
-mod packed;
+pub mod packed;
 pub mod terrain;
 
 use std::io::Cursor;
@@ -357,20 +357,21 @@ fn encode(img: &RgbImage, format: Format) -> Result<Vec<u8>, String> {
 
 /// Standard normal samples from a seed, the same on every platform:
 /// SplitMix64 for uniform bits, Box-Muller for the normal pairs.
-struct Normal {
+#[derive(Debug, Clone)]
+pub struct Normal {
     state: u64,
     spare: Option<f32>,
 }
 
 impl Normal {
-    fn new(seed: u64) -> Self {
+    pub fn new(seed: u64) -> Self {
         Self {
             state: seed,
             spare: None,
         }
     }
 
-    fn next_u64(&mut self) -> u64 {
+    pub fn next_u64(&mut self) -> u64 {
         self.state = self.state.wrapping_add(0x9e37_79b9_7f4a_7c15);
         let mut z = self.state;
         z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
@@ -383,7 +384,9 @@ impl Normal {
         ((self.next_u64() >> 11) + 1) as f64 / (1u64 << 53) as f64
     }
 
-    fn next(&mut self) -> f32 {
+    /// The next standard normal sample.
+    #[allow(clippy::should_implement_trait)]
+    pub fn next(&mut self) -> f32 {
         if let Some(v) = self.spare.take() {
             return v;
         }

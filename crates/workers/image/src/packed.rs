@@ -14,6 +14,8 @@
 const MR: usize = 16;
 /// Input columns per register block.
 const NR: usize = 6;
+/// Columns per block of the input [`PackedWeights::matmul_packed`] takes.
+pub const INPUT_BLOCK: usize = NR;
 /// Floats of packed input kept hot while the weight panels pass.
 const CACHE_FLOATS: usize = 32 * 1024;
 
@@ -65,30 +67,101 @@ impl PackedWeights {
                 xp[(b * self.depth + k) * NR..][..len].copy_from_slice(src);
             }
         }
+        self.run::<false>(&xp, n, out, 0);
+    }
+
+    /// Rows of `A` (columns of each output row).
+    pub fn rows(&self) -> usize {
+        self.rows
+    }
+
+    /// Columns of `A` (rows of the input).
+    pub fn depth(&self) -> usize {
+        self.depth
+    }
+
+    /// [`PackedWeights::matmul`] of input the caller has already packed, so
+    /// that it can be gathered straight into this layout (a convolution's
+    /// input taps): `xp` is `n.div_ceil(INPUT_BLOCK)` blocks of `depth ×
+    /// INPUT_BLOCK`, block `b`, row `k`, lane `q` holding `x[k][b·INPUT_BLOCK
+    /// + q]` (lanes past `n` are ignored); `out` is `n × rows`, row-major.
+    pub fn matmul_packed(&self, xp: &[f32], n: usize, out: &mut [f32]) {
+        assert_eq!(
+            xp.len(),
+            n.div_ceil(NR) * self.depth * NR,
+            "packed input has the wrong size"
+        );
+        assert_eq!(out.len(), self.rows * n, "output has the wrong size");
+        self.run::<false>(xp, n, out, 0);
+    }
+
+    /// [`PackedWeights::matmul_packed`] written the other way round, as `A ×
+    /// x`: row `r` of the product goes to `out[r·stride ..][..n]` (a
+    /// channel-major map whose planes are `stride` apart, of which these `n`
+    /// columns are written and the rest left alone).
+    pub fn matmul_packed_rows(&self, xp: &[f32], n: usize, out: &mut [f32], stride: usize) {
+        assert_eq!(
+            xp.len(),
+            n.div_ceil(NR) * self.depth * NR,
+            "packed input has the wrong size"
+        );
+        assert!(n <= stride, "columns overlap the next row");
+        assert!(
+            self.rows == 0 || out.len() >= (self.rows - 1) * stride + n,
+            "output is too short"
+        );
+        self.run::<true>(xp, n, out, stride);
+    }
+
+    /// The product of packed input, on the best kernel the CPU runs; by row
+    /// (`A × x`, rows `stride` apart) or by column (`(A × x)ᵀ`).
+    fn run<const BY_ROW: bool>(&self, xp: &[f32], n: usize, out: &mut [f32], stride: usize) {
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
             // SAFETY: the CPU has AVX2 and FMA, which is all `kernel_fma`
             // is compiled to use.
             #[allow(unsafe_code)]
             unsafe {
-                kernel_fma(&self.data, &xp, self.depth, self.rows, n, out);
+                kernel_fma::<BY_ROW>(&self.data, xp, self.depth, self.rows, n, out, stride);
             }
             return;
         }
-        kernel::<false>(&self.data, &xp, self.depth, self.rows, n, out);
+        kernel::<false, BY_ROW>(&self.data, xp, self.depth, self.rows, n, out, stride);
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn kernel_fma(a: &[f32], xp: &[f32], depth: usize, rows: usize, n: usize, out: &mut [f32]) {
-    kernel::<true>(a, xp, depth, rows, n, out);
+fn kernel_fma<const BY_ROW: bool>(
+    a: &[f32],
+    xp: &[f32],
+    depth: usize,
+    rows: usize,
+    n: usize,
+    out: &mut [f32],
+    stride: usize,
+) {
+    kernel::<true, BY_ROW>(a, xp, depth, rows, n, out, stride);
 }
 
 #[inline(always)]
-fn kernel<const FUSED: bool>(a: &[f32], xp: &[f32], depth: usize, rows: usize, n: usize, out: &mut [f32]) {
+fn kernel<const FUSED: bool, const BY_ROW: bool>(
+    a: &[f32],
+    xp: &[f32],
+    depth: usize,
+    rows: usize,
+    n: usize,
+    out: &mut [f32],
+    stride: usize,
+) {
     if depth == 0 {
-        out.fill(0.0);
+        if BY_ROW {
+            for r in 0..rows {
+                out[r * stride..][..n].fill(0.0);
+            }
+        } else {
+            out.fill(0.0);
+        }
         return;
     }
     let (a_panels, _) = a.as_chunks::<MR>();
@@ -121,7 +194,13 @@ fn kernel<const FUSED: bool>(a: &[f32], xp: &[f32], depth: usize, rows: usize, n
                     }
                     let start = p * MR;
                     let len = MR.min(rows - start);
-                    out[j * rows + start..][..len].copy_from_slice(&column[..len]);
+                    if BY_ROW {
+                        for (r, v) in column[..len].iter().enumerate() {
+                            out[(start + r) * stride + j] = *v;
+                        }
+                    } else {
+                        out[j * rows + start..][..len].copy_from_slice(&column[..len]);
+                    }
                 }
             }
         }
@@ -148,6 +227,40 @@ mod tests {
                         (got - want).abs() < 1e-4,
                         "({depth},{rows},{n}) [{r},{j}]: {got} vs {want}"
                     );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn prepacked_input_gives_the_same_product_either_way_round() {
+        for (depth, rows, n) in [(1, 1, 1), (3, 17, 7), (20, 33, 13), (5, 16, 6), (2, 40, 1), (0, 3, 4)] {
+            let w: Vec<f32> = (0..depth * rows).map(|i| ((i * 7 % 19) as f32 - 9.0) / 4.0).collect();
+            let x: Vec<f32> = (0..depth * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 3.0).collect();
+            let packed = PackedWeights::from_transposed(&w, depth, rows);
+            assert_eq!((packed.rows(), packed.depth()), (rows, depth));
+            let mut want = vec![f32::NAN; rows * n];
+            packed.matmul(&x, n, 0..n, &mut want);
+            let mut xp = vec![f32::NAN; n.div_ceil(INPUT_BLOCK) * depth * INPUT_BLOCK];
+            for j in 0..n {
+                for k in 0..depth {
+                    xp[((j / INPUT_BLOCK) * depth + k) * INPUT_BLOCK + j % INPUT_BLOCK] = x[k * n + j];
+                }
+            }
+            let mut by_column = vec![f32::NAN; rows * n];
+            packed.matmul_packed(&xp, n, &mut by_column);
+            assert_eq!(by_column, want);
+            // By row, into the middle of wider rows: the rest stays as it was.
+            let stride = n + 3;
+            let mut by_row = vec![-7.0f32; rows * stride];
+            packed.matmul_packed_rows(&xp, n, &mut by_row[1..], stride);
+            for r in 0..rows {
+                for c in 0..stride {
+                    let got = by_row[r * stride + c];
+                    match c.checked_sub(1).filter(|j| *j < n) {
+                        Some(j) => assert_eq!(got, want[j * rows + r], "[{r},{j}]"),
+                        None => assert_eq!(got, -7.0, "[{r}] column {c} was written"),
+                    }
                 }
             }
         }

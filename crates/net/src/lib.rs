@@ -1,15 +1,23 @@
-//! Where webhooks may be delivered. A user names the URL, and the scheduler
-//! makes the request from inside the operator's network, so without a check
-//! a webhook could reach loopback services, the cloud metadata endpoint, the
-//! private network or Gantry's own management API. The check is made on the
-//! address actually connected to: names are resolved by [`GuardedResolver`],
+//! Where requests to user-named URLs may go: webhook deliveries (made by the
+//! scheduler) and the URLs of model inputs (fetched by workers, such as the
+//! keyframes of `interpolate-video`). Both are made from inside the
+//! operator's network, so without a check they could reach loopback
+//! services, the cloud metadata endpoint, the private network or Gantry's own
+//! management API. The check is made on the address actually connected to: names are resolved by [`GuardedResolver`],
 //! which drops every forbidden address (so a name that resolves to
 //! `127.0.0.1` is refused, and a DNS answer cannot be swapped between a check
 //! and the connection), and IP literals, which reqwest connects to without
 //! resolving, are checked by [`AddressPolicy::check_url`]. Redirects are not
-//! followed. Ranges listed in `webhook_allow_ranges` are allowed anyway.
+//! followed. Ranges the operator lists (`scheduler.webhook_allow_ranges`,
+//! `video.fetch_allow_ranges`) are allowed anyway. [`client`] builds a
+//! `reqwest` client with all of that in place.
 use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::path::Path;
 use std::sync::Arc;
+use std::time::Duration;
+
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
 
 /// An address range in CIDR notation, such as `10.1.0.0/16` or `fd00::/8`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -60,7 +68,7 @@ fn prefix_eq(a: &[u8], b: &[u8], bits: u8) -> bool {
     rest == 0 || (a[whole] ^ b[whole]) >> (8 - rest) == 0
 }
 
-/// Which destination addresses webhooks may connect to.
+/// Which destination addresses outbound requests may connect to.
 #[derive(Debug, Clone, Default)]
 pub struct AddressPolicy {
     allowed: Vec<IpRange>,
@@ -77,7 +85,7 @@ impl AddressPolicy {
         Ok(Self { allowed })
     }
 
-    /// Whether a webhook may connect to `ip`.
+    /// Whether a request may connect to `ip`.
     pub fn permits(&self, ip: IpAddr) -> bool {
         self.allowed.iter().any(|range| range.contains(ip)) || is_public(ip)
     }
@@ -88,7 +96,7 @@ impl AddressPolicy {
         // The URL parser has already turned every spelling of an IPv4
         // address (`0x7f000001`, `2130706433`, `0177.0.0.1`) into dotted form.
         let Some(host) = url.host_str() else {
-            return Err("the webhook URL has no host".into());
+            return Err("the URL has no host".into());
         };
         let literal = host.strip_prefix('[').and_then(|h| h.strip_suffix(']')).unwrap_or(host);
         let Ok(ip) = literal.parse::<IpAddr>() else {
@@ -98,7 +106,7 @@ impl AddressPolicy {
             Ok(())
         } else {
             Err(format!(
-                "webhook destination {ip} is not allowed (a loopback, private or reserved address)"
+                "destination {ip} is not allowed (a loopback, private or reserved address)"
             ))
         }
     }
@@ -149,9 +157,9 @@ fn is_public_v6(ip: Ipv6Addr) -> bool {
         || (segments[0] == 0x2001 && segments[1] == 0xdb8)) // documentation
 }
 
-/// Resolves webhook host names and keeps only the addresses the policy permits.
-pub(crate) struct GuardedResolver {
-    pub(crate) policy: Arc<AddressPolicy>,
+/// Resolves host names and keeps only the addresses the policy permits.
+pub struct GuardedResolver {
+    pub policy: Arc<AddressPolicy>,
 }
 
 impl reqwest::dns::Resolve for GuardedResolver {
@@ -163,10 +171,10 @@ impl reqwest::dns::Resolve for GuardedResolver {
             let permitted: Vec<SocketAddr> = found.iter().copied().filter(|a| policy.permits(a.ip())).collect();
             if permitted.is_empty() {
                 let error: Box<dyn std::error::Error + Send + Sync> = if found.is_empty() {
-                    format!("webhook host {host} did not resolve").into()
+                    format!("host {host} did not resolve").into()
                 } else {
                     format!(
-                        "webhook host {host} resolves only to addresses that are not allowed ({})",
+                        "host {host} resolves only to addresses that are not allowed ({})",
                         found.iter().map(|a| a.ip().to_string()).collect::<Vec<_>>().join(", ")
                     )
                     .into()
@@ -177,6 +185,75 @@ impl reqwest::dns::Resolve for GuardedResolver {
             Ok(addrs)
         })
     }
+}
+
+/// TLS for outbound requests: rustls with the ring provider, trusting the
+/// system's CA certificates (or the built-in Mozilla roots where the system
+/// has none) and the PEM certificates in `extra_ca`.
+pub fn tls_config(extra_ca: Option<&Path>) -> Result<rustls::ClientConfig, String> {
+    let mut roots = rustls::RootCertStore::empty();
+    if let Some(path) = extra_ca {
+        let fail = |what: String| format!("{}: {what}", path.display());
+        let certs = CertificateDer::pem_file_iter(path)
+            .map_err(|e| fail(e.to_string()))?
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|e| fail(e.to_string()))?;
+        if certs.is_empty() {
+            return Err(fail("holds no certificate".into()));
+        }
+        for cert in certs {
+            roots.add(cert).map_err(|e| fail(e.to_string()))?;
+        }
+    }
+    let extra = roots.len();
+    let native = rustls_native_certs::load_native_certs();
+    let (system, _unparsable) = roots.add_parsable_certificates(native.certs);
+    if system == 0 {
+        roots.extend(webpki_roots::TLS_SERVER_ROOTS.iter().cloned());
+        tracing::info!(
+            extra,
+            "no system CA certificates; outbound https trusts the built-in Mozilla roots"
+        );
+    }
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let tls = rustls::ClientConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .map_err(|e| e.to_string())?
+        .with_root_certificates(roots)
+        .with_no_client_auth();
+    Ok(tls)
+}
+
+/// A client for user-named URLs: every connection checked by `policy`
+/// (names through [`GuardedResolver`]; check IP literals with
+/// [`AddressPolicy::check_url`] before sending), no redirect followed, each
+/// request bounded by `timeout`.
+pub fn client(
+    policy: Arc<AddressPolicy>,
+    timeout: Duration,
+    tls: rustls::ClientConfig,
+) -> Result<reqwest::Client, String> {
+    reqwest::Client::builder()
+        .timeout(timeout)
+        .tls_backend_preconfigured(tls)
+        .dns_resolver(Arc::new(GuardedResolver { policy }))
+        .redirect(reqwest::redirect::Policy::none())
+        .build()
+        .map_err(|e| e.to_string())
+}
+
+/// `error` with its sources: reqwest's own message alone ("error sending
+/// request") says neither that a certificate was refused nor that an
+/// address was not allowed.
+pub fn error_chain(error: &dyn std::error::Error) -> String {
+    let mut text = error.to_string();
+    let mut source = error.source();
+    while let Some(cause) = source {
+        text.push_str(": ");
+        text.push_str(&cause.to_string());
+        source = cause.source();
+    }
+    text
 }
 
 #[cfg(test)]
