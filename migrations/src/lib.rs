@@ -14,6 +14,7 @@ mod m20261124_000010_webhook_secrets;
 mod m20261124_000011_credit;
 mod m20261124_000012_storage_charges;
 mod m20261124_000013_worker_gpus;
+mod m20261124_000014_job_progress;
 
 pub struct Migrator;
 
@@ -34,6 +35,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261124_000011_credit::Migration),
             Box::new(m20261124_000012_storage_charges::Migration),
             Box::new(m20261124_000013_worker_gpus::Migration),
+            Box::new(m20261124_000014_job_progress::Migration),
         ]
     }
 }

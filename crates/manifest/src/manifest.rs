@@ -388,8 +388,20 @@ mod tests {
         assert_eq!(faces.files[0].converted_name().as_deref(), Some("weights.safetensors"));
         assert_eq!(
             manifest.defaults().map(|m| m.id.as_str()).collect::<Vec<_>>(),
-            ["gantry-echo", "smollm2-135m-instruct", "dcgan-faces-64", "eyes-128"]
+            [
+                "gantry-echo",
+                "smollm2-135m-instruct",
+                "dcgan-faces-64",
+                "eyes-128",
+                "faces-morph-video",
+                "interpolate-video"
+            ]
         );
+        // Video: 0.50 USD per started 5 s; RIFE's checkpoint converted at pull time.
+        let morph = manifest.get("faces-morph-video").unwrap();
+        assert_eq!((morph.category, morph.unit.as_str()), (ModelKind::Video, "seconds"));
+        assert_eq!(morph.price, Price::new(500_000, 5).unwrap());
+        assert_eq!(morph.files[0].converted_name().as_deref(), Some("flownet.safetensors"));
     }
 
     const ONE: &str = r#"

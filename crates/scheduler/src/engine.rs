@@ -513,6 +513,16 @@ fn settle(statements: &mut Statements<'_>, plan: &Plan) -> rusqlite::Result<Sett
             statement.execute(params![job_id, seq, output])?;
         }
     }
+    if !plan.progress.is_empty() {
+        let mut statement = conn.prepare_cached(
+            "INSERT INTO job_progress (job_id, attempt, message, updated_at_ms) VALUES (?1, ?2, ?3, ?4) \
+             ON CONFLICT (job_id) DO UPDATE SET attempt = excluded.attempt, message = excluded.message, \
+             updated_at_ms = excluded.updated_at_ms",
+        )?;
+        for (job_id, attempt, message) in &plan.progress {
+            statement.execute(params![job_id, attempt, message, plan.now])?;
+        }
+    }
     let in_progress = JobStatus::InProgress.as_str();
     for step in &plan.steps {
         match step {

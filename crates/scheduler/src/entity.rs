@@ -1,4 +1,4 @@
-//! The `jobs`, `job_chunks` and `worker_presence` tables (see the migrations for the schema).
+//! The `jobs`, `job_chunks`, `job_progress` and `worker_presence` tables (see the migrations for the schema).
 
 pub mod job {
     use sea_orm::entity::prelude::*;
@@ -118,6 +118,28 @@ pub mod chunk {
         pub seq: i64,
         #[sea_orm(column_type = "Text")]
         pub output: String,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+pub mod progress {
+    use sea_orm::entity::prelude::*;
+
+    /// The latest progress message of a job's attempt (migration
+    /// `m20261124_000014_job_progress`).
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "job_progress")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub job_id: String,
+        pub attempt: i32,
+        #[sea_orm(column_type = "Text")]
+        pub message: String,
+        pub updated_at_ms: i64,
     }
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

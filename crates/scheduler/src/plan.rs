@@ -32,6 +32,8 @@ pub(crate) struct Plan {
     /// Rows of jobs not in the database yet, written whole.
     pub(crate) stores: Vec<Store>,
     pub(crate) chunks: Vec<(String, i64, String)>,
+    /// The latest progress message of running attempts: (job, attempt, JSON).
+    pub(crate) progress: Vec<(String, i32, String)>,
     pub(crate) steps: Vec<Step>,
     /// Claims for this instance: (model, most jobs).
     pub(crate) claims: Vec<(String, u64)>,
@@ -117,6 +119,7 @@ impl Plan {
             async_until: now.saturating_add(config.retention_ms(false)),
             stores: Vec::new(),
             chunks: Vec::new(),
+            progress: Vec::new(),
             steps: Vec::new(),
             claims: Vec::new(),
             instance: instance.to_string(),
@@ -223,7 +226,11 @@ impl Plan {
     }
 
     pub(crate) fn is_empty(&self) -> bool {
-        self.stores.is_empty() && self.chunks.is_empty() && self.steps.is_empty() && self.claims.is_empty()
+        self.stores.is_empty()
+            && self.chunks.is_empty()
+            && self.progress.is_empty()
+            && self.steps.is_empty()
+            && self.claims.is_empty()
     }
 }
 
@@ -249,6 +256,7 @@ pub(crate) async fn execute<C: ConnectionTrait>(db: &C, plan: &Plan) -> Result<S
     let mut settled = Settled::default();
     store_all(db, &plan.stores, plan.now, plan.file_lifetime_ms, &mut settled).await?;
     insert_chunks(db, &plan.chunks).await?;
+    upsert_progress(db, &plan.progress, plan.now).await?;
     let retention = Expr::cust(format!(
         "CASE WHEN sync THEN {} ELSE {} END",
         plan.sync_until, plan.async_until
@@ -573,6 +581,39 @@ async fn insert_files<C: ConnectionTrait>(db: &C, files: Vec<file::Model>) -> Re
         .on_conflict(OnConflict::column(file::Column::Key).do_nothing().to_owned())
         .exec_without_returning(db)
         .await?;
+    Ok(())
+}
+
+/// Keeps the latest progress message of each running attempt (one row per job).
+async fn upsert_progress<C: ConnectionTrait>(
+    db: &C,
+    progress: &[(String, i32, String)],
+    now: i64,
+) -> Result<(), DbErr> {
+    use crate::entity::progress::{Column as P, Entity as ProgressEntity};
+    if progress.is_empty() {
+        return Ok(());
+    }
+    let mut insert = Query::insert();
+    insert
+        .into_table(ProgressEntity)
+        .columns([P::JobId, P::Attempt, P::Message, P::UpdatedAtMs]);
+    for (job_id, attempt, message) in progress {
+        insert
+            .values([
+                job_id.as_str().into(),
+                (*attempt).into(),
+                message.as_str().into(),
+                now.into(),
+            ])
+            .map_err(|e| DbErr::Custom(e.to_string()))?;
+    }
+    insert.on_conflict(
+        OnConflict::column(P::JobId)
+            .update_columns([P::Attempt, P::Message, P::UpdatedAtMs])
+            .to_owned(),
+    );
+    db.execute(&insert).await?;
     Ok(())
 }
 

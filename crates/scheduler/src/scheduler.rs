@@ -429,9 +429,10 @@ impl Core {
                 }
                 outcome.finals = settled.finals;
                 outcome.claims = settled.claims;
-                // Chunks are committed: wake their live readers in this process.
+                // Chunks and progress are committed: wake their live readers
+                // in this process.
                 self.store.hub.live_notify(batch.iter().filter_map(|event| match event {
-                    Event::Chunk { job_id, .. } => Some(job_id.as_str()),
+                    Event::Chunk { job_id, .. } | Event::Progress { job_id, .. } => Some(job_id.as_str()),
                     _ => None,
                 }));
             }
@@ -534,6 +535,9 @@ impl Core {
         // Unstored jobs this plan writes as running (they streamed a chunk):
         // later events of the batch update that row like any other.
         let mut written: HashSet<&str> = HashSet::new();
+        // Where each job's progress message is in `plan.progress` (the
+        // batch's latest one wins: one write per job per batch).
+        let mut progress_at: HashMap<&str, usize> = HashMap::new();
         for event in batch {
             let current = |job_id: &str, attempt: u32| {
                 self.running
@@ -730,7 +734,30 @@ impl Core {
                         });
                     }
                 }
-                Event::Progress { .. } | Event::CapacityAvailable { .. } => {}
+                Event::Progress {
+                    job_id,
+                    attempt,
+                    message,
+                    ..
+                } => {
+                    let Some(running) = current(job_id, *attempt) else {
+                        continue;
+                    };
+                    // A job not written yet has no row to show progress on.
+                    if unstored(running, job_id).is_some() {
+                        continue;
+                    }
+                    let text = message.to_string();
+                    match progress_at.get(job_id.as_str()) {
+                        Some(&i) => plan.progress[i].2 = text,
+                        None => {
+                            progress_at.insert(job_id.as_str(), plan.progress.len());
+                            plan.progress
+                                .push((job_id.clone(), i32::try_from(*attempt).unwrap_or(i32::MAX), text));
+                        }
+                    }
+                }
+                Event::CapacityAvailable { .. } => {}
             }
         }
         // The slots these results freed: claim their next jobs in the same
@@ -1447,6 +1474,10 @@ impl Core {
             let txn = self.db.begin().await?;
             chunk::Entity::delete_many()
                 .filter(chunk::Column::JobId.is_in(part.iter().map(String::as_str)))
+                .exec(&txn)
+                .await?;
+            crate::entity::progress::Entity::delete_many()
+                .filter(crate::entity::progress::Column::JobId.is_in(part.iter().map(String::as_str)))
                 .exec(&txn)
                 .await?;
             job::Entity::delete_many()

@@ -252,10 +252,26 @@ impl JobStore {
     pub async fn get(&self, user: &str, model_id: &str, job_id: &str) -> Result<JobView, JobError> {
         let now = now_ms();
         match self.find(user, model_id, job_id, now).await {
-            Ok(row) => Ok(self.linked(JobView::of(&row, now)).await),
+            Ok(row) => {
+                let mut view = self.linked(JobView::of(&row, now)).await;
+                view.progress = self.progress_of(&row).await?;
+                Ok(view)
+            }
             Err(JobError::NotFound) if self.hub.is_unstored(job_id, user, model_id) => Ok(JobView::unstored(job_id)),
             Err(error) => Err(error),
         }
+    }
+
+    /// The latest progress message of a running job's current attempt.
+    async fn progress_of(&self, row: &job::Model) -> Result<Option<Value>, JobError> {
+        if row.status != JobStatus::InProgress.as_str() {
+            return Ok(None);
+        }
+        let found = crate::entity::progress::Entity::find_by_id(row.id.clone())
+            .filter(crate::entity::progress::Column::Attempt.eq(row.attempt))
+            .one(&self.db)
+            .await?;
+        Ok(found.map(|p| serde_json::from_str(&p.message).unwrap_or(Value::String(p.message))))
     }
 
     /// `view` with a URL at the place of each of its output files (computed
@@ -444,7 +460,12 @@ impl JobStore {
                 chunks.push(serde_json::from_str(&piece.output).unwrap_or(Value::Null));
             }
             if chunks.is_empty() {
-                return Ok(StreamView { status, chunks });
+                let progress = self.progress_of(&row).await?;
+                return Ok(StreamView {
+                    status,
+                    chunks,
+                    progress,
+                });
             }
             let cursor = row.chunks_read + chunks.len() as i64;
             let _guard = serialize_writes(&self.hub.write_lock, &self.db).await;
@@ -455,7 +476,12 @@ impl JobStore {
                 .exec(&self.db)
                 .await?;
             if moved.rows_affected == 1 {
-                return Ok(StreamView { status, chunks });
+                let progress = self.progress_of(&row).await?;
+                return Ok(StreamView {
+                    status,
+                    chunks,
+                    progress,
+                });
             }
             // Another reader took these chunks first: read again after them.
         }
@@ -477,7 +503,8 @@ impl JobStore {
         let row = self.find(user, model_id, job_id, now).await?;
         // Linked like `get`: a final view's output files are URLs here too
         // (the SSE stream's last event), not the worker's placeholders.
-        let view = self.linked(JobView::of(&row, now)).await;
+        let mut view = self.linked(JobView::of(&row, now)).await;
+        view.progress = self.progress_of(&row).await?;
         let stored = chunk::Entity::find()
             .filter(chunk::Column::JobId.eq(job_id))
             .filter(chunk::Column::Seq.gte(from))

@@ -107,6 +107,10 @@ pub struct JobView {
     /// Set when `FAILED` or `TIMED_OUT`.
     #[serde(skip_serializing_if = "Option::is_none")]
     pub error: Option<String>,
+    /// While `IN_PROGRESS`: the latest progress message its worker reported
+    /// (for example `{"stage": "frames", "frames": 48, "of": 96}`).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub progress: Option<Value>,
     /// The stored output files whose URLs [`JobView::linked`] puts into
     /// `output` (empty once it has).
     #[serde(skip)]
@@ -124,6 +128,7 @@ impl JobView {
             worker_id: None,
             output: None,
             error: None,
+            progress: None,
             files: Vec::new(),
         }
     }
@@ -183,6 +188,7 @@ impl JobView {
             worker_id: row.worker_id.clone(),
             output,
             error,
+            progress: None,
             files,
         }
     }
@@ -194,6 +200,8 @@ impl JobView {
 pub struct StreamView {
     pub status: JobStatus,
     pub chunks: Vec<Value>,
+    /// While `IN_PROGRESS`: the latest progress message (see [`JobView::progress`]).
+    pub progress: Option<Value>,
 }
 
 /// Jobs of one model currently kept (queued, running, or finished within their
@@ -264,6 +272,7 @@ mod tests {
             worker_id: Some("w".into()),
             output: Some(json!({"a": 1})),
             error: None,
+            progress: None,
             files: Vec::new(),
         };
         assert_eq!(
@@ -280,6 +289,16 @@ mod tests {
         assert_eq!(
             serde_json::to_value(&failed).unwrap(),
             json!({"id": "j", "status": "TIMED_OUT", "delayTime": 3, "executionTime": 7, "error": "boom"})
+        );
+        let running = JobView {
+            status: JobStatus::InProgress,
+            error: None,
+            progress: Some(json!({"step": 3, "of": 20})),
+            ..failed
+        };
+        assert_eq!(
+            serde_json::to_value(&running).unwrap(),
+            json!({"id": "j", "status": "IN_PROGRESS", "delayTime": 3, "executionTime": 7, "progress": {"step": 3, "of": 20}})
         );
         for status in JobStatus::ALL {
             assert_eq!(JobStatus::parse(status.as_str()), Some(status));

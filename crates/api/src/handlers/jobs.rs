@@ -115,6 +115,10 @@ pub struct JobDoc {
     /// The model's output, with `cost` (USD) added by the platform.
     output: Option<Object>,
     error: Option<String>,
+    /// While `IN_PROGRESS`: the latest progress message of the job's worker
+    /// (for example `{"stage": "frames", "frames": 48, "of": 96}`), when it
+    /// reported one.
+    progress: Option<Object>,
 }
 
 fn model<'a>(state: &'a AppState, caller: &Caller, model_id: &str) -> Result<&'a ModelSpec, ApiError> {
@@ -294,9 +298,11 @@ pub async fn status(
 }
 
 #[utoipa::path(get, path = "/v2/{model_id}/stream/{job_id}", operation_id = "stream", tag = "Model endpoints",
-    description = "The job's status and the stream chunks not read before, in order: `{status, stream: [{output}]}`. \
+    description = "The job's status and the stream chunks not read before, in order: `{status, stream: [{output}]}`, \
+with `progress` (the worker's latest progress message) while the job runs and its worker reported one. \
 With `Accept: text/event-stream`, Server-Sent Events instead: one `chunk` event per chunk as it is produced \
-(`id` = its sequence number, data `{\"output\": …}`), then one `status` event whose data is the final job, then the \
+(`id` = its sequence number, data `{\"output\": …}`), a `progress` event (data `{\"progress\": …}`, no `id`) \
+whenever the progress message changes, then one `status` event whose data is the final job, then the \
 stream ends. A reader that reconnects with `Last-Event-ID` gets exactly the chunks after it. SSE readers keep \
 their own position and do not consume chunks from the JSON form. Requires `endpoints:run`.",
     params(("model_id" = String, Path), ("job_id" = String, Path),
@@ -334,6 +340,11 @@ pub async fn stream(
                 Some("chunk"),
                 &json!({ "output": output }).to_string(),
             )),
+            live::Frame::Progress(message) => Some(live::event(
+                None,
+                Some("progress"),
+                &json!({ "progress": message }).to_string(),
+            )),
             live::Frame::KeepAlive => Some(": keep-alive\n\n".to_string()),
             live::Frame::Final(view) => Some(live::event(
                 None,
@@ -353,7 +364,11 @@ pub async fn stream(
         .into_iter()
         .map(|output| json!({ "output": output }))
         .collect();
-    Ok(HttpResponse::Ok().json(json!({ "status": view.status, "stream": stream })))
+    let mut body = json!({ "status": view.status, "stream": stream });
+    if let Some(progress) = view.progress {
+        body["progress"] = progress;
+    }
+    Ok(HttpResponse::Ok().json(body))
 }
 
 #[utoipa::path(post, path = "/v2/{model_id}/cancel/{job_id}", operation_id = "cancel", tag = "Model endpoints",

@@ -26,7 +26,12 @@ const BUFFER: usize = 64;
 
 /// What a reader sees, in order: chunks, then exactly one `Final` (or an error).
 pub(crate) enum Frame {
-    Chunk { seq: i64, output: Value },
+    Chunk {
+        seq: i64,
+        output: Value,
+    },
+    /// The job's latest progress message, when it changed.
+    Progress(Value),
     KeepAlive,
     Final(Box<JobView>),
     Failed(JobError),
@@ -53,6 +58,7 @@ pub(crate) fn follow(f: Follow) -> mpsc::Receiver<Frame> {
         let live = f.jobs.watch_stream(&f.job_id);
         let mut next = f.from;
         let mut quiet_since = tokio::time::Instant::now();
+        let mut progress: Option<Value> = None;
         loop {
             // Subscribed before reading: a commit in between wakes the wait below.
             let notified = live.notified();
@@ -74,6 +80,14 @@ pub(crate) fn follow(f: Follow) -> mpsc::Receiver<Frame> {
                     if view.status.is_final() {
                         let _ = tx.send(Frame::Final(Box::new(view))).await;
                         return;
+                    }
+                    if view.progress.is_some() && view.progress != progress {
+                        progress.clone_from(&view.progress);
+                        let message = view.progress.unwrap_or(Value::Null);
+                        if tx.send(Frame::Progress(message)).await.is_err() {
+                            return disconnected(&f, false).await;
+                        }
+                        quiet_since = tokio::time::Instant::now();
                     }
                 }
             }

@@ -545,6 +545,7 @@ fn stream_renderer(
                 Some(text)
             }
             live::Frame::KeepAlive => Some(": keep-alive\n\n".into()),
+            live::Frame::Progress(_) => None,
             live::Frame::Final(view) => {
                 let mut text = String::new();
                 if view.status == JobStatus::Completed {

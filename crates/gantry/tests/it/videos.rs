@@ -20,7 +20,10 @@ const IMAGES: &str = "interpolate-video";
 /// 0.50 USD for every started 5 s.
 const BLOCK_MICRO_USD: i64 = 500_000;
 
-gantry_testkit::on_both_backends!(inputs_a_video_model_cannot_honour_fail_and_cost_nothing,);
+gantry_testkit::on_both_backends!(
+    inputs_a_video_model_cannot_honour_fail_and_cost_nothing,
+    a_cancelled_video_shows_its_progress_stops_and_costs_nothing,
+);
 
 async fn video_app(backend: Backend) -> TestApp {
     TestApp::spawn_with(backend, |s| {
@@ -362,9 +365,8 @@ async fn inputs_a_video_model_cannot_honour_fail_and_cost_nothing(backend: Backe
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cancelled_video_stops_and_costs_nothing() {
-    let app = video_app(Backend::Sqlite).await;
+async fn a_cancelled_video_shows_its_progress_stops_and_costs_nothing(backend: Backend) {
+    let app = video_app(backend).await;
     let (_, key) = app.user_with_key("endpoints:run").await;
     let job = app
         .public_ok_with(
@@ -375,19 +377,61 @@ async fn a_cancelled_video_stops_and_costs_nothing() {
         )
         .await;
     let id = job["id"].as_str().unwrap().to_owned();
-    // Wait until a worker has taken it (600 frames at 512x512 take minutes).
+    // Wait until frames are being drawn: the status shows the worker's
+    // progress, and so does the stream, both as JSON and as an SSE event.
     let started = Instant::now();
-    loop {
+    let drawn = loop {
         let status = app
             .public_ok(Method::GET, &format!("/v2/{FACES}/status/{id}"), &key)
             .await;
-        if status["status"] == "IN_PROGRESS" {
-            break;
+        if status["status"] == "IN_PROGRESS" && status["progress"]["stage"] == "frames" {
+            assert_eq!(status["progress"]["of"], 600, "{status}");
+            break status["progress"]["frames"].as_u64().unwrap();
         }
-        assert!(started.elapsed() < Duration::from_secs(60), "never started: {status}");
+        assert!(
+            started.elapsed() < Duration::from_secs(60),
+            "no frame progress: {status}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
+    };
+    let stream = app
+        .public_ok(Method::GET, &format!("/v2/{FACES}/stream/{id}"), &key)
+        .await;
+    assert_eq!(stream["status"], "IN_PROGRESS");
+    assert_eq!(stream["progress"]["stage"], "frames", "{stream}");
+    let mut sse = app
+        .public(Method::GET, &format!("/v2/{FACES}/stream/{id}"), &key)
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    let mut seen = String::new();
+    while !seen.contains("event: progress") {
+        let piece = tokio::time::timeout(Duration::from_secs(30), sse.chunk())
+            .await
+            .expect("a progress event within 30 s")
+            .unwrap()
+            .expect("the stream is open");
+        seen.push_str(&String::from_utf8_lossy(&piece));
     }
-    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert!(seen.contains(r#""stage":"frames""#), "{seen}");
+    drop(sse);
+    // It moves on: a later status counts more frames.
+    let later = loop {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let status = app
+            .public_ok(Method::GET, &format!("/v2/{FACES}/status/{id}"), &key)
+            .await;
+        let n = status["progress"]["frames"].as_u64().unwrap();
+        if n > drawn {
+            break n;
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "progress stalls at {drawn}"
+        );
+    };
+    assert!(later <= 600);
     let cancelled = app
         .public_ok(Method::POST, &format!("/v2/{FACES}/cancel/{id}"), &key)
         .await;
