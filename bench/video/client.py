@@ -4,6 +4,8 @@ prints one JSON line: videos made, video seconds delivered per wall second,
 frames per second, latency percentiles. Standard library only.
 
     client.py BASE_URL KEY MODEL INPUT_JSON CONCURRENCY SECONDS
+
+INPUT_JSON may be @FILE to read it from a file (images in base64 are long).
 """
 import json
 import sys
@@ -12,9 +14,23 @@ import time
 import urllib.request
 
 
+def summary(value):
+    """The input as printed: long strings (base64 images) cut short."""
+    if isinstance(value, dict):
+        return {k: summary(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [summary(v) for v in value]
+    if isinstance(value, str) and len(value) > 40:
+        return value[:16] + f"...({len(value)} chars)"
+    return value
+
+
 def main():
     base, key, model, input_json, concurrency, seconds = sys.argv[1:7]
     concurrency, seconds = int(concurrency), float(seconds)
+    if input_json.startswith("@"):
+        with open(input_json[1:]) as f:
+            input_json = f.read()
     body = json.dumps({"input": json.loads(input_json)}).encode()
     url = f"{base}/v2/{model}/runsync?wait=300000"
     latencies, delivered, frames, failures = [], [0.0], [0], []
@@ -47,7 +63,7 @@ def main():
     latencies.sort()
     pick = lambda q: round(latencies[min(len(latencies) - 1, int(q * len(latencies)))] * 1e3) if latencies else None
     print(json.dumps({
-        "model": model, "input": json.loads(input_json), "concurrency": concurrency,
+        "model": model, "input": summary(json.loads(input_json)), "concurrency": concurrency,
         "videos": len(latencies), "failures": len(failures), "wall_s": round(wall, 2),
         "video_s_per_wall_s": round(delivered[0] / wall, 3),
         "frames_per_s": round(frames[0] / wall, 2),

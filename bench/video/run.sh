@@ -9,7 +9,9 @@
 #       onnxruntime in Python (reference.py, the same network built from the
 #       same safetensors), one frame on one thread, and two frames at once on
 #       two threads (Rust: one frame per thread, as a video job draws them;
-#       onnxruntime: one frame on two intra-op threads).
+#       onnxruntime: one frame on two intra-op threads);
+#   (c) the image-to-video job of (a) made in Python (peer.py): the same
+#       frames by onnxruntime on two threads, encoded by ffmpeg (libx264).
 #
 #   bench/video/run.sh          # SECONDS_PER_RUN=60, results in /tmp/gantry-bench-video
 #
@@ -70,7 +72,7 @@ for i in $(seq 1 600); do
     sleep 0.1
 done
 # Two 256x256 keyframes for image to video (PNG, base64): smooth patterns, shifted.
-IMAGES="$(python3 - <<'PY'
+python3 - "$OUT_DIR/interpolate-input.json" <<'PY'
 import base64, io, json, struct, zlib, math
 def png(shift):
     w = h = 256
@@ -80,15 +82,20 @@ def png(shift):
     chunk = lambda t, d: struct.pack(">I", len(d)) + t + d + struct.pack(">I", zlib.crc32(t + d))
     return b"\x89PNG\r\n\x1a\n" + chunk(b"IHDR", struct.pack(">IIBBBBB", w, h, 8, 2, 0, 0, 0)) + \
         chunk(b"IDAT", zlib.compress(rows)) + chunk(b"IEND", b"")
-print(json.dumps([base64.b64encode(png(s)).decode() for s in (0, 24)]))
+import sys
+images = [base64.b64encode(png(s)).decode() for s in (0, 24)]
+with open(sys.argv[1], "w") as f:
+    json.dump({"images": images, "duration": 4, "fps": 24}, f)
 PY
-)"
 : >"$OUT_DIR/platform.jsonl"
 python3 "$here/client.py" "http://$PUBLIC_ADDR" "$KEY" faces-morph-video \
     '{"seed":1,"duration":4,"fps":24,"width":256,"height":256}' 1 "$SECONDS_PER_RUN" | tee -a "$OUT_DIR/platform.jsonl"
 python3 "$here/client.py" "http://$PUBLIC_ADDR" "$KEY" interpolate-video \
-    "{\"images\":$IMAGES,\"duration\":4,\"fps\":24}" 1 "$SECONDS_PER_RUN" | tee -a "$OUT_DIR/platform.jsonl"
+    "@$OUT_DIR/interpolate-input.json" 1 "$SECONDS_PER_RUN" | tee -a "$OUT_DIR/platform.jsonl"
 python3 "$here/client.py" "http://$PUBLIC_ADDR" "$KEY" faces-morph-video \
     '{"seed":1,"duration":2,"fps":24,"width":512,"height":512}' 1 "$SECONDS_PER_RUN" | tee -a "$OUT_DIR/platform.jsonl"
 kill -TERM "$SERVER_PID"; wait "$SERVER_PID" 2>/dev/null || true; SERVER_PID=""
-log "results in $OUT_DIR/engines.jsonl and $OUT_DIR/platform.jsonl"
+
+# --- (c) the same image-to-video job made in Python: onnxruntime + ffmpeg -------
+python3 "$here/peer.py" "$FLOWNET" "$OUT_DIR/interpolate-input.json" 2 5 "$OUT_DIR/peer.mp4" | tee "$OUT_DIR/peer.jsonl"
+log "results in $OUT_DIR/engines.jsonl, $OUT_DIR/platform.jsonl and $OUT_DIR/peer.jsonl"
