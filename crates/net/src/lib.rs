@@ -16,6 +16,9 @@ use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
+mod inputs;
+
+pub use inputs::{Fetcher, Source};
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 

@@ -278,3 +278,109 @@ async fn a_cancelled_reading_stops_and_costs_nothing() {
     let next = app.speak("runsync", &key, json!({ "prompt": "Still here." })).await;
     assert_eq!(next["status"], "COMPLETED", "{next}");
 }
+
+/// What ffprobe says of a file: codec, sample rate, channels, duration.
+fn probe(path: &std::path::Path) -> (String, u32, u32, f64) {
+    let out = std::process::Command::new("ffprobe")
+        .args([
+            "-v",
+            "error",
+            "-show_entries",
+            "stream=codec_name,sample_rate,channels:format=duration",
+        ])
+        .args(["-of", "json"])
+        .arg(path)
+        .output()
+        .expect("ffprobe runs (Debian: ffmpeg)");
+    assert!(
+        out.status.success(),
+        "ffprobe: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let info: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let stream = &info["streams"][0];
+    (
+        stream["codec_name"].as_str().unwrap().to_owned(),
+        stream["sample_rate"].as_str().unwrap().parse().unwrap(),
+        stream["channels"].as_u64().unwrap() as u32,
+        info["format"]["duration"].as_str().unwrap().parse().unwrap(),
+    )
+}
+
+/// 16-bit mono samples of an audio file, decoded by ffmpeg.
+fn decode_pcm(path: &std::path::Path) -> Vec<i16> {
+    let out = std::process::Command::new("ffmpeg")
+        .args(["-v", "error", "-i"])
+        .arg(path)
+        .args(["-f", "s16le", "-ac", "1", "-"])
+        .output()
+        .expect("ffmpeg runs");
+    assert!(out.status.success(), "ffmpeg: {}", String::from_utf8_lossy(&out.stderr));
+    out.stdout
+        .chunks_exact(2)
+        .map(|b| i16::from_le_bytes([b[0], b[1]]))
+        .collect()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn flac_and_ogg_files_are_what_they_say() {
+    let app = speech_app(Backend::Sqlite).await;
+    let (_, key) = app.user_with_key("endpoints:run").await;
+    let dir = tempfile::tempdir().unwrap();
+    let prompt = "Lossless or not, this is still speech. It comes in two sentences.";
+    for (format, media_type, codec) in [("flac", "audio/flac", "flac"), ("ogg", "audio/ogg", "vorbis")] {
+        let job = app
+            .speak("run", &key, json!({ "prompt": prompt, "format": format }))
+            .await;
+        let id = job["id"].as_str().unwrap().to_string();
+        let events = sse_timed(&app, &key, &id).await;
+        let (last, chunks) = events.split_last().unwrap();
+        assert_eq!(last.2["status"], "COMPLETED", "{format}: {}", last.2);
+        let output = &last.2["output"];
+        assert_eq!(output["format"], format);
+        let res = app
+            .client
+            .get(output["audio_url"].as_str().unwrap())
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.headers()["content-type"], media_type);
+        let path = dir.path().join(format!("whole.{format}"));
+        std::fs::write(&path, res.bytes().await.unwrap()).unwrap();
+        let (found, rate, channels, seconds) = probe(&path);
+        assert_eq!((found.as_str(), rate, channels), (codec, 22050, 1), "{format}");
+        let duration = output["duration"].as_f64().unwrap();
+        assert!(
+            (seconds - duration).abs() < 0.05,
+            "{format}: {seconds} s in the file, {duration} s said"
+        );
+        let whole = decode_pcm(&path);
+        assert_speech(&whole, format);
+
+        // Each chunk is a complete file of the same format; for FLAC (lossless)
+        // their samples, one after the other, are exactly the file's.
+        assert_eq!(chunks.len(), 2, "{format}: {chunks:?}");
+        let mut joined = Vec::new();
+        for (i, (_, _, data)) in chunks.iter().enumerate() {
+            assert_eq!(data["output"]["format"], format);
+            let bytes = base64::engine::general_purpose::STANDARD
+                .decode(data["output"]["audio_base64"].as_str().unwrap())
+                .unwrap();
+            let piece = dir.path().join(format!("chunk{i}.{format}"));
+            std::fs::write(&piece, bytes).unwrap();
+            assert_eq!(probe(&piece).0, codec);
+            joined.extend(decode_pcm(&piece));
+        }
+        if format == "flac" {
+            assert_eq!(joined, whole, "the FLAC chunks are the FLAC file");
+        } else {
+            let ratio = joined.len() as f64 / whole.len() as f64;
+            assert!(
+                (0.98..1.02).contains(&ratio),
+                "ogg chunks hold {ratio} of the file's samples"
+            );
+        }
+        let micro = prompt.chars().count() as i64 * MICRO_USD_PER_CHARACTER;
+        assert_eq!(app.charges(&id).await, [micro]);
+    }
+}

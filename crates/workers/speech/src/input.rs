@@ -2,6 +2,8 @@
 
 use serde_json::Value;
 
+use crate::formats::Format;
+
 /// Longest accepted prompt, in characters (Unicode scalar values).
 pub const MAX_PROMPT_CHARS: usize = 5000;
 /// Accepted range of `speed`.
@@ -14,6 +16,7 @@ pub struct Request {
     /// Characters of the prompt: what the job bills.
     pub characters: u64,
     pub speed: f32,
+    pub format: Format,
 }
 
 /// Checks `input` against the model's one voice; every problem is reported,
@@ -72,11 +75,20 @@ pub fn parse(input: &Value, voice: &str) -> Result<Request, String> {
         },
         Some(_) => problems.push("'speed' must be a number".to_owned()),
     }
+    let mut format = Format::Wav;
     match field("format") {
         None => {}
-        Some(Value::String(f)) if f == "wav" => {}
-        Some(Value::String(f)) => problems.push(format!("unsupported format '{f}': only 'wav' is produced")),
-        Some(_) => problems.push("'format' must be a string ('wav')".to_owned()),
+        Some(Value::String(f)) => match Format::parse(f) {
+            Some(known) => format = known,
+            None if f == "mp3" => problems.push(
+                "format 'mp3' is not produced (its one maintained encoder, LAME, is LGPL); use 'ogg' for a small file or 'flac' for a lossless one".to_owned(),
+            ),
+            None => problems.push(format!(
+                "unsupported format '{f}' (accepted: {})",
+                Format::NAMES.join(", ")
+            )),
+        },
+        Some(_) => problems.push(format!("'format' must be a string: one of {}", Format::NAMES.join(", "))),
     }
     if !problems.is_empty() {
         return Err(problems.join("; "));
@@ -86,6 +98,7 @@ pub fn parse(input: &Value, voice: &str) -> Result<Request, String> {
         prompt,
         characters,
         speed,
+        format,
     })
 }
 
@@ -104,7 +117,11 @@ mod tests {
             "joe",
         )
         .unwrap();
-        assert_eq!(r.speed, 2.0);
+        assert_eq!((r.speed, r.format), (2.0, Format::Wav));
+        let r = parse(&json!({"prompt": "x", "format": "ogg"}), "joe").unwrap();
+        assert_eq!(r.format, Format::Ogg);
+        let r = parse(&json!({"prompt": "x", "format": "flac"}), "joe").unwrap();
+        assert_eq!(r.format, Format::Flac);
         let r = parse(
             &json!({"prompt": "x", "voice": null, "speed": 0.5, "format": null}),
             "joe",
@@ -138,6 +155,16 @@ mod tests {
         assert!(parse(&json!({"prompt": "a\u{0}b"}), "joe").unwrap_err().contains("NUL"));
         assert!(parse(&json!({"prompt": "x", "speed": "fast"}), "joe").is_err());
         assert!(parse(&json!({"prompt": "x", "speed": 0.49}), "joe").is_err());
+        assert!(
+            parse(&json!({"prompt": "x", "format": "aiff"}), "joe")
+                .unwrap_err()
+                .contains("accepted: wav, flac, ogg")
+        );
+        assert!(
+            parse(&json!({"prompt": "x", "format": "mp3"}), "joe")
+                .unwrap_err()
+                .contains("LGPL")
+        );
         let too_long = "é".repeat(MAX_PROMPT_CHARS + 1);
         assert!(
             parse(&json!({"prompt": too_long}), "joe")

@@ -16,7 +16,7 @@
 //! | `prompt` | string |         | the text to speak, 1 ..= 5000 characters, not all whitespace |
 //! | `voice`  | string | the model's | only the model's own voice (for `piper-en-us-joe`: `"joe"`) |
 //! | `speed`  | number 0.5 ..= 2 | 1 | speaking rate; the voice's `length_scale` is divided by it |
-//! | `format` | string | `"wav"` | only `"wav"` (16-bit PCM, mono) |
+//! | `format` | string | `"wav"` | `"wav"` (16-bit PCM), `"flac"` (lossless) or `"ogg"` (Vorbis), mono |
 //!
 //! Other fields are rejected; `null` counts as absent. All problems are
 //! reported together in one `BadInput` message, separated by `"; "`.
@@ -29,10 +29,12 @@
 //! ```
 //!
 //! Stream chunks, one per sentence, in order:
-//! `{"index": 0, "text": "Hello there.", "audio_base64": "<a WAV of that sentence>",
-//! "sample_rate": 22050, "duration": 0.93}`. The chunks' audio, concatenated,
-//! is the whole file's. The job bills `characters` (of the prompt).
+//! `{"index": 0, "text": "Hello there.", "audio_base64": "<a file of that sentence>",
+//! "format": "wav", "sample_rate": 22050, "duration": 0.93}`, each a complete file in
+//! the job's format. The chunks' samples, concatenated, are the whole file's (exactly,
+//! for WAV and FLAC). The job bills `characters` (of the prompt).
 
+pub mod formats;
 pub mod input;
 pub mod phonemes;
 pub mod sentences;
@@ -362,11 +364,13 @@ impl Model for SpeechModel {
                 .map_err(|e| JobError::internal(format!("synthesis thread failed: {e}")))?
                 .map_err(|e| JobError::internal(format!("synthesis failed: {e}")))?;
             let pcm = wav::to_pcm16(&utterance.audio);
-            let encoded = base64::engine::general_purpose::STANDARD.encode(wav::encode(&pcm, rate));
+            let file = encode(request.format, pcm.clone(), rate).await?;
+            let encoded = base64::engine::general_purpose::STANDARD.encode(file);
             ctx.chunk(json!({
                 "index": index,
                 "text": text,
                 "audio_base64": encoded,
+                "format": request.format.name(),
                 "sample_rate": rate,
                 "duration": pcm.len() as f64 / f64::from(rate),
             }))
@@ -377,8 +381,8 @@ impl Model for SpeechModel {
             return Err(JobError::Cancelled);
         }
         let duration = all.len() as f64 / f64::from(rate);
-        let file = wav::encode(&all, rate);
-        ctx.put_file("/audio_url", "audio/wav", &file).await?;
+        let file = encode(request.format, all, rate).await?;
+        ctx.put_file("/audio_url", request.format.media_type(), &file).await?;
         tracing::debug!(
             model = %self.id,
             sentences = pieces.len(),
@@ -390,12 +394,21 @@ impl Model for SpeechModel {
             "audio_url": "",
             "duration": (duration * 1000.0).round() / 1000.0,
             "sample_rate": rate,
-            "format": "wav",
+            "format": request.format.name(),
             "characters": request.characters,
             "sentences": pieces.len(),
         });
         Ok(Output::new(output, Usage::whole("characters", request.characters)))
     }
+}
+
+/// `pcm` as a file in `format`, encoded on a blocking thread (Vorbis takes
+/// a while for a long reading).
+async fn encode(format: formats::Format, pcm: Vec<i16>, rate: u32) -> Result<Vec<u8>, JobError> {
+    tokio::task::spawn_blocking(move || format.encode(&pcm, rate))
+        .await
+        .map_err(|e| JobError::internal(format!("the audio encoder stopped: {e}")))?
+        .map_err(JobError::internal)
 }
 
 #[cfg(test)]

@@ -27,14 +27,9 @@ pub enum Kind {
     Images,
 }
 
-/// Where a keyframe image comes from.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum ImageSource {
-    /// An `http(s)://` URL, fetched by the worker.
-    Url(String),
-    /// The file's bytes (from a `data:` URL or plain base64).
-    Bytes(Vec<u8>),
-}
+/// Where a keyframe image comes from: a URL fetched by the worker, or the
+/// file's bytes (from a `data:` URL or plain base64).
+pub type ImageSource = gantry_net::Source;
 
 /// A validated request.
 #[derive(Debug, Clone, PartialEq)]
@@ -111,7 +106,7 @@ pub fn parse(input: &Value, kind: Kind) -> Result<Request, String> {
             match map.get("images") {
                 Some(Value::Array(list)) if (MIN_IMAGES..=MAX_IMAGES).contains(&list.len()) => {
                     for (i, item) in list.iter().enumerate() {
-                        match item.as_str().map(image_source) {
+                        match item.as_str().map(|text| ImageSource::parse(text, "image")) {
                             Some(Ok(source)) => images.push(source),
                             Some(Err(e)) => errors.push(format!("images[{i}]: {e}")),
                             None => errors.push(format!("images[{i}] must be a string: a URL or base64")),
@@ -183,34 +178,6 @@ fn side(map: &Map<String, Value>, key: &str, errors: &mut Vec<String>) -> Option
             None
         }
     }
-}
-
-/// An image given as an `http(s)` URL, a `data:` URL, or plain base64.
-fn image_source(text: &str) -> Result<ImageSource, String> {
-    use base64::Engine as _;
-    let text = text.trim();
-    if text.starts_with("https://") || text.starts_with("http://") {
-        return Ok(ImageSource::Url(text.to_owned()));
-    }
-    let data = match text.strip_prefix("data:") {
-        Some(rest) => {
-            let (meta, data) = rest
-                .split_once(',')
-                .ok_or("a data: URL needs a comma before its data")?;
-            if !meta.ends_with(";base64") {
-                return Err("a data: URL must be base64 (data:image/png;base64,...)".into());
-            }
-            data
-        }
-        None => text,
-    };
-    let bytes = base64::engine::general_purpose::STANDARD
-        .decode(data.as_bytes())
-        .map_err(|e| format!("not an http(s) URL, a data: URL or base64 ({e})"))?;
-    if bytes.is_empty() {
-        return Err("the image is empty".into());
-    }
-    Ok(ImageSource::Bytes(bytes))
 }
 
 #[cfg(test)]

@@ -63,8 +63,7 @@ struct Engine {
 pub struct VideoModel {
     id: String,
     engine: Arc<Engine>,
-    http: reqwest::Client,
-    policy: Arc<gantry_net::AddressPolicy>,
+    fetcher: gantry_net::Fetcher,
 }
 
 impl std::fmt::Debug for VideoModel {
@@ -119,13 +118,8 @@ impl VideoModel {
 
     fn with(id: &str, rife: &Path, keyframes: Keyframes, options: &Options) -> Result<Self, LoadError> {
         let rife = Rife::load(rife).map_err(|e| LoadError(format!("RIFE: {e}")))?;
-        let policy = Arc::new(
-            gantry_net::AddressPolicy::new(&options.fetch_allow_ranges)
-                .map_err(|e| LoadError(format!("fetch_allow_ranges: {e}")))?,
-        );
-        let tls = gantry_net::tls_config(None).map_err(LoadError)?;
-        let http = gantry_net::client(policy.clone(), FETCH_TIMEOUT, tls)
-            .map_err(|e| LoadError(format!("cannot build the HTTP client: {e}")))?;
+        let fetcher = gantry_net::Fetcher::new(&options.fetch_allow_ranges, FETCH_TIMEOUT)
+            .map_err(|e| LoadError(format!("fetch_allow_ranges: {e}")))?;
         Ok(Self {
             id: id.to_owned(),
             engine: Arc::new(Engine {
@@ -134,8 +128,7 @@ impl VideoModel {
                 threads: options.threads.max(1),
                 block_seconds: options.block_seconds.max(1),
             }),
-            http,
-            policy,
+            fetcher,
         })
     }
 
@@ -152,13 +145,11 @@ impl VideoModel {
     async fn fetch_images(&self, sources: &[ImageSource]) -> Result<Vec<RgbImage>, JobError> {
         let mut images = Vec::with_capacity(sources.len());
         for (i, source) in sources.iter().enumerate() {
-            let bytes = match source {
-                ImageSource::Bytes(bytes) => bytes.clone(),
-                ImageSource::Url(url) => self
-                    .fetch(url)
-                    .await
-                    .map_err(|e| JobError::bad_input(format!("images[{i}]: {e}")))?,
-            };
+            let bytes = self
+                .fetcher
+                .bytes(source, MAX_SOURCE_BYTES)
+                .await
+                .map_err(|e| JobError::bad_input(format!("images[{i}]: {e}")))?;
             let image = tokio::task::spawn_blocking(move || decode(&bytes))
                 .await
                 .map_err(|e| JobError::internal(format!("the image decoder stopped: {e}")))?
@@ -166,31 +157,6 @@ impl VideoModel {
             images.push(image);
         }
         Ok(images)
-    }
-
-    /// The bytes at `url`, from a permitted address only (loopback, private
-    /// and reserved addresses are refused unless the operator allowed them),
-    /// without following redirects.
-    async fn fetch(&self, url: &str) -> Result<Vec<u8>, String> {
-        let parsed = reqwest::Url::parse(url).map_err(|e| format!("{url} is not a URL: {e}"))?;
-        self.policy.check_url(&parsed)?;
-        let mut response = self
-            .http
-            .get(parsed)
-            .send()
-            .await
-            .map_err(|e| format!("cannot fetch {url}: {}", gantry_net::error_chain(&e)))?;
-        if !response.status().is_success() {
-            return Err(format!("fetching {url} answered {}", response.status()));
-        }
-        let mut bytes = Vec::new();
-        while let Some(chunk) = response.chunk().await.map_err(|e| format!("cannot fetch {url}: {e}"))? {
-            if bytes.len() + chunk.len() > MAX_SOURCE_BYTES {
-                return Err(format!("{url} is larger than {} MiB", MAX_SOURCE_BYTES >> 20));
-            }
-            bytes.extend_from_slice(&chunk);
-        }
-        Ok(bytes)
     }
 }
 
