@@ -11,7 +11,7 @@ use reqwest::Method;
 use serde_json::{Value, json};
 
 use crate::harness::{Backend, TestApp};
-use crate::text::{models_dir, parse_sse};
+use crate::text::{cancel_while_streaming, models_dir, parse_sse};
 
 const MODEL: &str = "piper-en-us-joe";
 /// 0.05 USD per 1000 characters: 50 micro-USD a character.
@@ -237,38 +237,7 @@ async fn a_cancelled_reading_stops_and_costs_nothing() {
         .join(" ");
     let job = app.speak("run", &key, json!({ "prompt": prompt })).await;
     let id = job["id"].as_str().unwrap().to_string();
-    let mut stream = app
-        .public(Method::GET, &format!("/v2/{MODEL}/stream/{id}"), &key)
-        .header("accept", "text/event-stream")
-        .send()
-        .await
-        .unwrap()
-        .bytes_stream();
-    let mut seen = String::new();
-    while !seen.contains("id: 0\n") {
-        let piece = tokio::time::timeout(Duration::from_secs(60), stream.next())
-            .await
-            .expect("a sentence within 60 s")
-            .expect("the stream is open")
-            .unwrap();
-        seen.push_str(&String::from_utf8_lossy(&piece));
-    }
-    let status: Value = app
-        .public_ok(Method::GET, &format!("/v2/{MODEL}/status/{id}"), &key)
-        .await;
-    assert_eq!(status["status"], "IN_PROGRESS", "sentences stream before the end");
-    let cancelled: Value = app
-        .public_ok(Method::POST, &format!("/v2/{MODEL}/cancel/{id}"), &key)
-        .await;
-    assert_eq!(cancelled["status"], "CANCELLED");
-    let mut rest = String::new();
-    while let Some(piece) = tokio::time::timeout(Duration::from_secs(60), stream.next())
-        .await
-        .unwrap()
-    {
-        rest.push_str(&String::from_utf8_lossy(&piece.unwrap()));
-    }
-    let events = parse_sse(&format!("{seen}{rest}"));
+    let events = cancel_while_streaming(&app, MODEL, &key, &id, "id: 0\n", Duration::from_secs(60)).await;
     let last = events.last().unwrap();
     assert_eq!((last.1.as_str(), &last.2["status"]), ("status", &json!("CANCELLED")));
     let chunks = events.iter().filter(|(_, name, _)| name == "chunk").count();

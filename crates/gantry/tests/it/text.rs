@@ -83,6 +83,47 @@ impl TestApp {
         parse_sse(&res.text().await.unwrap())
     }
 }
+/// Reads the SSE stream of job `id` until `marker` has come (chunks the
+/// worker sent while running), checks that the job is still `IN_PROGRESS`,
+/// cancels it, and reads the stream to its end, each wait bounded by `wait`.
+/// Returns every event; the caller checks the last.
+pub async fn cancel_while_streaming(
+    app: &TestApp,
+    model: &str,
+    key: &str,
+    id: &str,
+    marker: &str,
+    wait: Duration,
+) -> Vec<(Option<i64>, String, Value)> {
+    let mut stream = app
+        .public(Method::GET, &format!("/v2/{model}/stream/{id}"), key)
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap()
+        .bytes_stream();
+    let mut seen = String::new();
+    while !seen.contains(marker) {
+        let piece = tokio::time::timeout(wait, stream.next())
+            .await
+            .expect("a chunk in time")
+            .expect("the stream is open")
+            .unwrap();
+        seen.push_str(&String::from_utf8_lossy(&piece));
+    }
+    let status: Value = app
+        .public_ok(Method::GET, &format!("/v2/{model}/status/{id}"), key)
+        .await;
+    assert_eq!(status["status"], "IN_PROGRESS", "chunks stream before the end");
+    let cancelled: Value = app
+        .public_ok(Method::POST, &format!("/v2/{model}/cancel/{id}"), key)
+        .await;
+    assert_eq!(cancelled["status"], "CANCELLED");
+    while let Some(piece) = tokio::time::timeout(wait, stream.next()).await.unwrap() {
+        seen.push_str(&String::from_utf8_lossy(&piece.unwrap()));
+    }
+    parse_sse(&seen)
+}
 
 /// `(id, event, data)` of every event of an SSE body.
 pub fn parse_sse(body: &str) -> Vec<(Option<i64>, String, Value)> {
@@ -258,40 +299,9 @@ async fn sse_delivers_tokens_while_the_job_runs_and_cancel_stops_it_free() {
         .await;
     let id = res.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_string();
     let started = Instant::now();
-    let mut stream = app
-        .public(Method::GET, &format!("/v2/{MODEL}/stream/{id}"), &key)
-        .header("accept", "text/event-stream")
-        .send()
-        .await
-        .unwrap()
-        .bytes_stream();
-    // The first chunks arrive while the job is still running.
-    let mut seen = String::new();
-    while !seen.contains("id: 5\n") {
-        let piece = tokio::time::timeout(Duration::from_secs(30), stream.next())
-            .await
-            .expect("a chunk within 30 s")
-            .expect("the stream is open")
-            .unwrap();
-        seen.push_str(&String::from_utf8_lossy(&piece));
-    }
-    let status: Value = app
-        .public_ok(Method::GET, &format!("/v2/{MODEL}/status/{id}"), &key)
-        .await;
-    assert_eq!(status["status"], "IN_PROGRESS", "chunks stream before the end");
-    let cancelled: Value = app
-        .public_ok(Method::POST, &format!("/v2/{MODEL}/cancel/{id}"), &key)
-        .await;
-    assert_eq!(cancelled["status"], "CANCELLED");
-    // The stream ends with the cancelled job, long before 2000 tokens.
-    let mut rest = String::new();
-    while let Some(piece) = tokio::time::timeout(Duration::from_secs(30), stream.next())
-        .await
-        .unwrap()
-    {
-        rest.push_str(&String::from_utf8_lossy(&piece.unwrap()));
-    }
-    let events = parse_sse(&format!("{seen}{rest}"));
+    // The first chunks arrive while the job is still running; the stream
+    // then ends with the cancelled job, long before 2000 tokens.
+    let events = cancel_while_streaming(&app, MODEL, &key, &id, "id: 5\n", Duration::from_secs(30)).await;
     let last = events.last().unwrap();
     assert_eq!(last.1, "status");
     assert_eq!(last.2["status"], "CANCELLED");
