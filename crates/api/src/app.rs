@@ -34,6 +34,8 @@ pub struct AppState {
     pub limiter: RateLimiter,
     pub jobs: JobStore,
     pub models: Arc<ModelCatalog>,
+    /// The model manifest in effect (descriptions and input schemas).
+    pub manifest: &'static gantry_manifest::Manifest,
     /// The in-process scheduler's workers, when this process runs one.
     pub workers: Option<WorkerCounts>,
     pub(crate) rate_limits: crate::settings::RateLimitSettings,
@@ -184,7 +186,7 @@ impl Application {
         connect_job_signals(&settings, &jobs)?;
         let document = |doc| serde_json::to_vec(&doc).map_err(|e| StartError::Config(e.to_string()));
         let openapi = document(crate::openapi::openapi_json())?;
-        let openapi_public = serde_json::to_vec(&crate::openapi::public_openapi_json())
+        let openapi_public = serde_json::to_vec(&crate::openapi::public_openapi_json_with(settings.manifest()))
             .map_err(|e| StartError::Config(e.to_string()))?;
         let state = web::Data::new(AppState {
             auth: Arc::new(AuthService::new(
@@ -213,6 +215,7 @@ impl Application {
             limiter,
             jobs,
             models: Arc::new(settings.models.clone()),
+            manifest: settings.manifest(),
             workers: dispatcher.map(WorkerCounts),
             rate_limits: settings.rate_limits.clone(),
             openapi: openapi.into(),

@@ -18,6 +18,6 @@ pub use openapi::{openapi_document, openapi_json, public_openapi_document, publi
 pub use problem::{ApiError, Problem};
 pub use routes::{Endpoint, management_endpoints, public_endpoints};
 pub use settings::{
-    AuthSettings, CatalogSettings, HttpSettings, RateLimitSettings, SchedulerSettings, Settings, SpeechSettings,
-    TextSettings, VideoSettings,
+    AuthSettings, CatalogSettings, DiffusionSettings, HttpSettings, RateLimitSettings, SchedulerSettings, Settings,
+    SpeechSettings, TextSettings, TranscriptionSettings, VideoSettings,
 };

@@ -134,8 +134,12 @@ fn tighten_parameters(doc: &mut serde_json::Value) {
 /// with the input schema of every model of the manifest (`ModelInput.<id>`),
 /// which a job's `input` is one of.
 pub fn public_openapi_json() -> serde_json::Value {
+    public_openapi_json_with(gantry_manifest::Manifest::builtin())
+}
+
+/// [`public_openapi_json`] for the models of `manifest`.
+pub fn public_openapi_json_with(manifest: &gantry_manifest::Manifest) -> serde_json::Value {
     let mut doc = serde_json::to_value(public_openapi_document()).unwrap_or_default();
-    let manifest = gantry_manifest::Manifest::builtin();
     let mut refs = Vec::new();
     for model in manifest.models() {
         if !model.input_schema.is_object() {

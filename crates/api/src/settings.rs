@@ -38,6 +38,11 @@ pub struct Settings {
     /// The models served under `/v2/<model_id>/…` with their billing unit and
     /// price; by default every model of the model manifest.
     pub models: ModelCatalog,
+    /// An operator's model manifest, in the built-in one's format, whose
+    /// models are served besides the built-in ones (weights from a path or
+    /// the Hugging Face hub: Stable Diffusion, for example). Its models join
+    /// `models` unless `models` names them already (`GANTRY_MANIFEST`).
+    pub manifest: Option<PathBuf>,
     /// Where model weights live; unset means `<data_dir>/models`
     /// (`GANTRY_MODELS_DIR` sets it).
     pub models_dir: Option<PathBuf>,
@@ -53,7 +58,11 @@ pub struct Settings {
     pub speech: SpeechSettings,
     /// The video models (RIFE frame interpolation).
     pub video: VideoSettings,
+    /// The Stable Diffusion models.
+    pub diffusion: DiffusionSettings,
     pub catalog: CatalogSettings,
+    /// The speech-to-text models (Whisper).
+    pub transcription: TranscriptionSettings,
     /// Where generated files (images, audio, video) are stored and how long
     /// their URLs work.
     pub files: gantry_files::FilesConfig,
@@ -134,6 +143,29 @@ pub struct VideoSettings {
     pub threads: Option<usize>,
     /// Address ranges (CIDR) that the URLs of video inputs (keyframe images)
     /// may reach although they are loopback, private or reserved addresses.
+    pub fetch_allow_ranges: Vec<String>,
+}
+
+/// The Stable Diffusion models (candle): where they run.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct DiffusionSettings {
+    /// CUDA device ordinal to run on; unset means the CPU. Needs a binary
+    /// built with the `cuda` feature.
+    pub cuda_device: Option<usize>,
+    /// Half-precision (F16) weights and arithmetic: half the memory, for GPUs.
+    pub half: bool,
+}
+
+/// The speech-to-text models: threads per job and where audio URLs may go.
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct TranscriptionSettings {
+    /// Threads one transcription uses (the encoder's matrix products); unset
+    /// or 0 means one per core.
+    pub threads: Option<usize>,
+    /// Address ranges (CIDR) that `audio_url` may reach although they are
+    /// loopback, private or reserved addresses.
     pub fetch_allow_ranges: Vec<String>,
 }
 
@@ -320,12 +352,15 @@ impl Default for Settings {
             rate_limits: RateLimitSettings::default(),
             scheduler: SchedulerSettings::default(),
             models: gantry_manifest::Manifest::builtin().catalog(),
+            manifest: None,
             models_dir: None,
             pull_on_start: true,
             metrics_addr: None,
             text: TextSettings::default(),
             speech: SpeechSettings::default(),
             video: VideoSettings::default(),
+            diffusion: DiffusionSettings::default(),
+            transcription: TranscriptionSettings::default(),
             auth: AuthSettings::default(),
             catalog: CatalogSettings::default(),
             files: gantry_files::FilesConfig::default(),
@@ -361,10 +396,45 @@ impl Settings {
             Some(path) => figment.merge(Toml::file_exact(path)),
             None => figment.merge(Toml::file("gantry.toml")),
         };
-        figment
+        let mut settings: Settings = figment
             .merge(Env::prefixed("GANTRY_").ignore(&["config"]).split("__"))
             .extract()
-            .map_err(Box::new)
+            .map_err(Box::new)?;
+        settings
+            .apply_manifest()
+            .map_err(|e| Box::new(figment::Error::from(e)))?;
+        Ok(settings)
+    }
+
+    /// The model manifest in effect: the built-in one, and the models of
+    /// `manifest` after them when it is set. [`Settings::apply_manifest`]
+    /// reports a bad file; here one is logged and the built-in one used.
+    pub fn manifest(&self) -> &'static gantry_manifest::Manifest {
+        let builtin = gantry_manifest::Manifest::builtin();
+        match &self.manifest {
+            None => builtin,
+            Some(path) => gantry_manifest::Manifest::with_extra(path).unwrap_or_else(|error| {
+                tracing::error!(%error, "using the built-in model manifest only");
+                builtin
+            }),
+        }
+    }
+
+    /// Reads the operator's manifest (an error names what is wrong with it)
+    /// and adds its models to `models` where `models` does not list them.
+    pub fn apply_manifest(&mut self) -> Result<(), String> {
+        let Some(path) = &self.manifest else {
+            return Ok(());
+        };
+        let manifest = gantry_manifest::Manifest::with_extra(path).map_err(|e| e.to_string())?;
+        let mut specs: Vec<_> = self.models.iter().cloned().collect();
+        for spec in manifest.catalog().iter() {
+            if self.models.get(&spec.id).is_none() {
+                specs.push(spec.clone());
+            }
+        }
+        self.models = ModelCatalog::new(specs)?;
+        Ok(())
     }
 
     /// Worker threads for the async runtime of a process that serves HTTP

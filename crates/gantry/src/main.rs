@@ -407,7 +407,7 @@ async fn worker(settings: Settings, model: String, scheduler: String, slots: u32
     let id = id.unwrap_or_else(|| format!("{model}-{}-{}", host_name(), std::process::id()));
     let mut config = gantry::worker_config(&scheduler, &id, Credentials::Secret(secret), &settings);
     config.slots = slots.max(1);
-    if gantry::is_text_model(&model) {
+    if gantry::is_text_model(&settings, &model) {
         config.slots = settings.text.max_sequences.max(1).min(config.slots.max(1));
     }
     if !gantry::ensure_weights(&settings, &model).await {
@@ -437,8 +437,8 @@ async fn worker(settings: Settings, model: String, scheduler: String, slots: u32
 }
 
 async fn models(cmd: ModelsCommand, settings: &Settings) -> CliResult {
-    use gantry_manifest::{Manifest, ModelStatus, ModelStore, Progress};
-    let manifest = Manifest::builtin();
+    use gantry_manifest::{ModelStatus, ModelStore, Progress};
+    let manifest = settings.manifest();
     let store = ModelStore::new(settings.models_dir());
     match cmd {
         ModelsCommand::List => {

@@ -89,7 +89,7 @@ impl TryFrom<RawWeightFile> for WeightFile {
     type Error = String;
 
     fn try_from(raw: RawWeightFile) -> Result<Self, String> {
-        check_name(&raw.name, "file name")?;
+        check_file_name(&raw.name)?;
         let sha256 = raw.sha256.to_ascii_lowercase();
         if sha256.len() != 64 || !sha256.bytes().all(|b| b.is_ascii_hexdigit()) {
             return Err(format!(
@@ -167,6 +167,19 @@ fn check_name(name: &str, what: &str) -> Result<(), String> {
     }
 }
 
+/// A file name may put the file in subdirectories of the model's directory
+/// (`unet/diffusion_pytorch_model.safetensors`): `/`-separated plain names.
+fn check_file_name(name: &str) -> Result<(), String> {
+    if name.split('/').all(|segment| check_name(segment, "").is_ok()) {
+        Ok(())
+    } else {
+        Err(format!(
+            "file name {name:?} must be letters, digits, `-`, `_` and `.` (not starting with `.`), \
+             in `/`-separated subdirectories"
+        ))
+    }
+}
+
 #[derive(Deserialize)]
 #[serde(deny_unknown_fields)]
 struct RawManifest {
@@ -200,6 +213,41 @@ impl Manifest {
                 Manifest::empty()
             }
         })
+    }
+
+    /// The built-in manifest followed by the models of the operator's
+    /// manifest file `path` (whose ids must be new). Read once per path and
+    /// process; later calls return the same manifest.
+    pub fn with_extra(path: &Path) -> Result<&'static Manifest, ManifestError> {
+        type Loaded = std::collections::HashMap<PathBuf, &'static Manifest>;
+        static LOADED: std::sync::Mutex<Option<Loaded>> = std::sync::Mutex::new(None);
+        let mut loaded = LOADED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        let loaded = loaded.get_or_insert_with(Loaded::new);
+        if let Some(manifest) = loaded.get(path) {
+            return Ok(manifest);
+        }
+        let extra = Manifest::load(path)?;
+        let builtin = Manifest::builtin();
+        let mut models = builtin.models.clone();
+        for model in extra.models {
+            if builtin.get(&model.id).is_some() {
+                return Err(ManifestError::Invalid {
+                    origin: format!(" {}", path.display()),
+                    message: format!("model {:?} is already a built-in model", model.id),
+                });
+            }
+            models.push(model);
+        }
+        let catalog = ModelCatalog::new(models.iter().map(ModelEntry::spec).collect()).map_err(|message| {
+            ManifestError::Invalid {
+                origin: format!(" {}", path.display()),
+                message,
+            }
+        })?;
+        // Leaked on purpose: one small manifest per configured path, for the process's life.
+        let merged: &'static Manifest = Box::leak(Box::new(Manifest { models, catalog }));
+        loaded.insert(path.to_owned(), merged);
+        Ok(merged)
     }
 
     /// Parses and validates a manifest. Relative `path:` sources are kept as written.
@@ -391,6 +439,7 @@ mod tests {
             [
                 "gantry-echo",
                 "smollm2-135m-instruct",
+                "whisper-tiny-en",
                 "dcgan-faces-64",
                 "eyes-128",
                 "faces-morph-video",
@@ -402,6 +451,17 @@ mod tests {
         assert_eq!((morph.category, morph.unit.as_str()), (ModelKind::Video, "seconds"));
         assert_eq!(morph.price, Price::new(500_000, 5).unwrap());
         assert_eq!(morph.files[0].converted_name().as_deref(), Some("flownet.safetensors"));
+        // Speech to text: per second of audio, three files from one wheel.
+        let whisper = manifest.get("whisper-tiny-en").unwrap();
+        assert_eq!(
+            (whisper.category, whisper.unit.as_str()),
+            (ModelKind::Transcription, "audio_seconds")
+        );
+        assert_eq!(whisper.price, Price::new(100, 1).unwrap());
+        assert_eq!(
+            whisper.files.iter().map(|f| f.name.as_str()).collect::<Vec<_>>(),
+            ["model.bin", "tokenizer.json", "config.json"]
+        );
     }
 
     const ONE: &str = r#"
@@ -474,6 +534,17 @@ parts = ["path:a", "hf:o/r@main#b"]
             ),
             ("\"hf:o/r@main#b\"", "\"ftp:x\"", "unknown scheme `ftp:`"),
             ("name = \"w.bin\"", "name = \"../w.bin\"", "file name \"../w.bin\""),
+            (
+                "name = \"w.bin\"",
+                "name = \"unet/../w.bin\"",
+                "file name \"unet/../w.bin\"",
+            ),
+            ("name = \"w.bin\"", "name = \"/w.bin\"", "file name \"/w.bin\""),
+            (
+                "name = \"w.bin\"",
+                "name = \"unet//w.bin\"",
+                "file name \"unet//w.bin\"",
+            ),
             ("id = \"m\"", "id = \"a/b\"", "model id \"a/b\""),
             ("category = \"image\"", "category = \"audio\"", "audio"),
             ("micro_usd = 2400", "micro_usd = -1", "negative"),
@@ -521,5 +592,36 @@ parts = ["path:a", "hf:o/r@main#b"]
         std::fs::write(&path, "[[models]]\nid = 1").unwrap();
         let err = Manifest::load(&path).unwrap_err().to_string();
         assert!(err.contains("models.toml"), "{err}");
+    }
+
+    #[test]
+    fn an_operators_manifest_adds_models_after_the_builtin_ones() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("extra.toml");
+        let nested = ONE.replace("name = \"w.bin\"", "name = \"unet/w.bin\"");
+        std::fs::write(&path, &nested).unwrap();
+        let merged = Manifest::with_extra(&path).unwrap();
+        let builtin = Manifest::builtin();
+        assert_eq!(merged.models().len(), builtin.models().len() + 1);
+        assert_eq!(&merged.models()[..builtin.models().len()], builtin.models());
+        let extra = merged.get("m").unwrap();
+        assert_eq!(extra.files[0].name, "unet/w.bin");
+        assert_eq!(extra.files[0].sources[0], Source::Path(dir.path().join("a")));
+        assert!(merged.catalog().get("m").is_some());
+        // Read once: the same manifest again, even if the file changes.
+        std::fs::write(&path, "nonsense").unwrap();
+        assert!(std::ptr::eq(Manifest::with_extra(&path).unwrap(), merged));
+
+        let clash = dir.path().join("clash.toml");
+        std::fs::write(&clash, ONE.replace("id = \"m\"", "id = \"whisper-tiny-en\"")).unwrap();
+        let err = Manifest::with_extra(&clash).unwrap_err().to_string();
+        assert!(
+            err.contains("clash.toml") && err.contains("already a built-in model"),
+            "{err}"
+        );
+        let err = Manifest::with_extra(&dir.path().join("none.toml"))
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("none.toml"), "{err}");
     }
 }

@@ -258,6 +258,9 @@ impl ModelStore {
         }
         let marker = with_suffix(&target, ".verified");
         remove_if_present(&marker)?;
+        if let Some(parent) = target.parent() {
+            fs::create_dir_all(parent).map_err(io_error("create", parent))?;
+        }
 
         // A file put in place by hand (or verified before its marker was written).
         if fs::metadata(&target).is_ok_and(|m| m.len() == file.size) {

@@ -3,7 +3,6 @@
 //! input schema), with whether a worker serves each one now.
 use actix_web::{HttpResponse, web};
 use gantry_auth::Scope;
-use gantry_manifest::Manifest;
 use serde_json::{Value, json};
 
 use crate::app::AppState;
@@ -17,7 +16,7 @@ price: {usd, per}, inputSchema, available}]}`. `price.usd` is an exact decimal s
     responses((status = 200, description = "The models")))]
 pub async fn list(state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
     caller.require(Scope::EndpointsRun)?;
-    let manifest = Manifest::builtin();
+    let manifest = state.manifest;
     let mut models = Vec::new();
     for spec in state.models.iter() {
         let entry = manifest.get(&spec.id);
