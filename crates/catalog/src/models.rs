@@ -6,6 +6,11 @@
 //! exactly.
 use serde::{Deserialize, Serialize};
 
+/// The longest audio a speech-to-text model accepts, in seconds. A
+/// transcription job holds credit for this much audio, since its length is
+/// only known once the worker has decoded it.
+pub const MAX_AUDIO_SECONDS: u32 = 1800;
+
 /// What a model produces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -13,6 +18,8 @@ pub enum ModelKind {
     Image,
     Video,
     Speech,
+    /// Speech to text.
+    Transcription,
     Text,
     Diagnostic,
 }

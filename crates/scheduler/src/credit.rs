@@ -34,7 +34,9 @@ use crate::types::{JobError, JobStatus};
 /// least 1). Megapixels: `width` × `height` × `num_images` (1 MP if absent).
 /// Seconds: `duration` (10 s if absent), rounded up to whole blocks of the
 /// price's `per` (a video billed per started 5 s block holds every block it
-/// can start). Other units: 1.
+/// can start). Audio seconds: the longest audio accepted
+/// ([`gantry_catalog::MAX_AUDIO_SECONDS`]): its length is known only once the
+/// worker decodes it. Other units: 1.
 pub fn hold(model: &ModelSpec, input: &Value) -> i64 {
     let number = |key: &str| {
         input
@@ -56,6 +58,7 @@ pub fn hold(model: &ModelSpec, input: &Value) -> i64 {
             let block = model.price.per().max(1) as f64;
             (number("duration").unwrap_or(10.0) / block).ceil() * block
         }
+        "audio_seconds" => f64::from(gantry_catalog::MAX_AUDIO_SECONDS),
         _ => 1.0,
     };
     let micros = (units * 1e6).ceil().min(i64::MAX as f64) as i64;
@@ -162,5 +165,17 @@ mod tests {
         assert_eq!(hold(&video(), &json!({})), 1_000_000);
         let per_second = ModelSpec::new("s", ModelKind::Video, "seconds", Price::new(100, 1).unwrap());
         assert_eq!(hold(&per_second, &json!({"duration": 2.5})), 300);
+    }
+
+    #[test]
+    fn audio_is_held_at_the_longest_accepted() {
+        // 1800 s at 100 µUSD per second, whatever the input.
+        let audio = ModelSpec::new(
+            "w",
+            ModelKind::Transcription,
+            "audio_seconds",
+            Price::new(100, 1).unwrap(),
+        );
+        assert_eq!(hold(&audio, &json!({"audio": "AAAA"})), 180_000);
     }
 }
