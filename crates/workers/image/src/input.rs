@@ -42,6 +42,27 @@ impl Format {
         }
     }
 
+    /// The `output_format` of a job's input: PNG when absent; `None`, with
+    /// the reason in `errors`, when it names no format.
+    pub fn from_input(value: Option<&Value>, errors: &mut Vec<String>) -> Option<Format> {
+        match value {
+            None | Some(Value::Null) => Some(Format::Png),
+            Some(Value::String(f)) => match f.to_ascii_lowercase().as_str() {
+                "png" => Some(Format::Png),
+                "jpeg" | "jpg" => Some(Format::Jpeg),
+                "webp" => Some(Format::Webp),
+                _ => {
+                    errors.push(format!("output_format: one of png, jpeg, webp (got {f:?})"));
+                    None
+                }
+            },
+            Some(_) => {
+                errors.push("output_format: one of png, jpeg, webp".into());
+                None
+            }
+        }
+    }
+
     pub fn media_type(self) -> &'static str {
         match self {
             Format::Png => "image/png",
@@ -155,22 +176,7 @@ pub fn parse(input: &Value, model: &Abilities<'_>) -> Result<Request, String> {
             }
         },
     };
-    let format = match object.get("output_format") {
-        None | Some(Value::Null) => Some(Format::Png),
-        Some(Value::String(f)) => match f.to_ascii_lowercase().as_str() {
-            "png" => Some(Format::Png),
-            "jpeg" | "jpg" => Some(Format::Jpeg),
-            "webp" => Some(Format::Webp),
-            _ => {
-                errors.push(format!("output_format: one of png, jpeg, webp (got {f:?})"));
-                None
-            }
-        },
-        Some(_) => {
-            errors.push("output_format: one of png, jpeg, webp".into());
-            None
-        }
-    };
+    let format = Format::from_input(object.get("output_format"), &mut errors);
     let difficulty = match object.get("difficulty") {
         None | Some(Value::Null) => None,
         Some(_) if model.difficulty_levels == 0 => None,

@@ -338,18 +338,21 @@ fn render(generator: &Generator, spec: &GanSpec, request: &Request, seed: u64) -
 const JPEG_QUALITY: u8 = 90;
 
 fn encode(img: &RgbImage, format: Format) -> Result<Vec<u8>, String> {
-    let mut out = Cursor::new(Vec::new());
     let (w, h) = img.dimensions();
+    encode_rgb(img.as_raw(), w, h, format)
+}
+
+/// Encodes 8-bit RGB pixels (row-major, `width × height × 3` bytes) as PNG,
+/// JPEG (quality 90) or lossless WebP.
+pub fn encode_rgb(pixels: &[u8], w: u32, h: u32, format: Format) -> Result<Vec<u8>, String> {
+    let mut out = Cursor::new(Vec::new());
     let color = image::ExtendedColorType::Rgb8;
     let written = match format {
-        Format::Png => image::codecs::png::PngEncoder::new(&mut out).write_image(img.as_raw(), w, h, color),
-        Format::Jpeg => image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, JPEG_QUALITY).write_image(
-            img.as_raw(),
-            w,
-            h,
-            color,
-        ),
-        Format::Webp => image::codecs::webp::WebPEncoder::new_lossless(&mut out).write_image(img.as_raw(), w, h, color),
+        Format::Png => image::codecs::png::PngEncoder::new(&mut out).write_image(pixels, w, h, color),
+        Format::Jpeg => {
+            image::codecs::jpeg::JpegEncoder::new_with_quality(&mut out, JPEG_QUALITY).write_image(pixels, w, h, color)
+        }
+        Format::Webp => image::codecs::webp::WebPEncoder::new_lossless(&mut out).write_image(pixels, w, h, color),
     };
     written.map_err(|e| format!("cannot encode the image as {}: {e}", format.name()))?;
     Ok(out.into_inner())

@@ -1,0 +1,184 @@
+//! The CLIP text encoder of Stable Diffusion (`CLIPTextModel`), with the
+//! tensor names of `transformers` (`text_model.embeddings.token_embedding`,
+//! `text_model.encoder.layers.N.self_attn.q_proj`, ...). candle's own
+//! `stable_diffusion::clip::Config` has private fields, so a configuration of
+//! any size is expressed here; the names and shapes it reads are checked
+//! against candle's model for the full-size configurations in the tests.
+
+use candle_core::{D, DType, Device, Module, Result, Tensor};
+use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
+
+/// The MLP's activation.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Activation {
+    /// `x * sigmoid(1.702 x)` (OpenAI CLIP: SD 1.x, SDXL's first encoder).
+    QuickGelu,
+    /// GELU (OpenCLIP: SD 2.x, SDXL's second encoder).
+    Gelu,
+}
+
+/// Size of a CLIP text encoder.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ClipConfig {
+    pub vocab_size: usize,
+    pub hidden: usize,
+    pub intermediate: usize,
+    pub positions: usize,
+    pub layers: usize,
+    pub heads: usize,
+    pub activation: Activation,
+    /// Pad the 77 tokens with `<|endoftext|>` (SD 1.x) rather than id 0
+    /// (`!`: SD 2.x, SDXL).
+    pub pad_with_end: bool,
+}
+
+impl ClipConfig {
+    /// openai/clip-vit-large-patch14 (SD 1.5, SDXL's `text_encoder`).
+    pub fn vit_l14(pad_with_end: bool) -> Self {
+        Self {
+            vocab_size: 49408,
+            hidden: 768,
+            intermediate: 3072,
+            positions: 77,
+            layers: 12,
+            heads: 12,
+            activation: Activation::QuickGelu,
+            pad_with_end,
+        }
+    }
+
+    /// OpenCLIP ViT-H/14, 23 of its 24 layers (SD 2.1, SD-Turbo).
+    pub fn vit_h14() -> Self {
+        Self {
+            vocab_size: 49408,
+            hidden: 1024,
+            intermediate: 4096,
+            positions: 77,
+            layers: 23,
+            heads: 16,
+            activation: Activation::Gelu,
+            pad_with_end: false,
+        }
+    }
+
+    /// OpenCLIP ViT-bigG/14 (SDXL's `text_encoder_2`).
+    pub fn vit_bigg14() -> Self {
+        Self {
+            vocab_size: 49408,
+            hidden: 1280,
+            intermediate: 5120,
+            positions: 77,
+            layers: 32,
+            heads: 20,
+            activation: Activation::Gelu,
+            pad_with_end: false,
+        }
+    }
+}
+
+struct Layer {
+    q: Linear,
+    k: Linear,
+    v: Linear,
+    out: Linear,
+    ln1: LayerNorm,
+    ln2: LayerNorm,
+    fc1: Linear,
+    fc2: Linear,
+}
+
+/// A CLIP text transformer; `forward` gives the last hidden state after the
+/// final layer norm, `(batch, tokens, hidden)`.
+pub struct ClipTextEncoder {
+    config: ClipConfig,
+    token_embedding: Embedding,
+    position_embedding: Embedding,
+    layers: Vec<Layer>,
+    final_layer_norm: LayerNorm,
+}
+
+impl ClipTextEncoder {
+    /// Reads the weights under `text_model.`.
+    pub fn new(vb: VarBuilder, config: &ClipConfig) -> Result<Self> {
+        let vb = vb.pp("text_model");
+        let c = config;
+        let emb = vb.pp("embeddings");
+        let token_embedding = candle_nn::embedding(c.vocab_size, c.hidden, emb.pp("token_embedding"))?;
+        let position_embedding = candle_nn::embedding(c.positions, c.hidden, emb.pp("position_embedding"))?;
+        let layers_vb = vb.pp("encoder").pp("layers");
+        let mut layers = Vec::with_capacity(c.layers);
+        for i in 0..c.layers {
+            let l = layers_vb.pp(i.to_string());
+            let attn = l.pp("self_attn");
+            let mlp = l.pp("mlp");
+            layers.push(Layer {
+                q: candle_nn::linear(c.hidden, c.hidden, attn.pp("q_proj"))?,
+                k: candle_nn::linear(c.hidden, c.hidden, attn.pp("k_proj"))?,
+                v: candle_nn::linear(c.hidden, c.hidden, attn.pp("v_proj"))?,
+                out: candle_nn::linear(c.hidden, c.hidden, attn.pp("out_proj"))?,
+                ln1: candle_nn::layer_norm(c.hidden, 1e-5, l.pp("layer_norm1"))?,
+                ln2: candle_nn::layer_norm(c.hidden, 1e-5, l.pp("layer_norm2"))?,
+                fc1: candle_nn::linear(c.hidden, c.intermediate, mlp.pp("fc1"))?,
+                fc2: candle_nn::linear(c.intermediate, c.hidden, mlp.pp("fc2"))?,
+            });
+        }
+        let final_layer_norm = candle_nn::layer_norm(c.hidden, 1e-5, vb.pp("final_layer_norm"))?;
+        Ok(Self {
+            config: config.clone(),
+            token_embedding,
+            position_embedding,
+            layers,
+            final_layer_norm,
+        })
+    }
+
+    pub fn config(&self) -> &ClipConfig {
+        &self.config
+    }
+
+    /// `ids`: `(batch, tokens)` of u32.
+    pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
+        let (batch, seq) = ids.dims2()?;
+        let device = ids.device();
+        let positions = Tensor::arange(0u32, seq as u32, device)?.unsqueeze(0)?;
+        let mut xs = self
+            .token_embedding
+            .forward(ids)?
+            .broadcast_add(&self.position_embedding.forward(&positions)?)?;
+        let mask = causal_mask(seq, device, xs.dtype())?;
+        let heads = self.config.heads;
+        let head_dim = self.config.hidden / heads;
+        let scale = (head_dim as f64).powf(-0.5);
+        let split =
+            |t: Tensor| -> Result<Tensor> { t.reshape((batch, seq, heads, head_dim))?.transpose(1, 2)?.contiguous() };
+        for layer in &self.layers {
+            let residual = xs.clone();
+            let h = layer.ln1.forward(&xs)?;
+            let q = split((layer.q.forward(&h)? * scale)?)?;
+            let k = split(layer.k.forward(&h)?)?;
+            let v = split(layer.v.forward(&h)?)?;
+            let weights = q.matmul(&k.t()?)?.broadcast_add(&mask)?;
+            let weights = candle_nn::ops::softmax(&weights, D::Minus1)?;
+            let h = weights
+                .matmul(&v)?
+                .transpose(1, 2)?
+                .reshape((batch, seq, self.config.hidden))?;
+            xs = (residual + layer.out.forward(&h)?)?;
+            let residual = xs.clone();
+            let h = layer.fc1.forward(&layer.ln2.forward(&xs)?)?;
+            let h = match self.config.activation {
+                Activation::QuickGelu => (&h * candle_nn::ops::sigmoid(&(&h * 1.702f64)?)?)?,
+                Activation::Gelu => h.gelu_erf()?,
+            };
+            xs = (residual + layer.fc2.forward(&h)?)?;
+        }
+        self.final_layer_norm.forward(&xs)
+    }
+}
+
+fn causal_mask(seq: usize, device: &Device, dtype: DType) -> Result<Tensor> {
+    let mask: Vec<f32> = (0..seq)
+        .flat_map(|i| (0..seq).map(move |j| if j > i { f32::NEG_INFINITY } else { 0.0 }))
+        .collect();
+    Tensor::from_slice(&mask, (seq, seq), device)?.to_dtype(dtype)
+}
