@@ -10,7 +10,7 @@ use std::time::Duration;
 use gantry_api::{Application, Settings, StartError};
 use gantry_catalog::ModelKind;
 use gantry_dispatch::{DispatchConfig, Dispatcher, Event};
-use gantry_manifest::{Manifest, ModelEntry, ModelStatus, ModelStore, Progress};
+use gantry_manifest::{ModelEntry, ModelStatus, ModelStore, Progress};
 use gantry_scheduler::{JobStore, Scheduler};
 use gantry_worker::{Credentials, WorkerConfig};
 use tokio::sync::{mpsc, watch};
@@ -118,14 +118,14 @@ impl SchedulerRole {
             }
             let id = format!("{model}-bundled-{}", std::process::id());
             let mut config = worker_config(&url, &id, Credentials::Secret(self.secret.clone()), settings);
-            if is_text_model(model) {
+            if is_text_model(settings, model) {
                 config.slots = settings.text.max_sequences.max(1);
             }
             let started = workers.start(model, config, settings);
             match started {
                 Ok(()) => {}
                 // A model that cannot load is left out, like missing weights.
-                Err(StartError::Config(message)) if is_text_model(model) => {
+                Err(StartError::Config(message)) if is_text_model(settings, model) => {
                     tracing::error!(%model, "not serving {model}: {message}");
                 }
                 Err(error) => return Err(error),
@@ -203,26 +203,35 @@ impl Workers {
         };
         let task = match model {
             gantry_worker_echo::MODEL_ID => spawn_runtime(gantry_worker_echo::runtime(config), shutdown),
-            text if is_text_model(text) => {
+            text if is_text_model(settings, text) => {
                 let loaded = load_text_model(settings, text)?;
                 spawn_runtime(gantry_worker_text::runtime(loaded, config), shutdown)
             }
-            image if is_model_of(image, ModelKind::Image) => {
+            sd if is_diffusion_model(settings, sd) => {
+                let loaded = load_diffusion_model(settings, sd)?;
+                spawn_runtime(gantry_worker_diffusion::runtime(loaded, config), shutdown)
+            }
+            image if is_model_of(settings, image, ModelKind::Image) => {
                 let loaded = load_image_model(settings, image)?;
                 spawn_runtime(gantry_worker_image::runtime(loaded, config), shutdown)
             }
-            speech if is_model_of(speech, ModelKind::Speech) => {
+            speech if is_model_of(settings, speech, ModelKind::Speech) => {
                 let loaded = load_speech_model(settings, speech)?;
                 spawn_runtime(gantry_worker_speech::runtime(loaded, config), shutdown)
             }
-            video if is_model_of(video, ModelKind::Video) => {
+            video if is_model_of(settings, video, ModelKind::Video) => {
                 let loaded = load_video_model(settings, video)?;
                 spawn_runtime(gantry_worker_video::runtime(loaded, config), shutdown)
+            }
+            heard if is_model_of(settings, heard, ModelKind::Transcription) => {
+                let loaded = load_transcription_model(settings, heard)?;
+                spawn_runtime(gantry_worker_transcribe::runtime(loaded, config), shutdown)
             }
             other => {
                 let servable: Vec<String> = std::iter::once(gantry_worker_echo::MODEL_ID.to_string())
                     .chain(
-                        Manifest::builtin()
+                        settings
+                            .manifest()
                             .models()
                             .iter()
                             .filter(|m| m.category != ModelKind::Diagnostic)
@@ -266,7 +275,8 @@ pub struct Platform {
 }
 
 impl Platform {
-    pub async fn start(settings: Settings) -> Result<Platform, StartError> {
+    pub async fn start(mut settings: Settings) -> Result<Platform, StartError> {
+        settings.apply_manifest().map_err(StartError::Config)?;
         SchedulerRole::check(&settings)?;
         let secret = worker_secret(&settings);
         let (dispatcher, events) = SchedulerRole::dispatcher(&settings, &secret)?;
@@ -292,14 +302,15 @@ impl Platform {
 }
 
 /// Whether `model` is a text model of the manifest (served by the text engine).
-pub fn is_text_model(model: &str) -> bool {
-    is_model_of(model, ModelKind::Text)
+pub fn is_text_model(settings: &Settings, model: &str) -> bool {
+    is_model_of(settings, model, ModelKind::Text)
 }
 
 /// The manifest entry of `model` and the store its weights are in, once every
 /// file is there (else the error names them and the command that fetches them).
 fn ready_model(settings: &Settings, model: &str) -> Result<(&'static ModelEntry, ModelStore), StartError> {
-    let entry = Manifest::builtin()
+    let entry = settings
+        .manifest()
         .get(model)
         .ok_or_else(|| StartError::Config(format!("model '{model}' is not in the manifest")))?;
     let store = ModelStore::new(settings.models_dir());
@@ -314,10 +325,50 @@ fn ready_model(settings: &Settings, model: &str) -> Result<(&'static ModelEntry,
 }
 
 /// Whether `model` is in the manifest with category `kind`.
-fn is_model_of(model: &str, kind: ModelKind) -> bool {
-    Manifest::builtin()
+fn is_model_of(settings: &Settings, model: &str, kind: ModelKind) -> bool {
+    settings
+        .manifest()
         .get(model)
         .is_some_and(|entry| entry.category == kind)
+}
+
+/// Whether `model` is an image model on the Stable Diffusion pipeline
+/// (`engine.architecture = "stable-diffusion"`).
+fn is_diffusion_model(settings: &Settings, model: &str) -> bool {
+    settings.manifest().get(model).is_some_and(|entry| {
+        entry.category == ModelKind::Image
+            && entry.engine.get("architecture").and_then(serde_json::Value::as_str) == Some("stable-diffusion")
+    })
+}
+
+/// Loads a Stable Diffusion model from its diffusers-layout directory in
+/// the models directory; `engine.variant` says which family it is.
+fn load_diffusion_model(
+    settings: &Settings,
+    model: &str,
+) -> Result<gantry_worker_diffusion::DiffusionModel, StartError> {
+    let (entry, store) = ready_model(settings, model)?;
+    let variant = entry
+        .engine
+        .get("variant")
+        .and_then(serde_json::Value::as_str)
+        .and_then(gantry_worker_diffusion::Variant::parse)
+        .ok_or_else(|| {
+            StartError::Config(format!(
+                "model '{model}': engine.variant must be sd-1.5, sd-turbo or sdxl"
+            ))
+        })?;
+    let options = gantry_worker_diffusion::LoadOptions {
+        cuda_device: settings.diffusion.cuda_device,
+        half: settings.diffusion.half,
+        architecture: None,
+    };
+    let dir = store.model_dir(model);
+    let started = std::time::Instant::now();
+    let loaded = gantry_worker_diffusion::DiffusionModel::load(model, &dir, variant, options)
+        .map_err(|e| StartError::Config(format!("cannot load '{model}': {e}")))?;
+    tracing::info!(%model, ms = started.elapsed().as_millis() as u64, variant = variant.name(), "diffusion model loaded");
+    Ok(loaded)
 }
 
 /// Loads an image model (a GAN generator) from the models directory: the
@@ -435,6 +486,28 @@ fn load_speech_model(settings: &Settings, model: &str) -> Result<gantry_worker_s
     Ok(loaded)
 }
 
+/// Loads a speech-to-text model (Whisper) from the models directory: the
+/// CTranslate2 `model.bin`, its `tokenizer.json` and `config.json`, side by side.
+fn load_transcription_model(
+    settings: &Settings,
+    model: &str,
+) -> Result<gantry_worker_transcribe::TranscriptionModel, StartError> {
+    let (_, store) = ready_model(settings, model)?;
+    let weights = store.file_path(model, "model.bin");
+    let dir = weights
+        .parent()
+        .ok_or_else(|| StartError::Config(format!("model '{model}': no directory for {}", weights.display())))?;
+    let options = gantry_worker_transcribe::Options {
+        threads: settings.transcription.threads.unwrap_or(0),
+        fetch_allow_ranges: settings.transcription.fetch_allow_ranges.clone(),
+    };
+    let started = std::time::Instant::now();
+    let loaded = gantry_worker_transcribe::TranscriptionModel::load(model, dir, &options)
+        .map_err(|e| StartError::Config(format!("cannot load '{model}' from {}: {e}", dir.display())))?;
+    tracing::info!(%model, ms = started.elapsed().as_millis() as u64, "transcription model loaded");
+    Ok(loaded)
+}
+
 /// Loads a text model's weights from the models directory.
 fn load_text_model(settings: &Settings, model: &str) -> Result<gantry_worker_text::TextModel, StartError> {
     let (entry, store) = ready_model(settings, model)?;
@@ -467,7 +540,7 @@ fn load_text_model(settings: &Settings, model: &str) -> Result<gantry_worker_tex
 /// Whether `model`'s weights are present, fetching them first when
 /// `pull_on_start` allows. False (with the reason logged) when they are not.
 pub async fn ensure_weights(settings: &Settings, model: &str) -> bool {
-    let manifest = Manifest::builtin();
+    let manifest = settings.manifest();
     let Some(entry) = manifest.get(model).filter(|entry| !entry.files.is_empty()) else {
         return true;
     };

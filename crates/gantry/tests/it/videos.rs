@@ -64,7 +64,7 @@ impl TestApp {
         }
     }
 
-    async fn public_ok_with(&self, method: Method, path: &str, key: &str, body: Value) -> Value {
+    pub(crate) async fn public_ok_with(&self, method: Method, path: &str, key: &str, body: Value) -> Value {
         let res = self.public(method, path, key).json(&body).send().await.unwrap();
         assert_eq!(res.status(), 200, "{path}");
         res.json().await.unwrap()
