@@ -119,6 +119,7 @@ impl Model for TranscriptionModel {
         let whisper = Arc::clone(&self.whisper);
         let options = TranscribeOptions {
             threads: self.threads,
+            stop: Some(Arc::clone(&stop)),
             ..TranscribeOptions::default()
         };
         let stop_engine = Arc::clone(&stop);

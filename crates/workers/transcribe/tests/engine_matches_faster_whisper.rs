@@ -405,6 +405,32 @@ fn breaking_from_on_segment_cancels() {
 }
 
 #[test]
+fn the_stop_flag_ends_the_transcription_at_the_next_step() {
+    let clip = long_clip();
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let options = TranscribeOptions {
+        stop: Some(std::sync::Arc::clone(&stop)),
+        ..TranscribeOptions::default()
+    };
+    // Set while the first window's segments are handed out: the second
+    // window is never decoded.
+    let t = whisper()
+        .transcribe(&clip.samples, &options, &mut |_| {
+            stop.store(true, std::sync::atomic::Ordering::Relaxed);
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    assert!(t.cancelled);
+    assert!(!t.segments.is_empty());
+    assert!(t.segments.iter().all(|s| s.end <= 30.0), "{:?}", t.segments);
+    // Set before the start: nothing is decoded.
+    let t = whisper()
+        .transcribe(&clip.samples, &options, &mut |_| ControlFlow::Continue(()))
+        .unwrap();
+    assert!(t.cancelled && t.segments.is_empty());
+}
+
+#[test]
 fn silence_has_no_segments() {
     let t = whisper()
         .transcribe(&vec![0.0; 16_000 * 5], &TranscribeOptions::default(), &mut |_| {

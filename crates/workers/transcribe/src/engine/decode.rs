@@ -1,6 +1,8 @@
 //! Greedy decoding of one window with Whisper's logit rules, in the order
 //! CTranslate2 applies them (`WhisperReplica::generate`, `GreedySearch`,
 //! `ApplyTimestampRules`).
+use std::sync::atomic::{AtomicBool, Ordering};
+
 use super::model::{CrossKv, Model, N_TEXT_CTX};
 use super::tokenizer::Specials;
 
@@ -98,7 +100,15 @@ impl Rules<'_> {
 
 /// Decodes one window greedily after `prompt` (which ends with
 /// `<|startoftranscript|>`).
-pub fn greedy(model: &Model, cross: &CrossKv, prompt: &[u32], rules: &Rules<'_>, threads: usize) -> Decoded {
+/// `None` when `stop` was set before the window's end of text.
+pub fn greedy(
+    model: &Model,
+    cross: &CrossKv,
+    prompt: &[u32],
+    rules: &Rules<'_>,
+    threads: usize,
+    stop: Option<&AtomicBool>,
+) -> Option<Decoded> {
     let vocab = model.dims.vocab;
     let mut cache = model.new_cache();
     let (head, sot) = prompt.split_at(prompt.len().saturating_sub(1));
@@ -113,6 +123,9 @@ pub fn greedy(model: &Model, cross: &CrossKv, prompt: &[u32], rules: &Rules<'_>,
     let mut no_speech_prob = 0.0f64;
     let mut input = sot.first().copied().unwrap_or(rules.specials.sot);
     for step in 0..max_length {
+        if stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
+            return None;
+        }
         model.decode(&[input], &mut cache, cross, Some(&mut logits), threads);
         if step == 0 {
             let lse = logsumexp(&logits);
@@ -136,9 +149,9 @@ pub fn greedy(model: &Model, cross: &CrossKv, prompt: &[u32], rules: &Rules<'_>,
         tokens.push(best);
         input = best;
     }
-    Decoded {
+    Some(Decoded {
         tokens,
         sum_logprob,
         no_speech_prob,
-    }
+    })
 }

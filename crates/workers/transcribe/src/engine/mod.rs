@@ -8,6 +8,8 @@
 //! search, language detection (the English-only models need none).
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 mod decode;
 mod format;
@@ -76,6 +78,9 @@ pub struct TranscribeOptions {
     /// Token ids to prompt the first window with (faster-whisper's
     /// `initial_prompt` given as ids).
     pub initial_prompt_tokens: Option<Vec<u32>>,
+    /// Set (from any thread) to stop at the next decoding step: the
+    /// transcript ends `cancelled` with the segments already given.
+    pub stop: Option<Arc<AtomicBool>>,
 }
 
 impl Default for TranscribeOptions {
@@ -84,6 +89,7 @@ impl Default for TranscribeOptions {
             threads: 0,
             condition_on_previous_text: true,
             initial_prompt_tokens: None,
+            stop: None,
         }
     }
 }
@@ -246,7 +252,13 @@ impl Whisper {
         let mut segments = Vec::new();
         let mut cancelled = false;
         let mut seek = 0usize;
+        let stop = opts.stop.as_deref();
+        let stopped = || stop.is_some_and(|s| s.load(Ordering::Relaxed));
         'windows: while seek < content_frames {
+            if stopped() {
+                cancelled = true;
+                break;
+            }
             let time_offset = seek as f64 * TIME_PER_FRAME;
             let segment_size = N_FRAMES.min(content_frames - seek);
             let segment_duration = segment_size as f64 * TIME_PER_FRAME;
@@ -262,7 +274,10 @@ impl Whisper {
                 prompt.extend_from_slice(&previous[previous.len().saturating_sub(keep)..]);
             }
             prompt.push(sp.sot);
-            let result = decode::greedy(&self.model, &cross, &prompt, &rules, threads);
+            let Some(result) = decode::greedy(&self.model, &cross, &prompt, &rules, threads, stop) else {
+                cancelled = true;
+                break;
+            };
             let n = result.tokens.len() as f64;
             let avg_logprob = result.sum_logprob / (n + 1.0);
             if result.no_speech_prob > NO_SPEECH_THRESHOLD && avg_logprob <= LOG_PROB_THRESHOLD {
