@@ -124,6 +124,9 @@ pub struct SpeechSettings {
     /// Sessions of a voice that synthesise at once; more jobs take turns,
     /// sentence by sentence.
     pub sessions: usize,
+    /// Address ranges (CIDR) that `reference_audio` URLs may reach although
+    /// they are loopback, private or reserved addresses.
+    pub fetch_allow_ranges: Vec<String>,
 }
 
 impl Default for SpeechSettings {
@@ -131,6 +134,7 @@ impl Default for SpeechSettings {
         Self {
             threads: 0,
             sessions: 1,
+            fetch_allow_ranges: Vec::new(),
         }
     }
 }

@@ -480,8 +480,15 @@ fn load_speech_model(settings: &Settings, model: &str) -> Result<gantry_worker_s
         sessions: settings.speech.sessions.max(1),
     };
     let started = std::time::Instant::now();
-    let loaded = gantry_worker_speech::SpeechModel::load(model, &library, &graph, &config, options)
+    let mut loaded = gantry_worker_speech::SpeechModel::load(model, &library, &graph, &config, options)
         .map_err(|e| StartError::Config(format!("cannot load '{model}' from {}: {e}", graph.display())))?;
+    // A speaker encoder among the files enables voice matching (`reference_audio`).
+    if let Some(encoder) = entry.files.iter().find(|f| f.name == "pretrained.pt") {
+        let path = store.file_path(model, &encoder.converted_name().unwrap_or_else(|| encoder.name.clone()));
+        loaded = loaded
+            .with_voice_matching(&path, &settings.speech.fetch_allow_ranges)
+            .map_err(|e| StartError::Config(format!("cannot load the speaker encoder of '{model}': {e}")))?;
+    }
     tracing::info!(%model, ms = started.elapsed().as_millis() as u64, voice = loaded.voice(), "speech model loaded");
     Ok(loaded)
 }

@@ -22,5 +22,6 @@ mod text;
 mod tracing;
 mod transcription;
 mod videos;
+mod voices;
 mod volumes;
 mod webhooks;

@@ -253,17 +253,17 @@ fn disk_x(frame: &[u8], width: usize) -> f64 {
     sum / n
 }
 
-/// Serves `body` as `image/png` to every request on a local port.
-fn serve_once_per_request(body: Vec<u8>) -> String {
+/// Serves `body` as `media_type` to every request on a local port; the URL.
+pub(crate) fn serve_once_per_request(body: Vec<u8>, media_type: &'static str) -> String {
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
-    let url = format!("http://{}/frame.png", listener.local_addr().unwrap());
+    let url = format!("http://{}/input", listener.local_addr().unwrap());
     std::thread::spawn(move || {
         for stream in listener.incoming() {
             let Ok(mut stream) = stream else { continue };
             let mut request = [0u8; 4096];
             let _ = stream.read(&mut request);
             let head = format!(
-                "HTTP/1.1 200 OK\r\ncontent-type: image/png\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                "HTTP/1.1 200 OK\r\ncontent-type: {media_type}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
                 body.len()
             );
             let _ = stream.write_all(head.as_bytes());
@@ -281,7 +281,7 @@ async fn images_become_a_video_that_moves_between_them() {
     let b64 = |bytes: &[u8]| base64::engine::general_purpose::STANDARD.encode(bytes);
     // The disk moves from x = 40 to x = 88 and back: a URL, a data: URL and plain base64.
     let left = disk_png(128, 96, 40.0);
-    let url = serve_once_per_request(left.clone());
+    let url = serve_once_per_request(left.clone(), "image/png");
     let right = format!("data:image/png;base64,{}", b64(&disk_png(128, 96, 88.0)));
     let job = app
         .film(

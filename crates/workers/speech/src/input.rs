@@ -17,6 +17,8 @@ pub struct Request {
     pub characters: u64,
     pub speed: f32,
     pub format: Format,
+    /// A recording of the speaker to sound like (voice matching).
+    pub reference_audio: Option<gantry_net::Source>,
 }
 
 /// Checks `input` against the model's one voice; every problem is reported,
@@ -27,9 +29,12 @@ pub fn parse(input: &Value, voice: &str) -> Result<Request, String> {
     };
     let mut problems = Vec::new();
     for key in object.keys() {
-        if !matches!(key.as_str(), "prompt" | "voice" | "speed" | "format") {
+        if !matches!(
+            key.as_str(),
+            "prompt" | "voice" | "speed" | "format" | "reference_audio"
+        ) {
             problems.push(format!(
-                "unknown field '{key}' (accepted: prompt, voice, speed, format)"
+                "unknown field '{key}' (accepted: prompt, voice, speed, format, reference_audio)"
             ));
         }
     }
@@ -90,6 +95,23 @@ pub fn parse(input: &Value, voice: &str) -> Result<Request, String> {
         },
         Some(_) => problems.push(format!("'format' must be a string: one of {}", Format::NAMES.join(", "))),
     }
+    let reference_audio = match field("reference_audio") {
+        None => None,
+        Some(Value::String(text)) => match gantry_net::Source::parse(text, "reference_audio") {
+            Ok(source) => Some(source),
+            Err(e) => {
+                problems.push(format!("'reference_audio': {e}"));
+                None
+            }
+        },
+        Some(_) => {
+            problems.push(
+                "'reference_audio' must be a string: an http(s) URL, a data: URL or base64 of a WAV, MP3, FLAC or Ogg file"
+                    .to_owned(),
+            );
+            None
+        }
+    };
     if !problems.is_empty() {
         return Err(problems.join("; "));
     }
@@ -99,6 +121,7 @@ pub fn parse(input: &Value, voice: &str) -> Result<Request, String> {
         characters,
         speed,
         format,
+        reference_audio,
     })
 }
 
@@ -130,6 +153,26 @@ mod tests {
         assert_eq!(r.speed, 0.5);
         let longest = "a".repeat(MAX_PROMPT_CHARS);
         assert_eq!(parse(&json!({"prompt": longest}), "joe").unwrap().characters, 5000);
+    }
+
+    #[test]
+    fn a_reference_recording_is_a_url_or_the_file() {
+        let r = parse(
+            &json!({"prompt": "x", "reference_audio": "https://example.com/me.wav"}),
+            "joe",
+        )
+        .unwrap();
+        assert_eq!(
+            r.reference_audio,
+            Some(gantry_net::Source::Url("https://example.com/me.wav".into()))
+        );
+        let r = parse(&json!({"prompt": "x", "reference_audio": "UklGRg=="}), "joe").unwrap();
+        assert_eq!(r.reference_audio, Some(gantry_net::Source::Bytes(b"RIFF".to_vec())));
+        assert_eq!(parse(&json!({"prompt": "x"}), "joe").unwrap().reference_audio, None);
+        let err = parse(&json!({"prompt": "x", "reference_audio": "@@"}), "joe").unwrap_err();
+        assert!(err.contains("'reference_audio': not an http(s) URL"), "{err}");
+        let err = parse(&json!({"prompt": "x", "reference_audio": 3}), "joe").unwrap_err();
+        assert!(err.contains("'reference_audio' must be a string"), "{err}");
     }
 
     #[test]

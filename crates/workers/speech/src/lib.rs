@@ -17,6 +17,7 @@
 //! | `voice`  | string | the model's | only the model's own voice (for `piper-en-us-joe`: `"joe"`) |
 //! | `speed`  | number 0.5 ..= 2 | 1 | speaking rate; the voice's `length_scale` is divided by it |
 //! | `format` | string | `"wav"` | `"wav"` (16-bit PCM), `"flac"` (lossless) or `"ogg"` (Vorbis), mono |
+//! | `reference_audio` | string | | a recording of a speaker to sound like: URL, data: URL or base64 ([`clone`]) |
 //!
 //! Other fields are rejected; `null` counts as absent. All problems are
 //! reported together in one `BadInput` message, separated by `"; "`.
@@ -28,16 +29,23 @@
 //!  "format": "wav", "characters": 32, "sentences": 2}
 //! ```
 //!
+//! With `reference_audio`, also `"voice_match": {"similarity", "base_similarity",
+//! "pitch_scale", "equalizer"}`: the speaker-embedding similarity to the
+//! reference of the matched voice and of the plain voice (on the calibration
+//! utterance), and the transform chosen.
+//!
 //! Stream chunks, one per sentence, in order:
 //! `{"index": 0, "text": "Hello there.", "audio_base64": "<a file of that sentence>",
 //! "format": "wav", "sample_rate": 22050, "duration": 0.93}`, each a complete file in
 //! the job's format. The chunks' samples, concatenated, are the whole file's (exactly,
 //! for WAV and FLAC). The job bills `characters` (of the prompt).
 
+pub mod clone;
 pub mod formats;
 pub mod input;
 pub mod phonemes;
 pub mod sentences;
+pub mod speaker;
 pub mod wav;
 
 use std::path::{Path, PathBuf};
@@ -101,6 +109,28 @@ pub struct Scales {
 pub struct SpeechModel {
     id: String,
     inner: Arc<Voice>,
+    matching: Option<Arc<Matching>>,
+}
+
+/// Longest reference recording fetched for voice matching.
+pub const MAX_REFERENCE_BYTES: usize = 20 << 20;
+/// Seconds of the reference recording that are used.
+pub const REFERENCE_SECONDS: f64 = 20.0;
+/// Shortest usable reference recording.
+pub const MIN_REFERENCE_SECONDS: f64 = 1.0;
+const REFERENCE_FETCH_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(60);
+/// What the voice says to calibrate a match: varied vowels and consonants.
+const CALIBRATION_TEXT: &str = "Would you like a cup of tea, or shall we go for a walk by the river before it rains?";
+/// Fits kept per model, by the reference recording's bytes.
+const FIT_CACHE: usize = 16;
+
+/// Voice matching: the speaker encoder, the fetcher of reference URLs, the
+/// voice's calibration utterance (made once) and the latest fits.
+struct Matching {
+    encoder: speaker::SpeakerEncoder,
+    fetcher: gantry_net::Fetcher,
+    calibration: std::sync::OnceLock<Vec<f32>>,
+    fits: Mutex<Vec<(u64, usize, clone::Fit)>>,
 }
 
 struct Voice {
@@ -237,7 +267,73 @@ impl SpeechModel {
         Ok(Self {
             id: id.into(),
             inner: Arc::new(voice),
+            matching: None,
         })
+    }
+
+    /// Enables voice matching (`reference_audio`) with the speaker encoder's
+    /// converted weights at `encoder`; reference URLs may reach the ranges
+    /// in `fetch_allow_ranges` besides public addresses.
+    pub fn with_voice_matching(mut self, encoder: &Path, fetch_allow_ranges: &[String]) -> Result<Self, LoadError> {
+        let config_error = |reason: String| LoadError::Config {
+            path: encoder.to_path_buf(),
+            reason,
+        };
+        let encoder = speaker::SpeakerEncoder::load(encoder)
+            .map_err(config_error)?
+            .with_threads(0);
+        let fetcher = gantry_net::Fetcher::new(fetch_allow_ranges, REFERENCE_FETCH_TIMEOUT)
+            .map_err(|e| config_error(format!("fetch_allow_ranges: {e}")))?;
+        self.matching = Some(Arc::new(Matching {
+            encoder,
+            fetcher,
+            calibration: std::sync::OnceLock::new(),
+            fits: Mutex::new(Vec::new()),
+        }));
+        Ok(self)
+    }
+
+    /// Whether `reference_audio` is served.
+    pub fn matches_voices(&self) -> bool {
+        self.matching.is_some()
+    }
+
+    /// The transform that moves this voice toward the speaker of `reference`
+    /// (16 kHz mono), blocking; fitted once per recording (`key`).
+    pub fn fit_reference(&self, reference: &[f32], key: (u64, usize)) -> Result<clone::Fit, String> {
+        let matching = self
+            .matching
+            .as_ref()
+            .ok_or("this model has no speaker encoder: voice matching is not available")?;
+        let cached = |fits: &Vec<(u64, usize, clone::Fit)>| {
+            fits.iter()
+                .find(|(hash, len, _)| (*hash, *len) == key)
+                .map(|(_, _, fit)| fit.clone())
+        };
+        if let Some(fit) = cached(&matching.fits.lock().unwrap_or_else(std::sync::PoisonError::into_inner)) {
+            return Ok(fit);
+        }
+        let calibration = match matching.calibration.get() {
+            Some(audio) => audio,
+            None => {
+                let audio = self
+                    .inner
+                    .synthesize(CALIBRATION_TEXT, 1.0)
+                    .map_err(|e| e.to_string())?
+                    .audio;
+                matching.calibration.get_or_init(|| audio)
+            }
+        };
+        let fit = clone::Matcher {
+            encoder: &matching.encoder,
+        }
+        .fit(calibration, self.inner.sample_rate, reference);
+        let mut fits = matching.fits.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+        if fits.len() >= FIT_CACHE {
+            fits.remove(0);
+        }
+        fits.push((key.0, key.1, fit.clone()));
+        Ok(fit)
     }
 
     /// The voice's name, the only accepted `voice`.
@@ -351,6 +447,11 @@ impl Model for SpeechModel {
         }
         let rate = self.sample_rate();
         let started = Instant::now();
+        let fit = match &request.reference_audio {
+            Some(source) => Some(self.match_reference(source, &ctx).await?),
+            None => None,
+        };
+        let transform = fit.as_ref().map(|f| Arc::new(f.transform.clone()));
         let mut all: Vec<i16> = Vec::new();
         for (index, text) in pieces.iter().enumerate() {
             if ctx.is_cancelled() {
@@ -359,10 +460,17 @@ impl Model for SpeechModel {
             let voice = Arc::clone(&self.inner);
             let sentence = text.clone();
             let speed = request.speed;
-            let utterance = tokio::task::spawn_blocking(move || voice.synthesize(&sentence, speed))
-                .await
-                .map_err(|e| JobError::internal(format!("synthesis thread failed: {e}")))?
-                .map_err(|e| JobError::internal(format!("synthesis failed: {e}")))?;
+            let transform = transform.clone();
+            let utterance = tokio::task::spawn_blocking(move || {
+                let mut utterance = voice.synthesize(&sentence, speed)?;
+                if let Some(transform) = transform {
+                    utterance.audio = transform.apply(&utterance.audio, voice.sample_rate);
+                }
+                Ok::<_, LoadError>(utterance)
+            })
+            .await
+            .map_err(|e| JobError::internal(format!("synthesis thread failed: {e}")))?
+            .map_err(|e| JobError::internal(format!("synthesis failed: {e}")))?;
             let pcm = wav::to_pcm16(&utterance.audio);
             let file = encode(request.format, pcm.clone(), rate).await?;
             let encoded = base64::engine::general_purpose::STANDARD.encode(file);
@@ -390,7 +498,7 @@ impl Model for SpeechModel {
             ms = started.elapsed().as_millis() as u64,
             "speech synthesised"
         );
-        let output = json!({
+        let mut output = json!({
             "audio_url": "",
             "duration": (duration * 1000.0).round() / 1000.0,
             "sample_rate": rate,
@@ -398,7 +506,67 @@ impl Model for SpeechModel {
             "characters": request.characters,
             "sentences": pieces.len(),
         });
+        if let Some(fit) = fit {
+            let round = |v: f32| (f64::from(v) * 1e4).round() / 1e4;
+            output["voice_match"] = json!({
+                "similarity": round(fit.similarity),
+                "base_similarity": round(fit.base_similarity),
+                "pitch_scale": round(fit.transform.scale),
+                "equalizer": round(fit.transform.eq_strength),
+            });
+        }
         Ok(Output::new(output, Usage::whole("characters", request.characters)))
+    }
+}
+
+impl SpeechModel {
+    /// Fetches and decodes the reference recording and fits the voice to it
+    /// (a bad recording is bad input).
+    async fn match_reference(&self, source: &gantry_net::Source, ctx: &JobContext) -> Result<clone::Fit, JobError> {
+        let Some(matching) = &self.matching else {
+            return Err(JobError::bad_input(
+                "'reference_audio': voice matching is not available on this worker (no speaker encoder)",
+            ));
+        };
+        let bytes = matching
+            .fetcher
+            .bytes(source, MAX_REFERENCE_BYTES)
+            .await
+            .map_err(|e| JobError::bad_input(format!("'reference_audio': {e}")))?;
+        let key = {
+            use std::hash::{Hash, Hasher};
+            let mut hasher = std::collections::hash_map::DefaultHasher::new();
+            bytes.hash(&mut hasher);
+            (hasher.finish(), bytes.len())
+        };
+        let decoded = tokio::task::spawn_blocking(move || gantry_worker_transcribe::audio::decode(bytes, 600.0))
+            .await
+            .map_err(|e| JobError::internal(format!("the audio decoder stopped: {e}")))?
+            .map_err(|e| JobError::bad_input(format!("'reference_audio': {e}")))?;
+        if decoded.duration() < MIN_REFERENCE_SECONDS {
+            return Err(JobError::bad_input(format!(
+                "'reference_audio' is {:.2} s long; at least {MIN_REFERENCE_SECONDS} s of speech is needed",
+                decoded.duration()
+            )));
+        }
+        let mut samples = decoded.samples;
+        samples.truncate((REFERENCE_SECONDS * f64::from(speaker::SAMPLE_RATE)) as usize);
+        ctx.progress(json!({"stage": "matching voice"})).await?;
+        let model = self.clone();
+        let started = Instant::now();
+        let fit = tokio::task::spawn_blocking(move || model.fit_reference(&samples, key))
+            .await
+            .map_err(|e| JobError::internal(format!("voice matching stopped: {e}")))?
+            .map_err(JobError::internal)?;
+        tracing::info!(
+            model = %self.id,
+            ms = started.elapsed().as_millis() as u64,
+            candidates = fit.candidates,
+            similarity = fit.similarity,
+            base_similarity = fit.base_similarity,
+            "voice matched"
+        );
+        Ok(fit)
     }
 }
 
