@@ -21,7 +21,7 @@ const MICRO_USD_PER_SECOND: i64 = 100;
 
 /// Sentences the round trip speaks and hears back.
 const SENTENCES: &[&str] = &[
-    "The weather was cold and windy when we left the harbour this morning.",
+    "The weather was cold and windy when we left the harbor this morning.",
     "Please send the quarterly report to the finance team before Friday.",
     "She bought fresh bread, a bag of apples and some cheese at the market.",
     "Our train was delayed because of a signal failure near the station.",
@@ -30,7 +30,7 @@ const SENTENCES: &[&str] = &[
     "Remember to water the plants and lock the back door tonight.",
     "A small boat drifted slowly across the quiet lake.",
     "The library will be closed on Monday for the public holiday.",
-    "My brother fixed the old bicycle with a new chain and two tyres.",
+    "My brother fixed the old bicycle with a new chain and two tires.",
     "We watched the storm roll in from the hills after dinner.",
 ];
 
@@ -125,7 +125,10 @@ fn cost_of(duration: f64) -> i64 {
 async fn a_clip_is_transcribed_and_billed_per_second(backend: Backend) {
     let app = transcription_app(backend).await;
     let (_, key) = app.user_with_key("endpoints:run").await;
-    let sentence = SENTENCES[0];
+    // Three sentences (about 40 words): one misheard word is 2.5 %, so the
+    // bound is not at the mercy of the voice's random variation.
+    let text = SENTENCES[..3].join(" ");
+    let sentence = text.as_str();
     let (url, spoken_seconds) = app.spoken(&key, sentence).await;
     let wav = app.download(&url).await;
 
@@ -274,13 +277,16 @@ async fn spoken_sentences_are_heard_back_under_15_percent_word_error_rate() {
 
 /// The same speech as WAV, MP3, FLAC and Ogg Vorbis (converted by Debian's
 /// ffmpeg, which `.ci/run` installs), at 44.1 kHz stereo for the MP3: the
-/// same words heard from each.
+/// WAV heard under 15 % word error rate, and each other format heard as the
+/// WAV was (within one word in ten: lossy codecs may tip a word).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mp3_flac_and_ogg_are_heard_like_wav() {
     let app = transcription_app(Backend::Sqlite).await;
     let (_, key) = app.user_with_key("endpoints:run").await;
-    let sentence = SENTENCES[2];
+    let text = SENTENCES[2..5].join(" ");
+    let sentence = text.as_str();
     let (url, _) = app.spoken(&key, sentence).await;
+    let mut heard_wav = Vec::new();
     let dir = tempfile::tempdir().unwrap();
     let wav = dir.path().join("speech.wav");
     std::fs::write(&wav, app.download(&url).await).unwrap();
@@ -304,9 +310,15 @@ async fn mp3_flac_and_ogg_are_heard_like_wav() {
         let audio = base64::engine::general_purpose::STANDARD.encode(std::fs::read(&path).unwrap());
         let job = app.job(MODEL, "runsync", &key, json!({ "audio": audio })).await;
         assert_eq!(job["status"], "COMPLETED", "{name}: {job}");
-        let heard = job["output"]["text"].as_str().unwrap();
-        let wer = word_error_rate(&words(sentence), &words(heard));
-        assert!(wer < 0.15, "{name}: heard {heard:?}, WER {wer}");
+        let heard = words(job["output"]["text"].as_str().unwrap());
+        if name == "speech.wav" {
+            let wer = word_error_rate(&words(sentence), &heard);
+            assert!(wer < 0.15, "{name}: heard {heard:?}, WER {wer}");
+            heard_wav = heard;
+        } else {
+            let apart = word_error_rate(&heard_wav, &heard);
+            assert!(apart <= 0.1, "{name}: heard {heard:?}, the WAV {heard_wav:?} ({apart})");
+        }
     }
 }
 
