@@ -428,9 +428,13 @@ mod tests {
             [
                 "en_US-joe-medium.onnx",
                 "en_US-joe-medium.onnx.json",
-                "libonnxruntime.so.1.32.0"
+                "libonnxruntime.so.1.32.0",
+                "pretrained.pt"
             ]
         );
+        // Resemblyzer's speaker encoder, for voice matching, converted at pull.
+        assert_eq!(joe.files[3].converted_name().as_deref(), Some("pretrained.safetensors"));
+        assert_eq!(joe.input_schema["properties"]["reference_audio"]["type"], "string");
         let faces = manifest.get("dcgan-faces-64").unwrap();
         assert_eq!(faces.price, Price::new(2_400, 1).unwrap());
         assert_eq!(faces.files[0].converted_name().as_deref(), Some("weights.safetensors"));
