@@ -459,9 +459,10 @@ fn load_video_model(settings: &Settings, model: &str) -> Result<gantry_worker_vi
     Ok(loaded)
 }
 
-/// Loads a speech model (a Piper voice) from the models directory: its
-/// `.onnx` graph and `.onnx.json` config, run on the ONNX Runtime library
-/// that is one of its files.
+/// Loads a speech model from the models directory, run on the ONNX Runtime
+/// library that is one of its files: a Piper voice (its `.onnx` graph and
+/// `.onnx.json` config), or, with `engine.architecture = "hibari"`, the
+/// hibari voice `engine.voice` (its graph, G2P files and registry side by side).
 fn load_speech_model(settings: &Settings, model: &str) -> Result<gantry_worker_speech::SpeechModel, StartError> {
     let (entry, store) = ready_model(settings, model)?;
     let file = |what: &str, matches: fn(&str) -> bool| {
@@ -472,16 +473,27 @@ fn load_speech_model(settings: &Settings, model: &str) -> Result<gantry_worker_s
             .map(|f| store.file_path(model, &f.name))
             .ok_or_else(|| StartError::Config(format!("model '{model}' names no {what} file")))
     };
-    let graph = file(".onnx", |name| name.ends_with(".onnx"))?;
-    let config = file(".onnx.json", |name| name.ends_with(".onnx.json"))?;
     let library = file("libonnxruntime.so", |name| name.starts_with("libonnxruntime.so"))?;
     let options = gantry_worker_speech::SpeechOptions {
         threads: settings.speech.threads,
         sessions: settings.speech.sessions.max(1),
     };
     let started = std::time::Instant::now();
-    let mut loaded = gantry_worker_speech::SpeechModel::load(model, &library, &graph, &config, options)
-        .map_err(|e| StartError::Config(format!("cannot load '{model}' from {}: {e}", graph.display())))?;
+    let engine = |key: &str| entry.engine.get(key).and_then(serde_json::Value::as_str);
+    let mut loaded = if engine("architecture") == Some("hibari") {
+        let voice = engine("voice")
+            .ok_or_else(|| StartError::Config(format!("model '{model}': engine.voice names no hibari voice")))?;
+        let dir = library
+            .parent()
+            .ok_or_else(|| StartError::Config(format!("model '{model}': no directory for its files")))?;
+        gantry_worker_speech::SpeechModel::load_hibari(model, &library, dir, voice, options)
+            .map_err(|e| StartError::Config(format!("cannot load '{model}' from {}: {e}", dir.display())))?
+    } else {
+        let graph = file(".onnx", |name| name.ends_with(".onnx"))?;
+        let config = file(".onnx.json", |name| name.ends_with(".onnx.json"))?;
+        gantry_worker_speech::SpeechModel::load(model, &library, &graph, &config, options)
+            .map_err(|e| StartError::Config(format!("cannot load '{model}' from {}: {e}", graph.display())))?
+    };
     // A speaker encoder among the files enables voice matching (`reference_audio`).
     if let Some(encoder) = entry.files.iter().find(|f| f.name == "pretrained.pt") {
         let path = store.file_path(model, &encoder.converted_name().unwrap_or_else(|| encoder.name.clone()));

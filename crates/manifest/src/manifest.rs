@@ -435,6 +435,16 @@ mod tests {
         // Resemblyzer's speaker encoder, for voice matching, converted at pull.
         assert_eq!(joe.files[3].converted_name().as_deref(), Some("pretrained.safetensors"));
         assert_eq!(joe.input_schema["properties"]["reference_audio"]["type"], "string");
+        // kokoro-hibari: the graph, the G2P's files and the runtime, all
+        // from wheels; the engine table names the voice.
+        let hibari = manifest.get("kokoro-hibari").unwrap();
+        assert_eq!((hibari.category, hibari.unit.as_str()), (ModelKind::Speech, "characters"));
+        assert_eq!(hibari.price, Price::new(50_000, 1_000).unwrap());
+        assert_eq!(hibari.engine["architecture"], "hibari");
+        assert_eq!(hibari.engine["voice"], "heart");
+        assert_eq!(hibari.input_schema["properties"]["voice"]["enum"][0], "heart");
+        assert_eq!(hibari.files.len(), 15);
+        assert!(hibari.files.iter().all(|f| f.sources.len() == 1));
         let faces = manifest.get("dcgan-faces-64").unwrap();
         assert_eq!(faces.price, Price::new(2_400, 1).unwrap());
         assert_eq!(faces.files[0].converted_name().as_deref(), Some("weights.safetensors"));
@@ -443,6 +453,7 @@ mod tests {
             [
                 "gantry-echo",
                 "smollm2-135m-instruct",
+                "kokoro-hibari",
                 "whisper-tiny-en",
                 "dcgan-faces-64",
                 "eyes-128",

@@ -1149,6 +1149,20 @@ impl Core {
     // ---- sweeps ----
 
     async fn sweep(&mut self) -> Result<(), DbErr> {
+        let result = self.sweep_rows().await;
+        // Claim anything left queued (submitted elsewhere, or a lost wake-up),
+        // even when a step above failed (a slow or lost connection): the
+        // claim is the fallback that keeps a queued job from waiting for
+        // a wake-up that may never come.
+        let health = self.dispatcher.health();
+        self.fill_all_with_free_slots(&health);
+        result
+    }
+
+    /// The sweep's row work: leases, timeouts, orphans, expiry, worker
+    /// rows, webhook deliveries and presence, in that order; the first
+    /// failure stops it until the next sweep.
+    async fn sweep_rows(&mut self) -> Result<(), DbErr> {
         self.analyze_if_grown().await;
         self.renew().await?;
         self.time_out().await?;
@@ -1157,10 +1171,7 @@ impl Core {
         self.flush_workers().await?;
         self.webhooks.take_over(now_ms()).await?;
         let health = self.dispatcher.health();
-        self.publish_presence(&health).await?;
-        // Claim anything left queued (submitted elsewhere, or a lost wake-up).
-        self.fill_all_with_free_slots(&health);
-        Ok(())
+        self.publish_presence(&health).await
     }
 
     /// Marks every model with free slots for a claim.

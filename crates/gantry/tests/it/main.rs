@@ -11,6 +11,7 @@ mod credit;
 mod diffusion;
 mod errors;
 mod files;
+mod hibari;
 mod images;
 mod jobs;
 mod metrics;

@@ -544,7 +544,7 @@ async fn two_schedulers_two_apis_run_every_job_exactly_once() {
     }
     for (n, id) in ids.iter().enumerate() {
         let job = &finals[id];
-        assert_eq!(job["status"], "COMPLETED", "{job}");
+        assert_eq!(job["status"], "COMPLETED", "{job}\n{}", cluster.logs());
         assert_eq!(job["output"]["n"], n, "job {id} has its own output: {job}");
     }
 
@@ -945,7 +945,7 @@ async fn scheduler_and_worker_roles_serve_metrics() {
     let job = cluster
         .submit(&api, "runsync?wait=30000", &key, json!({ "n": 1 }))
         .await;
-    assert_eq!(job["status"], "COMPLETED", "{job}");
+    assert_eq!(job["status"], "COMPLETED", "{job}\n{}", cluster.logs());
 
     let scrape = async |addr: &str| {
         let res = cluster
@@ -1030,7 +1030,7 @@ async fn the_compose_topology_runs_as_real_processes() {
             json!({ "file": {"text": "compose ", "repeat": 3} }),
         )
         .await;
-    assert_eq!(job["status"], "COMPLETED", "{job}");
+    assert_eq!(job["status"], "COMPLETED", "{job}\n{}", cluster.logs());
     let first = job["output"]["file_url"].as_str().expect("a file URL").to_owned();
     assert!(first.starts_with(&apis[0].public), "{first}");
     let read = |url: String| {

@@ -47,7 +47,7 @@ impl TestApp {
 }
 
 /// A 16-bit mono PCM WAV, read back: its sample rate and samples.
-fn read_wav(bytes: &[u8]) -> (u32, Vec<i16>) {
+pub(crate) fn read_wav(bytes: &[u8]) -> (u32, Vec<i16>) {
     assert!(bytes.len() >= 44, "{} bytes", bytes.len());
     assert_eq!(&bytes[0..4], b"RIFF");
     assert_eq!(&bytes[8..16], b"WAVEfmt ");
@@ -69,7 +69,7 @@ fn rms(samples: &[i16]) -> f64 {
 }
 
 /// Speech, not silence or noise: loud on average, with quiet gaps.
-fn assert_speech(samples: &[i16], what: &str) {
+pub(crate) fn assert_speech(samples: &[i16], what: &str) {
     assert!(rms(samples) > 1000.0, "{what}: rms {}", rms(samples));
     let mut frames: Vec<f64> = samples.chunks(441).map(rms).collect();
     frames.sort_by(f64::total_cmp);

@@ -20,7 +20,7 @@ const VOICE: &str = "piper-en-us-joe";
 const MICRO_USD_PER_SECOND: i64 = 100;
 
 /// Sentences the round trip speaks and hears back.
-const SENTENCES: &[&str] = &[
+pub(crate) const SENTENCES: &[&str] = &[
     "The weather was cold and windy when we left the harbor this morning.",
     "Please send the quarterly report to the finance team before Friday.",
     "She bought fresh bread, a bag of apples and some cheese at the market.",
@@ -82,7 +82,7 @@ impl TestApp {
 }
 
 /// Lower case words without punctuation.
-fn words(text: &str) -> Vec<String> {
+pub(crate) fn words(text: &str) -> Vec<String> {
     text.to_lowercase()
         .split(|c: char| c.is_whitespace() || c == '-')
         .map(|w| {
@@ -95,7 +95,7 @@ fn words(text: &str) -> Vec<String> {
 }
 
 /// Word error rate: (substitutions + insertions + deletions) / reference words.
-fn word_error_rate(reference: &[String], heard: &[String]) -> f64 {
+pub(crate) fn word_error_rate(reference: &[String], heard: &[String]) -> f64 {
     let mut previous: Vec<usize> = (0..=heard.len()).collect();
     for (i, r) in reference.iter().enumerate() {
         let mut current = vec![i + 1; heard.len() + 1];

@@ -45,7 +45,9 @@ pub mod formats;
 pub mod input;
 pub mod phonemes;
 pub mod sentences;
+pub mod hibari;
 pub mod speaker;
+pub mod vocoder;
 pub mod wav;
 
 use std::path::{Path, PathBuf};
@@ -136,22 +138,33 @@ struct Matching {
 struct Voice {
     /// The name users pass as `voice`.
     name: String,
-    /// The espeak-ng voice that phonemizes for it (e.g. `en-us`).
-    espeak_voice: String,
     sample_rate: u32,
-    ids: PhonemeIds,
-    scales: Scales,
     sessions: Pool,
+    engine: Engine,
+}
+
+/// How a voice turns text into the graph's input and the graph's output into audio.
+enum Engine {
+    /// A Piper (VITS) voice: espeak-ng phonemes, the graph outputs samples.
+    Piper {
+        /// The espeak-ng voice that phonemizes for it (e.g. `en-us`).
+        espeak_voice: String,
+        ids: PhonemeIds,
+        scales: Scales,
+    },
+    /// `kokoro-hibari`: its own G2P, the graph outputs spectra that the
+    /// vocoder turns into samples.
+    Hibari(hibari::Frontend),
 }
 
 /// Sessions that callers borrow one at a time (`Session::run` needs `&mut`).
-struct Pool {
+pub(crate) struct Pool {
     free: Mutex<Vec<Session>>,
     returned: Condvar,
 }
 
 impl Pool {
-    fn with<T>(&self, f: impl FnOnce(&mut Session) -> T) -> T {
+    pub(crate) fn with<T>(&self, f: impl FnOnce(&mut Session) -> T) -> T {
         let mut free = self.free.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         let mut session = loop {
             if let Some(session) = free.pop() {
@@ -244,28 +257,69 @@ impl SpeechModel {
             .filter(|s| !s.is_empty())
             .map_or_else(|| voice_name_from_file(model), str::to_owned);
 
+        let engine = Engine::Piper {
+            espeak_voice,
+            ids,
+            scales,
+        };
+        Self::start(id.into(), name, sample_rate, engine, runtime_library, model, options)
+    }
+
+    /// Loads `kokoro-hibari`'s voice `voice` from `dir`, which holds its
+    /// graph (named in `voices.json`), `vocab.json`, `voices.json` and the
+    /// G2P's files ([`gantry_g2p::ASSET_FILES`]), on ONNX Runtime from
+    /// `runtime_library`, and checks it by speaking one word.
+    pub fn load_hibari(
+        id: impl Into<String>,
+        runtime_library: &Path,
+        dir: &Path,
+        voice: &str,
+        options: SpeechOptions,
+    ) -> Result<Self, LoadError> {
+        gantry_onnx::init(runtime_library)?;
+        let (graph, frontend) = hibari::Frontend::load(dir, voice)?;
+        let engine = Engine::Hibari(frontend);
+        Self::start(
+            id.into(),
+            voice.to_owned(),
+            vocoder::SAMPLE_RATE,
+            engine,
+            runtime_library,
+            &graph,
+            options,
+        )
+    }
+
+    /// Opens the sessions of `graph` and checks the voice by speaking one word.
+    fn start(
+        id: String,
+        name: String,
+        sample_rate: u32,
+        engine: Engine,
+        runtime_library: &Path,
+        graph: &Path,
+        options: SpeechOptions,
+    ) -> Result<Self, LoadError> {
         gantry_onnx::init(runtime_library)?;
         let sessions = (0..options.sessions.max(1))
-            .map(|_| gantry_onnx::session(model, options.threads))
+            .map(|_| gantry_onnx::session(graph, options.threads))
             .collect::<Result<Vec<_>, _>>()?;
         let voice = Voice {
             name,
-            espeak_voice,
             sample_rate,
-            ids,
-            scales,
             sessions: Pool {
                 free: Mutex::new(sessions),
                 returned: Condvar::new(),
             },
+            engine,
         };
-        // A first run: espeak-ng answers in this language, the graph speaks.
+        // A first run: the phonemizer answers, the graph speaks.
         let check = voice.synthesize("Ready.", 1.0)?;
         if check.audio.len() < (sample_rate / 20) as usize {
             return Err(LoadError::Graph(format!("{} samples for one word", check.audio.len())));
         }
         Ok(Self {
-            id: id.into(),
+            id,
             inner: Arc::new(voice),
             matching: None,
         })
@@ -346,9 +400,12 @@ impl SpeechModel {
         self.inner.sample_rate
     }
 
-    /// The voice config's scales.
-    pub fn scales(&self) -> Scales {
-        self.inner.scales
+    /// A Piper voice config's scales (`None` for other engines).
+    pub fn scales(&self) -> Option<Scales> {
+        match &self.inner.engine {
+            Engine::Piper { scales, .. } => Some(*scales),
+            Engine::Hibari(_) => None,
+        }
     }
 
     /// Speaks `text` as one utterance (no sentence splitting), blocking.
@@ -359,50 +416,89 @@ impl SpeechModel {
     /// The phoneme ids of `text`, as [`synthesize`](Self::synthesize) feeds
     /// them to the graph, with the phonemes the voice does not know.
     pub fn phoneme_ids(&self, text: &str) -> Result<(Vec<i64>, Vec<char>), String> {
-        let phonemes = phonemes::phonemize(text, &self.inner.espeak_voice).map_err(|e| e.to_string())?;
-        Ok(self.inner.ids.ids(&phonemes))
+        let utterance = self.inner.phonemes(text).map_err(|e| e.to_string())?;
+        Ok((utterance.ids, utterance.missing))
     }
 
-    /// One run of the graph on `ids` with the given scales, blocking (with
-    /// `noise_scale` and `noise_w` at 0 the output is deterministic).
+    /// One run of the graph on `ids` with the given scales, blocking. Piper:
+    /// with `noise_scale` and `noise_w` at 0 the output is deterministic.
+    /// hibari (`ids` of one chunk): `length_scale` is 1 / speed,
+    /// `noise_scale` scales the vocoder's noise (seeded, so always
+    /// deterministic; 0 leaves it out), `noise_w` is unused.
     pub fn run_ids(&self, ids: &[i64], scales: Scales) -> Result<Vec<f32>, String> {
-        self.inner.run(ids, scales).map_err(|e| e.to_string())
+        match &self.inner.engine {
+            Engine::Piper { .. } => self.inner.run_piper(ids, scales).map_err(|e| e.to_string()),
+            Engine::Hibari(frontend) => frontend
+                .render(
+                    ids,
+                    1.0 / scales.length_scale,
+                    scales.noise_scale,
+                    0,
+                    &self.inner.sessions,
+                )
+                .map_err(|e| e.to_string()),
+        }
     }
 }
 
 impl Voice {
-    fn synthesize(&self, text: &str, speed: f32) -> Result<Utterance, LoadError> {
-        let phonemes = phonemes::phonemize(text, &self.espeak_voice)?;
-        let (ids, missing) = self.ids.ids(&phonemes);
+    /// The phonemes and ids of `text` (no audio yet).
+    fn phonemes(&self, text: &str) -> Result<Utterance, LoadError> {
+        let (phonemes, ids, missing) = match &self.engine {
+            Engine::Piper { espeak_voice, ids, .. } => {
+                let phonemes = phonemes::phonemize(text, espeak_voice)?;
+                let (ids, missing) = ids.ids(&phonemes);
+                (phonemes, ids, missing)
+            }
+            Engine::Hibari(frontend) => {
+                let phonemes = frontend.phonemes(text)?;
+                let (ids, missing) = frontend.ids(&phonemes);
+                (phonemes.join(" "), ids, missing)
+            }
+        };
         if !missing.is_empty() {
             tracing::debug!(?missing, "phonemes the voice does not know were left out");
         }
-        if ids.len() < 4 {
-            // Nothing to say (only punctuation the voice drops): no audio.
-            return Ok(Utterance {
-                phonemes,
-                ids,
-                missing,
-                audio: Vec::new(),
-            });
-        }
-        let scales = Scales {
-            length_scale: self.scales.length_scale / speed,
-            ..self.scales
-        };
-        let audio = self.run(&ids, scales)?;
         Ok(Utterance {
             phonemes,
             ids,
             missing,
-            audio,
+            audio: Vec::new(),
         })
+    }
+
+    /// A sentence's samples as 16-bit PCM: Piper voices scaled to full
+    /// scale (Piper's default), hibari at its own level.
+    fn pcm(&self, audio: &[f32]) -> Vec<i16> {
+        match &self.engine {
+            Engine::Piper { .. } => wav::to_pcm16(audio),
+            Engine::Hibari(_) => wav::clip_pcm16(audio),
+        }
+    }
+
+    fn synthesize(&self, text: &str, speed: f32) -> Result<Utterance, LoadError> {
+        match &self.engine {
+            Engine::Piper { scales, .. } => {
+                let mut utterance = self.phonemes(text)?;
+                if utterance.ids.len() < 4 {
+                    // Nothing to say (only punctuation the voice drops): no audio.
+                    return Ok(utterance);
+                }
+                let scales = Scales {
+                    length_scale: scales.length_scale / speed,
+                    ..*scales
+                };
+                utterance.audio = self.run_piper(&utterance.ids, scales)?;
+                Ok(utterance)
+            }
+            Engine::Hibari(frontend) => frontend.synthesize(text, speed, &self.sessions),
+        }
     }
 
     /// One run of the graph: `input` [1, n] ids, `input_lengths` [1],
     /// `scales` [noise_scale, length_scale, noise_w]; the output is
     /// [1, 1, 1, samples] (any shape is flattened).
-    fn run(&self, ids: &[i64], scales: Scales) -> Result<Vec<f32>, LoadError> {
+    fn run_piper(&self, ids: &[i64], scales: Scales) -> Result<Vec<f32>, LoadError> {
         let graph = |e: gantry_onnx::ort::Error| LoadError::Graph(e.to_string());
         let n = ids.len();
         let input = Tensor::from_array(([1usize, n], ids.to_vec())).map_err(graph)?;
@@ -471,7 +567,7 @@ impl Model for SpeechModel {
             .await
             .map_err(|e| JobError::internal(format!("synthesis thread failed: {e}")))?
             .map_err(|e| JobError::internal(format!("synthesis failed: {e}")))?;
-            let pcm = wav::to_pcm16(&utterance.audio);
+            let pcm = self.inner.pcm(&utterance.audio);
             let file = encode(request.format, pcm.clone(), rate).await?;
             let encoded = base64::engine::general_purpose::STANDARD.encode(file);
             ctx.chunk(json!({

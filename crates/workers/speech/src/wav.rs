@@ -1,4 +1,4 @@
-//! 16-bit PCM WAV, and the float-to-integer step Piper uses.
+//! 16-bit PCM WAV, and the float-to-integer steps of the voices.
 
 /// Float samples of one utterance to 16-bit PCM, as Piper does by default:
 /// scaled so the loudest sample is full scale (a silent utterance stays
@@ -16,6 +16,18 @@ pub fn to_pcm16(audio: &[f32]) -> Vec<i16> {
         .map(|&s| {
             let s = if s.is_finite() { s } else { 0.0 };
             (s * scale).round().clamp(-32768.0, 32767.0) as i16
+        })
+        .collect()
+}
+
+/// Float samples to 16-bit PCM at their own level: clipped to ±1, scaled
+/// by 32767 and rounded (what hibari's own WAV writer does).
+pub fn clip_pcm16(audio: &[f32]) -> Vec<i16> {
+    audio
+        .iter()
+        .map(|&s| {
+            let s = if s.is_finite() { s.clamp(-1.0, 1.0) } else { 0.0 };
+            (s * 32767.0).round() as i16
         })
         .collect()
 }

@@ -58,11 +58,11 @@ fn config_is_read() {
     assert_eq!(voice.sample_rate(), 22050);
     assert_eq!(
         voice.scales(),
-        Scales {
+        Some(Scales {
             noise_scale: 0.667,
             length_scale: 1.0,
             noise_w: 0.8
-        }
+        })
     );
 }
 
