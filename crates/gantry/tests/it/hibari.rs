@@ -115,6 +115,11 @@ async fn bad_input_fails_and_costs_nothing(backend: Backend) {
             json!({"prompt": "Hello.", "reference_audio": "UklGRg=="}),
             "voice matching is not available",
         ),
+        // Found only while speaking: a number too long to read out.
+        (
+            json!({"prompt": format!("Fine. Then {} goes here.", "9".repeat(40))}),
+            "cannot read",
+        ),
     ] {
         let job = app.hibari(MODEL, "runsync", &key, input.clone()).await;
         assert_eq!(job["status"], "FAILED", "{input} -> {job}");

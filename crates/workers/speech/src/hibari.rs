@@ -90,9 +90,29 @@ impl Frontend {
         ))
     }
 
-    /// The phoneme chunks of `text` (each at most 400 phonemes).
+    /// The phoneme chunks of `text` (each at most 400 phonemes). The G2P
+    /// cannot read a few things (numbers of 36 digits or more, numerals such
+    /// as `①` on its unknown-word path): such a sentence is read again
+    /// without its non-ASCII numerals, and what still fails is bad input.
     pub(crate) fn phonemes(&self, text: &str) -> Result<Vec<String>, LoadError> {
-        self.g2p.chunks(text).map_err(|e| LoadError::Graph(format!("G2P: {e}")))
+        let unreadable = |e: gantry_g2p::G2pError| {
+            let shown: String = text.chars().take(80).collect();
+            let more = if text.chars().count() > 80 { "…" } else { "" };
+            LoadError::Unreadable(format!("cannot read {shown:?}{more} aloud: {e}"))
+        };
+        match self.g2p.chunks(text) {
+            Ok(chunks) => Ok(chunks),
+            Err(first) => {
+                let plain: String = text
+                    .chars()
+                    .map(|c| if c.is_numeric() && !c.is_ascii_digit() { ' ' } else { c })
+                    .collect();
+                if plain == text {
+                    return Err(unreadable(first));
+                }
+                self.g2p.chunks(&plain).map_err(unreadable)
+            }
+        }
     }
 
     /// The graph's ids of every chunk, each framed by the pad id 0, and the

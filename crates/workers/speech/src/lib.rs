@@ -96,6 +96,9 @@ pub enum LoadError {
     /// The graph ran but its output is not audio.
     #[error("the voice graph does not produce audio: {0}")]
     Graph(String),
+    /// The text has something the phonemizer cannot read (bad input).
+    #[error("{0}")]
+    Unreadable(String),
 }
 
 /// The defaults a Piper voice config gives for synthesis.
@@ -566,7 +569,10 @@ impl Model for SpeechModel {
             })
             .await
             .map_err(|e| JobError::internal(format!("synthesis thread failed: {e}")))?
-            .map_err(|e| JobError::internal(format!("synthesis failed: {e}")))?;
+            .map_err(|e| match e {
+                LoadError::Unreadable(reason) => JobError::BadInput(format!("'prompt': {reason}")),
+                e => JobError::internal(format!("synthesis failed: {e}")),
+            })?;
             let pcm = self.inner.pcm(&utterance.audio);
             let file = encode(request.format, pcm.clone(), rate).await?;
             let encoded = base64::engine::general_purpose::STANDARD.encode(file);

@@ -184,3 +184,15 @@ fn a_long_sentence_is_read_in_chunks_of_at_most_400_phonemes() {
     let seconds = utterance.audio.len() as f32 / 24_000.0;
     assert!(seconds > 30.0, "{seconds} s for {} words", text.split_whitespace().count());
 }
+
+#[test]
+fn what_the_g2p_cannot_read_is_refused_or_read_without_it() {
+    // Circled numerals trip the G2P's unknown-word path: read without them.
+    let circled = voice().synthesize("Press ① to start, then ② to stop.", 1.0).unwrap();
+    assert!(circled.audio.len() > 24_000, "{} samples", circled.audio.len());
+    // A 40-digit number has no reading: a clear error, not a crash.
+    let error = voice()
+        .synthesize(&format!("Call {} now.", "7".repeat(40)), 1.0)
+        .unwrap_err();
+    assert!(error.contains("cannot read"), "{error}");
+}
