@@ -438,7 +438,10 @@ mod tests {
         // kokoro-hibari: the graph, the G2P's files and the runtime, all
         // from wheels; the engine table names the voice.
         let hibari = manifest.get("kokoro-hibari").unwrap();
-        assert_eq!((hibari.category, hibari.unit.as_str()), (ModelKind::Speech, "characters"));
+        assert_eq!(
+            (hibari.category, hibari.unit.as_str()),
+            (ModelKind::Speech, "characters")
+        );
         assert_eq!(hibari.price, Price::new(50_000, 1_000).unwrap());
         assert_eq!(hibari.engine["architecture"], "hibari");
         assert_eq!(hibari.engine["voice"], "heart");

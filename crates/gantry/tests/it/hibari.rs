@@ -76,7 +76,10 @@ async fn a_sentence_is_read_the_same_every_time_and_billed_by_characters(backend
     let (rate, samples) = read_wav(&bytes);
     assert_eq!(rate, 24_000);
     let seconds = samples.len() as f64 / 24_000.0;
-    assert!((output["duration"].as_f64().unwrap() - seconds).abs() < 0.001, "{output}");
+    assert!(
+        (output["duration"].as_f64().unwrap() - seconds).abs() < 0.001,
+        "{output}"
+    );
     // The numbers, money and the title are read out: many more syllables
     // than characters would suggest for plain words.
     assert!((2.5..9.0).contains(&seconds), "{seconds} s for {prompt:?}");
@@ -109,7 +112,10 @@ async fn bad_input_fails_and_costs_nothing(backend: Backend) {
     for (input, needle) in [
         (json!({"prompt": " "}), "'prompt' is empty"),
         (json!({"prompt": "Hello.", "voice": "joe"}), "unknown voice 'joe'"),
-        (json!({"prompt": "Hello.", "speed": 0.1}), "'speed' must be from 0.5 to 2"),
+        (
+            json!({"prompt": "Hello.", "speed": 0.1}),
+            "'speed' must be from 0.5 to 2",
+        ),
         (json!({"prompt": "x".repeat(5001)}), "at most 5000"),
         (
             json!({"prompt": "Hello.", "reference_audio": "UklGRg=="}),
@@ -184,12 +190,7 @@ async fn sentences_stream_and_are_heard_back_under_15_percent_word_error_rate() 
     let seconds = output["duration"].as_f64().unwrap();
 
     let heard = app
-        .hibari(
-            WHISPER,
-            "runsync",
-            &key,
-            json!({ "audio_url": output["audio_url"] }),
-        )
+        .hibari(WHISPER, "runsync", &key, json!({ "audio_url": output["audio_url"] }))
         .await;
     assert_eq!(heard["status"], "COMPLETED", "{heard}");
     let heard = heard["output"]["text"].as_str().unwrap();

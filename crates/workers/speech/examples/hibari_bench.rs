@@ -46,7 +46,10 @@ fn main() -> Result<(), String> {
     speak("Warming up.")?;
 
     let started = Instant::now();
-    let first = sentences::split(short).into_iter().next().ok_or("SHORT has no sentence")?;
+    let first = sentences::split(short)
+        .into_iter()
+        .next()
+        .ok_or("SHORT has no sentence")?;
     model.synthesize(&first, 1.0)?;
     let first_audio_ms = started.elapsed().as_secs_f64() * 1e3;
 

@@ -15,7 +15,6 @@ use std::collections::HashMap;
 use std::path::{Path, PathBuf};
 
 use gantry_onnx::Tensor;
-use gantry_worker_image::Normal;
 use serde_json::Value;
 
 use crate::vocoder::{BINS, Frames, Vocoder};
@@ -48,8 +47,14 @@ impl Frontend {
         let voices_path = dir.join("voices.json");
         let voices = read_json("voices.json")?;
         let entry = voices.get(voice).ok_or_else(|| {
-            let known: Vec<&str> = voices.as_object().map(|o| o.keys().map(String::as_str).collect()).unwrap_or_default();
-            config(&voices_path, format!("no voice '{voice}' (the registry has: {})", known.join(", ")))
+            let known: Vec<&str> = voices
+                .as_object()
+                .map(|o| o.keys().map(String::as_str).collect())
+                .unwrap_or_default();
+            config(
+                &voices_path,
+                format!("no voice '{voice}' (the registry has: {})", known.join(", ")),
+            )
         })?;
         let file = entry["file"]
             .as_str()
@@ -173,9 +178,8 @@ impl Frontend {
         sessions: &Pool,
     ) -> Result<Vec<f32>, LoadError> {
         let spectra = sessions.with(|session| run(session, ids, speed))?;
-        let mut noise = Normal::new(seed);
         self.vocoder
-            .synthesize(&spectra.frames(), &mut noise, noise_scale)
+            .synthesize(&spectra.frames(), seed, noise_scale)
             .map_err(LoadError::Graph)
     }
 }

@@ -42,10 +42,10 @@
 
 pub mod clone;
 pub mod formats;
+pub mod hibari;
 pub mod input;
 pub mod phonemes;
 pub mod sentences;
-pub mod hibari;
 pub mod speaker;
 pub mod vocoder;
 pub mod wav;
@@ -157,7 +157,7 @@ enum Engine {
     },
     /// `kokoro-hibari`: its own G2P, the graph outputs spectra that the
     /// vocoder turns into samples.
-    Hibari(hibari::Frontend),
+    Hibari(Box<hibari::Frontend>),
 }
 
 /// Sessions that callers borrow one at a time (`Session::run` needs `&mut`).
@@ -281,7 +281,7 @@ impl SpeechModel {
     ) -> Result<Self, LoadError> {
         gantry_onnx::init(runtime_library)?;
         let (graph, frontend) = hibari::Frontend::load(dir, voice)?;
-        let engine = Engine::Hibari(frontend);
+        let engine = Engine::Hibari(Box::new(frontend));
         Self::start(
             id.into(),
             voice.to_owned(),

@@ -89,7 +89,11 @@ fn reference(text: &str, speed: f32) -> Value {
         .arg(&out)
         .status()
         .expect("python3 runs");
-    assert!(status.success(), "{} failed (needs numpy and onnxruntime)", script.display());
+    assert!(
+        status.success(),
+        "{} failed (needs numpy and onnxruntime)",
+        script.display()
+    );
     serde_json::from_slice(&std::fs::read(&out).unwrap()).unwrap()
 }
 
@@ -120,7 +124,10 @@ fn an_unknown_voice_is_refused_by_name() {
 fn same_ids_and_samples_as_the_hibari_package() {
     for (text, speed) in [
         ("Hello there, this is the hibari voice.", 1.0f32),
-        ("On the 3rd of March, 1,250 people paid $9.99 each; Dr. Smith read it aloud.", 1.3),
+        (
+            "On the 3rd of March, 1,250 people paid $9.99 each; Dr. Smith read it aloud.",
+            1.3,
+        ),
     ] {
         let theirs = reference(text, speed);
         let chunks = theirs["chunks"].as_array().unwrap();
@@ -149,8 +156,15 @@ fn same_ids_and_samples_as_the_hibari_package() {
             .collect();
         assert_eq!(ours.len(), theirs.len(), "{text}: samples");
         let peak = theirs.iter().fold(0.0f32, |m, s| m.max(s.abs()));
-        let worst = ours.iter().zip(&theirs).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
-        println!("{text:?}: {} samples, peak {peak:.4}, largest difference {worst:.2e}", ours.len());
+        let worst = ours
+            .iter()
+            .zip(&theirs)
+            .map(|(a, b)| (a - b).abs())
+            .fold(0.0f32, f32::max);
+        println!(
+            "{text:?}: {} samples, peak {peak:.4}, largest difference {worst:.2e}",
+            ours.len()
+        );
         assert!(peak > 0.05, "{text}: the reference is silent");
         // Measured: at most 1.7e-7 (float rounding of the FFTs).
         assert!(worst <= 1e-5, "{text}: samples differ by up to {worst}");
@@ -175,14 +189,18 @@ fn the_same_text_gives_the_same_audio_and_speed_shortens_it() {
 #[test]
 fn a_long_sentence_is_read_in_chunks_of_at_most_400_phonemes() {
     let clause = "and then the committee reviewed every proposal that had been submitted during the previous quarter";
-    let text = format!("{}.", vec![clause; 8].join(", "));
+    let text = format!("{}.", [clause; 8].join(", "));
     let utterance = voice().synthesize(&text, 1.0).unwrap();
     // Each chunk is framed by the pad id: more than one chunk, each short enough.
     let chunks: Vec<&[i64]> = utterance.ids.split(|&id| id == 0).filter(|c| !c.is_empty()).collect();
     assert!(chunks.len() >= 2, "{} chunks", chunks.len());
     assert!(chunks.iter().all(|c| c.len() <= 400));
     let seconds = utterance.audio.len() as f32 / 24_000.0;
-    assert!(seconds > 30.0, "{seconds} s for {} words", text.split_whitespace().count());
+    assert!(
+        seconds > 30.0,
+        "{seconds} s for {} words",
+        text.split_whitespace().count()
+    );
 }
 
 #[test]
