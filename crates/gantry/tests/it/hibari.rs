@@ -40,39 +40,21 @@ async fn hibari_app(backend: Backend) -> TestApp {
     .await
 }
 
-impl TestApp {
-    async fn hibari(&self, model: &str, endpoint: &str, key: &str, input: Value) -> Value {
-        let res = self
-            .public(Method::POST, &format!("/v2/{model}/{endpoint}"), key)
-            .json(&json!({ "input": input }))
-            .send()
-            .await
-            .unwrap();
-        assert_eq!(res.status(), 200);
-        res.json().await.unwrap()
-    }
-
-    async fn fetch(&self, url: &str) -> (String, Vec<u8>) {
-        let res = self.client.get(url).send().await.unwrap();
-        assert_eq!(res.status(), 200, "{url}");
-        let media_type = res.headers()["content-type"].to_str().unwrap().to_owned();
-        (media_type, res.bytes().await.unwrap().to_vec())
-    }
-}
-
 async fn a_sentence_is_read_the_same_every_time_and_billed_by_characters(backend: Backend) {
     let app = hibari_app(backend).await;
     let (_, key) = app.user_with_key("endpoints:run").await;
     let prompt = "Dr. Smith paid $9.99 for 3 books on the 2nd of May.";
-    let job = app.hibari(MODEL, "runsync", &key, json!({ "prompt": prompt })).await;
+    let job = app.job(MODEL, "runsync", &key, json!({ "prompt": prompt })).await;
     assert_eq!(job["status"], "COMPLETED", "{job}");
     let output = &job["output"];
     let characters = prompt.chars().count() as i64;
     assert_eq!(output["characters"], characters);
     assert_eq!(output["sample_rate"], 24_000);
     assert_eq!(output["format"], "wav");
-    let (media_type, bytes) = app.fetch(output["audio_url"].as_str().expect("audio_url")).await;
-    assert_eq!(media_type, "audio/wav");
+    let url = output["audio_url"].as_str().expect("audio_url");
+    let res = app.client.get(url).send().await.unwrap();
+    assert_eq!(res.headers()["content-type"], "audio/wav");
+    let bytes = app.download(url).await;
     let (rate, samples) = read_wav(&bytes);
     assert_eq!(rate, 24_000);
     let seconds = samples.len() as f64 / 24_000.0;
@@ -92,14 +74,17 @@ async fn a_sentence_is_read_the_same_every_time_and_billed_by_characters(backend
 
     // The vocoder's noise is seeded by the text: the same request, the same bytes.
     let again = app
-        .hibari(MODEL, "runsync", &key, json!({ "prompt": prompt, "voice": "heart" }))
+        .job(MODEL, "runsync", &key, json!({ "prompt": prompt, "voice": "heart" }))
         .await;
     assert_eq!(again["status"], "COMPLETED", "{again}");
-    assert_eq!(app.fetch(again["output"]["audio_url"].as_str().unwrap()).await.1, bytes);
+    assert_eq!(
+        app.download(again["output"]["audio_url"].as_str().unwrap()).await,
+        bytes
+    );
 
     // Twice the speed, about half the audio.
     let fast = app
-        .hibari(MODEL, "runsync", &key, json!({ "prompt": prompt, "speed": 2.0 }))
+        .job(MODEL, "runsync", &key, json!({ "prompt": prompt, "speed": 2.0 }))
         .await;
     assert_eq!(fast["status"], "COMPLETED", "{fast}");
     let ratio = fast["output"]["duration"].as_f64().unwrap() / seconds;
@@ -127,7 +112,7 @@ async fn bad_input_fails_and_costs_nothing(backend: Backend) {
             "cannot read",
         ),
     ] {
-        let job = app.hibari(MODEL, "runsync", &key, input.clone()).await;
+        let job = app.job(MODEL, "runsync", &key, input.clone()).await;
         assert_eq!(job["status"], "FAILED", "{input} -> {job}");
         let error = job["error"].as_str().unwrap();
         assert!(error.starts_with("bad input"), "{error}");
@@ -145,7 +130,7 @@ async fn sentences_stream_and_are_heard_back_under_15_percent_word_error_rate() 
     let mut sentences: Vec<&str> = SENTENCES.to_vec();
     sentences.push("The meeting moved from 9:30 to 11 on Tuesday, the 4th of June.");
     let reading = sentences.join(" ");
-    let job = app.hibari(MODEL, "run", &key, json!({ "prompt": reading })).await;
+    let job = app.job(MODEL, "run", &key, json!({ "prompt": reading })).await;
     let id = job["id"].as_str().unwrap().to_owned();
     let res = app
         .public(Method::GET, &format!("/v2/{MODEL}/stream/{id}"), &key)
@@ -185,12 +170,12 @@ async fn sentences_stream_and_are_heard_back_under_15_percent_word_error_rate() 
         streamed.extend(samples);
     }
     let output = &last.2["output"];
-    let (_, file) = app.fetch(output["audio_url"].as_str().unwrap()).await;
+    let file = app.download(output["audio_url"].as_str().unwrap()).await;
     assert_eq!(read_wav(&file).1, streamed, "the chunks add up to the file");
     let seconds = output["duration"].as_f64().unwrap();
 
     let heard = app
-        .hibari(WHISPER, "runsync", &key, json!({ "audio_url": output["audio_url"] }))
+        .job(WHISPER, "runsync", &key, json!({ "audio_url": output["audio_url"] }))
         .await;
     assert_eq!(heard["status"], "COMPLETED", "{heard}");
     let heard = heard["output"]["text"].as_str().unwrap();

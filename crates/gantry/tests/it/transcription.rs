@@ -55,7 +55,7 @@ async fn transcription_app(backend: Backend) -> TestApp {
 }
 
 impl TestApp {
-    async fn job(&self, model: &str, endpoint: &str, key: &str, input: Value) -> Value {
+    pub(crate) async fn job(&self, model: &str, endpoint: &str, key: &str, input: Value) -> Value {
         let res = self
             .public(Method::POST, &format!("/v2/{model}/{endpoint}"), key)
             .json(&json!({ "input": input }))
@@ -74,7 +74,7 @@ impl TestApp {
         (url, job["output"]["duration"].as_f64().unwrap())
     }
 
-    async fn download(&self, url: &str) -> Vec<u8> {
+    pub(crate) async fn download(&self, url: &str) -> Vec<u8> {
         let res = self.client.get(url).send().await.unwrap();
         assert_eq!(res.status(), 200, "{url}");
         res.bytes().await.unwrap().to_vec()
