@@ -180,3 +180,49 @@ async fn a_bad_reference_fails_and_costs_nothing() {
         assert_eq!(app.charges(job["id"].as_str().unwrap()).await, Vec::<i64>::new());
     }
 }
+
+/// A job cancelled while its voice is being matched ends `CANCELLED` and
+/// costs nothing (the fit itself stops at its next encoder run: the speech
+/// crate's `speaker_encoder` test counts them).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reading_cancelled_while_matching_costs_nothing() {
+    let app = voices_app().await;
+    let (_, key) = app.user_with_key("endpoints:run").await;
+    // A reference no other test uses, so no cached fit skips the matching.
+    let reference = base64::engine::general_purpose::STANDARD.encode(espeak("en-us+f4", REFERENCE_TEXT));
+    let res = app
+        .public(Method::POST, &format!("/v2/{MODEL}/run"), &key)
+        .json(&json!({ "input": { "prompt": TEXT, "reference_audio": reference } }))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let id = res.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_owned();
+    let started = Instant::now();
+    loop {
+        let status = app
+            .public_ok(Method::GET, &format!("/v2/{MODEL}/status/{id}"), &key)
+            .await;
+        if status["progress"]["stage"] == "matching voice" {
+            break;
+        }
+        assert_ne!(
+            status["status"], "COMPLETED",
+            "finished before matching was seen: {status}"
+        );
+        assert!(
+            started.elapsed() < Duration::from_secs(120),
+            "no matching stage: {status}"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let cancelled = app
+        .public_ok(Method::POST, &format!("/v2/{MODEL}/cancel/{id}"), &key)
+        .await;
+    assert_eq!(cancelled["status"], "CANCELLED");
+    let status = app
+        .public_ok(Method::GET, &format!("/v2/{MODEL}/status/{id}"), &key)
+        .await;
+    assert_eq!(status["status"], "CANCELLED", "{status}");
+    assert_eq!(app.charges(&id).await, Vec::<i64>::new());
+}

@@ -92,11 +92,22 @@ pub struct Matcher<'a> {
 
 impl Matcher<'_> {
     /// The transform that brings `calibration` (the voice at `rate` Hz) closest
-    /// to the speaker of `reference` (16 kHz mono).
-    pub fn fit(&self, calibration: &[f32], rate: u32, reference: &[f32]) -> Fit {
+    /// to the speaker of `reference` (16 kHz mono). `stop` is asked before
+    /// each encoder run (the fit's unit of work, a fraction of a second to a
+    /// second): `None` as soon as it answers true, so a cancelled job does
+    /// not wait for the whole fit.
+    pub fn fit(&self, calibration: &[f32], rate: u32, reference: &[f32], stop: &dyn Fn() -> bool) -> Option<Fit> {
+        if stop() {
+            return None;
+        }
         let target = self.encoder.embed(reference);
         let reference_bands = band_powers(reference, speaker::SAMPLE_RATE);
+        let stopped = std::cell::Cell::new(false);
         let score = |audio: &[f32]| {
+            if stopped.get() || stop() {
+                stopped.set(true);
+                return f32::NEG_INFINITY;
+            }
             let at_16k = gantry_worker_transcribe::audio::resample(audio, rate, speaker::SAMPLE_RATE);
             speaker::cosine(&self.encoder.embed(&at_16k), &target)
         };
@@ -138,14 +149,17 @@ impl Matcher<'_> {
             let similarity = score(&transform.apply(calibration, rate));
             tried.push((transform, similarity));
         }
+        if stopped.get() {
+            return None;
+        }
         let candidates = tried.len();
         let (transform, similarity) = best(&tried);
-        Fit {
+        Some(Fit {
             transform,
             similarity,
             base_similarity,
             candidates,
-        }
+        })
     }
 }
 

@@ -356,8 +356,14 @@ impl SpeechModel {
     }
 
     /// The transform that moves this voice toward the speaker of `reference`
-    /// (16 kHz mono), blocking; fitted once per recording (`key`).
-    pub fn fit_reference(&self, reference: &[f32], key: (u64, usize)) -> Result<clone::Fit, String> {
+    /// (16 kHz mono), blocking; fitted once per recording (`key`). `None`
+    /// when `stop` answered true during the fit (nothing is cached then).
+    pub fn fit_reference(
+        &self,
+        reference: &[f32],
+        key: (u64, usize),
+        stop: &dyn Fn() -> bool,
+    ) -> Result<Option<clone::Fit>, String> {
         let matching = self
             .matching
             .as_ref()
@@ -368,7 +374,7 @@ impl SpeechModel {
                 .map(|(_, _, fit)| fit.clone())
         };
         if let Some(fit) = cached(&matching.fits.lock().unwrap_or_else(std::sync::PoisonError::into_inner)) {
-            return Ok(fit);
+            return Ok(Some(fit));
         }
         let calibration = match matching.calibration.get() {
             Some(audio) => audio,
@@ -381,16 +387,18 @@ impl SpeechModel {
                 matching.calibration.get_or_init(|| audio)
             }
         };
-        let fit = clone::Matcher {
+        let Some(fit) = (clone::Matcher {
             encoder: &matching.encoder,
-        }
-        .fit(calibration, self.inner.sample_rate, reference);
+        })
+        .fit(calibration, self.inner.sample_rate, reference, stop) else {
+            return Ok(None);
+        };
         let mut fits = matching.fits.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
         if fits.len() >= FIT_CACHE {
             fits.remove(0);
         }
         fits.push((key.0, key.1, fit.clone()));
-        Ok(fit)
+        Ok(Some(fit))
     }
 
     /// The voice's name, the only accepted `voice`.
@@ -656,10 +664,13 @@ impl SpeechModel {
         ctx.progress(json!({"stage": "matching voice"})).await?;
         let model = self.clone();
         let started = Instant::now();
-        let fit = tokio::task::spawn_blocking(move || model.fit_reference(&samples, key))
+        // A cancel stops the fit at its next encoder run.
+        let token = ctx.cancellation_token();
+        let fit = tokio::task::spawn_blocking(move || model.fit_reference(&samples, key, &|| token.is_cancelled()))
             .await
             .map_err(|e| JobError::internal(format!("voice matching stopped: {e}")))?
-            .map_err(JobError::internal)?;
+            .map_err(JobError::internal)?
+            .ok_or(JobError::Cancelled)?;
         tracing::info!(
             model = %self.id,
             ms = started.elapsed().as_millis() as u64,

@@ -290,3 +290,52 @@ fn empty_and_short_inputs_do_not_panic() {
     assert!(speaker::normalize_volume(&[], -30.0).is_empty());
     assert_eq!(speaker::cosine(&[0.0; 4], &[1.0; 4]), 0.0);
 }
+
+#[test]
+fn a_fit_stops_at_its_next_encoder_run_when_asked() {
+    use gantry_worker_speech::clone::Matcher;
+    use std::cell::Cell;
+    let dir = tempfile::tempdir().unwrap();
+    // Another espeak-ng voice stands in for the voice being matched (16 kHz).
+    let voice = speak(
+        dir.path(),
+        "voice",
+        "en-us",
+        "Would you like a cup of tea before we go?",
+    );
+    let reference = speak(
+        dir.path(),
+        "reference",
+        "en-us+f3",
+        "The harbour was quiet in the morning.",
+    );
+    let matcher = Matcher { encoder: encoder() };
+
+    let asked = Cell::new(0);
+    let never = || {
+        asked.set(asked.get() + 1);
+        false
+    };
+    let fit = matcher
+        .fit(&voice.samples, SAMPLE_RATE, &reference.samples, &never)
+        .expect("a fit never stopped completes");
+    // Asked once before the reference is embedded, then once per candidate
+    // scored (the unchanged voice's score is reused).
+    assert_eq!(fit.candidates, 11);
+    let full = asked.get();
+    assert!(full >= 10, "asked {full} times");
+
+    // Cancelled after the third question: no fit, and no further questions
+    // (every later candidate is skipped, none is scored).
+    let asked = Cell::new(0);
+    let after_three = || {
+        asked.set(asked.get() + 1);
+        asked.get() > 3
+    };
+    assert!(
+        matcher
+            .fit(&voice.samples, SAMPLE_RATE, &reference.samples, &after_three)
+            .is_none()
+    );
+    assert_eq!(asked.get(), 4, "the fit went on asking after it was stopped");
+}
