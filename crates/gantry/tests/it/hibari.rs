@@ -7,13 +7,11 @@
 use std::time::Duration;
 
 use base64::Engine as _;
-use futures_util::StreamExt;
-use reqwest::Method;
 use serde_json::{Value, json};
 
 use crate::harness::{Backend, TestApp};
 use crate::speech::{assert_speech, read_wav};
-use crate::text::{models_dir, parse_sse};
+use crate::text::{models_dir, read_sse};
 use crate::transcription::{SENTENCES, word_error_rate, words};
 
 const MODEL: &str = "kokoro-hibari";
@@ -132,22 +130,7 @@ async fn sentences_stream_and_are_heard_back_under_15_percent_word_error_rate() 
     let reading = sentences.join(" ");
     let job = app.job(MODEL, "run", &key, json!({ "prompt": reading })).await;
     let id = job["id"].as_str().unwrap().to_owned();
-    let res = app
-        .public(Method::GET, &format!("/v2/{MODEL}/stream/{id}"), &key)
-        .header("accept", "text/event-stream")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 200);
-    let mut body = res.bytes_stream();
-    let mut text = String::new();
-    while let Some(piece) = tokio::time::timeout(Duration::from_secs(300), body.next())
-        .await
-        .expect("the stream goes on")
-    {
-        text.push_str(&String::from_utf8_lossy(&piece.unwrap()));
-    }
-    let events = parse_sse(&text);
+    let events = read_sse(&app, MODEL, &key, &id, Duration::from_secs(300)).await;
     let (last, rest) = events.split_last().unwrap();
     assert_eq!(last.1, "status");
     assert_eq!(last.2["status"], "COMPLETED", "{}", last.2);

@@ -83,6 +83,33 @@ impl TestApp {
         parse_sse(&res.text().await.unwrap())
     }
 }
+/// Reads the SSE stream of `model`'s job `id` to its end, each piece within
+/// `wait`; every event, in order.
+pub async fn read_sse(
+    app: &TestApp,
+    model: &str,
+    key: &str,
+    id: &str,
+    wait: Duration,
+) -> Vec<(Option<i64>, String, Value)> {
+    let res = app
+        .public(Method::GET, &format!("/v2/{model}/stream/{id}"), key)
+        .header("accept", "text/event-stream")
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let mut body = res.bytes_stream();
+    let mut text = String::new();
+    while let Some(piece) = tokio::time::timeout(wait, body.next())
+        .await
+        .expect("the stream goes on")
+    {
+        text.push_str(&String::from_utf8_lossy(&piece.unwrap()));
+    }
+    parse_sse(&text)
+}
+
 /// Reads the SSE stream of job `id` until `marker` has come (chunks the
 /// worker sent while running), checks that the job is still `IN_PROGRESS`,
 /// cancels it, and reads the stream to its end, each wait bounded by `wait`.

@@ -7,12 +7,11 @@
 use std::time::Duration;
 
 use base64::Engine as _;
-use futures_util::StreamExt;
 use reqwest::Method;
 use serde_json::{Value, json};
 
 use crate::harness::{Backend, TestApp};
-use crate::text::{cancel_while_streaming, models_dir, parse_sse};
+use crate::text::{cancel_while_streaming, models_dir, read_sse};
 
 const MODEL: &str = "whisper-tiny-en";
 const VOICE: &str = "piper-en-us-joe";
@@ -221,22 +220,7 @@ async fn spoken_sentences_are_heard_back_under_15_percent_word_error_rate() {
 
     let job = app.job(MODEL, "run", &key, json!({ "audio_url": url })).await;
     let id = job["id"].as_str().unwrap().to_owned();
-    let res = app
-        .public(Method::GET, &format!("/v2/{MODEL}/stream/{id}"), &key)
-        .header("accept", "text/event-stream")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 200);
-    let mut body = res.bytes_stream();
-    let mut text = String::new();
-    while let Some(piece) = tokio::time::timeout(Duration::from_secs(300), body.next())
-        .await
-        .expect("the stream goes on")
-    {
-        text.push_str(&String::from_utf8_lossy(&piece.unwrap()));
-    }
-    let events = parse_sse(&text);
+    let events = read_sse(&app, MODEL, &key, &id, Duration::from_secs(300)).await;
     let (last, rest) = events.split_last().unwrap();
     assert_eq!(last.1, "status");
     assert_eq!(last.2["status"], "COMPLETED", "{}", last.2);

@@ -27,9 +27,6 @@ pub struct Frontend {
     vocoder: Vocoder,
 }
 
-/// The files of a hibari model directory besides the graph and the G2P's.
-pub const FILES: &[&str] = &["vocab.json", "voices.json"];
-
 impl Frontend {
     /// Reads `dir`: the registry entry of `voice` in `voices.json` names the
     /// graph's file and whether the voice is British (which G2P variant

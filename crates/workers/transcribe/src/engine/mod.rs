@@ -18,6 +18,7 @@ pub mod mel;
 mod model;
 mod tokenizer;
 
+pub use linear::fast_exp;
 pub use tokenizer::Specials;
 
 use model::{Model, N_FRAMES, N_TEXT_CTX};
