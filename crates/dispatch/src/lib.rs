@@ -259,6 +259,10 @@ pub struct WorkerInfo {
     pub version: String,
 }
 
+/// Sees every accepted stream chunk and progress message as it arrives,
+/// before it is queued as an event (see [`Dispatcher::observe_live`]).
+pub type LiveObserver = Arc<dyn Fn(&Event) + Send + Sync>;
+
 /// Handle on the worker registry; cheap to clone.
 #[derive(Clone)]
 pub struct Dispatcher {
@@ -326,6 +330,15 @@ impl Dispatcher {
     /// and leave. Returns false for an unknown worker.
     pub fn drain(&self, worker_id: &str) -> bool {
         self.inner.drain(worker_id)
+    }
+
+    /// Calls `observer` with every stream chunk and progress message of a
+    /// running attempt the moment it arrives, before it is queued as an
+    /// event: how live readers see output before it is stored. The observer
+    /// runs on the worker stream's task, so it must not block. Replaces an
+    /// earlier observer; `None` removes it.
+    pub fn observe_live(&self, observer: Option<LiveObserver>) {
+        self.inner.observe_live(observer);
     }
 
     /// Idle and running worker counts per model.

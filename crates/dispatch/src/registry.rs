@@ -2,7 +2,7 @@
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, PoisonError, Weak};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError, RwLock, Weak};
 use std::time::{Duration, UNIX_EPOCH};
 
 use gantry_proto::v1::{
@@ -14,6 +14,7 @@ use tokio::time::Instant;
 use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
+use crate::LiveObserver;
 use crate::files::StoredFile;
 use crate::status::StreamError;
 use crate::{AssignError, Assignment, DispatchConfig, Event, Health, ModelHealth, WorkerId, WorkerInfo};
@@ -27,6 +28,7 @@ pub(crate) struct Inner {
     state: Mutex<Registry>,
     events: mpsc::Sender<Event>,
     next_conn: AtomicU64,
+    live: RwLock<Option<LiveObserver>>,
 }
 
 #[derive(Default)]
@@ -64,6 +66,7 @@ impl Inner {
             state: Mutex::new(Registry::default()),
             events,
             next_conn: AtomicU64::new(1),
+            live: RwLock::new(None),
         });
         (inner, rx)
     }
@@ -72,7 +75,17 @@ impl Inner {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
+    pub(crate) fn observe_live(&self, observer: Option<LiveObserver>) {
+        *self.live.write().unwrap_or_else(PoisonError::into_inner) = observer;
+    }
+
     pub(crate) async fn emit(&self, event: Event) {
+        if matches!(event, Event::Chunk { .. } | Event::Progress { .. }) {
+            let observer = self.live.read().unwrap_or_else(PoisonError::into_inner).clone();
+            if let Some(observer) = observer {
+                observer(&event);
+            }
+        }
         if self.events.send(event).await.is_err() {
             tracing::debug!("event receiver dropped; event discarded");
         }

@@ -18,6 +18,7 @@ mod credit;
 mod engine;
 mod entity;
 mod files;
+mod live;
 pub mod metrics;
 mod plan;
 mod scheduler;
@@ -29,7 +30,8 @@ mod webhooks;
 
 pub use config::SchedulerConfig;
 pub use gantry_net::{AddressPolicy, IpRange};
+pub use live::{Cursor, LiveStream, Taken};
 pub use scheduler::Scheduler;
 pub use signing::webhook_secret;
-pub use store::{JobStore, LiveStream};
+pub use store::JobStore;
 pub use types::{JobCounts, JobError, JobPolicy, JobStatus, JobView, Mode, NewJob, SchedulerError, StreamView};

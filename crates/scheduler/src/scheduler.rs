@@ -106,6 +106,14 @@ impl Scheduler {
             .hub
             .open_lane(&core.instance, millis(core.store.config.lease));
         let hub = Arc::clone(&core.store.hub);
+        // Chunks and progress reach live readers as they arrive, before they
+        // are stored (see live.rs).
+        let live = Arc::downgrade(&hub);
+        core.dispatcher.observe_live(Some(Arc::new(move |event: &Event| {
+            if let Some(hub) = live.upgrade() {
+                hub.live_event(event);
+            }
+        })));
         let mut background = Vec::new();
         if let Some(files) = core.store.config.files.clone() {
             background.push(tokio::spawn(crate::files::sweep(
@@ -174,6 +182,9 @@ struct Running {
     /// lane, see `store::Lane`), and when it is to be written if still running.
     unstored: Option<Box<job::Model>>,
     store_at: i64,
+    /// It sent a chunk or progress: readers may follow it from other
+    /// processes, so its end is announced to them (see `publish`).
+    streamed: bool,
 }
 
 impl Running {
@@ -429,9 +440,9 @@ impl Core {
                 }
                 outcome.finals = settled.finals;
                 outcome.claims = settled.claims;
-                // Chunks and progress are committed: wake their live readers
-                // in this process.
-                self.store.hub.live_notify(batch.iter().filter_map(|event| match event {
+                // Chunks and progress are stored: readers of this process
+                // that were missing one (a gap) can read it now.
+                self.store.hub.live.stored(batch.iter().filter_map(|event| match event {
                     Event::Chunk { job_id, .. } | Event::Progress { job_id, .. } => Some(job_id.as_str()),
                     _ => None,
                 }));
@@ -467,8 +478,21 @@ impl Core {
             }
         }
         self.store.hub.stored(&outcome.stored);
+        for event in &batch {
+            if let Event::Chunk { job_id, .. } | Event::Progress { job_id, .. } = event
+                && let Some(running) = self.running.get_mut(job_id)
+            {
+                running.streamed = true;
+            }
+        }
+        // Announced to other processes: the end of a `runsync` job (its
+        // caller may wait there) and of a job that streamed (a reader may
+        // follow it there).
+        let mut streamed = HashSet::new();
         for job_id in &outcome.settled {
-            self.running.remove(job_id);
+            if self.running.remove(job_id).is_some_and(|running| running.streamed) {
+                streamed.insert(job_id.clone());
+            }
             self.pending_workers.remove(job_id);
         }
         for model in outcome.refill {
@@ -477,7 +501,7 @@ impl Core {
             self.drained.remove(&model);
             self.to_fill.insert(model);
         }
-        self.publish(&outcome.finals);
+        self.publish(&outcome.finals, |row| row.sync || streamed.contains(&row.id));
         for event in batch {
             if let Event::CapacityAvailable { model } = event
                 && !self.drained.contains(&model)
@@ -794,7 +818,10 @@ impl Core {
     }
 
     /// Wakes in-process waiters and sends webhooks for jobs that just ended.
-    fn publish(&mut self, finals: &[job::Model]) {
+    /// `announce` says which of them other processes are told about (when
+    /// Redis signals are configured): those a caller or reader may follow
+    /// there. The rare bulk endings (timeouts, orphans) announce all.
+    fn publish(&mut self, finals: &[job::Model], announce: impl Fn(&job::Model) -> bool) {
         self.finished_since_analyze += finals.len() as u64;
         if finals.is_empty() {
             return;
@@ -812,8 +839,7 @@ impl Core {
             observed.job_finished(&row.model, delay, execution);
         }
         let views: Vec<JobView> = finals.iter().map(|row| JobView::of(row, now)).collect();
-        // Only `runsync` callers wait, and one may wait in another process.
-        self.store.hub.finished(&views, |i| finals[i].sync);
+        self.store.hub.finished(&views, |i| announce(&finals[i]));
         for (row, view) in finals.iter().zip(views) {
             if let Some(url) = row.webhook.clone() {
                 self.webhooks.send(url, row.user_id.clone(), view, row.completed_at_ms);
@@ -1036,6 +1062,7 @@ impl Core {
                     assigned,
                     store_at,
                     unstored: (!stored).then(|| Box::new(row)),
+                    streamed: false,
                 },
             );
         }
@@ -1051,7 +1078,7 @@ impl Core {
             match self.run_plan(plan).await {
                 Ok(settled) => {
                     self.store.hub.stored(&written);
-                    self.publish(&settled.finals);
+                    self.publish(&settled.finals, |row| row.sync);
                 }
                 Err(error) => {
                     self.store.hub.lose(&written);
@@ -1416,7 +1443,7 @@ impl Core {
             self.pending_workers.remove(&job_id);
             self.dispatcher.cancel(&job_id, "execution timeout");
         }
-        self.publish(&rows);
+        self.publish(&rows, |_| true);
         Ok(())
     }
 
@@ -1451,7 +1478,7 @@ impl Core {
             }
         }
         let finals: Vec<job::Model> = rows.into_iter().filter(is_final).collect();
-        self.publish(&finals);
+        self.publish(&finals, |_| true);
         Ok(())
     }
 

@@ -11,6 +11,11 @@
 //! * `Cancelled(job id)`: a running job was cancelled. The scheduler running
 //!   it checks its rows now (as its next sweep would) and stops the attempts
 //!   the database no longer gives it.
+//! * `Chunk(job id, seq, output)` and `Progress(job id, message)`: a running
+//!   job's stream chunk or progress message, as its worker sent it, for the
+//!   live stream readers of other processes (see `live.rs`). A chunk larger
+//!   than [`LIVE_CONTENT_MAX`] is sent without its content: the reader then
+//!   reads it from the database once it is stored.
 //! * `Resync`: the sender dropped signals (Redis was unreachable, or its
 //!   outbox overflowed) and is connected again: every receiver claims for
 //!   all its free slots and every waiter reads its row, as after a
@@ -23,7 +28,10 @@
 //!
 //! On the wire, one channel (`scheduler.signal_channel`) carries text
 //! messages `<origin> <kind> <argument>`, with `kind` one of `q`, `f`, `c`,
-//! `r` (whose argument is `*`).
+//! `r` (whose argument is `*`), `k` (argument `<job id> <seq>` or
+//! `<job id> <seq> <output JSON>`) and `p` (argument `<job id> <message
+//! JSON>`). Every process with signals on receives every chunk and keeps
+//! those of the jobs its own readers follow.
 
 use std::collections::HashSet;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -46,6 +54,8 @@ const BACKOFF_MIN: Duration = Duration::from_millis(100);
 const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// How often an idle subscriber checks that its store still exists.
 const LIVENESS: Duration = Duration::from_secs(5);
+/// Largest chunk output (as JSON) sent over Redis with its content.
+pub(crate) const LIVE_CONTENT_MAX: usize = 64 << 10;
 /// Least time between two warnings about an unreachable Redis.
 const WARN_EVERY: Duration = Duration::from_secs(30);
 
@@ -54,16 +64,49 @@ pub(crate) enum Signal {
     Queued(String),
     Final(String),
     Cancelled(String),
+    Chunk {
+        job_id: String,
+        seq: i64,
+        /// The chunk's output as JSON; `None` when it is too large to send.
+        output: Option<String>,
+    },
+    Progress(String, String),
     Resync,
 }
 
 impl Signal {
+    /// A live chunk, with its content when it is small enough.
+    pub(crate) fn chunk(job_id: &str, seq: i64, output: &serde_json::Value) -> Signal {
+        let text = output.to_string();
+        Signal::Chunk {
+            job_id: job_id.to_string(),
+            seq,
+            output: (text.len() <= LIVE_CONTENT_MAX).then_some(text),
+        }
+    }
+
+    /// Whether sending it twice in one batch says nothing more (a wake-up).
+    fn is_hint(&self) -> bool {
+        !matches!(self, Signal::Chunk { .. } | Signal::Progress(..))
+    }
+
     fn encode(&self, origin: &str) -> String {
         let (kind, argument) = match self {
-            Signal::Queued(model) => ("q", model.as_str()),
-            Signal::Final(job_id) => ("f", job_id.as_str()),
-            Signal::Cancelled(job_id) => ("c", job_id.as_str()),
-            Signal::Resync => ("r", "*"),
+            Signal::Queued(model) => ("q", model.clone()),
+            Signal::Final(job_id) => ("f", job_id.clone()),
+            Signal::Cancelled(job_id) => ("c", job_id.clone()),
+            Signal::Chunk {
+                job_id,
+                seq,
+                output: Some(output),
+            } => ("k", format!("{job_id} {seq} {output}")),
+            Signal::Chunk {
+                job_id,
+                seq,
+                output: None,
+            } => ("k", format!("{job_id} {seq}")),
+            Signal::Progress(job_id, message) => ("p", format!("{job_id} {message}")),
+            Signal::Resync => ("r", "*".to_string()),
         };
         format!("{origin} {kind} {argument}")
     }
@@ -75,11 +118,24 @@ impl Signal {
         if origin.is_empty() || argument.is_empty() {
             return None;
         }
-        let argument = argument.to_string();
         let signal = match kind {
-            "q" => Signal::Queued(argument),
-            "f" => Signal::Final(argument),
-            "c" => Signal::Cancelled(argument),
+            "q" => Signal::Queued(argument.to_string()),
+            "f" => Signal::Final(argument.to_string()),
+            "c" => Signal::Cancelled(argument.to_string()),
+            "k" => {
+                let mut parts = argument.splitn(3, ' ');
+                let job_id = parts.next().filter(|id| !id.is_empty())?.to_string();
+                let seq = parts.next()?.parse().ok().filter(|seq: &i64| *seq >= 0)?;
+                let output = parts.next().map(str::to_string);
+                Signal::Chunk { job_id, seq, output }
+            }
+            "p" => {
+                let (job_id, message) = argument.split_once(' ')?;
+                if job_id.is_empty() {
+                    return None;
+                }
+                Signal::Progress(job_id.to_string(), message.to_string())
+            }
             "r" => Signal::Resync,
             _ => return None,
         };
@@ -207,7 +263,7 @@ impl Publisher {
                     .ignore();
             }
             for signal in batch.drain(..) {
-                if seen.insert(signal.clone()) {
+                if !signal.is_hint() || seen.insert(signal.clone()) {
                     pipe.publish(&self.channel, signal.encode(&self.origin)).ignore();
                 }
             }
@@ -305,12 +361,42 @@ mod tests {
             Signal::Final("job_123".into()),
             Signal::Cancelled("job_456".into()),
             Signal::Queued("a model with spaces".into()),
+            Signal::Chunk {
+                job_id: "job_7".into(),
+                seq: 3,
+                output: Some(r#"{"text":"a b"}"#.into()),
+            },
+            Signal::Chunk {
+                job_id: "job_7".into(),
+                seq: 4,
+                output: None,
+            },
+            Signal::Progress("job_7".into(), r#"{"step": 2}"#.into()),
             Signal::Resync,
         ] {
             let text = signal.encode("abc");
             assert_eq!(Signal::decode(&text), Some(("abc", signal)));
         }
-        for junk in ["", "abc", "abc q", "abc q ", "abc x job", " q model"] {
+        assert_eq!(
+            Signal::chunk("j", 0, &serde_json::json!("x".repeat(LIVE_CONTENT_MAX))),
+            Signal::Chunk {
+                job_id: "j".into(),
+                seq: 0,
+                output: None
+            }
+        );
+        for junk in [
+            "",
+            "abc",
+            "abc q",
+            "abc q ",
+            "abc x job",
+            " q model",
+            "abc k job",
+            "abc k job -1",
+            "abc k job x {}",
+            "abc p job",
+        ] {
             assert_eq!(Signal::decode(junk), None, "{junk:?}");
         }
     }

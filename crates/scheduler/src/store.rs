@@ -6,6 +6,7 @@ use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
 use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
 
 use gantry_catalog::ModelSpec;
+use gantry_dispatch::Event;
 use rand::RngExt;
 use sea_orm::sea_query::Expr;
 use sea_orm::{
@@ -18,6 +19,7 @@ use tokio::sync::{Notify, mpsc, oneshot};
 use crate::config::{SchedulerConfig, millis};
 use crate::engine::Engine;
 use crate::entity::{chunk, job, presence};
+use crate::live::{LiveJobs, LiveStream};
 use crate::signals::{Signal, Signals};
 use crate::types::{JobCounts, JobError, JobStatus, JobView, Mode, NewJob, SchedulerError, StreamView};
 
@@ -521,22 +523,19 @@ impl JobStore {
         Ok((view, chunks))
     }
 
-    /// Subscribes to `job_id`'s live progress: the returned handle is
-    /// notified when a scheduler of this process commits chunks of the job or
-    /// the job ends here. Readers in other processes are not notified; they
-    /// read again on their own period (see the SSE handler).
+    /// Subscribes to `job_id`'s live output: chunks and progress as workers
+    /// send them (in the process whose scheduler runs the job, or over Redis
+    /// signals from it), and wake-ups when chunks are stored or the job may
+    /// have ended. See `live.rs` for how a reader combines it with
+    /// [`JobStore::chunks_from`].
     pub fn watch_stream(&self, job_id: &str) -> LiveStream {
-        let notify = Arc::clone(
-            self.hub
-                .lock_live()
-                .entry(job_id.to_string())
-                .or_insert_with(|| Arc::new(Notify::new())),
-        );
-        LiveStream {
-            hub: Arc::clone(&self.hub),
-            job_id: job_id.to_string(),
-            notify,
-        }
+        self.hub.live.watch(job_id)
+    }
+
+    /// Whether live output reaches this process's readers without reading
+    /// the database: a scheduler runs here, or Redis signals are configured.
+    pub fn live_delivery(&self) -> bool {
+        self.hub.has_scheduler() || self.hub.signals.get().is_some()
     }
 
     /// Cancels every queued job of `user` on `model_id`; returns how many.
@@ -859,9 +858,8 @@ pub(crate) struct Hub {
     /// Schedulers running on this hub (see [`Attached`]). Without one,
     /// nothing takes what `pending` collects, so nothing is collected.
     schedulers: AtomicUsize,
-    /// Live stream readers by job id: notified when chunks of the job are
-    /// committed or it ends (see [`LiveStream`]).
-    live: Mutex<HashMap<String, Arc<Notify>>>,
+    /// Live output of the jobs this process's stream readers follow.
+    pub(crate) live: Arc<LiveJobs>,
 }
 
 /// Counts a scheduler on its hub for as long as it lives: held by the
@@ -963,7 +961,20 @@ impl Hub {
     pub(crate) fn apply(&self, signal: Signal) {
         match signal {
             Signal::Queued(model) => self.wake(&model),
-            Signal::Final(job_id) => self.reread(Some(&job_id)),
+            Signal::Final(job_id) => {
+                self.live.ended(std::iter::once(job_id.as_str()));
+                self.reread(Some(&job_id));
+            }
+            Signal::Chunk { job_id, seq, output } => {
+                // Unreadable content counts as not carried: read from the database.
+                let output = output.and_then(|text| serde_json::from_str::<Value>(&text).ok());
+                self.live.chunk(&job_id, seq, output.as_ref());
+            }
+            Signal::Progress(job_id, message) => {
+                if let Ok(message) = serde_json::from_str::<Value>(&message) {
+                    self.live.progress(&job_id, &message);
+                }
+            }
             Signal::Cancelled(job_id) => {
                 if self.has_scheduler() {
                     self.lock_pending().rechecks.insert(job_id);
@@ -978,6 +989,7 @@ impl Hub {
     /// this process's scheduler claims as its sweep would.
     pub(crate) fn resync(&self) {
         self.reread(None);
+        self.live.ended_all();
         if self.has_scheduler() {
             self.lock_pending().refill_all = true;
             self.notify.notify_one();
@@ -1200,7 +1212,7 @@ impl Hub {
     /// for which `announce` holds and that nobody here waited for is
     /// signalled to the other processes (a `runsync` caller may wait there).
     pub(crate) fn finished(&self, views: &[JobView], announce: impl Fn(usize) -> bool) {
-        self.live_notify(views.iter().map(|view| view.id.as_str()));
+        self.live.ended(views.iter().map(|view| view.id.as_str()));
         let signals = self.signals.get();
         // Taken under the lock, woken after it: a wake-up can be a system
         // call (another thread's runtime), and the HTTP workers register and
@@ -1231,21 +1243,27 @@ impl Hub {
         }
     }
 
-    fn lock_live(&self) -> MutexGuard<'_, HashMap<String, Arc<Notify>>> {
-        self.live.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// Wakes the live readers of these jobs (chunks committed, or final).
-    pub(crate) fn live_notify<'a>(&self, job_ids: impl Iterator<Item = &'a str>) {
-        let woken: Vec<Arc<Notify>> = {
-            let live = self.lock_live();
-            if live.is_empty() {
-                return;
+    /// A worker's chunk or progress message, as it arrives (before it is
+    /// stored): to this process's readers, and to other processes' over Redis.
+    pub(crate) fn live_event(&self, event: &Event) {
+        let signals = self.signals.get();
+        match event {
+            Event::Chunk {
+                job_id, seq, output, ..
+            } => {
+                let seq = i64::try_from(*seq).unwrap_or(i64::MAX);
+                self.live.chunk(job_id, seq, Some(output));
+                if let Some(signals) = signals {
+                    signals.send(Signal::chunk(job_id, seq, output));
+                }
             }
-            job_ids.filter_map(|id| live.get(id).cloned()).collect()
-        };
-        for notify in woken {
-            notify.notify_waiters();
+            Event::Progress { job_id, message, .. } => {
+                self.live.progress(job_id, message);
+                if let Some(signals) = signals {
+                    signals.send(Signal::Progress(job_id.clone(), message.to_string()));
+                }
+            }
+            _ => {}
         }
     }
 
@@ -1379,31 +1397,6 @@ fn callers_job(user: &str, model_id: &str, job_id: &str, now: i64) -> Condition 
         .add(J::UserId.eq(user))
         .add(J::Model.eq(model_id))
         .add(J::ExpiresAtMs.gt(now))
-}
-
-/// A live reader's subscription to one job (see [`JobStore::watch_stream`]).
-/// Create the `notified()` future before reading, so that nothing committed
-/// in between is missed.
-pub struct LiveStream {
-    hub: Arc<Hub>,
-    job_id: String,
-    notify: Arc<Notify>,
-}
-
-impl LiveStream {
-    pub fn notified(&self) -> tokio::sync::futures::Notified<'_> {
-        self.notify.notified()
-    }
-}
-
-impl Drop for LiveStream {
-    fn drop(&mut self) {
-        let mut live = self.hub.lock_live();
-        // The map's reference and this one: no other reader of the job is left.
-        if Arc::strong_count(&self.notify) <= 2 {
-            live.remove(&self.job_id);
-        }
-    }
 }
 
 #[cfg(test)]

@@ -1,11 +1,15 @@
-//! Following a job as it runs: its chunks in order as they are committed,
+//! Following a job as it runs: its chunks in order as they are produced,
 //! then its final view. Shared by `GET /v2/{model_id}/stream/{job_id}` with
 //! `Accept: text/event-stream` and by the OpenAI-compatible streaming routes.
 //!
-//! A reader in the process whose scheduler runs the job is woken when chunks
-//! are committed (no polling); a reader in another process reads again every
-//! [`REREAD`] as well. Each reader keeps its own position, so any number of
-//! readers (and a reconnecting one with `Last-Event-ID`) see every chunk.
+//! A reader takes chunks and progress from the job store's live feed as
+//! workers send them, without reading the database (the feed reaches this
+//! process from its own scheduler, or over Redis signals from another). It
+//! reads the database at the start, when the job may have ended, and when the
+//! chunk it needs next is not in the feed (it joined late, fell behind, or a
+//! signal was lost). Each reader keeps its own position, so any number of
+//! readers (and a reconnecting one with `Last-Event-ID`) see every chunk once
+//! and in order.
 use std::time::Duration;
 
 use actix_web::HttpResponse;
@@ -15,9 +19,17 @@ use gantry_scheduler::{JobError, JobStore, JobView};
 use serde_json::Value;
 use tokio::sync::mpsc;
 
-/// How often a reader reads the job again without being woken (readers in
-/// another process than the job's scheduler, and a safety net).
-const REREAD: Duration = Duration::from_millis(250);
+/// How long a reader that hears nothing waits before reading the job again
+/// anyway, when this process gets live output: a safety net for a lost
+/// signal.
+const REREAD_LIVE: Duration = Duration::from_secs(1);
+/// The same, when this process gets no live output (no scheduler here and no
+/// Redis signals): then it is how the reader follows the job.
+const REREAD_POLLING: Duration = Duration::from_millis(250);
+/// First wait for a chunk known to exist but not in the live feed, doubled
+/// while it is missing (up to the reread period); a wake-up on its storage
+/// ends the wait sooner.
+const GAP_FIRST_WAIT: Duration = Duration::from_millis(10);
 /// An SSE comment is sent after this long without data, so proxies keep the
 /// connection open.
 const KEEP_ALIVE: Duration = Duration::from_secs(15);
@@ -56,44 +68,84 @@ pub(crate) fn follow(f: Follow) -> mpsc::Receiver<Frame> {
     let (tx, rx) = mpsc::channel(BUFFER);
     actix_web::rt::spawn(async move {
         let live = f.jobs.watch_stream(&f.job_id);
-        let mut next = f.from;
+        let mut cursor = live.cursor(f.from);
+        let reread = if f.jobs.live_delivery() {
+            REREAD_LIVE
+        } else {
+            REREAD_POLLING
+        };
+        let mut read = true;
+        let mut gap_wait = GAP_FIRST_WAIT;
         let mut quiet_since = tokio::time::Instant::now();
         let mut progress: Option<Value> = None;
         loop {
-            // Subscribed before reading: a commit in between wakes the wait below.
+            // Subscribed before reading: anything arriving in between wakes the wait below.
             let notified = live.notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
-            match f.jobs.chunks_from(&f.user, &f.model, &f.job_id, next).await {
-                Err(error) => {
-                    let _ = tx.send(Frame::Failed(error)).await;
-                    return;
-                }
-                Ok((view, chunks)) => {
-                    for (seq, output) in chunks {
-                        next = seq + 1;
-                        if tx.send(Frame::Chunk { seq, output }).await.is_err() {
-                            return disconnected(&f, view.status.is_final()).await;
-                        }
-                        quiet_since = tokio::time::Instant::now();
-                    }
-                    if view.status.is_final() {
-                        let _ = tx.send(Frame::Final(Box::new(view))).await;
+            let mut frames = Vec::new();
+            if std::mem::take(&mut read) {
+                match f.jobs.chunks_from(&f.user, &f.model, &f.job_id, cursor.next).await {
+                    Err(error) => {
+                        let _ = tx.send(Frame::Failed(error)).await;
                         return;
                     }
-                    if view.progress.is_some() && view.progress != progress {
-                        progress.clone_from(&view.progress);
-                        let message = view.progress.unwrap_or(Value::Null);
-                        if tx.send(Frame::Progress(message)).await.is_err() {
-                            return disconnected(&f, false).await;
+                    Ok((view, chunks)) => {
+                        for (seq, output) in chunks {
+                            cursor.next = seq + 1;
+                            frames.push(Frame::Chunk { seq, output });
                         }
-                        quiet_since = tokio::time::Instant::now();
+                        if view.status.is_final() {
+                            frames.push(Frame::Final(Box::new(view)));
+                        } else if let Some(message) = view.progress {
+                            frames.push(Frame::Progress(message));
+                        }
                     }
                 }
             }
+            let taken = live.take(&mut cursor);
+            let ends = frames.last().is_some_and(|frame| matches!(frame, Frame::Final(_)));
+            if !ends {
+                frames.extend(
+                    taken
+                        .chunks
+                        .into_iter()
+                        .map(|(seq, output)| Frame::Chunk { seq, output }),
+                );
+                frames.extend(taken.progress.map(Frame::Progress));
+            }
+            for frame in frames {
+                let is_final = matches!(frame, Frame::Final(_));
+                if let Frame::Progress(message) = &frame {
+                    if progress.as_ref() == Some(message) {
+                        continue;
+                    }
+                    progress = Some(message.clone());
+                }
+                if tx.send(frame).await.is_err() {
+                    return disconnected(&f, ends || is_final).await;
+                }
+                quiet_since = tokio::time::Instant::now();
+                if is_final {
+                    return;
+                }
+            }
+            if !taken.gap {
+                gap_wait = GAP_FIRST_WAIT;
+            }
+            // The job may have ended, or the missing chunk is now stored.
+            if taken.ended || (taken.gap && taken.stored) {
+                read = true;
+                continue;
+            }
+            let wait = if taken.gap { gap_wait } else { reread };
             tokio::select! {
                 () = &mut notified => {}
-                () = tokio::time::sleep(REREAD) => {
+                () = tokio::time::sleep(wait) => {
+                    read = true;
+                    if taken.gap {
+                        gap_wait = (gap_wait * 2).min(reread);
+                    }
                     if quiet_since.elapsed() >= KEEP_ALIVE {
                         if tx.send(Frame::KeepAlive).await.is_err() {
                             return disconnected(&f, false).await;

@@ -14,6 +14,7 @@ mod files;
 mod hibari;
 mod images;
 mod jobs;
+mod live;
 mod metrics;
 mod openapi;
 mod processes;

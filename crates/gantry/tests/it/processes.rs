@@ -15,6 +15,9 @@ use reqwest::Client;
 use sea_orm::{ConnectionTrait, Database, DbBackend, QueryResult, Statement};
 use serde_json::{Value, json};
 
+use crate::harness::Backend;
+use crate::live::{SseReader, block_chunk_writes, chunk_numbers};
+
 /// The bound of every wait in this module.
 const WAIT: Duration = Duration::from_secs(30);
 /// Shared by the schedulers and the workers of a test.
@@ -881,6 +884,47 @@ async fn redis_signals_wake_the_other_processes_and_losing_them_loses_no_job() {
     assert!(line.contains(&long), "{line}");
     expect_heard(&heard_signals, "c", &long).await;
 
+    // A reader on the API process follows a job the scheduler process runs:
+    // its chunks come over Redis as the worker sends them, even while the
+    // database cannot store them.
+    let streamed = id_of(
+        &cluster
+            .submit(
+                &api,
+                "run",
+                &key,
+                json!({ "sleep_ms": 300, "stream": 3, "stream_interval_ms": 20 }),
+            )
+            .await,
+    );
+    let mut reader = SseReader::new(
+        cluster
+            .client
+            .get(format!("{}/v2/gantry-echo/stream/{streamed}", api.public))
+            .bearer_auth(&key)
+            .header("accept", "text/event-stream")
+            .send()
+            .await
+            .expect("stream"),
+    );
+    let (_, name, _) = reader.next(WAIT).await.expect("the progress event");
+    assert_eq!(name, "progress");
+    let lock = block_chunk_writes(&cluster.db.url, Backend::Postgres).await;
+    let mut events = Vec::new();
+    while chunk_numbers(&events).len() < 3 {
+        let event = reader.next(Duration::from_secs(3)).await.expect("the stream goes on");
+        assert_ne!(event.1, "status", "the job cannot end before its chunks are stored");
+        events.push(event);
+    }
+    assert_eq!(chunk_numbers(&events), vec![0, 1, 2]);
+    lock.rollback().await.expect("unlock");
+    let rest = reader.rest(WAIT).await;
+    assert!(chunk_numbers(&rest).is_empty(), "no chunk twice: {rest:?}");
+    assert_eq!(
+        rest.last().map(|(_, _, data)| data["status"].clone()),
+        Some(json!("COMPLETED"))
+    );
+
     // Redis goes away: the signal of this job is lost...
     redis.kill();
     let lost = id_of(&cluster.submit(&api, "run", &key, json!({ "n": "lost" })).await);
@@ -899,7 +943,7 @@ async fn redis_signals_wake_the_other_processes_and_losing_them_loses_no_job() {
     assert_eq!(done[&after]["status"], "COMPLETED", "{}", done[&after]);
 
     let mut charged = ids.clone();
-    charged.extend([sync_id, lost, after]);
+    charged.extend([sync_id, streamed, lost, after]);
     let jobs = cluster.jobs().await;
     assert_eq!(jobs[&long].status, "CANCELLED", "{:?}", jobs[&long]);
     let ledger = cluster.ledger().await;

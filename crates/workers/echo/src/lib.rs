@@ -8,6 +8,8 @@
 //! | `fail`     | string or bool  | fail as bad input (never retried); a string becomes the error |
 //! | `sleep_ms` | unsigned int    | report progress `{"sleeping_ms": n}`, then sleep; a cancel or deadline ends the sleep at once |
 //! | `stream`   | unsigned int    | emit that many stream chunks `{"chunk": i}` before finishing   |
+//! | `stream_interval_ms` | unsigned int | pause this long between two chunks (cancel-aware) |
+//! | `timestamps` | bool          | each chunk also carries `sent_at_us`, the wall-clock time it was sent in microseconds since the Unix epoch (to measure delivery latency) |
 //!
 //! `fail` is checked first, then the sleep, then the chunks. Every successful
 //! job bills exactly one unit of `"requests"`.
@@ -73,10 +75,24 @@ impl Model for EchoModel {
             }
         }
         for i in 0..options.stream {
+            if i > 0 && options.stream_interval_ms > 0 {
+                tokio::select! {
+                    () = tokio::time::sleep(Duration::from_millis(options.stream_interval_ms)) => {}
+                    () = ctx.cancelled() => return Err(JobError::Cancelled),
+                }
+            }
             if ctx.is_cancelled() {
                 return Err(JobError::Cancelled);
             }
-            ctx.chunk(json!({ "chunk": i })).await?;
+            let chunk = if options.timestamps {
+                let sent_at_us = std::time::SystemTime::now()
+                    .duration_since(std::time::UNIX_EPOCH)
+                    .map_or(0, |since| since.as_micros());
+                json!({ "chunk": i, "sent_at_us": sent_at_us })
+            } else {
+                json!({ "chunk": i })
+            };
+            ctx.chunk(chunk).await?;
         }
         Ok(Output::new(input, Usage::whole("requests", 1)))
     }
@@ -87,6 +103,8 @@ struct Options {
     fail: Option<String>,
     sleep_ms: u64,
     stream: u64,
+    stream_interval_ms: u64,
+    timestamps: bool,
     file: Option<FileOption>,
 }
 
@@ -161,11 +179,19 @@ impl Options {
                 "`stream` may ask for at most {MAX_STREAM_CHUNKS} chunks"
             )));
         }
+        let stream_interval_ms = count("stream_interval_ms")?;
+        let timestamps = match object.get("timestamps") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(on)) => *on,
+            Some(_) => return Err(JobError::bad_input("`timestamps` must be a bool")),
+        };
         let file = FileOption::parse(object.get("file").unwrap_or(&Value::Null))?;
         Ok(Self {
             fail,
             sleep_ms,
             stream,
+            stream_interval_ms,
+            timestamps,
             file,
         })
     }
@@ -180,11 +206,16 @@ mod tests {
         assert_eq!(Options::parse(&json!("text")).unwrap(), Options::default());
         assert_eq!(Options::parse(&json!({"a": 1})).unwrap(), Options::default());
         assert_eq!(
-            Options::parse(&json!({"fail": true, "sleep_ms": 5, "stream": 2})).unwrap(),
+            Options::parse(
+                &json!({"fail": true, "sleep_ms": 5, "stream": 2, "stream_interval_ms": 7, "timestamps": true})
+            )
+            .unwrap(),
             Options {
                 fail: Some("failure requested by the input".into()),
                 sleep_ms: 5,
                 stream: 2,
+                stream_interval_ms: 7,
+                timestamps: true,
                 file: None,
             }
         );
@@ -198,6 +229,8 @@ mod tests {
             json!({"sleep_ms": -1}),
             json!({"stream": "x"}),
             json!({"stream": MAX_STREAM_CHUNKS + 1}),
+            json!({"stream_interval_ms": 1.5}),
+            json!({"timestamps": "yes"}),
         ] {
             assert!(matches!(Options::parse(&bad), Err(JobError::BadInput(_))), "{bad}");
         }

@@ -1,0 +1,177 @@
+//! Live streaming: chunks reach SSE readers as workers send them, not when
+//! they are stored, and every reader (late, or resuming) still gets each
+//! chunk once and in order.
+use std::time::Duration;
+
+use futures_util::StreamExt;
+use reqwest::Method;
+use sea_orm::{ConnectionTrait, Database, DatabaseTransaction, TransactionTrait};
+use serde_json::{Value, json};
+
+use crate::harness::{Backend, TestApp};
+use crate::text::parse_sse;
+
+gantry_testkit::on_both_backends!(
+    chunks_reach_readers_while_the_database_cannot_store_them,
+    late_and_resuming_readers_get_every_chunk_once_in_order,
+);
+
+/// An SSE response read event by event.
+pub struct SseReader {
+    body: futures_util::stream::BoxStream<'static, reqwest::Result<Vec<u8>>>,
+    pending: String,
+}
+
+impl SseReader {
+    pub async fn open(app: &TestApp, model: &str, key: &str, id: &str, last_event_id: Option<i64>) -> SseReader {
+        let mut request = app
+            .public(Method::GET, &format!("/v2/{model}/stream/{id}"), key)
+            .header("accept", "text/event-stream");
+        if let Some(last) = last_event_id {
+            request = request.header("last-event-id", last.to_string());
+        }
+        SseReader::new(request.send().await.unwrap())
+    }
+
+    /// Reads the events of `res`, an answer to a stream request.
+    pub fn new(res: reqwest::Response) -> SseReader {
+        assert_eq!(res.status(), 200);
+        SseReader {
+            body: res
+                .bytes_stream()
+                .map(|piece| piece.map(|bytes| bytes.to_vec()))
+                .boxed(),
+            pending: String::new(),
+        }
+    }
+
+    /// The next event, or `None` once the stream ends; panics after `wait`.
+    pub async fn next(&mut self, wait: Duration) -> Option<(Option<i64>, String, Value)> {
+        loop {
+            if let Some(end) = self.pending.find("\n\n") {
+                let block: String = self.pending.drain(..end + 2).collect();
+                if let Some(event) = parse_sse(&block).into_iter().next() {
+                    return Some(event);
+                }
+                continue;
+            }
+            let piece = tokio::time::timeout(wait, self.body.next())
+                .await
+                .expect("an event in time")?;
+            self.pending.push_str(&String::from_utf8_lossy(&piece.unwrap()));
+        }
+    }
+
+    /// Every remaining event up to the end of the stream.
+    pub async fn rest(&mut self, wait: Duration) -> Vec<(Option<i64>, String, Value)> {
+        let mut events = Vec::new();
+        while let Some(event) = self.next(wait).await {
+            events.push(event);
+        }
+        events
+    }
+}
+
+/// Holds a write lock on the job's chunk table until dropped (rolled back):
+/// nothing the scheduler settles can be stored meanwhile, reads go on.
+pub async fn block_chunk_writes(database_url: &str, backend: Backend) -> DatabaseTransaction {
+    let db = Database::connect(database_url).await.unwrap();
+    let tx = db.begin().await.unwrap();
+    match backend {
+        Backend::Postgres => tx.execute_unprepared("LOCK TABLE job_chunks IN EXCLUSIVE MODE").await,
+        // A write statement takes SQLite's one write lock (WAL readers go on).
+        Backend::Sqlite => tx.execute_unprepared("DELETE FROM job_chunks WHERE job_id = ''").await,
+    }
+    .unwrap();
+    tx
+}
+
+pub fn chunk_numbers(events: &[(Option<i64>, String, Value)]) -> Vec<u64> {
+    events
+        .iter()
+        .filter(|(_, name, _)| name == "chunk")
+        .map(|(_, _, data)| data["output"]["chunk"].as_u64().unwrap())
+        .collect()
+}
+
+async fn chunks_reach_readers_while_the_database_cannot_store_them(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let (_, key) = app.user_with_key("endpoints:run").await;
+    let queued: Value = app
+        .submit(
+            "run",
+            &key,
+            json!({"input": {"sleep_ms": 300, "stream": 3, "stream_interval_ms": 20}}),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    let id = queued["id"].as_str().unwrap();
+    let wait = Duration::from_secs(20);
+    let mut reader = SseReader::open(&app, "gantry-echo", &key, id, None).await;
+    // The worker's progress message: the job runs, and the reader has read
+    // what the database held.
+    let (_, name, data) = reader.next(wait).await.unwrap();
+    assert_eq!(
+        (name.as_str(), &data),
+        ("progress", &json!({"progress": {"sleeping_ms": 300}}))
+    );
+    // From now on no chunk can be stored until the lock is released, well
+    // within SQLite's 5 s busy wait.
+    let lock = block_chunk_writes(&app.database_url, backend).await;
+    let mut events = Vec::new();
+    while chunk_numbers(&events).len() < 3 {
+        let event = reader.next(Duration::from_secs(3)).await.expect("the stream goes on");
+        assert_ne!(event.1, "status", "the job cannot end before its chunks are stored");
+        events.push(event);
+    }
+    assert_eq!(chunk_numbers(&events), vec![0, 1, 2]);
+    let ids: Vec<Option<i64>> = events.iter().map(|(id, _, _)| *id).collect();
+    assert_eq!(ids, vec![Some(0), Some(1), Some(2)]);
+    lock.rollback().await.unwrap();
+    let rest = reader.rest(wait).await;
+    assert_eq!(chunk_numbers(&rest), Vec::<u64>::new(), "no chunk twice");
+    let (_, name, last) = rest.last().unwrap();
+    assert_eq!(name, "status");
+    assert_eq!(last["status"], "COMPLETED");
+    // Stored all the same: a reader that resumes after chunk 0 reads the rest.
+    let resumed = SseReader::open(&app, "gantry-echo", &key, id, Some(0))
+        .await
+        .rest(wait)
+        .await;
+    assert_eq!(chunk_numbers(&resumed), vec![1, 2]);
+}
+
+async fn late_and_resuming_readers_get_every_chunk_once_in_order(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let (_, key) = app.user_with_key("endpoints:run").await;
+    let queued: Value = app
+        .submit("run", &key, json!({"input": {"stream": 60, "stream_interval_ms": 5}}))
+        .await
+        .json()
+        .await
+        .unwrap();
+    let id = queued["id"].as_str().unwrap();
+    let wait = Duration::from_secs(20);
+    let mut first = SseReader::open(&app, "gantry-echo", &key, id, None).await;
+    // Chunks go on while the late readers join: some of what they need is
+    // stored, some is on its way to the database, the rest comes live.
+    let mut head = Vec::new();
+    while chunk_numbers(&head).len() < 10 {
+        head.push(first.next(wait).await.unwrap());
+    }
+    let mut late = SseReader::open(&app, "gantry-echo", &key, id, None).await;
+    let mut resuming = SseReader::open(&app, "gantry-echo", &key, id, Some(4)).await;
+    let (late, resuming, rest) = tokio::join!(late.rest(wait), resuming.rest(wait), first.rest(wait));
+    head.extend(rest);
+    for (events, from) in [(&head, 0), (&late, 0), (&resuming, 5)] {
+        assert_eq!(
+            chunk_numbers(events),
+            (from..60).collect::<Vec<_>>(),
+            "every chunk once, in order"
+        );
+        let (_, name, last) = events.last().unwrap();
+        assert_eq!((name.as_str(), &last["status"]), ("status", &json!("COMPLETED")));
+    }
+}
