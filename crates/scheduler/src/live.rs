@@ -203,8 +203,12 @@ pub struct Taken {
     /// The next chunk exists but is not held here: read it from the database
     /// once it is stored.
     pub gap: bool,
-    /// Chunks were stored since the last take.
+    /// Chunks or progress were stored since the last take.
     pub stored: bool,
+    /// The feed has carried a chunk or progress of the job since the reader
+    /// subscribed. Until it has, what was sent before the subscription may
+    /// be stored after the reader's first read: read again when it is.
+    pub fed: bool,
 }
 
 impl LiveStream {
@@ -235,6 +239,7 @@ impl LiveStream {
             cursor.next += 1;
         }
         taken.gap = state.known.is_some_and(|known| known >= cursor.next);
+        taken.fed = state.known.is_some() || state.progress_rev > 0;
         if state.progress_rev != cursor.progress_rev {
             cursor.progress_rev = state.progress_rev;
             taken.progress.clone_from(&state.progress);

@@ -35,6 +35,11 @@ use job::Column as J;
 const EVENT_BATCH: usize = 256;
 /// Ids per `IN (…)` list.
 const ID_CHUNK: usize = 500;
+/// How long a batch of only stream chunks and progress messages waits to be
+/// stored together with later events: live readers already have them (see
+/// `live.rs`), so a token stream costs one transaction per this period, not
+/// one per token. A terminal event stores them at once, before itself.
+const STREAM_COALESCE: Duration = Duration::from_millis(25);
 /// Expired jobs deleted per round, and rounds per sweep.
 const EXPIRE_BATCH: u64 = 1000;
 const EXPIRE_ROUNDS: usize = 10;
@@ -260,6 +265,10 @@ impl Core {
         // The settlement being committed. The loop does not wait for it: it
         // goes on placing handed-over jobs, cancelling and sweeping meanwhile.
         let mut flight: Option<InFlight> = None;
+        // Chunks and progress waiting to be stored with what comes next (see
+        // `STREAM_COALESCE`), and when they are stored at the latest.
+        let mut deferred: Vec<Event> = Vec::new();
+        let mut deferred_until: Option<tokio::time::Instant> = None;
         loop {
             let next_deadline = self.running.values().map(Running::due_at).min();
             let deadline_sleep = async {
@@ -335,17 +344,30 @@ impl Core {
                 // commits make up the next batch.
                 event = events.recv(), if events_open && flight.is_none() => match event {
                     Some(first) => {
-                        let mut batch = vec![first];
+                        let mut batch = std::mem::take(&mut deferred);
+                        batch.push(first);
                         while batch.len() < EVENT_BATCH {
                             match events.try_recv() {
                                 Ok(event) => batch.push(event),
                                 Err(_) => break,
                             }
                         }
-                        flight = Some(self.start_settlement(batch));
+                        if batch.len() < EVENT_BATCH && batch.iter().all(is_stream_output) {
+                            // Readers have these live already: store them
+                            // with whatever arrives in the next few ms.
+                            deferred = batch;
+                            deferred_until.get_or_insert_with(|| tokio::time::Instant::now() + STREAM_COALESCE);
+                        } else {
+                            deferred_until = None;
+                            flight = Some(self.start_settlement(batch));
+                        }
                     }
                     None => events_open = false,
                 },
+                () = sleep_until_some(deferred_until), if flight.is_none() => {
+                    deferred_until = None;
+                    flight = Some(self.start_settlement(std::mem::take(&mut deferred)));
+                }
             }
             if flight.is_none() {
                 if !self.rechecks.is_empty() {
@@ -361,6 +383,11 @@ impl Core {
             }
         }
         if let Some(InFlight { batch, outcome, work }) = flight.take() {
+            let done = work.await;
+            self.finish_settlement(batch, outcome, done).await;
+        }
+        if !deferred.is_empty() {
+            let InFlight { batch, outcome, work } = self.start_settlement(deferred);
             let done = work.await;
             self.finish_settlement(batch, outcome, done).await;
         }
@@ -1678,6 +1705,20 @@ fn output_with_cost(output: &Value, amount: i64) -> String {
             Value::Object(map).to_string()
         }
         other => other.to_string(),
+    }
+}
+
+/// A chunk or progress message: output that live readers get before it is
+/// stored, so storing it can wait a little for company.
+fn is_stream_output(event: &Event) -> bool {
+    matches!(event, Event::Chunk { .. } | Event::Progress { .. })
+}
+
+/// Sleeps until `at`, or forever without one.
+async fn sleep_until_some(at: Option<tokio::time::Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
     }
 }
 

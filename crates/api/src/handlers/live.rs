@@ -133,8 +133,9 @@ pub(crate) fn follow(f: Follow) -> mpsc::Receiver<Frame> {
             if !taken.gap {
                 gap_wait = GAP_FIRST_WAIT;
             }
-            // The job may have ended, or the missing chunk is now stored.
-            if taken.ended || (taken.gap && taken.stored) {
+            // The job may have ended, or what is missing is now stored (the
+            // next chunk, or output sent before the feed carried anything).
+            if taken.ended || (taken.stored && (taken.gap || !taken.fed)) {
                 read = true;
                 continue;
             }
