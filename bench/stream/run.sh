@@ -11,6 +11,9 @@
 # Environment (defaults): STREAMS=100 CHUNKS=200 INTERVAL_MS=20 ROUNDS=2
 #   BINS (target/release/gantry, built if missing): binaries measured in
 #   turn, round after round, so that old and new builds meet the same machine.
+#   CLIENT=rust (gantry-bench-stream, bench/jobs/src/stream.rs, one thread) or
+#   python (bench/stream/client.py: the same measurement, more client time
+#   per event, which shows in the tail).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 STREAMS=${STREAMS:-100}
@@ -20,7 +23,9 @@ ROUNDS=${ROUNDS:-2}
 BINS=${BINS:-target/release/gantry}
 MGMT=127.0.0.1:18080
 PUBLIC=127.0.0.1:18081
+CLIENT=${CLIENT:-rust}
 [ -x target/release/gantry ] || cargo build --release -q -p gantry --bin gantry
+[ "$CLIENT" != rust ] || cargo build --release -q -p gantry-bench-jobs --bin gantry-bench-stream
 
 pids=()
 DATA=""
@@ -37,7 +42,8 @@ run_one() { # bin backend
     db_url="${PG_ADMIN_URL%/*}/$name"
   fi
   export GANTRY_DATA_DIR=$DATA GANTRY_LOG=warn GANTRY_SCHEDULER__ADDR=127.0.0.1:0 \
-    GANTRY_SCHEDULER__BUNDLED_WORKERS="[gantry-echo]" GANTRY_SCHEDULER__BUNDLED_SLOTS=$((STREAMS + 8))
+    GANTRY_SCHEDULER__BUNDLED_WORKERS="[gantry-echo]" GANTRY_SCHEDULER__BUNDLED_SLOTS=$((STREAMS + 8)) \
+    GANTRY_BILLING__REQUIRE_CREDIT=false
   if [ -n "$db_url" ]; then export GANTRY_DATABASE_URL=$db_url; else unset GANTRY_DATABASE_URL; fi
   "$bin" users create bench@example.test >/dev/null 2>&1 || true
   "$bin" users set-limits bench@example.test --minute 1000000000 --hour 1000000000 --day 1000000000 >/dev/null
@@ -46,7 +52,9 @@ run_one() { # bin backend
   local pid=$!; pids+=("$pid")
   wait_up "$MGMT"
   local result
-  result=$(python3 bench/stream/client.py --base "$PUBLIC" --key "$key" --streams "$STREAMS" \
+  local client=(target/release/gantry-bench-stream)
+  [ "$CLIENT" = rust ] || client=(python3 bench/stream/client.py)
+  result=$("${client[@]}" --base "$PUBLIC" --key "$key" --streams "$STREAMS" \
     --chunks "$CHUNKS" --interval-ms "$INTERVAL_MS")
   local rss; rss=$(awk '/VmHWM/ {printf "%.0f", $2/1024}' "/proc/$pid/status")
   kill "$pid"; wait "$pid" 2>/dev/null || true

@@ -171,21 +171,26 @@ async fn disconnected(f: &Follow, is_final: bool) {
 }
 
 /// A `text/event-stream` response whose body is `frames`, each turned into
-/// SSE text by `render` (which may skip a frame by returning nothing).
+/// SSE text by `render` (which may skip a frame by returning nothing) as the
+/// response is written. The body ends after the final frame.
 pub(crate) fn sse_response(
-    mut frames: mpsc::Receiver<Frame>,
-    mut render: impl FnMut(Frame) -> Option<String> + 'static,
+    frames: mpsc::Receiver<Frame>,
+    render: impl FnMut(Frame) -> Option<String> + 'static,
 ) -> HttpResponse {
-    let body = async_stream(move |tx: mpsc::Sender<Result<Bytes, actix_web::Error>>| async move {
-        while let Some(frame) = frames.recv().await {
+    let body = futures_util::stream::unfold((frames, render, false), |(mut frames, mut render, ended)| async move {
+        if ended {
+            return None;
+        }
+        loop {
+            let frame = frames.recv().await?;
             let last = matches!(frame, Frame::Final(_) | Frame::Failed(_));
-            if let Some(text) = render(frame)
-                && tx.send(Ok(Bytes::from(text))).await.is_err()
-            {
-                return;
-            }
-            if last {
-                return;
+            match render(frame) {
+                Some(text) => {
+                    let item: Result<Bytes, actix_web::Error> = Ok(Bytes::from(text));
+                    return Some((item, (frames, render, last)));
+                }
+                None if last => return None,
+                None => {}
             }
         }
     });
@@ -194,17 +199,6 @@ pub(crate) fn sse_response(
         .insert_header((header::CACHE_CONTROL, "no-cache"))
         .insert_header(("x-accel-buffering", "no"))
         .streaming(body)
-}
-
-/// A body stream fed by a local task.
-fn async_stream<F, Fut>(produce: F) -> impl futures_util::Stream<Item = Result<Bytes, actix_web::Error>>
-where
-    F: FnOnce(mpsc::Sender<Result<Bytes, actix_web::Error>>) -> Fut,
-    Fut: std::future::Future<Output = ()> + 'static,
-{
-    let (tx, rx) = mpsc::channel(BUFFER);
-    actix_web::rt::spawn(produce(tx));
-    futures_util::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|item| (item, rx)) })
 }
 
 /// One SSE event: optional id and event name, then the data line(s).
