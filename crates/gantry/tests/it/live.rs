@@ -46,7 +46,7 @@ impl SseReader {
     }
 
     /// The next event, or `None` once the stream ends; panics after `wait`.
-    pub async fn next(&mut self, wait: Duration) -> Option<(Option<i64>, String, Value)> {
+    pub async fn next(&mut self, wait: Duration) -> Option<Event> {
         loop {
             if let Some(end) = self.pending.find("\n\n") {
                 let block: String = self.pending.drain(..end + 2).collect();
@@ -63,7 +63,7 @@ impl SseReader {
     }
 
     /// Every remaining event up to the end of the stream.
-    pub async fn rest(&mut self, wait: Duration) -> Vec<(Option<i64>, String, Value)> {
+    pub async fn rest(&mut self, wait: Duration) -> Vec<Event> {
         let mut events = Vec::new();
         while let Some(event) = self.next(wait).await {
             events.push(event);
@@ -86,7 +86,45 @@ pub async fn block_chunk_writes(database_url: &str, backend: Backend) -> Databas
     tx
 }
 
-pub fn chunk_numbers(events: &[(Option<i64>, String, Value)]) -> Vec<u64> {
+/// `(id, event, data)` of one SSE event.
+pub type Event = (Option<i64>, String, Value);
+
+/// While `lock` blocks chunk writes, reads chunks 0..`count` (and no final
+/// status) from `reader`; then releases the lock and reads to the end of the
+/// stream, which repeats no chunk and ends `COMPLETED`. Returns the chunk
+/// events read under the lock.
+pub async fn expect_chunks_before_they_are_stored(
+    reader: &mut SseReader,
+    lock: DatabaseTransaction,
+    count: u64,
+) -> Vec<Event> {
+    let mut events = Vec::new();
+    while (chunk_numbers(&events).len() as u64) < count {
+        let event = reader.next(Duration::from_secs(3)).await.expect("the stream goes on");
+        assert_ne!(event.1, "status", "the job cannot end before its chunks are stored");
+        events.push(event);
+    }
+    assert_eq!(chunk_numbers(&events), (0..count).collect::<Vec<_>>());
+    lock.rollback().await.expect("unlock");
+    let rest = reader.rest(Duration::from_secs(20)).await;
+    assert!(chunk_numbers(&rest).is_empty(), "no chunk twice: {rest:?}");
+    let (_, name, last) = rest.last().expect("a final event");
+    assert_eq!((name.as_str(), &last["status"]), ("status", &json!("COMPLETED")));
+    events
+}
+
+/// Submits an echo job with `POST /run`; its id.
+async fn run_echo(app: &TestApp, key: &str, input: Value) -> String {
+    let queued: Value = app
+        .submit("run", key, json!({ "input": input }))
+        .await
+        .json()
+        .await
+        .unwrap();
+    queued["id"].as_str().unwrap().to_string()
+}
+
+fn chunk_numbers(events: &[Event]) -> Vec<u64> {
     events
         .iter()
         .filter(|(_, name, _)| name == "chunk")
@@ -97,17 +135,12 @@ pub fn chunk_numbers(events: &[(Option<i64>, String, Value)]) -> Vec<u64> {
 async fn chunks_reach_readers_while_the_database_cannot_store_them(backend: Backend) {
     let app = TestApp::spawn(backend).await;
     let (_, key) = app.user_with_key("endpoints:run").await;
-    let queued: Value = app
-        .submit(
-            "run",
-            &key,
-            json!({"input": {"sleep_ms": 300, "stream": 3, "stream_interval_ms": 20}}),
-        )
-        .await
-        .json()
-        .await
-        .unwrap();
-    let id = queued["id"].as_str().unwrap();
+    let id = &run_echo(
+        &app,
+        &key,
+        json!({"sleep_ms": 300, "stream": 3, "stream_interval_ms": 20}),
+    )
+    .await;
     let wait = Duration::from_secs(20);
     let mut reader = SseReader::open(&app, "gantry-echo", &key, id, None).await;
     // The worker's progress message: the job runs, and the reader has read
@@ -120,21 +153,9 @@ async fn chunks_reach_readers_while_the_database_cannot_store_them(backend: Back
     // From now on no chunk can be stored until the lock is released, well
     // within SQLite's 5 s busy wait.
     let lock = block_chunk_writes(&app.database_url, backend).await;
-    let mut events = Vec::new();
-    while chunk_numbers(&events).len() < 3 {
-        let event = reader.next(Duration::from_secs(3)).await.expect("the stream goes on");
-        assert_ne!(event.1, "status", "the job cannot end before its chunks are stored");
-        events.push(event);
-    }
-    assert_eq!(chunk_numbers(&events), vec![0, 1, 2]);
+    let events = expect_chunks_before_they_are_stored(&mut reader, lock, 3).await;
     let ids: Vec<Option<i64>> = events.iter().map(|(id, _, _)| *id).collect();
     assert_eq!(ids, vec![Some(0), Some(1), Some(2)]);
-    lock.rollback().await.unwrap();
-    let rest = reader.rest(wait).await;
-    assert_eq!(chunk_numbers(&rest), Vec::<u64>::new(), "no chunk twice");
-    let (_, name, last) = rest.last().unwrap();
-    assert_eq!(name, "status");
-    assert_eq!(last["status"], "COMPLETED");
     // Stored all the same: a reader that resumes after chunk 0 reads the rest.
     let resumed = SseReader::open(&app, "gantry-echo", &key, id, Some(0))
         .await
@@ -146,13 +167,7 @@ async fn chunks_reach_readers_while_the_database_cannot_store_them(backend: Back
 async fn late_and_resuming_readers_get_every_chunk_once_in_order(backend: Backend) {
     let app = TestApp::spawn(backend).await;
     let (_, key) = app.user_with_key("endpoints:run").await;
-    let queued: Value = app
-        .submit("run", &key, json!({"input": {"stream": 60, "stream_interval_ms": 5}}))
-        .await
-        .json()
-        .await
-        .unwrap();
-    let id = queued["id"].as_str().unwrap();
+    let id = &run_echo(&app, &key, json!({"stream": 60, "stream_interval_ms": 5})).await;
     let wait = Duration::from_secs(20);
     let mut first = SseReader::open(&app, "gantry-echo", &key, id, None).await;
     // Chunks go on while the late readers join: some of what they need is

@@ -16,7 +16,7 @@ use sea_orm::{ConnectionTrait, Database, DbBackend, QueryResult, Statement};
 use serde_json::{Value, json};
 
 use crate::harness::Backend;
-use crate::live::{SseReader, block_chunk_writes, chunk_numbers};
+use crate::live::{SseReader, block_chunk_writes, expect_chunks_before_they_are_stored};
 
 /// The bound of every wait in this module.
 const WAIT: Duration = Duration::from_secs(30);
@@ -910,20 +910,7 @@ async fn redis_signals_wake_the_other_processes_and_losing_them_loses_no_job() {
     let (_, name, _) = reader.next(WAIT).await.expect("the progress event");
     assert_eq!(name, "progress");
     let lock = block_chunk_writes(&cluster.db.url, Backend::Postgres).await;
-    let mut events = Vec::new();
-    while chunk_numbers(&events).len() < 3 {
-        let event = reader.next(Duration::from_secs(3)).await.expect("the stream goes on");
-        assert_ne!(event.1, "status", "the job cannot end before its chunks are stored");
-        events.push(event);
-    }
-    assert_eq!(chunk_numbers(&events), vec![0, 1, 2]);
-    lock.rollback().await.expect("unlock");
-    let rest = reader.rest(WAIT).await;
-    assert!(chunk_numbers(&rest).is_empty(), "no chunk twice: {rest:?}");
-    assert_eq!(
-        rest.last().map(|(_, _, data)| data["status"].clone()),
-        Some(json!("COMPLETED"))
-    );
+    expect_chunks_before_they_are_stored(&mut reader, lock, 3).await;
 
     // Redis goes away: the signal of this job is lost...
     redis.kill();
