@@ -26,9 +26,10 @@ const REREAD_LIVE: Duration = Duration::from_secs(1);
 /// The same, when this process gets no live output (no scheduler here and no
 /// Redis signals): then it is how the reader follows the job.
 const REREAD_POLLING: Duration = Duration::from_millis(250);
-/// First wait for a chunk known to exist but not in the live feed, doubled
-/// while it is missing (up to the reread period); a wake-up on its storage
-/// ends the wait sooner.
+/// First wait for a chunk known to exist but not in the live feed (or, before
+/// the feed has carried anything, for output sent before the reader
+/// subscribed), doubled while it is missing (up to the reread period); a
+/// wake-up on its storage ends the wait sooner.
 const GAP_FIRST_WAIT: Duration = Duration::from_millis(10);
 /// An SSE comment is sent after this long without data, so proxies keep the
 /// connection open.
@@ -130,7 +131,11 @@ pub(crate) fn follow(f: Follow) -> mpsc::Receiver<Frame> {
                     return;
                 }
             }
-            if !taken.gap {
+            // Something is missing: the next chunk, or (until the feed has
+            // carried anything) output sent before this reader subscribed,
+            // which a process without the job's scheduler hears no storage of.
+            let missing = taken.gap || !taken.fed;
+            if !missing {
                 gap_wait = GAP_FIRST_WAIT;
             }
             // The job may have ended, or what is missing is now stored (the
@@ -139,12 +144,12 @@ pub(crate) fn follow(f: Follow) -> mpsc::Receiver<Frame> {
                 read = true;
                 continue;
             }
-            let wait = if taken.gap { gap_wait } else { reread };
+            let wait = if missing { gap_wait } else { reread };
             tokio::select! {
                 () = &mut notified => {}
                 () = tokio::time::sleep(wait) => {
                     read = true;
-                    if taken.gap {
+                    if missing {
                         gap_wait = (gap_wait * 2).min(reread);
                     }
                     if quiet_since.elapsed() >= KEEP_ALIVE {

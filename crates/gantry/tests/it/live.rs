@@ -138,7 +138,7 @@ async fn chunks_reach_readers_while_the_database_cannot_store_them(backend: Back
     let id = &run_echo(
         &app,
         &key,
-        json!({"sleep_ms": 300, "stream": 3, "stream_interval_ms": 20}),
+        json!({"sleep_ms": 1000, "stream": 3, "stream_interval_ms": 20}),
     )
     .await;
     let wait = Duration::from_secs(20);
@@ -148,7 +148,7 @@ async fn chunks_reach_readers_while_the_database_cannot_store_them(backend: Back
     let (_, name, data) = reader.next(wait).await.unwrap();
     assert_eq!(
         (name.as_str(), &data),
-        ("progress", &json!({"progress": {"sleeping_ms": 300}}))
+        ("progress", &json!({"progress": {"sleeping_ms": 1000}}))
     );
     // From now on no chunk can be stored until the lock is released, well
     // within SQLite's 5 s busy wait.
@@ -168,22 +168,31 @@ async fn late_and_resuming_readers_get_every_chunk_once_in_order(backend: Backen
     let app = TestApp::spawn(backend).await;
     let (_, key) = app.user_with_key("endpoints:run").await;
     let id = &run_echo(&app, &key, json!({"stream": 60, "stream_interval_ms": 5})).await;
+    late_and_resuming_readers_agree(|last| SseReader::open(&app, "gantry-echo", &key, id, last), 60).await;
+}
+
+/// Follows a job that streams `count` chunks with a first reader; once that
+/// one has 10, a late reader and one resuming after chunk 4 join (some of
+/// what they need is stored, some is on its way to the database, the rest
+/// comes live). Each gets its chunks once, in order, then `COMPLETED`.
+pub async fn late_and_resuming_readers_agree<F, Fut>(open: F, count: u64)
+where
+    F: Fn(Option<i64>) -> Fut,
+    Fut: std::future::Future<Output = SseReader>,
+{
     let wait = Duration::from_secs(20);
-    let mut first = SseReader::open(&app, "gantry-echo", &key, id, None).await;
-    // Chunks go on while the late readers join: some of what they need is
-    // stored, some is on its way to the database, the rest comes live.
+    let mut first = open(None).await;
     let mut head = Vec::new();
     while chunk_numbers(&head).len() < 10 {
-        head.push(first.next(wait).await.unwrap());
+        head.push(first.next(wait).await.expect("the stream goes on"));
     }
-    let mut late = SseReader::open(&app, "gantry-echo", &key, id, None).await;
-    let mut resuming = SseReader::open(&app, "gantry-echo", &key, id, Some(4)).await;
+    let (mut late, mut resuming) = (open(None).await, open(Some(4)).await);
     let (late, resuming, rest) = tokio::join!(late.rest(wait), resuming.rest(wait), first.rest(wait));
     head.extend(rest);
     for (events, from) in [(&head, 0), (&late, 0), (&resuming, 5)] {
         assert_eq!(
             chunk_numbers(events),
-            (from..60).collect::<Vec<_>>(),
+            (from..count).collect::<Vec<_>>(),
             "every chunk once, in order"
         );
         let (_, name, last) = events.last().unwrap();

@@ -16,7 +16,9 @@ use sea_orm::{ConnectionTrait, Database, DbBackend, QueryResult, Statement};
 use serde_json::{Value, json};
 
 use crate::harness::Backend;
-use crate::live::{SseReader, block_chunk_writes, expect_chunks_before_they_are_stored};
+use crate::live::{
+    SseReader, block_chunk_writes, expect_chunks_before_they_are_stored, late_and_resuming_readers_agree,
+};
 
 /// The bound of every wait in this module.
 const WAIT: Duration = Duration::from_secs(30);
@@ -893,7 +895,7 @@ async fn redis_signals_wake_the_other_processes_and_losing_them_loses_no_job() {
                 &api,
                 "run",
                 &key,
-                json!({ "sleep_ms": 300, "stream": 3, "stream_interval_ms": 20 }),
+                json!({ "sleep_ms": 1000, "stream": 3, "stream_interval_ms": 20 }),
             )
             .await,
     );
@@ -911,6 +913,25 @@ async fn redis_signals_wake_the_other_processes_and_losing_them_loses_no_job() {
     assert_eq!(name, "progress");
     let lock = block_chunk_writes(&cluster.db.url, Backend::Postgres).await;
     expect_chunks_before_they_are_stored(&mut reader, lock, 3).await;
+    // Readers that join late or resume there read what they missed from the
+    // database (no store wake-up reaches that process) and the rest live.
+    let followed = id_of(
+        &cluster
+            .submit(&api, "run", &key, json!({ "stream": 60, "stream_interval_ms": 5 }))
+            .await,
+    );
+    let open = |last: Option<i64>| {
+        let mut request = cluster
+            .client
+            .get(format!("{}/v2/gantry-echo/stream/{followed}", api.public))
+            .bearer_auth(&key)
+            .header("accept", "text/event-stream");
+        if let Some(last) = last {
+            request = request.header("last-event-id", last.to_string());
+        }
+        async move { SseReader::new(request.send().await.expect("stream")) }
+    };
+    late_and_resuming_readers_agree(open, 60).await;
 
     // Redis goes away: the signal of this job is lost...
     redis.kill();
@@ -930,7 +951,7 @@ async fn redis_signals_wake_the_other_processes_and_losing_them_loses_no_job() {
     assert_eq!(done[&after]["status"], "COMPLETED", "{}", done[&after]);
 
     let mut charged = ids.clone();
-    charged.extend([sync_id, streamed, lost, after]);
+    charged.extend([sync_id, streamed, followed, lost, after]);
     let jobs = cluster.jobs().await;
     assert_eq!(jobs[&long].status, "CANCELLED", "{:?}", jobs[&long]);
     let ledger = cluster.ledger().await;
