@@ -349,7 +349,16 @@ def measure(args):
                 out["skipped"].append(f"runsync request {k + 1}: over the {args.budget:.0f} s budget")
                 break
             try:
+                # Each runsync request right after one streamed request, so the
+                # two meet the same machine (its speed drifts over minutes).
+                cpu0 = time.process_time()
+                paired = per_request_metrics(stream_once(args, time.perf_counter() + args.timeout))
+                cpu1 = time.process_time()
                 sync.append(runsync_once(args))
+                sync[-1]["paired_stream_total"] = paired["total_s"]
+                # This client's own CPU time for each (it shares the cores with the server).
+                sync[-1]["paired_stream_client_cpu"] = cpu1 - cpu0
+                sync[-1]["client_cpu"] = time.process_time() - cpu1
             except (Failure, OSError) as e:
                 out["skipped"].append(f"runsync request {k + 1}: {e}")
                 break
@@ -381,8 +390,17 @@ def runsync_summary(out, sync, stream1, reference_text, rss_peak_kib):
         "finish_reasons": sorted({str(s["finish_reason"]) for s in sync}),
         "rss_peak_kib": rss_peak_kib,
     }
-    if stream1:
-        # Same prompt, same greedy tokens: the difference of total time is the cost of streaming them.
+    paired = [s["paired_stream_total"] for s in sync if "paired_stream_total" in s]
+    if paired:
+        # Same prompt, same greedy tokens, one right after the other: the
+        # difference of total time is the cost of streaming them.
+        out["runsync"]["paired_stream_total_s"] = summary(paired)
+        out["runsync"]["paired_stream_client_cpu_s"] = summary([s["paired_stream_client_cpu"] for s in sync])
+        out["runsync"]["client_cpu_s"] = summary([s["client_cpu"] for s in sync])
+        diff = summary(paired)["median"] - sync_total["median"]
+        out["runsync"]["sse_overhead_s"] = diff
+        out["runsync"]["sse_overhead_ms_per_token"] = 1000 * diff / sync_tokens["median"]
+    elif stream1:
         diff = stream1["total_s"]["median"] - sync_total["median"]
         out["runsync"]["sse_overhead_s"] = diff
         out["runsync"]["sse_overhead_ms_per_token"] = 1000 * diff / sync_tokens["median"]
@@ -493,14 +511,21 @@ def report(args):
     if s1:
         add(f"| openai chat, stream | {spread(s1, 'total_s', 3)} | {fmt(med(s1, 'completion_tokens'), 0)} "
             f"| {fmt(med(s1, 'completion_tokens') / med(s1, 'total_s'))} | – |")
+    if rs.get("paired_stream_total_s"):
+        add(f"| openai chat, stream, each just before a runsync | {spread(rs, 'paired_stream_total_s', 3)} "
+            f"| {fmt(med(rs, 'completion_tokens'), 0)} "
+            f"| {fmt(med(rs, 'completion_tokens') / med(rs, 'paired_stream_total_s'))} | – |")
     if rs:
         add(f"| runsync | {spread(rs, 'total_s', 3)} | {fmt(med(rs, 'completion_tokens'), 0)} "
             f"| {fmt(med(rs, 'end_to_end_tps'))} | {fmt(med(rs, 'execution_ms'), 0)} |")
         if "sse_overhead_ms_per_token" in rs:
             add("")
-            add(f"SSE overhead, (stream total − runsync total) / tokens: {rs['sse_overhead_ms_per_token']:.3f} ms "
+            add(f"SSE overhead, (paired stream total − runsync total) / tokens: {rs['sse_overhead_ms_per_token']:.3f} ms "
                 f"per token ({rs['sse_overhead_s'] * 1000:.1f} ms per request); same text both ways: "
                 f"{rs['same_text_as_streaming']}")
+            if rs.get("paired_stream_client_cpu_s"):
+                add(f"This client's own CPU time per request (it shares the cores with the server): streamed "
+                    f"{med(rs, 'paired_stream_client_cpu_s') * 1000:.1f} ms, runsync {med(rs, 'client_cpu_s') * 1000:.1f} ms")
     add("")
     for note in res.get("skipped") or []:
         add(f"Not measured: {note}")
