@@ -271,12 +271,7 @@ impl Core {
         let mut deferred_until: Option<tokio::time::Instant> = None;
         loop {
             let next_deadline = self.running.values().map(Running::due_at).min();
-            let deadline_sleep = async {
-                match next_deadline {
-                    Some(at) => tokio::time::sleep(until(at)).await,
-                    None => std::future::pending().await,
-                }
-            };
+            let deadline_sleep = sleep_until_some(next_deadline.map(|at| tokio::time::Instant::now() + until(at)));
             tokio::select! {
                 // Stop, sweeps and due deadlines are ready only now and then,
                 // so listing them first cannot starve the event stream, and a
@@ -352,7 +347,7 @@ impl Core {
                                 Err(_) => break,
                             }
                         }
-                        if batch.len() < EVENT_BATCH && batch.iter().all(is_stream_output) {
+                        if batch.len() < EVENT_BATCH && batch.iter().all(|event| stream_job(event).is_some()) {
                             // Readers have these live already: store them
                             // with whatever arrives in the next few ms.
                             deferred = batch;
@@ -469,10 +464,7 @@ impl Core {
                 outcome.claims = settled.claims;
                 // Chunks and progress are stored: readers of this process
                 // that were missing one (a gap) can read it now.
-                self.store.hub.live.stored(batch.iter().filter_map(|event| match event {
-                    Event::Chunk { job_id, .. } | Event::Progress { job_id, .. } => Some(job_id.as_str()),
-                    _ => None,
-                }));
+                self.store.hub.live.stored(batch.iter().filter_map(stream_job));
             }
             Err(error) => {
                 tracing::warn!(%error, "giving up on settling worker events");
@@ -505,10 +497,8 @@ impl Core {
             }
         }
         self.store.hub.stored(&outcome.stored);
-        for event in &batch {
-            if let Event::Chunk { job_id, .. } | Event::Progress { job_id, .. } = event
-                && let Some(running) = self.running.get_mut(job_id)
-            {
+        for job_id in batch.iter().filter_map(stream_job) {
+            if let Some(running) = self.running.get_mut(job_id) {
                 running.streamed = true;
             }
         }
@@ -1708,10 +1698,13 @@ fn output_with_cost(output: &Value, amount: i64) -> String {
     }
 }
 
-/// A chunk or progress message: output that live readers get before it is
-/// stored, so storing it can wait a little for company.
-fn is_stream_output(event: &Event) -> bool {
-    matches!(event, Event::Chunk { .. } | Event::Progress { .. })
+/// The job of a chunk or progress message: output that live readers get
+/// before it is stored, so storing it can wait a little for company.
+fn stream_job(event: &Event) -> Option<&str> {
+    match event {
+        Event::Chunk { job_id, .. } | Event::Progress { job_id, .. } => Some(job_id),
+        _ => None,
+    }
 }
 
 /// Sleeps until `at`, or forever without one.

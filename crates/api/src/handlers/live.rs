@@ -140,7 +140,7 @@ pub(crate) fn follow(f: Follow) -> mpsc::Receiver<Frame> {
             }
             // The job may have ended, or what is missing is now stored (the
             // next chunk, or output sent before the feed carried anything).
-            if taken.ended || (taken.stored && (taken.gap || !taken.fed)) {
+            if taken.ended || (taken.stored && missing) {
                 read = true;
                 continue;
             }

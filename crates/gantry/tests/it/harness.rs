@@ -1,6 +1,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use futures_util::StreamExt;
 use gantry::Platform;
 use gantry_api::Settings;
 use gantry_auth::{AuthService, ScopeSet};
@@ -173,4 +174,85 @@ pub fn errors_of(body: &Value) -> Vec<String> {
 pub fn http_client(timeout: Duration) -> Client {
     let _ = rustls::crypto::ring::default_provider().install_default();
     Client::builder().timeout(timeout).build().expect("client")
+}
+
+/// `(id, event, data)` of one SSE event.
+pub type Event = (Option<i64>, String, Value);
+
+/// `(id, event, data)` of every event of an SSE body.
+pub fn parse_sse(body: &str) -> Vec<Event> {
+    let mut events = Vec::new();
+    for block in body.split("\n\n") {
+        let (mut id, mut name, mut data) = (None, "message".to_string(), String::new());
+        for line in block.lines() {
+            if let Some(v) = line.strip_prefix("id: ") {
+                id = v.parse().ok();
+            } else if let Some(v) = line.strip_prefix("event: ") {
+                name = v.to_string();
+            } else if let Some(v) = line.strip_prefix("data: ") {
+                data.push_str(v);
+            }
+        }
+        if !data.is_empty() {
+            let value = serde_json::from_str(&data).unwrap_or(Value::String(data));
+            events.push((id, name, value));
+        }
+    }
+    events
+}
+
+/// An SSE response read event by event.
+pub struct SseReader {
+    body: futures_util::stream::BoxStream<'static, reqwest::Result<Vec<u8>>>,
+    pending: String,
+}
+
+impl SseReader {
+    pub async fn open(app: &TestApp, model: &str, key: &str, id: &str, last_event_id: Option<i64>) -> SseReader {
+        let mut request = app
+            .public(Method::GET, &format!("/v2/{model}/stream/{id}"), key)
+            .header("accept", "text/event-stream");
+        if let Some(last) = last_event_id {
+            request = request.header("last-event-id", last.to_string());
+        }
+        SseReader::new(request.send().await.unwrap())
+    }
+
+    /// Reads the events of `res`, an answer to a stream request.
+    pub fn new(res: reqwest::Response) -> SseReader {
+        assert_eq!(res.status(), 200);
+        SseReader {
+            body: res
+                .bytes_stream()
+                .map(|piece| piece.map(|bytes| bytes.to_vec()))
+                .boxed(),
+            pending: String::new(),
+        }
+    }
+
+    /// The next event, or `None` once the stream ends; panics after `wait`.
+    pub async fn next(&mut self, wait: Duration) -> Option<Event> {
+        loop {
+            if let Some(end) = self.pending.find("\n\n") {
+                let block: String = self.pending.drain(..end + 2).collect();
+                if let Some(event) = parse_sse(&block).into_iter().next() {
+                    return Some(event);
+                }
+                continue;
+            }
+            let piece = tokio::time::timeout(wait, self.body.next())
+                .await
+                .expect("an event in time")?;
+            self.pending.push_str(&String::from_utf8_lossy(&piece.unwrap()));
+        }
+    }
+
+    /// Every remaining event up to the end of the stream.
+    pub async fn rest(&mut self, wait: Duration) -> Vec<Event> {
+        let mut events = Vec::new();
+        while let Some(event) = self.next(wait).await {
+            events.push(event);
+        }
+        events
+    }
 }

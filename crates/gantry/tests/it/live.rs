@@ -3,74 +3,15 @@
 //! chunk once and in order.
 use std::time::Duration;
 
-use futures_util::StreamExt;
-use reqwest::Method;
 use sea_orm::{ConnectionTrait, Database, DatabaseTransaction, TransactionTrait};
 use serde_json::{Value, json};
 
-use crate::harness::{Backend, TestApp};
-use crate::text::parse_sse;
+use crate::harness::{Backend, Event, SseReader, TestApp};
 
 gantry_testkit::on_both_backends!(
     chunks_reach_readers_while_the_database_cannot_store_them,
     late_and_resuming_readers_get_every_chunk_once_in_order,
 );
-
-/// An SSE response read event by event.
-pub struct SseReader {
-    body: futures_util::stream::BoxStream<'static, reqwest::Result<Vec<u8>>>,
-    pending: String,
-}
-
-impl SseReader {
-    pub async fn open(app: &TestApp, model: &str, key: &str, id: &str, last_event_id: Option<i64>) -> SseReader {
-        let mut request = app
-            .public(Method::GET, &format!("/v2/{model}/stream/{id}"), key)
-            .header("accept", "text/event-stream");
-        if let Some(last) = last_event_id {
-            request = request.header("last-event-id", last.to_string());
-        }
-        SseReader::new(request.send().await.unwrap())
-    }
-
-    /// Reads the events of `res`, an answer to a stream request.
-    pub fn new(res: reqwest::Response) -> SseReader {
-        assert_eq!(res.status(), 200);
-        SseReader {
-            body: res
-                .bytes_stream()
-                .map(|piece| piece.map(|bytes| bytes.to_vec()))
-                .boxed(),
-            pending: String::new(),
-        }
-    }
-
-    /// The next event, or `None` once the stream ends; panics after `wait`.
-    pub async fn next(&mut self, wait: Duration) -> Option<Event> {
-        loop {
-            if let Some(end) = self.pending.find("\n\n") {
-                let block: String = self.pending.drain(..end + 2).collect();
-                if let Some(event) = parse_sse(&block).into_iter().next() {
-                    return Some(event);
-                }
-                continue;
-            }
-            let piece = tokio::time::timeout(wait, self.body.next())
-                .await
-                .expect("an event in time")?;
-            self.pending.push_str(&String::from_utf8_lossy(&piece.unwrap()));
-        }
-    }
-
-    /// Every remaining event up to the end of the stream.
-    pub async fn rest(&mut self, wait: Duration) -> Vec<Event> {
-        let mut events = Vec::new();
-        while let Some(event) = self.next(wait).await {
-            events.push(event);
-        }
-        events
-    }
-}
 
 /// Holds a write lock on the job's chunk table until dropped (rolled back):
 /// nothing the scheduler settles can be stored meanwhile, reads go on.
@@ -85,9 +26,6 @@ pub async fn block_chunk_writes(database_url: &str, backend: Backend) -> Databas
     .unwrap();
     tx
 }
-
-/// `(id, event, data)` of one SSE event.
-pub type Event = (Option<i64>, String, Value);
 
 /// While `lock` blocks chunk writes, reads chunks 0..`count` (and no final
 /// status) from `reader`; then releases the lock and reads to the end of the

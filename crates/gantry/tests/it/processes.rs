@@ -15,10 +15,8 @@ use reqwest::Client;
 use sea_orm::{ConnectionTrait, Database, DbBackend, QueryResult, Statement};
 use serde_json::{Value, json};
 
-use crate::harness::Backend;
-use crate::live::{
-    SseReader, block_chunk_writes, expect_chunks_before_they_are_stored, late_and_resuming_readers_agree,
-};
+use crate::harness::{Backend, SseReader};
+use crate::live::{block_chunk_writes, expect_chunks_before_they_are_stored, late_and_resuming_readers_agree};
 
 /// The bound of every wait in this module.
 const WAIT: Duration = Duration::from_secs(30);

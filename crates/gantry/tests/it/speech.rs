@@ -6,12 +6,11 @@
 use std::time::{Duration, Instant};
 
 use base64::Engine as _;
-use futures_util::StreamExt;
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use crate::harness::{Backend, TestApp};
-use crate::text::{cancel_while_streaming, models_dir, parse_sse};
+use crate::harness::{Backend, SseReader, TestApp};
+use crate::text::{cancel_while_streaming, models_dir};
 
 const MODEL: &str = "piper-en-us-joe";
 /// 0.05 USD per 1000 characters: 50 micro-USD a character.
@@ -147,27 +146,10 @@ async fn bad_input_fails_and_costs_nothing(backend: Backend) {
 
 /// Events of a job's SSE stream with the time each arrived.
 async fn sse_timed(app: &TestApp, key: &str, id: &str) -> Vec<(Instant, String, Value)> {
-    let res = app
-        .public(Method::GET, &format!("/v2/{MODEL}/stream/{id}"), key)
-        .header("accept", "text/event-stream")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 200);
-    let mut body = res.bytes_stream();
-    let mut buffer = String::new();
+    let mut reader = SseReader::open(app, MODEL, key, id, None).await;
     let mut events = Vec::new();
-    while let Some(bytes) = tokio::time::timeout(Duration::from_secs(120), body.next())
-        .await
-        .expect("the stream goes on")
-    {
-        buffer.push_str(&String::from_utf8_lossy(&bytes.unwrap()));
-        while let Some(end) = buffer.find("\n\n") {
-            let block: String = buffer.drain(..end + 2).collect();
-            for (_, name, data) in parse_sse(&block) {
-                events.push((Instant::now(), name, data));
-            }
-        }
+    while let Some((_, name, data)) = reader.next(Duration::from_secs(120)).await {
+        events.push((Instant::now(), name, data));
     }
     events
 }
@@ -237,7 +219,7 @@ async fn a_cancelled_reading_stops_and_costs_nothing() {
         .join(" ");
     let job = app.speak("run", &key, json!({ "prompt": prompt })).await;
     let id = job["id"].as_str().unwrap().to_string();
-    let events = cancel_while_streaming(&app, MODEL, &key, &id, "id: 0\n", Duration::from_secs(60)).await;
+    let events = cancel_while_streaming(&app, MODEL, &key, &id, 0, Duration::from_secs(60)).await;
     let last = events.last().unwrap();
     assert_eq!((last.1.as_str(), &last.2["status"]), ("status", &json!("CANCELLED")));
     let chunks = events.iter().filter(|(_, name, _)| name == "chunk").count();

@@ -5,12 +5,11 @@
 use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
-use futures_util::StreamExt;
 use reqwest::{Method, Response};
 use sea_orm::{ConnectionTrait, Database, DbBackend, Statement};
 use serde_json::{Value, json};
 
-use crate::harness::{Backend, TestApp};
+use crate::harness::{Backend, Event, SseReader, TestApp, parse_sse};
 
 const MODEL: &str = "smollm2-135m-instruct";
 
@@ -83,34 +82,13 @@ impl TestApp {
         parse_sse(&res.text().await.unwrap())
     }
 }
-/// Reads the SSE stream of `model`'s job `id` to its end, each piece within
+/// Reads the SSE stream of `model`'s job `id` to its end, each event within
 /// `wait`; every event, in order.
-pub async fn read_sse(
-    app: &TestApp,
-    model: &str,
-    key: &str,
-    id: &str,
-    wait: Duration,
-) -> Vec<(Option<i64>, String, Value)> {
-    let res = app
-        .public(Method::GET, &format!("/v2/{model}/stream/{id}"), key)
-        .header("accept", "text/event-stream")
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 200);
-    let mut body = res.bytes_stream();
-    let mut text = String::new();
-    while let Some(piece) = tokio::time::timeout(wait, body.next())
-        .await
-        .expect("the stream goes on")
-    {
-        text.push_str(&String::from_utf8_lossy(&piece.unwrap()));
-    }
-    parse_sse(&text)
+pub async fn read_sse(app: &TestApp, model: &str, key: &str, id: &str, wait: Duration) -> Vec<Event> {
+    SseReader::open(app, model, key, id, None).await.rest(wait).await
 }
 
-/// Reads the SSE stream of job `id` until `marker` has come (chunks the
+/// Reads the SSE stream of job `id` until chunk `seq` has come (chunks the
 /// worker sent while running), checks that the job is still `IN_PROGRESS`,
 /// cancels it, and reads the stream to its end, each wait bounded by `wait`.
 /// Returns every event; the caller checks the last.
@@ -119,24 +97,13 @@ pub async fn cancel_while_streaming(
     model: &str,
     key: &str,
     id: &str,
-    marker: &str,
+    seq: i64,
     wait: Duration,
-) -> Vec<(Option<i64>, String, Value)> {
-    let mut stream = app
-        .public(Method::GET, &format!("/v2/{model}/stream/{id}"), key)
-        .header("accept", "text/event-stream")
-        .send()
-        .await
-        .unwrap()
-        .bytes_stream();
-    let mut seen = String::new();
-    while !seen.contains(marker) {
-        let piece = tokio::time::timeout(wait, stream.next())
-            .await
-            .expect("a chunk in time")
-            .expect("the stream is open")
-            .unwrap();
-        seen.push_str(&String::from_utf8_lossy(&piece));
+) -> Vec<Event> {
+    let mut reader = SseReader::open(app, model, key, id, None).await;
+    let mut events = Vec::new();
+    while events.last().is_none_or(|(id, _, _)| *id != Some(seq)) {
+        events.push(reader.next(wait).await.expect("the stream is open"));
     }
     let status: Value = app
         .public_ok(Method::GET, &format!("/v2/{model}/status/{id}"), key)
@@ -146,31 +113,7 @@ pub async fn cancel_while_streaming(
         .public_ok(Method::POST, &format!("/v2/{model}/cancel/{id}"), key)
         .await;
     assert_eq!(cancelled["status"], "CANCELLED");
-    while let Some(piece) = tokio::time::timeout(wait, stream.next()).await.unwrap() {
-        seen.push_str(&String::from_utf8_lossy(&piece.unwrap()));
-    }
-    parse_sse(&seen)
-}
-
-/// `(id, event, data)` of every event of an SSE body.
-pub fn parse_sse(body: &str) -> Vec<(Option<i64>, String, Value)> {
-    let mut events = Vec::new();
-    for block in body.split("\n\n") {
-        let (mut id, mut name, mut data) = (None, "message".to_string(), String::new());
-        for line in block.lines() {
-            if let Some(v) = line.strip_prefix("id: ") {
-                id = v.parse().ok();
-            } else if let Some(v) = line.strip_prefix("event: ") {
-                name = v.to_string();
-            } else if let Some(v) = line.strip_prefix("data: ") {
-                data.push_str(v);
-            }
-        }
-        if !data.is_empty() {
-            let value = serde_json::from_str(&data).unwrap_or(Value::String(data));
-            events.push((id, name, value));
-        }
-    }
+    events.extend(reader.rest(wait).await);
     events
 }
 
@@ -328,7 +271,7 @@ async fn sse_delivers_tokens_while_the_job_runs_and_cancel_stops_it_free() {
     let started = Instant::now();
     // The first chunks arrive while the job is still running; the stream
     // then ends with the cancelled job, long before 2000 tokens.
-    let events = cancel_while_streaming(&app, MODEL, &key, &id, "id: 5\n", Duration::from_secs(30)).await;
+    let events = cancel_while_streaming(&app, MODEL, &key, &id, 5, Duration::from_secs(30)).await;
     let last = events.last().unwrap();
     assert_eq!(last.1, "status");
     assert_eq!(last.2["status"], "CANCELLED");

@@ -317,7 +317,7 @@ async fn a_cancelled_transcription_stops_and_costs_nothing() {
     assert!(seconds > 70.0, "{seconds} s");
     let job = app.job(MODEL, "run", &key, json!({ "audio_url": url })).await;
     let id = job["id"].as_str().unwrap().to_owned();
-    let events = cancel_while_streaming(&app, MODEL, &key, &id, "event: chunk", Duration::from_secs(120)).await;
+    let events = cancel_while_streaming(&app, MODEL, &key, &id, 0, Duration::from_secs(120)).await;
     let last = events.last().unwrap();
     assert_eq!((last.1.as_str(), &last.2["status"]), ("status", &json!("CANCELLED")));
     assert_eq!(app.charges(&id).await, Vec::<i64>::new());
