@@ -1,11 +1,18 @@
 #!/usr/bin/env bash
-# A/B: runsync echo at 64 and 1 connections, GET /v2/network-volumes at 64, old vs new serve, alternating.
+# A/B of two `gantry serve` release binaries, alternating, each as its own
+# process loaded by wrk: runsync echo at 64 and 1 connections, GET
+# /v2/network-volumes at 64, and async jobs (POST /run at 64 connections for
+# 5 s, then until the queue has drained: completed jobs per second).
 set -u
-# Usage: OLD=path/to/old/gantry NEW=target/release/gantry bash bench/ab-serve.sh
-# Build the old one from a worktree, e.g.:
-#   git worktree add /tmp/old <commit> && (cd /tmp/old && CARGO_TARGET_DIR=/tmp/old-target cargo build --release -p gantry)
+# Usage: OLD=path/to/old/gantry NEW=target/release/gantry [BACKENDS="sqlite postgres"] [ROUNDS=3] bash bench/ab-serve.sh
+# Build the old one from a worktree sharing this target dir, e.g.:
+#   git worktree add /tmp/old <commit> && (cd /tmp/old && CARGO_TARGET_DIR=$PWD/target cargo build --release -p gantry) \
+#     && cp target/release/gantry /tmp/gantry-old
 OLD=${OLD:?set OLD to the old gantry binary}
 NEW=${NEW:-target/release/gantry}
+BACKENDS=${BACKENDS:-sqlite}
+ROUNDS=${ROUNDS:-3}
+PG_ADMIN_URL=${PG_ADMIN_URL:-postgres://postgres@127.0.0.1:5432/postgres}
 LUA=$(mktemp)
 cat > "$LUA" <<'LUA'
 wrk.method = "POST"
@@ -13,9 +20,20 @@ wrk.body = '{"input":{"prompt":"hi"}}'
 wrk.headers["Content-Type"] = "application/json"
 wrk.headers["Authorization"] = "Bearer " .. os.getenv("KEY")
 LUA
-run_one() { # bin label
-  local bin=$1 label=$2 dir; dir=$(mktemp -d)
+# Counts of the caller's jobs on the echo model: "<completed> <inQueue+inProgress>".
+counts() {
+  curl -sf -H "Authorization: Bearer $KEY" http://127.0.0.1:38081/v2/gantry-echo/health |
+    python3 -c 'import json,sys; j=json.load(sys.stdin)["jobs"]; print(j["completed"], j["inQueue"]+j["inProgress"])'
+}
+run_one() { # bin label backend
+  local bin=$1 label=$2 backend=$3 dir db_url="" db_name=""; dir=$(mktemp -d)
+  if [ "$backend" = postgres ]; then
+    db_name="gantry_ab_$$_$RANDOM"
+    psql "$PG_ADMIN_URL" -qAtc "CREATE DATABASE $db_name" >/dev/null
+    db_url="${PG_ADMIN_URL%/*}/$db_name"
+  fi
   GANTRY_DATA_DIR=$dir GANTRY_LOG=warn GANTRY_SCHEDULER__BUNDLED_WORKERS='[gantry-echo]' \
+  GANTRY_DATABASE_URL=$db_url GANTRY_PULL_ON_START=false \
   GANTRY_RATE_LIMITS__PUBLIC__MINUTE=100000000 GANTRY_RATE_LIMITS__PUBLIC__HOUR=100000000 GANTRY_RATE_LIMITS__PUBLIC__DAY=100000000 \
   GANTRY_RATE_LIMITS__MANAGEMENT__MINUTE=100000000 GANTRY_RATE_LIMITS__MANAGEMENT__HOUR=100000000 GANTRY_RATE_LIMITS__MANAGEMENT__DAY=100000000 \
   GANTRY_MANAGEMENT_ADDR=127.0.0.1:38080 GANTRY_PUBLIC_ADDR=127.0.0.1:38081 GANTRY_SCHEDULER__ADDR=127.0.0.1:35051 \
@@ -24,15 +42,28 @@ run_one() { # bin label
   for _ in $(seq 1 100); do curl -sf http://127.0.0.1:38080/healthz >/dev/null && break; sleep 0.1; done
   sleep 0.5
   export KEY; KEY=$(grep -o "gk_[A-Za-z0-9_]*" "$dir/out" | head -1)
-  local r64 r1 p50 vol
+  local r64 r1 p50 vol start done_at completed left
   r64=$(wrk -t2 -c64 -d8s -s "$LUA" http://127.0.0.1:38081/v2/gantry-echo/runsync | awk '/Requests\/sec/{print $2}')
   read -r r1 p50 < <(wrk -t1 -c1 -d5s --latency -s "$LUA" http://127.0.0.1:38081/v2/gantry-echo/runsync | awk '/Requests\/sec/{r=$2} /^ +50%/{p=$2} END{print r, p}')
   vol=$(wrk -t2 -c64 -d5s -H "Authorization: Bearer $KEY" http://127.0.0.1:38080/v2/network-volumes | awk '/Requests\/sec/{print $2}')
+  read -r before _ < <(counts)
+  start=$(date +%s.%N)
+  wrk -t2 -c64 -d5s -s "$LUA" http://127.0.0.1:38081/v2/gantry-echo/run >/dev/null
+  while :; do
+    read -r completed left < <(counts)
+    [ "$left" = 0 ] && break
+    sleep 0.05
+  done
+  done_at=$(date +%s.%N)
+  local async; async=$(python3 -c "print(round(($completed - $before) / ($done_at - $start)))")
   kill $pid; wait $pid 2>/dev/null
-  echo "$label runsync@64=$r64 runsync@1=$r1 p50@1=$p50 volumes@64=$vol"
+  echo "$label $backend runsync@64=$r64 runsync@1=$r1 p50@1=$p50 volumes@64=$vol async_jobs/s=$async"
   rm -rf "$dir"
+  [ -n "$db_name" ] && psql "$PG_ADMIN_URL" -qAtc "DROP DATABASE $db_name WITH (FORCE)" >/dev/null
 }
-for round in 1 2 3; do
-  run_one "$OLD" old
-  run_one "$NEW" new
+for round in $(seq 1 "$ROUNDS"); do
+  for backend in $BACKENDS; do
+    run_one "$OLD" old "$backend"
+    run_one "$NEW" new "$backend"
+  done
 done

@@ -28,7 +28,7 @@ for f in "$FACES" "$EYES"; do
 done
 
 log "building the release binary and the engine benchmark (cargo build --release)"
-(cd "$repo" && cargo build -q --release -p gantry && cargo build -q --release -p gantry-worker-image --example gan_bench)
+(cd "$repo" && cargo build -q --release -p gantry && cargo build -q --release -p gantry-model-image --example gan_bench)
 BIN="$repo/target/release/gantry"
 GAN_BENCH="$repo/target/release/examples/gan_bench"
 

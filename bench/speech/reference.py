@@ -4,7 +4,7 @@
 
 IDS.json is a JSON list of ints; OUT.f32 gets the output samples as little-endian
 float32. One intra-op thread, graph optimisations at onnxruntime's default: the
-reference the Rust path (crates/workers/speech/tests/voice.rs) is checked against.
+reference the Rust path (crates/models/speech/tests/voice.rs) is checked against.
 """
 import json
 import sys

@@ -33,7 +33,7 @@ VOICE="$MODELS_DIR/$MODEL/en_US-joe-medium.onnx"
 [ -f "$VOICE" ] || { log "no voice at $VOICE (gantry models pull $MODEL)"; exit 1; }
 
 log "building the release binary and the id dump (cargo build --release)"
-(cd "$repo" && cargo build -q --release -p gantry && cargo build -q --release -p gantry-worker-speech --example speech_ids)
+(cd "$repo" && cargo build -q --release -p gantry && cargo build -q --release -p gantry-model-speech --example speech_ids)
 BIN="$target/release/gantry"
 "$target/release/examples/speech_ids" "$VOICE.json" "$TEXT" >"$OUT_DIR/ids.json"
 "$target/release/examples/speech_ids" "$VOICE.json" "$SHORT" >"$OUT_DIR/short-ids.json"

@@ -10,7 +10,7 @@ those frames (N x 40, row-major, little-endian float32).
 
 No volume normalisation and no silence trimming (Resemblyzer's `preprocess_wav`):
 this is the reference for the Rust path's `SpeakerEncoder::embed_trimmed`
-(crates/workers/speech/tests/speaker_encoder.rs). The mel is librosa's
+(crates/models/speech/tests/speaker_encoder.rs). The mel is librosa's
 `feature.melspectrogram` called as Resemblyzer calls it (so with the installed
 librosa's default centre padding: zeros since librosa 0.10); the LSTM runs in
 float64, which PyTorch's float32 matches to about 1e-6.

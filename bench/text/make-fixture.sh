@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Writes crates/workers/text/tests/fixtures/smollm2-greedy-llama-cpp.json: the
+# Writes crates/models/text/tests/fixtures/smollm2-greedy-llama-cpp.json: the
 # token ids plain llama.cpp picks when greedy-decoding two raw prompts with
 # SmolLM2-135M-Instruct Q4_1, for the text worker's tests to compare against.
 #
@@ -16,7 +16,7 @@ set -euo pipefail
 here="$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)"
 repo="$(cd "$here/../.." && pwd)"
 model="${1:-$HOME/.cache/gantry/models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf}"
-out="${2:-$repo/crates/workers/text/tests/fixtures/smollm2-greedy-llama-cpp.json}"
+out="${2:-$repo/crates/models/text/tests/fixtures/smollm2-greedy-llama-cpp.json}"
 expected_sha="b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53"
 n=32
 prompts=("The capital of France is" "def fibonacci(n):")

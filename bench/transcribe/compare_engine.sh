@@ -6,7 +6,7 @@ set -euo pipefail
 model=${1:?MODEL_DIR}; wav=${2:?AUDIO.wav}; runs=${3:-3}
 here=$(cd "$(dirname "$0")" && pwd)
 export CARGO_TARGET_DIR=${CARGO_TARGET_DIR:-/tmp/target-whisper}
-cargo build -q -p gantry-worker-transcribe --release --example transcribe_bench
+cargo build -q -p gantry-model-transcribe --release --example transcribe_bench
 bin=$CARGO_TARGET_DIR/release/examples/transcribe_bench
 for t in 1 2; do
   echo "rust         $("$bin" "$model" "$wav" --threads $t --runs "$runs" 2>/dev/null)"

@@ -29,7 +29,7 @@ mkdir -p "$OUT_DIR"
 [ -f "$WHISPER/model.bin" ] || { log "no weights at $WHISPER (gantry models pull whisper-tiny-en)"; exit 1; }
 
 log "building the release binary and the engine benchmark (cargo build --release)"
-(cd "$repo" && cargo build -q --release -p gantry && cargo build -q --release -p gantry-worker-transcribe --example transcribe_bench)
+(cd "$repo" && cargo build -q --release -p gantry && cargo build -q --release -p gantry-model-transcribe --example transcribe_bench)
 BIN="$repo/target/release/gantry"
 ENGINE_BENCH="$repo/target/release/examples/transcribe_bench"
 

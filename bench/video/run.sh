@@ -30,7 +30,7 @@ FLOWNET="$MODELS_DIR/interpolate-video/flownet.safetensors"
 [ -f "$FLOWNET" ] || { log "no weights at $FLOWNET (gantry models pull faces-morph-video interpolate-video)"; exit 1; }
 
 log "building the release binary and the engine benchmark (cargo build --release)"
-(cd "$repo" && cargo build -q --release -p gantry && cargo build -q --release -p gantry-worker-video --example rife_bench)
+(cd "$repo" && cargo build -q --release -p gantry && cargo build -q --release -p gantry-model-video --example rife_bench)
 BIN="$repo/target/release/gantry"
 RIFE_BENCH="$repo/target/release/examples/rife_bench"
 

@@ -34,7 +34,7 @@ use std::path::PathBuf;
 use std::time::{Duration, Instant};
 
 use gantry::Platform;
-use gantry_api::Settings;
+use gantry::Settings;
 use gantry_auth::{ScopeSet, UserLimits};
 use sea_orm::{ConnectionTrait, Database, DatabaseConnection, Statement};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
@@ -147,6 +147,7 @@ async fn run(args: Args, runtime_threads: usize) {
     let backend = if pg.is_some() { "postgres" } else { "sqlite" };
 
     let Platform {
+        database: _database,
         app,
         scheduler,
         workers,

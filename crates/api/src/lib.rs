@@ -7,17 +7,12 @@ mod middleware;
 mod openapi;
 mod problem;
 mod routes;
-mod settings;
 
 pub use actix_web::dev::ServerHandle;
 pub use app::{
-    AppState, Application, StartError, Surface, connect_database, connect_job_signals, metrics_server,
+    AppState, Application, HttpConfig, ListenError, Services, Surface, WorkerCounts, metrics_server,
     process_metrics_server,
 };
 pub use openapi::{openapi_document, openapi_json, public_openapi_document, public_openapi_json};
 pub use problem::{ApiError, Problem};
 pub use routes::{Endpoint, management_endpoints, public_endpoints};
-pub use settings::{
-    AuthSettings, CatalogSettings, DiffusionSettings, HttpSettings, RateLimitSettings, SchedulerSettings, Settings,
-    SpeechSettings, TextSettings, TranscriptionSettings, VideoSettings,
-};

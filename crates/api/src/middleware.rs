@@ -93,8 +93,8 @@ pub async fn authenticate<B: MessageBody + 'static>(
 
 fn policy_for(state: &AppState, principal: &Principal, surface: Surface) -> Policy {
     let base = match surface {
-        Surface::Management => state.rate_limits.management,
-        Surface::Public => state.rate_limits.public,
+        Surface::Management => state.policies.0,
+        Surface::Public => state.policies.1,
     };
     let limits = principal.limits;
     Policy::new(

@@ -1,274 +1,57 @@
-//! How the roles are composed: the HTTP side (`gantry_api::Application`), the
-//! scheduler with its gRPC listener for workers, and the bundled workers, which
-//! reach the scheduler over loopback gRPC exactly as remote workers do.
+//! How the roles are composed. This crate owns the settings, the database
+//! (connection, migrations, the SQLite lock) and the construction of every
+//! service; the roles receive what they need, built:
+//! - the API role (`api_role`): the HTTP side, `gantry_api::Application`,
+//!   serving services built here;
+//! - the scheduler role (`scheduler_role`): the gRPC listener for workers and
+//!   the job loops;
+//! - the bundled workers (`workers`), which reach the scheduler over loopback
+//!   gRPC exactly as remote workers do.
+//!
 //! `main` and the integration tests both start the platform through here.
-use std::future::Future;
-use std::net::SocketAddr;
-use std::sync::Arc;
-use std::time::Duration;
+mod api_role;
+mod database;
+mod scheduler_role;
+mod settings;
+mod workers;
 
-use gantry_api::{Application, Settings, StartError};
-use gantry_catalog::ModelKind;
-use gantry_dispatch::{DispatchConfig, Dispatcher, Event};
-use gantry_manifest::{ModelEntry, ModelStatus, ModelStore, Progress};
-use gantry_scheduler::{JobStore, Scheduler};
-use gantry_worker::{Credentials, WorkerConfig};
-use tokio::sync::{mpsc, watch};
-use tokio::task::JoinHandle;
+pub use api_role::{http_config, job_store, start_api};
+pub use database::{Database, connect_database, connect_job_signals};
+pub use scheduler_role::{SchedulerRole, worker_secret};
+pub use settings::{
+    AuthSettings, BillingSettings, CatalogSettings, DiffusionSettings, HttpSettings, RateLimitSettings,
+    SchedulerSettings, Settings, SpeechSettings, TextSettings, TranscriptionSettings, VideoSettings,
+};
+pub use workers::{Workers, detect_gpu, ensure_weights, is_text_model, worker_config};
 
-/// A running scheduler: the gRPC listener for workers and the job loops.
-pub struct SchedulerRole {
-    pub addr: SocketAddr,
-    pub dispatcher: Dispatcher,
-    secret: Vec<u8>,
-    scheduler: Scheduler,
-    grpc: JoinHandle<()>,
-    stop: watch::Sender<bool>,
+use gantry_api::Application;
+
+/// Why a role could not start.
+#[derive(Debug, thiserror::Error)]
+pub enum StartError {
+    #[error("invalid configuration: {0}")]
+    Config(String),
+    #[error("database {url}: {source}")]
+    Database { url: String, source: sea_orm::DbErr },
+    #[error("cannot listen on {addr}: {source}")]
+    Bind { addr: String, source: std::io::Error },
+    #[error("{0}")]
+    Io(#[from] std::io::Error),
 }
 
-/// The secret workers sign their tokens with: the configured one, or a random
-/// one that only this process's bundled workers will know.
-pub fn worker_secret(settings: &Settings) -> Vec<u8> {
-    match &settings.scheduler.worker_secret {
-        Some(secret) if !secret.is_empty() => secret.as_bytes().to_vec(),
-        _ => {
-            use rand::RngExt;
-            let bytes: [u8; 32] = rand::rng().random();
-            bytes.to_vec()
+impl From<gantry_api::ListenError> for StartError {
+    fn from(error: gantry_api::ListenError) -> Self {
+        match error {
+            gantry_api::ListenError::Bind { addr, source } => StartError::Bind { addr, source },
+            gantry_api::ListenError::Io(error) => StartError::Io(error),
         }
     }
-}
-
-impl SchedulerRole {
-    /// The dispatcher (worker registry) and its event stream, before anything listens.
-    pub fn dispatcher(settings: &Settings, secret: &[u8]) -> Result<(Dispatcher, mpsc::Receiver<Event>), StartError> {
-        let mut config = DispatchConfig::new(secret.to_vec());
-        // Workers stream output files here; the store keeps them.
-        config.files = Some(settings.open_files().map_err(StartError::Config)?.sink());
-        config.heartbeat_interval = Duration::from_millis(settings.scheduler.heartbeat_interval_ms.max(50));
-        config.lease = config.heartbeat_interval * 3;
-        Ok(Dispatcher::new(config))
-    }
-
-    /// Refuses settings the scheduler would fail on, before anything is
-    /// created or bound.
-    pub fn check(settings: &Settings) -> Result<(), StartError> {
-        settings
-            .job_config()
-            .map_err(StartError::Config)?
-            .check()
-            .map_err(|e| StartError::Config(format!("scheduler: {e}")))
-    }
-
-    /// Binds the worker listener and starts claiming jobs from the database.
-    pub async fn start(
-        settings: &Settings,
-        store: JobStore,
-        (dispatcher, events): (Dispatcher, mpsc::Receiver<Event>),
-        secret: Vec<u8>,
-    ) -> Result<Self, StartError> {
-        let addr = &settings.scheduler.addr;
-        let listener = tokio::net::TcpListener::bind(addr)
-            .await
-            .map_err(|source| StartError::Bind {
-                addr: addr.clone(),
-                source,
-            })?;
-        let local = listener.local_addr()?;
-        let (stop, mut stopped) = watch::channel(false);
-        let serving = dispatcher.clone();
-        let grpc = tokio::spawn(async move {
-            let shutdown = async move {
-                let _ = stopped.wait_for(|s| *s).await;
-            };
-            if let Err(err) = serving.serve(listener, shutdown).await {
-                tracing::error!(error = %err, "scheduler gRPC listener failed");
-            }
-        });
-        let models = Arc::new(settings.models.clone());
-        let scheduler = Scheduler::start(store, models, dispatcher.clone(), events)
-            .await
-            .map_err(|e| StartError::Config(format!("scheduler: {e}")))?;
-        tracing::info!(scheduler = %local, instance = scheduler.instance_id(), "scheduler is listening for workers");
-        Ok(Self {
-            addr: local,
-            dispatcher,
-            secret,
-            scheduler,
-            grpc,
-            stop,
-        })
-    }
-
-    /// The secret this scheduler's workers sign their tokens with.
-    pub fn worker_secret(&self) -> &[u8] {
-        &self.secret
-    }
-
-    /// Starts the bundled workers named in the settings, in this process.
-    /// Missing weights are fetched first when `pull_on_start` is set; a model
-    /// whose weights cannot be had is left out (with a message that says how
-    /// to fetch it) and the rest are served.
-    pub async fn start_bundled_workers(&self, settings: &Settings) -> Result<Workers, StartError> {
-        let url = format!("http://{}", self.addr);
-        let mut workers = Workers::new();
-        for model in &settings.scheduler.bundled_workers {
-            if !ensure_weights(settings, model).await {
-                continue;
-            }
-            let id = format!("{model}-bundled-{}", std::process::id());
-            let mut config = worker_config(&url, &id, Credentials::Secret(self.secret.clone()), settings);
-            if is_text_model(settings, model) {
-                config.slots = settings.text.max_sequences.max(1);
-            }
-            let started = workers.start(model, config, settings);
-            match started {
-                Ok(()) => {}
-                // A model that cannot load is left out, like missing weights.
-                Err(StartError::Config(message)) if is_text_model(settings, model) => {
-                    tracing::error!(%model, "not serving {model}: {message}");
-                }
-                Err(error) => return Err(error),
-            }
-        }
-        Ok(workers)
-    }
-
-    /// Stops claiming, then closes the worker listener.
-    pub async fn shutdown(self) {
-        self.scheduler.shutdown().await;
-        let _ = self.stop.send(true);
-        let _ = self.grpc.await;
-    }
-}
-
-pub fn worker_config(url: &str, worker_id: &str, credentials: Credentials, settings: &Settings) -> WorkerConfig {
-    let mut config = WorkerConfig::new(url, worker_id, credentials);
-    if let Some((name, memory)) = detect_gpu() {
-        config.gpu_name = name.clone();
-        config.gpu_memory_bytes = *memory;
-    }
-    config.slots = settings.scheduler.bundled_slots.max(1);
-    config.heartbeat_interval = Duration::from_millis(settings.scheduler.heartbeat_interval_ms.max(50));
-    config
-}
-
-/// The machine's first GPU as the driver names it, with its memory in bytes,
-/// from `nvidia-smi` (once per process); `None` without an NVIDIA GPU or
-/// driver. Workers report it in their hello: the GPU catalog's availability
-/// is made of these reports.
-pub fn detect_gpu() -> &'static Option<(String, u64)> {
-    static GPU: std::sync::OnceLock<Option<(String, u64)>> = std::sync::OnceLock::new();
-    GPU.get_or_init(|| {
-        let output = std::process::Command::new("nvidia-smi")
-            .args(["--query-gpu=name,memory.total", "--format=csv,noheader,nounits"])
-            .stdin(std::process::Stdio::null())
-            .stderr(std::process::Stdio::null())
-            .output()
-            .ok()
-            .filter(|o| o.status.success())?;
-        let text = String::from_utf8(output.stdout).ok()?;
-        let (name, memory_mib) = text.lines().next()?.split_once(',')?;
-        let memory_mib: u64 = memory_mib.trim().parse().ok()?;
-        Some((name.trim().to_owned(), memory_mib * 1024 * 1024))
-    })
-}
-
-/// Workers running in this process; each drains (finishes what runs) on shutdown.
-pub struct Workers {
-    stop: watch::Sender<bool>,
-    tasks: Vec<JoinHandle<()>>,
-}
-
-impl Default for Workers {
-    fn default() -> Self {
-        Self::new()
-    }
-}
-
-impl Workers {
-    pub fn new() -> Self {
-        Self {
-            stop: watch::channel(false).0,
-            tasks: Vec::new(),
-        }
-    }
-
-    /// Starts the worker of `model`: the echo model, or any text model of the
-    /// manifest (GGUF weights, loaded here from the models directory).
-    pub fn start(&mut self, model: &str, config: WorkerConfig, settings: &Settings) -> Result<(), StartError> {
-        let mut stopped = self.stop.subscribe();
-        let shutdown = async move {
-            let _ = stopped.wait_for(|s| *s).await;
-        };
-        let task = match model {
-            gantry_worker_echo::MODEL_ID => spawn_runtime(gantry_worker_echo::runtime(config), shutdown),
-            text if is_text_model(settings, text) => {
-                let loaded = load_text_model(settings, text)?;
-                spawn_runtime(gantry_worker_text::runtime(loaded, config), shutdown)
-            }
-            sd if is_diffusion_model(settings, sd) => {
-                let loaded = load_diffusion_model(settings, sd)?;
-                spawn_runtime(gantry_worker_diffusion::runtime(loaded, config), shutdown)
-            }
-            image if is_model_of(settings, image, ModelKind::Image) => {
-                let loaded = load_image_model(settings, image)?;
-                spawn_runtime(gantry_worker_image::runtime(loaded, config), shutdown)
-            }
-            speech if is_model_of(settings, speech, ModelKind::Speech) => {
-                let loaded = load_speech_model(settings, speech)?;
-                spawn_runtime(gantry_worker_speech::runtime(loaded, config), shutdown)
-            }
-            video if is_model_of(settings, video, ModelKind::Video) => {
-                let loaded = load_video_model(settings, video)?;
-                spawn_runtime(gantry_worker_video::runtime(loaded, config), shutdown)
-            }
-            heard if is_model_of(settings, heard, ModelKind::Transcription) => {
-                let loaded = load_transcription_model(settings, heard)?;
-                spawn_runtime(gantry_worker_transcribe::runtime(loaded, config), shutdown)
-            }
-            other => {
-                let servable: Vec<String> = std::iter::once(gantry_worker_echo::MODEL_ID.to_string())
-                    .chain(
-                        settings
-                            .manifest()
-                            .models()
-                            .iter()
-                            .filter(|m| m.category != ModelKind::Diagnostic)
-                            .map(|m| m.id.clone()),
-                    )
-                    .collect();
-                return Err(StartError::Config(format!(
-                    "no worker for model '{other}' is built into this binary (available: {})",
-                    servable.join(", ")
-                )));
-            }
-        };
-        self.tasks.push(task);
-        Ok(())
-    }
-
-    pub async fn shutdown(self) {
-        let _ = self.stop.send(true);
-        for task in self.tasks {
-            let _ = task.await;
-        }
-    }
-}
-
-fn spawn_runtime<M: gantry_worker::Model>(
-    runtime: gantry_worker::WorkerRuntime<M>,
-    shutdown: impl Future<Output = ()> + Send + 'static,
-) -> JoinHandle<()> {
-    tokio::spawn(async move {
-        if let Err(err) = runtime.run_until(shutdown).await {
-            tracing::error!(error = %err, "worker stopped");
-        }
-    })
 }
 
 /// The whole platform in one process: what `gantry serve` runs.
 pub struct Platform {
+    /// The database, held (with its SQLite lock) until the platform is dropped.
+    pub database: Database,
     pub app: Application,
     pub scheduler: SchedulerRole,
     pub workers: Workers,
@@ -280,11 +63,13 @@ impl Platform {
         SchedulerRole::check(&settings)?;
         let secret = worker_secret(&settings);
         let (dispatcher, events) = SchedulerRole::dispatcher(&settings, &secret)?;
-        let app = Application::build(settings.clone(), Some(dispatcher.clone())).await?;
-        let store = app.state().jobs.clone();
-        let scheduler = SchedulerRole::start(&settings, store, (dispatcher, events), secret).await?;
+        let database = Database::open_serving(&settings).await?;
+        let jobs = job_store(&settings, &database)?;
+        let app = start_api(&settings, &database, jobs.clone(), Some(dispatcher.clone())).await?;
+        let scheduler = SchedulerRole::start(&settings, jobs, (dispatcher, events), secret).await?;
         let workers = scheduler.start_bundled_workers(&settings).await?;
         Ok(Platform {
+            database,
             app,
             scheduler,
             workers,
@@ -298,292 +83,5 @@ impl Platform {
         }
         self.workers.shutdown().await;
         self.scheduler.shutdown().await;
-    }
-}
-
-/// Whether `model` is a text model of the manifest (served by the text engine).
-pub fn is_text_model(settings: &Settings, model: &str) -> bool {
-    is_model_of(settings, model, ModelKind::Text)
-}
-
-/// The manifest entry of `model` and the store its weights are in, once every
-/// file is there (else the error names them and the command that fetches them).
-fn ready_model(settings: &Settings, model: &str) -> Result<(&'static ModelEntry, ModelStore), StartError> {
-    let entry = settings
-        .manifest()
-        .get(model)
-        .ok_or_else(|| StartError::Config(format!("model '{model}' is not in the manifest")))?;
-    let store = ModelStore::new(settings.models_dir());
-    if let ModelStatus::Missing(files) = store.status(entry) {
-        return Err(StartError::Config(format!(
-            "the weights of '{model}' are missing ({}) in {}; fetch them with `gantry models pull {model}`",
-            files.join(", "),
-            settings.models_dir().display()
-        )));
-    }
-    Ok((entry, store))
-}
-
-/// Whether `model` is in the manifest with category `kind`.
-fn is_model_of(settings: &Settings, model: &str, kind: ModelKind) -> bool {
-    settings
-        .manifest()
-        .get(model)
-        .is_some_and(|entry| entry.category == kind)
-}
-
-/// Whether `model` is an image model on the Stable Diffusion pipeline
-/// (`engine.architecture = "stable-diffusion"`).
-fn is_diffusion_model(settings: &Settings, model: &str) -> bool {
-    settings.manifest().get(model).is_some_and(|entry| {
-        entry.category == ModelKind::Image
-            && entry.engine.get("architecture").and_then(serde_json::Value::as_str) == Some("stable-diffusion")
-    })
-}
-
-/// Loads a Stable Diffusion model from its diffusers-layout directory in
-/// the models directory; `engine.variant` says which family it is.
-fn load_diffusion_model(
-    settings: &Settings,
-    model: &str,
-) -> Result<gantry_worker_diffusion::DiffusionModel, StartError> {
-    let (entry, store) = ready_model(settings, model)?;
-    let variant = entry
-        .engine
-        .get("variant")
-        .and_then(serde_json::Value::as_str)
-        .and_then(gantry_worker_diffusion::Variant::parse)
-        .ok_or_else(|| {
-            StartError::Config(format!(
-                "model '{model}': engine.variant must be sd-1.5, sd-turbo or sdxl"
-            ))
-        })?;
-    let options = gantry_worker_diffusion::LoadOptions {
-        cuda_device: settings.diffusion.cuda_device,
-        half: settings.diffusion.half,
-        architecture: None,
-    };
-    let dir = store.model_dir(model);
-    let started = std::time::Instant::now();
-    let loaded = gantry_worker_diffusion::DiffusionModel::load(model, &dir, variant, options)
-        .map_err(|e| StartError::Config(format!("cannot load '{model}': {e}")))?;
-    tracing::info!(%model, ms = started.elapsed().as_millis() as u64, variant = variant.name(), "diffusion model loaded");
-    Ok(loaded)
-}
-
-/// Loads an image model (a GAN generator) from the models directory: the
-/// safetensors its pull converted from the published checkpoint.
-fn load_image_model(settings: &Settings, model: &str) -> Result<gantry_worker_image::ImageModel, StartError> {
-    let (entry, store) = ready_model(settings, model)?;
-    let started = std::time::Instant::now();
-    let loaded = if entry.engine.get("architecture").and_then(serde_json::Value::as_str) == Some("consistency-onnx") {
-        let file = |what: &str, matches: fn(&str) -> bool| {
-            entry
-                .files
-                .iter()
-                .find(|f| matches(&f.name))
-                .map(|f| store.file_path(model, &f.name))
-                .ok_or_else(|| StartError::Config(format!("model '{model}' names no {what} file")))
-        };
-        let graph = file(".onnx", |name| name.ends_with(".onnx"))?;
-        let library = file("libonnxruntime.so", |name| name.starts_with("libonnxruntime.so"))?;
-        let spec = gantry_worker_image::TerrainSpec::from_engine(&entry.engine)
-            .map_err(|e| StartError::Config(format!("model '{model}': {e}")))?;
-        gantry_worker_image::ImageModel::load_terrain(model, &library, &graph, 0, spec)
-            .map_err(|e| StartError::Config(format!("cannot load '{model}' from {}: {e}", graph.display())))?
-    } else {
-        let file = entry
-            .files
-            .first()
-            .ok_or_else(|| StartError::Config(format!("model '{model}' names no weight file")))?;
-        let name = file.converted_name().unwrap_or_else(|| file.name.clone());
-        let path = store.file_path(model, &name);
-        let spec = gantry_worker_image::GanSpec::from_engine(&entry.engine)
-            .map_err(|e| StartError::Config(format!("model '{model}': {e}")))?;
-        gantry_worker_image::ImageModel::load(model, &path, spec)
-            .map_err(|e| StartError::Config(format!("cannot load '{model}' from {}: {e}", path.display())))?
-    };
-    tracing::info!(%model, ms = started.elapsed().as_millis() as u64, side = loaded.native_side(), "image model loaded");
-    Ok(loaded)
-}
-
-/// Loads a video model: RIFE from the safetensors its pull converted from
-/// `flownet.pkl`, and for a latent walk the GAN's converted checkpoint.
-fn load_video_model(settings: &Settings, model: &str) -> Result<gantry_worker_video::VideoModel, StartError> {
-    let (entry, store) = ready_model(settings, model)?;
-    let converted = |stem: &str| {
-        entry
-            .files
-            .iter()
-            .find(|f| f.name.starts_with(stem))
-            .map(|f| store.file_path(model, &f.converted_name().unwrap_or_else(|| f.name.clone())))
-            .ok_or_else(|| StartError::Config(format!("model '{model}' names no {stem} file")))
-    };
-    let config = |e: String| StartError::Config(format!("model '{model}': {e}"));
-    let rife = converted("flownet")?;
-    let threads = settings
-        .video
-        .threads
-        .unwrap_or_else(|| std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get));
-    let options = gantry_worker_video::Options {
-        threads,
-        block_seconds: u64::try_from(entry.price.per()).unwrap_or(1),
-        fetch_allow_ranges: settings.video.fetch_allow_ranges.clone(),
-    };
-    let started = std::time::Instant::now();
-    let loaded = match entry.engine.get("keyframes").and_then(serde_json::Value::as_str) {
-        Some("dcgan") => {
-            let prefix = entry
-                .engine
-                .get("tensor_prefix")
-                .and_then(serde_json::Value::as_str)
-                .ok_or_else(|| config("its engine table names no tensor_prefix".into()))?;
-            let latent = entry
-                .engine
-                .get("latent")
-                .and_then(serde_json::Value::as_u64)
-                .ok_or_else(|| config("its engine table names no latent size".into()))?;
-            let generator = entry
-                .files
-                .iter()
-                .find(|f| !f.name.starts_with("flownet"))
-                .map(|f| store.file_path(model, &f.converted_name().unwrap_or_else(|| f.name.clone())))
-                .ok_or_else(|| config("it names no generator file".into()))?;
-            gantry_worker_video::VideoModel::load_faces(model, &rife, &generator, prefix, latent as usize, &options)
-        }
-        Some("images") => gantry_worker_video::VideoModel::load_interpolate(model, &rife, &options),
-        other => return Err(config(format!("unknown keyframes source {other:?} (dcgan or images)"))),
-    }
-    .map_err(|e| StartError::Config(format!("cannot load '{model}': {e}")))?;
-    tracing::info!(%model, ms = started.elapsed().as_millis() as u64, threads, "video model loaded");
-    Ok(loaded)
-}
-
-/// Loads a speech model from the models directory, run on the ONNX Runtime
-/// library that is one of its files: a Piper voice (its `.onnx` graph and
-/// `.onnx.json` config), or, with `engine.architecture = "hibari"`, the
-/// hibari voice `engine.voice` (its graph, G2P files and registry side by side).
-fn load_speech_model(settings: &Settings, model: &str) -> Result<gantry_worker_speech::SpeechModel, StartError> {
-    let (entry, store) = ready_model(settings, model)?;
-    let file = |what: &str, matches: fn(&str) -> bool| {
-        entry
-            .files
-            .iter()
-            .find(|f| matches(&f.name))
-            .map(|f| store.file_path(model, &f.name))
-            .ok_or_else(|| StartError::Config(format!("model '{model}' names no {what} file")))
-    };
-    let library = file("libonnxruntime.so", |name| name.starts_with("libonnxruntime.so"))?;
-    let options = gantry_worker_speech::SpeechOptions {
-        threads: settings.speech.threads,
-        sessions: settings.speech.sessions.max(1),
-    };
-    let started = std::time::Instant::now();
-    let engine = |key: &str| entry.engine.get(key).and_then(serde_json::Value::as_str);
-    let mut loaded = if engine("architecture") == Some("hibari") {
-        let voice = engine("voice")
-            .ok_or_else(|| StartError::Config(format!("model '{model}': engine.voice names no hibari voice")))?;
-        let dir = library
-            .parent()
-            .ok_or_else(|| StartError::Config(format!("model '{model}': no directory for its files")))?;
-        gantry_worker_speech::SpeechModel::load_hibari(model, &library, dir, voice, options)
-            .map_err(|e| StartError::Config(format!("cannot load '{model}' from {}: {e}", dir.display())))?
-    } else {
-        let graph = file(".onnx", |name| name.ends_with(".onnx"))?;
-        let config = file(".onnx.json", |name| name.ends_with(".onnx.json"))?;
-        gantry_worker_speech::SpeechModel::load(model, &library, &graph, &config, options)
-            .map_err(|e| StartError::Config(format!("cannot load '{model}' from {}: {e}", graph.display())))?
-    };
-    // A speaker encoder among the files enables voice matching (`reference_audio`).
-    if let Some(encoder) = entry.files.iter().find(|f| f.name == "pretrained.pt") {
-        let path = store.file_path(model, &encoder.converted_name().unwrap_or_else(|| encoder.name.clone()));
-        loaded = loaded
-            .with_voice_matching(&path, &settings.speech.fetch_allow_ranges)
-            .map_err(|e| StartError::Config(format!("cannot load the speaker encoder of '{model}': {e}")))?;
-    }
-    tracing::info!(%model, ms = started.elapsed().as_millis() as u64, voice = loaded.voice(), "speech model loaded");
-    Ok(loaded)
-}
-
-/// Loads a speech-to-text model (Whisper) from the models directory: the
-/// CTranslate2 `model.bin`, its `tokenizer.json` and `config.json`, side by side.
-fn load_transcription_model(
-    settings: &Settings,
-    model: &str,
-) -> Result<gantry_worker_transcribe::TranscriptionModel, StartError> {
-    let (_, store) = ready_model(settings, model)?;
-    let weights = store.file_path(model, "model.bin");
-    let dir = weights
-        .parent()
-        .ok_or_else(|| StartError::Config(format!("model '{model}': no directory for {}", weights.display())))?;
-    let options = gantry_worker_transcribe::Options {
-        threads: settings.transcription.threads.unwrap_or(0),
-        fetch_allow_ranges: settings.transcription.fetch_allow_ranges.clone(),
-    };
-    let started = std::time::Instant::now();
-    let loaded = gantry_worker_transcribe::TranscriptionModel::load(model, dir, &options)
-        .map_err(|e| StartError::Config(format!("cannot load '{model}' from {}: {e}", dir.display())))?;
-    tracing::info!(%model, ms = started.elapsed().as_millis() as u64, "transcription model loaded");
-    Ok(loaded)
-}
-
-/// Loads a text model's weights from the models directory.
-fn load_text_model(settings: &Settings, model: &str) -> Result<gantry_worker_text::TextModel, StartError> {
-    let (entry, store) = ready_model(settings, model)?;
-    let file = entry
-        .files
-        .first()
-        .ok_or_else(|| StartError::Config(format!("model '{model}' names no weight file")))?;
-    let mut options = gantry_worker_text::EngineOptions {
-        threads: settings.text.threads,
-        max_sequences: settings.text.max_sequences.max(1),
-        gpu_layers: settings.text.gpu_layers,
-        ..Default::default()
-    };
-    let from_manifest = entry
-        .engine
-        .get("context_tokens")
-        .and_then(serde_json::Value::as_u64)
-        .and_then(|n| u32::try_from(n).ok());
-    if let Some(tokens) = settings.text.context_tokens.or(from_manifest) {
-        options.context_tokens = tokens;
-    }
-    let path = store.file_path(model, &file.name);
-    let started = std::time::Instant::now();
-    let loaded = gantry_worker_text::TextModel::load(model, &path, options)
-        .map_err(|e| StartError::Config(format!("cannot load '{model}' from {}: {e}", path.display())))?;
-    tracing::info!(%model, ms = started.elapsed().as_millis() as u64, context = loaded.context_length(), "text model loaded");
-    Ok(loaded)
-}
-
-/// Whether `model`'s weights are present, fetching them first when
-/// `pull_on_start` allows. False (with the reason logged) when they are not.
-pub async fn ensure_weights(settings: &Settings, model: &str) -> bool {
-    let manifest = settings.manifest();
-    let Some(entry) = manifest.get(model).filter(|entry| !entry.files.is_empty()) else {
-        return true;
-    };
-    let store = ModelStore::new(settings.models_dir());
-    let ModelStatus::Missing(files) = store.status(entry) else {
-        return true;
-    };
-    let dir = settings.models_dir();
-    if !settings.pull_on_start {
-        tracing::warn!(%model, missing = %files.join(", "), "not serving {model}: its weights are missing in {}; fetch them with `gantry models pull {model}`", dir.display());
-        return false;
-    }
-    tracing::info!(%model, "fetching the weights of {model} into {}", dir.display());
-    let entry = entry.clone();
-    let pulled = tokio::task::spawn_blocking(move || store.pull(&entry, &Progress::new(true))).await;
-    match pulled {
-        Ok(Ok(())) => true,
-        Ok(Err(error)) => {
-            tracing::error!(%model, "not serving {model}: its weights could not be fetched ({error}); fetch them with `gantry models pull {model}`");
-            false
-        }
-        Err(error) => {
-            tracing::error!(%model, %error, "not serving {model}: fetching its weights failed");
-            false
-        }
     }
 }

@@ -8,10 +8,10 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use gantry::{Platform, SchedulerRole, Workers};
-use gantry_api::{Application, Settings, connect_database, connect_job_signals};
+use gantry::{Database, Platform, SchedulerRole, Settings, Workers, connect_database, connect_job_signals};
+use gantry_api::Application;
 use gantry_auth::{AuthError, AuthService, ScopeSet, UserLimits, parse_duration};
-use gantry_worker::Credentials;
+use gantry_worker_sdk::Credentials;
 
 #[derive(Parser)]
 #[command(name = "gantry", version, about = "A self-hostable GPU inference platform")]
@@ -203,7 +203,7 @@ fn role(command: &Command) -> Option<&'static str> {
         Command::Serve => Some("gantry"),
         Command::Api => Some("gantry-api"),
         Command::Scheduler => Some("gantry-scheduler"),
-        Command::Worker { .. } => Some("gantry-worker"),
+        Command::Worker { .. } => Some("gantry-worker-sdk"),
         _ => None,
     }
 }
@@ -314,6 +314,7 @@ async fn auth_service(settings: &Settings) -> Result<AuthService, Box<dyn std::e
 
 async fn serve(settings: Settings) -> CliResult {
     let Platform {
+        database: _database,
         app,
         scheduler,
         workers,
@@ -352,7 +353,9 @@ async fn serve_until(app: Application, signal: impl std::future::Future<Output =
 }
 
 async fn api(settings: Settings) -> CliResult {
-    let app = Application::build(settings, None).await?;
+    let database = Database::open_serving(&settings).await?;
+    let jobs = gantry::job_store(&settings, &database)?;
+    let app = gantry::start_api(&settings, &database, jobs, None).await?;
     bootstrap_admin(&app.state().auth, &app.state().db).await?;
     let signal = shutdown_signal()?;
     tracing::info!(management = %app.management_addr(), public = %app.public_addr(), "gantry api is serving");

@@ -1,5 +1,10 @@
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::Duration;
+
+use gantry_net::AddressPolicy;
+
+use crate::types::SchedulerError;
 
 /// Settings of the job layer, shared by [`crate::JobStore`] and [`crate::Scheduler`].
 #[derive(Debug, Clone)]
@@ -100,8 +105,24 @@ impl Default for SchedulerConfig {
 impl SchedulerConfig {
     /// Checks what can be wrong before anything starts: the webhook client
     /// must build (`webhook_ca_file` readable and holding certificates).
-    pub fn check(&self) -> Result<(), crate::SchedulerError> {
-        crate::webhooks::client(self).map(drop)
+    pub fn check(&self) -> Result<(), SchedulerError> {
+        self.webhook_client().map(drop)
+    }
+
+    /// The client every webhook delivery of one scheduler goes through: only
+    /// permitted addresses are ever connected to (gantry-net), and a redirect
+    /// could lead anywhere, so none is followed.
+    pub(crate) fn webhook_client(&self) -> Result<reqwest::Client, SchedulerError> {
+        let fail = |e: String| SchedulerError::Webhooks(e);
+        let tls = gantry_net::tls_config(self.webhook_ca_file.as_deref())
+            .map_err(|e| fail(format!("webhook_ca_file {e}")))?;
+        gantry_net::client(Arc::new(self.webhook_policy()?), self.webhook_timeout, tls).map_err(fail)
+    }
+
+    /// The destinations webhooks may reach (see gantry-net).
+    pub(crate) fn webhook_policy(&self) -> Result<AddressPolicy, SchedulerError> {
+        AddressPolicy::new(&self.webhook_allow_ranges)
+            .map_err(|e| SchedulerError::Webhooks(format!("webhook_allow_ranges: {e}")))
     }
 
     /// How recent a scheduler's `worker_presence` rows must be to count:

@@ -24,8 +24,8 @@ use sea_orm::{
 };
 use serde_json::Value;
 
+use crate::db::serialize_writes;
 use crate::entity::job;
-use crate::store::serialize_writes;
 use crate::types::{JobError, JobStatus};
 
 /// The most a job of `model` with `input` may cost, in micro-USD: its price

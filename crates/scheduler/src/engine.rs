@@ -740,7 +740,7 @@ mod tests {
         const PLANS: usize = 3000;
         let (_dir, _db, engine) = migrated_engine().await;
         let config = crate::SchedulerConfig::default();
-        let start = crate::store::now_ms();
+        let start = crate::db::now_ms();
         let mut n = 0u64;
         let mut timed = std::time::Duration::ZERO;
         let cpu_before = writer_cpu_seconds();
@@ -749,7 +749,7 @@ mod tests {
             let mut plan = Plan::new(now, &config, "sched-4e72be40568dc358");
             for _ in 0..PER_PLAN {
                 n += 1;
-                let mut row = job::sample(&crate::store::new_job_id(now), "gantry-echo");
+                let mut row = job::sample(&crate::db::new_job_id(now), "gantry-echo");
                 row.user_id = "usr_9ftzrejvyplsdjhd".into();
                 row.input = r#"{"prompt":"hello from the benchmark"}"#.into();
                 row.sync = true;

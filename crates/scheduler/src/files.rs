@@ -16,8 +16,8 @@ use std::time::Duration;
 use gantry_files::Files;
 use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 
+use crate::db::{now_ms, serialize_writes};
 use crate::entity::file;
-use crate::store::{now_ms, serialize_writes};
 
 /// Expired files deleted per round.
 const BATCH: u64 = 256;

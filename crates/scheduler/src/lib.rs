@@ -15,9 +15,12 @@
 //! `docs/scheduler.md` for the lifecycle, leases and billing rules.
 mod config;
 mod credit;
+mod db;
 mod engine;
 mod entity;
 mod files;
+mod follow;
+mod lane;
 mod live;
 pub mod metrics;
 mod plan;
@@ -29,6 +32,7 @@ mod types;
 mod webhooks;
 
 pub use config::SchedulerConfig;
+pub use follow::{Follow, Frame};
 pub use gantry_net::{AddressPolicy, IpRange};
 pub use live::{Cursor, LiveStream, Taken};
 pub use scheduler::Scheduler;

@@ -5,7 +5,8 @@ use std::collections::BTreeMap;
 use gantry_dispatch::Dispatcher;
 use gantry_telemetry::{Exposition, metrics};
 
-use crate::store::{JobStore, now_ms};
+use crate::db::now_ms;
+use crate::store::JobStore;
 use crate::types::{JobError, JobStatus};
 
 /// The whole exposition. `models`: every model served (a model with nothing

@@ -10,8 +10,8 @@ use sea_orm::{
     ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, IdenStatic, Iterable, QueryFilter, Statement,
 };
 
+use crate::db::plus;
 use crate::entity::{chunk, file, job};
-use crate::store::plus;
 use crate::types::JobStatus;
 
 use job::Column as J;

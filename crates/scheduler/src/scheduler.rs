@@ -21,11 +21,13 @@ use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 use crate::config::millis;
+use crate::db::{now_ms, plus, serialize_writes};
 use crate::engine::Engine;
 use crate::entity::{chunk, job, presence, worker_gpu};
+use crate::lane::Handed;
 use crate::plan::{self, Plan, Settled, Step, Store, Usage, is_final, running_jobs};
 use crate::signals::Signal;
-use crate::store::{Attached, Handed, Hub, JobStore, now_ms, plus, retention_expr, serialize_writes};
+use crate::store::{Attached, Hub, JobStore, retention_expr};
 use crate::types::{JobStatus, JobView, SchedulerError};
 use crate::webhooks;
 
@@ -109,7 +111,8 @@ impl Scheduler {
         core.fast_lane = core
             .store
             .hub
-            .open_lane(&core.instance, millis(core.store.config.lease));
+            .lane
+            .open(&core.instance, millis(core.store.config.lease));
         let hub = Arc::clone(&core.store.hub);
         // Chunks and progress reach live readers as they arrive, before they
         // are stored (see live.rs).
@@ -169,7 +172,7 @@ impl Drop for Scheduler {
             // No more submits written as claimed by this instance; those
             // already written are requeued when its lease lapses, and those
             // it kept in memory are gone with it.
-            if self.hub.close_lane(&self.instance_id).is_some() {
+            if self.hub.lane.close(&self.instance_id).is_some() {
                 self.hub.lose_all();
             }
         }
@@ -299,7 +302,7 @@ impl Core {
                     }
                 }
                 () = hub.notify.notified() => {
-                    let adopted = hub.adopt(&self.instance);
+                    let adopted = hub.lane.adopt(&self.instance);
                     if !adopted.is_empty() {
                         self.adopt(adopted).await;
                     }
@@ -389,7 +392,7 @@ impl Core {
         // Jobs handed over but not adopted are this instance's too: the
         // release below requeues them with the rest.
         let left = if self.fast_lane {
-            hub.close_lane(&self.instance).unwrap_or_default()
+            hub.lane.close(&self.instance).unwrap_or_default()
         } else {
             Vec::new()
         };
@@ -496,7 +499,7 @@ impl Core {
                 running.unstored = None;
             }
         }
-        self.store.hub.stored(&outcome.stored);
+        self.store.hub.lane.stored(&outcome.stored);
         for job_id in batch.iter().filter_map(stream_job) {
             if let Some(running) = self.running.get_mut(job_id) {
                 running.streamed = true;
@@ -908,7 +911,7 @@ impl Core {
             .models
             .get(model)
             .map_or(0, |health| health.free_slots)
-            .saturating_sub(self.store.hub.lane_taken(&self.instance, model));
+            .saturating_sub(self.store.hub.lane.lane_taken(&self.instance, model));
         if free == 0 {
             return 0;
         }
@@ -1004,7 +1007,7 @@ impl Core {
                 health.free_slots > 0 && self.drained.contains(model) && !self.ready.contains_key(model)
             })
             .map(|(model, health)| (model, health.free_slots));
-        self.store.hub.set_credits(&self.instance, free);
+        self.store.hub.lane.set_credits(&self.instance, free);
     }
 
     /// Assigns jobs claimed by this instance to workers, lowest priority last.
@@ -1094,7 +1097,7 @@ impl Core {
             }
             match self.run_plan(plan).await {
                 Ok(settled) => {
-                    self.store.hub.stored(&written);
+                    self.store.hub.lane.stored(&written);
                     self.publish(&settled.finals, |row| row.sync);
                 }
                 Err(error) => {
@@ -1142,7 +1145,7 @@ impl Core {
             }
         }
         result?;
-        self.store.hub.stored(&ids);
+        self.store.hub.lane.stored(&ids);
         Ok(())
     }
 
@@ -1609,7 +1612,7 @@ impl Core {
         self.ready.clear();
         if !plan.is_empty() {
             self.run_plan(plan).await?;
-            self.store.hub.stored(&written);
+            self.store.hub.lane.stored(&written);
         }
         let _guard = serialize_writes(&self.store.hub.write_lock, &self.db).await;
         job::Entity::update_many()

@@ -41,8 +41,6 @@ use std::time::{Duration, Instant};
 use futures_util::StreamExt;
 use tokio::sync::mpsc;
 
-use crate::store::Hub;
-
 /// Signals waiting to be published; beyond this they are dropped (a delay, not a loss).
 const OUTBOX: usize = 16_384;
 /// Most signals published in one pipeline.
@@ -143,6 +141,14 @@ impl Signal {
     }
 }
 
+/// What hears the signals of other processes (the job store's hub): each
+/// signal as it arrives, and a resync after a gap in the subscription, when
+/// signals may have been missed.
+pub(crate) trait Listener: Send + Sync + 'static {
+    fn apply(&self, signal: Signal);
+    fn resync(&self);
+}
+
 /// The sending half, owned by the store's hub. Dropping it ends the publisher.
 pub(crate) struct Signals {
     outbox: mpsc::Sender<Signal>,
@@ -154,7 +160,7 @@ impl Signals {
     /// Starts the publisher and the subscriber on the current Tokio runtime.
     /// Fails only on a malformed URL; an unreachable server is retried in the
     /// background.
-    pub(crate) fn start(url: &str, channel: &str, hub: Weak<Hub>) -> Result<Signals, String> {
+    pub(crate) fn start(url: &str, channel: &str, hub: Weak<dyn Listener>) -> Result<Signals, String> {
         let client = redis::Client::open(url).map_err(|e| format!("redis_url: {e}"))?;
         let origin = {
             use rand::RngExt;
@@ -280,7 +286,7 @@ impl Publisher {
 }
 
 /// Holds the subscription, resubscribing with backoff, until the hub goes.
-async fn subscribe(client: redis::Client, channel: String, origin: String, hub: Weak<Hub>) {
+async fn subscribe(client: redis::Client, channel: String, origin: String, hub: Weak<dyn Listener>) {
     let mut backoff = BACKOFF_MIN;
     let mut warn = Throttle(None);
     let mut liveness = tokio::time::interval(LIVENESS);

@@ -36,7 +36,7 @@ pub(crate) async fn secret_for(db: &DatabaseConnection, user_id: &str) -> Result
             webhook_secret::Column::Secret,
             webhook_secret::Column::CreatedAtMs,
         ])
-        .values_panic([user_id.into(), new_secret().into(), crate::store::now_ms().into()])
+        .values_panic([user_id.into(), new_secret().into(), crate::db::now_ms().into()])
         .on_conflict(
             OnConflict::column(webhook_secret::Column::UserId)
                 .do_nothing()
@@ -60,7 +60,7 @@ pub async fn webhook_secret(db: &DatabaseConnection, user_id: &str, rotate: bool
     let fresh = new_secret();
     webhook_secret::Entity::update_many()
         .col_expr(webhook_secret::Column::Secret, Expr::value(fresh.as_str()))
-        .col_expr(webhook_secret::Column::CreatedAtMs, Expr::value(crate::store::now_ms()))
+        .col_expr(webhook_secret::Column::CreatedAtMs, Expr::value(crate::db::now_ms()))
         .filter(webhook_secret::Column::UserId.eq(user_id))
         .exec(db)
         .await?;

@@ -3,11 +3,10 @@
 use std::collections::{HashMap, HashSet};
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+use std::time::{Duration, Instant};
 
 use gantry_catalog::ModelSpec;
 use gantry_dispatch::Event;
-use rand::RngExt;
 use sea_orm::sea_query::Expr;
 use sea_orm::{
     ActiveModelTrait, ColumnTrait, Condition, DatabaseConnection, DbBackend, DbErr, EntityTrait, IntoActiveModel,
@@ -17,10 +16,12 @@ use serde_json::Value;
 use tokio::sync::{Notify, mpsc, oneshot};
 
 use crate::config::{SchedulerConfig, millis};
+use crate::db::{new_job_id, now_ms, plus, serialize_writes};
 use crate::engine::Engine;
 use crate::entity::{chunk, job, presence};
+use crate::lane::FastLane;
 use crate::live::{LiveJobs, LiveStream};
-use crate::signals::{Signal, Signals};
+use crate::signals::{Listener, Signal, Signals};
 use crate::types::{JobCounts, JobError, JobStatus, JobView, Mode, NewJob, SchedulerError, StreamView};
 
 use job::Column as J;
@@ -97,7 +98,10 @@ impl JobStore {
             }
             // An address literal can be judged now; a name is judged on the
             // addresses it resolves to when the webhook is delivered.
-            let policy = crate::webhooks::policy(&self.config).map_err(|e| JobError::Invalid(e.to_string()))?;
+            let policy = self
+                .config
+                .webhook_policy()
+                .map_err(|e| JobError::Invalid(e.to_string()))?;
             policy
                 .check_url(&parsed)
                 .map_err(|e| JobError::Invalid(format!("`webhook`: {e}")))?;
@@ -162,7 +166,7 @@ impl JobStore {
         // A scheduler of this process has a free slot and nothing queued for
         // this model: write the job already claimed by it (one write instead of
         // an insert and a claim) and hand it over once committed.
-        let claimed = self.hub.take_credit(&row.model);
+        let claimed = self.hub.lane.take_credit(&row.model);
         // A sync job's caller waits for it right away: register that waiter now,
         // so `wait` needs no read to learn what it already knows.
         let parked = mode == Mode::Sync;
@@ -203,7 +207,7 @@ impl JobStore {
                 self.hub.unpark(&row.id);
             }
             if claimed.is_some() {
-                self.hub.return_credit(&row.model);
+                self.hub.lane.return_credit(&row.model);
             }
             return Err(error);
         }
@@ -259,7 +263,9 @@ impl JobStore {
                 view.progress = self.progress_of(&row).await?;
                 Ok(view)
             }
-            Err(JobError::NotFound) if self.hub.is_unstored(job_id, user, model_id) => Ok(JobView::unstored(job_id)),
+            Err(JobError::NotFound) if self.hub.lane.is_unstored(job_id, user, model_id) => {
+                Ok(JobView::unstored(job_id))
+            }
             Err(error) => Err(error),
         }
     }
@@ -587,7 +593,7 @@ impl JobStore {
                 Some(JobStatus::Cancelled) | None => {}
             }
         }
-        counts.in_progress += self.hub.unstored_count(user, model_id);
+        counts.in_progress += self.hub.lane.unstored_count(user, model_id);
         Ok(counts)
     }
 
@@ -762,54 +768,6 @@ fn spawn_insert_writer(db: DatabaseConnection, lock: Arc<tokio::sync::Mutex<()>>
 
 type Insert = (job::ActiveModel, oneshot::Sender<Result<(), DbErr>>);
 
-/// On SQLite, takes the in-process write lock: writers queue here (woken in
-/// order) instead of in SQLite's busy handler, which sleeps for milliseconds.
-/// PostgreSQL locks rows, so nothing is taken there.
-pub(crate) async fn serialize_writes<'a>(
-    lock: &'a tokio::sync::Mutex<()>,
-    db: &DatabaseConnection,
-) -> Option<tokio::sync::MutexGuard<'a, ()>> {
-    if db.get_database_backend() == DbBackend::Sqlite {
-        Some(lock.lock().await)
-    } else {
-        None
-    }
-}
-
-pub(crate) fn now_ms() -> i64 {
-    SystemTime::now()
-        .duration_since(UNIX_EPOCH)
-        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
-        .unwrap_or(0)
-}
-
-/// A UUIDv7-shaped id: 48 bits of Unix ms, a 12-bit counter that keeps ids of
-/// this process strictly increasing, and 62 random bits. Ids sort by creation
-/// (FIFO order in the claim query).
-pub(crate) fn new_job_id(now: i64) -> String {
-    static LAST: AtomicU64 = AtomicU64::new(0);
-    let floor = (u64::try_from(now).unwrap_or(0) & 0xffff_ffff_ffff) << 12;
-    let mut last = LAST.load(Ordering::Relaxed);
-    let stamp = loop {
-        let next = floor.max(last + 1);
-        match LAST.compare_exchange_weak(last, next, Ordering::Relaxed, Ordering::Relaxed) {
-            Ok(_) => break next,
-            Err(seen) => last = seen,
-        }
-    };
-    let ms = (stamp >> 12) & 0xffff_ffff_ffff;
-    let counter = stamp & 0xfff;
-    let random: u64 = rand::rng().random();
-    format!(
-        "{:08x}-{:04x}-7{:03x}-{:04x}-{:012x}",
-        ms >> 16,
-        ms & 0xffff,
-        counter,
-        0x8000 | ((random >> 48) & 0x3fff),
-        random & 0xffff_ffff_ffff
-    )
-}
-
 /// Waiters by job id: (waiter id, where to send the final view).
 type Waiters = HashMap<String, Vec<(u64, oneshot::Sender<Wake>)>>;
 
@@ -849,10 +807,9 @@ pub(crate) struct Hub {
     inserts: OnceLock<mpsc::UnboundedSender<Insert>>,
     /// The SQLite writer thread, when the database is a SQLite file.
     pub(crate) engine: Option<Engine>,
-    /// Submits written already claimed for this process's scheduler.
-    lane: Mutex<Option<Lane>>,
-    /// Jobs the lane's scheduler runs that are not written yet: id -> (user, model).
-    unstored: Mutex<HashMap<String, (String, String)>>,
+    /// Submits written already claimed for this process's scheduler, and
+    /// the `runsync` jobs it runs unwritten.
+    pub(crate) lane: FastLane,
     /// Wake-ups to and from other processes over Redis, when configured.
     signals: OnceLock<Signals>,
     /// Schedulers running on this hub (see [`Attached`]). Without one,
@@ -878,46 +835,6 @@ impl Drop for Attached {
     fn drop(&mut self) {
         self.0.schedulers.fetch_sub(1, Ordering::AcqRel);
     }
-}
-
-/// A job a submit handed to the lane's scheduler.
-pub(crate) struct Handed {
-    pub(crate) row: job::Model,
-    /// False for a `runsync` job kept in memory until it ends or has run for
-    /// `sync_store_after` (see `SchedulerConfig`): the scheduler writes it.
-    pub(crate) stored: bool,
-}
-
-/// The fast lane of one scheduler instance (at most one per process): while
-/// it has free slots for a model whose queue it found empty, a submit writes
-/// the job `IN_PROGRESS` owned by it (attempt 1, leased) and hands the row
-/// over after the commit, so no claim statement and no queue round trip are
-/// needed. A job handed over that no worker can take goes back to the queue
-/// like any unplaced claim; a crash before it runs requeues it when its lease
-/// lapses. Credits are a hint the scheduler refreshes on every turn of its loop.
-///
-/// A `runsync` job that gets a credit is not even written: its caller holds no
-/// id until it returns, so nobody else can ask for it, and the scheduler
-/// writes its row once, final and with its charge, in one transaction (one
-/// write instead of three). A job that runs longer than `sync_store_after` is
-/// written as claimed by then, and goes on like any other. If the scheduler
-/// dies first, the job is lost with it and never charged; its caller is told
-/// (`JobError::Lost`).
-struct Lane {
-    instance: String,
-    lease_ms: i64,
-    /// Jobs a submit may still write claimed, per model.
-    credits: HashMap<String, u64>,
-    /// Credits taken whose rows the scheduler has not adopted yet, per model.
-    pending: HashMap<String, u64>,
-    /// Jobs waiting for the scheduler.
-    handed: Vec<Handed>,
-}
-
-/// A credit taken from the lane: whom to write the job as claimed by.
-pub(crate) struct Credit {
-    pub(crate) instance: String,
-    pub(crate) lease_ms: i64,
 }
 
 #[derive(Default)]
@@ -957,45 +874,6 @@ impl Hub {
         self.signal(Signal::Queued(model.to_string()));
     }
 
-    /// Acts on a signal from another process.
-    pub(crate) fn apply(&self, signal: Signal) {
-        match signal {
-            Signal::Queued(model) => self.wake(&model),
-            Signal::Final(job_id) => {
-                self.live.ended(std::iter::once(job_id.as_str()));
-                self.reread(Some(&job_id));
-            }
-            Signal::Chunk { job_id, seq, output } => {
-                // Unreadable content counts as not carried: read from the database.
-                let output = output.and_then(|text| serde_json::from_str::<Value>(&text).ok());
-                self.live.chunk(&job_id, seq, output.as_ref());
-            }
-            Signal::Progress(job_id, message) => {
-                if let Ok(message) = serde_json::from_str::<Value>(&message) {
-                    self.live.progress(&job_id, &message);
-                }
-            }
-            Signal::Cancelled(job_id) => {
-                if self.has_scheduler() {
-                    self.lock_pending().rechecks.insert(job_id);
-                    self.notify.notify_one();
-                }
-            }
-            Signal::Resync => self.resync(),
-        }
-    }
-
-    /// Signals may have been missed: every waiter reads its row once now, and
-    /// this process's scheduler claims as its sweep would.
-    pub(crate) fn resync(&self) {
-        self.reread(None);
-        self.live.ended_all();
-        if self.has_scheduler() {
-            self.lock_pending().refill_all = true;
-            self.notify.notify_one();
-        }
-    }
-
     /// Wakes the waiters of `job_id` (of every job if `None`) to read the row.
     fn reread(&self, job_id: Option<&str>) {
         let woken: Vec<_> = {
@@ -1030,79 +908,13 @@ impl Hub {
         self.notify.notify_one();
     }
 
-    fn lock_lane(&self) -> MutexGuard<'_, Option<Lane>> {
-        self.lane.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// Opens the fast lane for scheduler `instance`; false if another
-    /// scheduler of this process has it.
-    pub(crate) fn open_lane(&self, instance: &str, lease_ms: i64) -> bool {
-        let mut lane = self.lock_lane();
-        if lane.is_some() {
-            return false;
-        }
-        *lane = Some(Lane {
-            instance: instance.to_string(),
-            lease_ms,
-            credits: HashMap::new(),
-            pending: HashMap::new(),
-            handed: Vec::new(),
-        });
-        true
-    }
-
-    /// Closes `instance`'s lane; returns the jobs it had not adopted yet, or
-    /// `None` if the lane is not `instance`'s.
-    pub(crate) fn close_lane(&self, instance: &str) -> Option<Vec<Handed>> {
-        let mut lane = self.lock_lane();
-        match lane.take() {
-            Some(open) if open.instance == instance => Some(open.handed),
-            other => {
-                *lane = other;
-                None
-            }
-        }
-    }
-
-    fn lock_unstored(&self) -> MutexGuard<'_, HashMap<String, (String, String)>> {
-        self.unstored.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// These jobs are written now (or final): no longer only in memory.
-    pub(crate) fn stored(&self, job_ids: &[String]) {
-        if job_ids.is_empty() {
-            return;
-        }
-        let mut unstored = self.lock_unstored();
-        if unstored.is_empty() {
-            return;
-        }
-        for id in job_ids {
-            unstored.remove(id);
-        }
-    }
-
-    /// Whether `user`'s job `job_id` of `model` is running unwritten.
-    fn is_unstored(&self, job_id: &str, user: &str, model: &str) -> bool {
-        self.lock_unstored()
-            .get(job_id)
-            .is_some_and(|(u, m)| u == user && m == model)
-    }
-
-    fn unstored_count(&self, user: &str, model: &str) -> u64 {
-        self.lock_unstored()
-            .values()
-            .filter(|(u, m)| u == user && m == model)
-            .count() as u64
-    }
-
     /// Unstored jobs that will never be written (their scheduler stopped, or
     /// could not write them): their waiters are dropped, which `wait` reports
     /// as `JobError::Lost`.
     pub(crate) fn lose(&self, job_ids: &[String]) {
         let mut lost = Vec::new();
         {
-            let mut unstored = self.lock_unstored();
+            let mut unstored = self.lane.lock_unstored();
             for id in job_ids {
                 if unstored.remove(id).is_some() {
                     lost.push(id);
@@ -1121,85 +933,16 @@ impl Hub {
 
     /// Every unstored job is lost (its scheduler died).
     pub(crate) fn lose_all(&self) {
-        let ids: Vec<String> = self.lock_unstored().keys().cloned().collect();
+        let ids = self.lane.unstored_ids();
         self.lose(&ids);
     }
 
-    /// Sets `instance`'s credits from its free slots per model (only models
-    /// whose queue it found empty), less the credits already taken.
-    pub(crate) fn set_credits(&self, instance: &str, free: impl Iterator<Item = (String, u64)>) {
-        let mut guard = self.lock_lane();
-        let Some(lane) = guard.as_mut().filter(|lane| lane.instance == instance) else {
-            return;
-        };
-        lane.credits.clear();
-        for (model, slots) in free {
-            let taken = lane.pending.get(&model).copied().unwrap_or(0);
-            let left = slots.saturating_sub(taken);
-            if left > 0 {
-                lane.credits.insert(model, left);
-            }
-        }
-    }
-
-    fn take_credit(&self, model: &str) -> Option<Credit> {
-        let mut guard = self.lock_lane();
-        let lane = guard.as_mut()?;
-        let credits = lane.credits.get_mut(model).filter(|n| **n > 0)?;
-        *credits -= 1;
-        *lane.pending.entry(model.to_string()).or_insert(0) += 1;
-        Some(Credit {
-            instance: lane.instance.clone(),
-            lease_ms: lane.lease_ms,
-        })
-    }
-
-    /// Credits of `instance`'s lane taken for `model` whose rows it has not
-    /// adopted yet: free slots that those submits are about to fill.
-    pub(crate) fn lane_taken(&self, instance: &str, model: &str) -> u64 {
-        self.lock_lane()
-            .as_ref()
-            .filter(|lane| lane.instance == instance)
-            .and_then(|lane| lane.pending.get(model).copied())
-            .unwrap_or(0)
-    }
-
-    fn return_credit(&self, model: &str) {
-        if let Some(lane) = self.lock_lane().as_mut()
-            && let Some(pending) = lane.pending.get_mut(model)
-        {
-            *pending = pending.saturating_sub(1);
-        }
-    }
-
-    /// Gives a job to the lane's scheduler; false (and the job dropped) if
-    /// the lane closed.
+    /// Gives a job to the lane's scheduler and wakes it; false (and the job
+    /// dropped) if the lane closed.
     fn hand_over(&self, row: job::Model, stored: bool) -> bool {
-        let mut guard = self.lock_lane();
-        let Some(lane) = guard.as_mut() else {
-            return false;
-        };
-        if !stored {
-            self.lock_unstored()
-                .insert(row.id.clone(), (row.user_id.clone(), row.model.clone()));
-        }
-        lane.handed.push(Handed { row, stored });
-        drop(guard);
-        self.notify.notify_one();
-        true
-    }
-
-    /// Jobs handed over to `instance`, to place on its workers.
-    pub(crate) fn adopt(&self, instance: &str) -> Vec<Handed> {
-        let mut guard = self.lock_lane();
-        let Some(lane) = guard.as_mut().filter(|lane| lane.instance == instance) else {
-            return Vec::new();
-        };
-        let handed = std::mem::take(&mut lane.handed);
-        for job in &handed {
-            if let Some(pending) = lane.pending.get_mut(&job.row.model) {
-                *pending = pending.saturating_sub(1);
-            }
+        let handed = self.lane.hand_over(row, stored);
+        if handed {
+            self.notify.notify_one();
         }
         handed
     }
@@ -1321,7 +1064,9 @@ impl Hub {
 
     /// Starts the Redis signals (see `signals.rs`); an error if already started.
     fn start_signals(self: &Arc<Self>, url: &str, channel: &str) -> Result<(), String> {
-        let signals = Signals::start(url, channel, Arc::downgrade(self))?;
+        let hub: std::sync::Weak<Hub> = Arc::downgrade(self);
+        let listener: std::sync::Weak<dyn Listener> = hub;
+        let signals = Signals::start(url, channel, listener)?;
         self.signals
             .set(signals)
             .map_err(|_| "job signals are already connected".to_string())
@@ -1339,6 +1084,47 @@ impl Hub {
             job_id: job_id.to_string(),
             id,
             receiver: Some(receiver),
+        }
+    }
+}
+
+impl Listener for Hub {
+    /// Acts on a signal from another process.
+    fn apply(&self, signal: Signal) {
+        match signal {
+            Signal::Queued(model) => self.wake(&model),
+            Signal::Final(job_id) => {
+                self.live.ended(std::iter::once(job_id.as_str()));
+                self.reread(Some(&job_id));
+            }
+            Signal::Chunk { job_id, seq, output } => {
+                // Unreadable content counts as not carried: read from the database.
+                let output = output.and_then(|text| serde_json::from_str::<Value>(&text).ok());
+                self.live.chunk(&job_id, seq, output.as_ref());
+            }
+            Signal::Progress(job_id, message) => {
+                if let Ok(message) = serde_json::from_str::<Value>(&message) {
+                    self.live.progress(&job_id, &message);
+                }
+            }
+            Signal::Cancelled(job_id) => {
+                if self.has_scheduler() {
+                    self.lock_pending().rechecks.insert(job_id);
+                    self.notify.notify_one();
+                }
+            }
+            Signal::Resync => self.resync(),
+        }
+    }
+
+    /// Signals may have been missed: every waiter reads its row once now, and
+    /// this process's scheduler claims as its sweep would.
+    fn resync(&self) {
+        self.reread(None);
+        self.live.ended_all();
+        if self.has_scheduler() {
+            self.lock_pending().refill_all = true;
+            self.notify.notify_one();
         }
     }
 }
@@ -1381,12 +1167,6 @@ impl Drop for Waiter {
             }
         }
     }
-}
-
-/// `column + n`.
-pub(crate) fn plus(column: J, n: i64) -> Expr {
-    use sea_orm::sea_query::ExprTrait;
-    Expr::col(column).add(n)
 }
 
 /// The one visibility rule: the caller's own job of this model, still within its
@@ -1477,49 +1257,52 @@ mod tests {
     #[test]
     fn the_lane_never_hands_out_more_credits_than_free_slots() {
         let hub = Hub::default();
-        assert!(hub.take_credit("m").is_none(), "no lane, no credit");
-        assert!(hub.open_lane("a", 500));
-        assert!(!hub.open_lane("b", 500), "one lane per process");
+        assert!(hub.lane.take_credit("m").is_none(), "no lane, no credit");
+        assert!(hub.lane.open("a", 500));
+        assert!(!hub.lane.open("b", 500), "one lane per process");
         assert!(
-            hub.take_credit("m").is_none(),
+            hub.lane.take_credit("m").is_none(),
             "no credits until the scheduler sets them"
         );
 
-        hub.set_credits("a", free("m", 2));
-        let credit = hub.take_credit("m").unwrap();
+        hub.lane.set_credits("a", free("m", 2));
+        let credit = hub.lane.take_credit("m").unwrap();
         assert_eq!((credit.instance.as_str(), credit.lease_ms), ("a", 500));
-        assert!(hub.take_credit("m").is_some());
-        assert!(hub.take_credit("m").is_none(), "two slots, two credits");
-        assert!(hub.take_credit("other").is_none());
+        assert!(hub.lane.take_credit("m").is_some());
+        assert!(hub.lane.take_credit("m").is_none(), "two slots, two credits");
+        assert!(hub.lane.take_credit("other").is_none());
         // The scheduler's claims leave the slots of taken credits alone.
-        assert_eq!((hub.lane_taken("a", "m"), hub.lane_taken("a", "other")), (2, 0));
-        assert_eq!(hub.lane_taken("b", "m"), 0, "only the lane's own scheduler");
+        assert_eq!(
+            (hub.lane.lane_taken("a", "m"), hub.lane.lane_taken("a", "other")),
+            (2, 0)
+        );
+        assert_eq!(hub.lane.lane_taken("b", "m"), 0, "only the lane's own scheduler");
 
         // Still two free slots (nothing placed yet), but both are spoken for.
-        hub.set_credits("a", free("m", 2));
-        assert!(hub.take_credit("m").is_none());
+        hub.lane.set_credits("a", free("m", 2));
+        assert!(hub.lane.take_credit("m").is_none());
         // One insert failed and gave its credit back; one row was handed over.
-        hub.return_credit("m");
+        hub.lane.return_credit("m");
         assert!(hub.hand_over(row("m"), true));
-        assert!(hub.adopt("b").is_empty(), "only the lane's scheduler adopts");
-        assert_eq!(hub.adopt("a").len(), 1);
-        assert_eq!(hub.lane_taken("a", "m"), 0, "returned and adopted");
-        hub.set_credits("a", free("m", 1));
-        assert!(hub.take_credit("m").is_some());
-        assert!(hub.take_credit("m").is_none());
+        assert!(hub.lane.adopt("b").is_empty(), "only the lane's scheduler adopts");
+        assert_eq!(hub.lane.adopt("a").len(), 1);
+        assert_eq!(hub.lane.lane_taken("a", "m"), 0, "returned and adopted");
+        hub.lane.set_credits("a", free("m", 1));
+        assert!(hub.lane.take_credit("m").is_some());
+        assert!(hub.lane.take_credit("m").is_none());
 
         // Another instance cannot set credits, nor close the lane.
-        hub.set_credits("b", free("m", 5));
-        assert!(hub.take_credit("m").is_none());
+        hub.lane.set_credits("b", free("m", 5));
+        assert!(hub.lane.take_credit("m").is_none());
         assert!(hub.hand_over(row("m"), true));
-        assert!(hub.close_lane("b").is_none());
+        assert!(hub.lane.close("b").is_none());
         assert_eq!(
-            hub.close_lane("a").map(|rows| rows.len()),
+            hub.lane.close("a").map(|rows| rows.len()),
             Some(1),
             "unadopted rows are returned"
         );
-        assert!(hub.take_credit("m").is_none(), "closed");
+        assert!(hub.lane.take_credit("m").is_none(), "closed");
         assert!(!hub.hand_over(row("m"), false), "closed");
-        assert!(hub.open_lane("b", 500));
+        assert!(hub.lane.open("b", 500));
     }
 }

@@ -15,29 +15,12 @@ use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, 
 use tokio::task::JoinSet;
 
 use crate::config::SchedulerConfig;
+use crate::db::{now_ms, serialize_writes};
 use crate::entity::job;
-use crate::store::serialize_writes;
 use crate::types::{JobStatus, JobView, SchedulerError};
 use gantry_net::{AddressPolicy, error_chain};
 
 use job::Column as J;
-
-/// The client every delivery of one scheduler goes through: only permitted
-/// addresses are ever connected to (gantry-net), and a redirect could lead
-/// anywhere, so none is followed.
-pub(crate) fn client(config: &SchedulerConfig) -> Result<reqwest::Client, SchedulerError> {
-    let fail = |e: String| SchedulerError::Webhooks(e);
-    let tls =
-        gantry_net::tls_config(config.webhook_ca_file.as_deref()).map_err(|e| fail(format!("webhook_ca_file {e}")))?;
-    let policy = Arc::new(policy(config)?);
-    gantry_net::client(policy, config.webhook_timeout, tls).map_err(fail)
-}
-
-/// The destinations webhooks may reach (see gantry-net).
-pub(crate) fn policy(config: &SchedulerConfig) -> Result<AddressPolicy, SchedulerError> {
-    AddressPolicy::new(&config.webhook_allow_ranges)
-        .map_err(|e| SchedulerError::Webhooks(format!("webhook_allow_ranges: {e}")))
-}
 
 /// `webhook_due_ms` of a job submitted or retried now: pending (0) when it
 /// has a webhook.
@@ -86,8 +69,8 @@ impl Deliveries {
         write_lock: Arc<tokio::sync::Mutex<()>>,
     ) -> Result<Self, SchedulerError> {
         Ok(Deliveries {
-            client: client(config)?,
-            policy: Arc::new(policy(config)?),
+            client: config.webhook_client()?,
+            policy: Arc::new(config.webhook_policy()?),
             db,
             write_lock,
             attempts: config.webhook_attempts.max(1),
@@ -242,7 +225,7 @@ async fn deliver(
     };
     for attempt in 1..=attempts {
         // Each attempt is signed at its own time (receivers reject stale timestamps).
-        let timestamp = crate::store::now_ms().div_euclid(1000);
+        let timestamp = now_ms().div_euclid(1000);
         let signature = crate::signing::signature(delivery.secret, delivery.message_id, timestamp, &body);
         let request = client
             .post(url)
@@ -279,16 +262,18 @@ mod tests {
     fn a_ca_file_that_gives_no_certificate_is_an_error_naming_it() {
         let dir = tempfile::tempdir().unwrap();
         let missing = dir.path().join("missing.pem");
-        let error = client(&with_ca(missing.clone())).unwrap_err().to_string();
+        let error = with_ca(missing.clone()).webhook_client().unwrap_err().to_string();
         assert!(error.contains(&missing.display().to_string()), "{error}");
 
         let empty = dir.path().join("empty.pem");
         std::fs::write(&empty, "not a certificate\n").unwrap();
-        let error = client(&with_ca(empty)).unwrap_err().to_string();
+        let error = with_ca(empty).webhook_client().unwrap_err().to_string();
         assert!(error.contains("holds no certificate"), "{error}");
 
         let ca = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ca.pem");
-        client(&with_ca(ca)).expect("the test CA loads");
-        client(&SchedulerConfig::default()).expect("no CA file: the system's roots");
+        with_ca(ca).webhook_client().expect("the test CA loads");
+        SchedulerConfig::default()
+            .webhook_client()
+            .expect("no CA file: the system's roots");
     }
 }

@@ -5,7 +5,7 @@ use std::time::Duration;
 use actix_web::{HttpRequest, HttpResponse, web};
 use gantry_auth::Scope;
 use gantry_catalog::ModelSpec;
-use gantry_scheduler::{JobError, JobPolicy, JobStatus, JobView, Mode, NewJob};
+use gantry_scheduler::{Follow, Frame, JobError, JobPolicy, JobStatus, JobView, Mode, NewJob};
 use serde::Serialize;
 use serde_json::{Value, json};
 use utoipa::ToSchema;
@@ -326,8 +326,7 @@ pub async fn stream(
     if live::wants_sse(&req) {
         // Unknown or foreign jobs are a 404 before the stream starts.
         state.jobs.get(caller.user_id(), &model_id, &job_id).await?;
-        let frames = live::follow(live::Follow {
-            jobs: state.jobs.clone(),
+        let frames = state.jobs.follow(Follow {
             user: caller.user_id().to_string(),
             model: model_id,
             job_id,
@@ -335,23 +334,23 @@ pub async fn stream(
             cancel_on_disconnect: false,
         });
         return Ok(live::sse_response(frames, |frame| match frame {
-            live::Frame::Chunk { seq, output } => Some(live::event(
+            Frame::Chunk { seq, output } => Some(live::event(
                 Some(seq),
                 Some("chunk"),
                 &json!({ "output": output }).to_string(),
             )),
-            live::Frame::Progress(message) => Some(live::event(
+            Frame::Progress(message) => Some(live::event(
                 None,
                 Some("progress"),
                 &json!({ "progress": message }).to_string(),
             )),
-            live::Frame::KeepAlive => Some(": keep-alive\n\n".to_string()),
-            live::Frame::Final(view) => Some(live::event(
+            Frame::KeepAlive => Some(": keep-alive\n\n".to_string()),
+            Frame::Final(view) => Some(live::event(
                 None,
                 Some("status"),
                 &serde_json::to_string(&view).unwrap_or_default(),
             )),
-            live::Frame::Failed(error) => Some(live::event(
+            Frame::Failed(error) => Some(live::event(
                 None,
                 Some("error"),
                 &json!({ "error": error.to_string() }).to_string(),

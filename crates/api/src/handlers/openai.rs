@@ -15,7 +15,7 @@ use actix_web::middleware::Next;
 use actix_web::{HttpRequest, HttpResponse, ResponseError, web};
 use gantry_auth::Scope;
 use gantry_catalog::{ModelKind, ModelSpec};
-use gantry_scheduler::{JobStatus, JobView, Mode, NewJob};
+use gantry_scheduler::{Follow, Frame, JobStatus, JobView, Mode, NewJob};
 use serde_json::{Map, Value, json};
 
 use crate::app::AppState;
@@ -449,8 +449,7 @@ async fn complete(
     let id = format!("{}{}", kind.id_prefix(), queued.id);
     let created = unix_now();
     if request.stream {
-        let frames = live::follow(live::Follow {
-            jobs: state.jobs.clone(),
+        let frames = state.jobs.follow(Follow {
             user,
             model: model_id.clone(),
             job_id: queued.id,
@@ -509,7 +508,7 @@ fn stream_renderer(
     model: String,
     created: u64,
     include_usage: bool,
-) -> impl FnMut(live::Frame) -> Option<String> {
+) -> impl FnMut(Frame) -> Option<String> {
     let mut first = true;
     move |frame| {
         let chunk = |choice: Value| {
@@ -538,15 +537,15 @@ fn stream_renderer(
         };
         let data = |value: &Value| live::event(None, None, &value.to_string());
         match frame {
-            live::Frame::Chunk { output, .. } => {
+            Frame::Chunk { output, .. } => {
                 let token = output["token"].as_str().unwrap_or_default();
                 let text = data(&chunk(piece(token, Value::Null, first)));
                 first = false;
                 Some(text)
             }
-            live::Frame::KeepAlive => Some(": keep-alive\n\n".into()),
-            live::Frame::Progress(_) => None,
-            live::Frame::Final(view) => {
+            Frame::KeepAlive => Some(": keep-alive\n\n".into()),
+            Frame::Progress(_) => None,
+            Frame::Final(view) => {
                 let mut text = String::new();
                 if view.status == JobStatus::Completed {
                     let output = view.output.clone().unwrap_or(Value::Null);
@@ -567,7 +566,7 @@ fn stream_renderer(
                 text.push_str(&live::event(None, None, "[DONE]"));
                 Some(text)
             }
-            live::Frame::Failed(error) => {
+            Frame::Failed(error) => {
                 let mut text = data(&error_body(StatusCode::INTERNAL_SERVER_ERROR, &error.to_string()));
                 text.push_str(&live::event(None, None, "[DONE]"));
                 Some(text)

@@ -1,7 +1,7 @@
 //! Worker authentication at the gRPC edge.
 
 use gantry_proto::v1::scheduler_message;
-use gantry_worker::{Credentials, WorkerError};
+use gantry_worker_sdk::{Credentials, WorkerError};
 use tonic::Code;
 
 use crate::harness::{ECHO, SECRET, Server, Worker, hello, raw_connect, token, worker_config};
@@ -88,7 +88,7 @@ async fn an_sdk_worker_with_a_bad_credential_stops_with_unauthenticated() {
     ] {
         let mut config = worker_config(&server.url(), "w-bad", 1);
         config.credentials = credentials;
-        let worker = Worker::spawn(gantry_worker_echo::EchoModel, config);
+        let worker = Worker::spawn(gantry_model_echo::EchoModel, config);
         match worker.finished().await {
             Err(WorkerError::Rejected(status)) => {
                 assert_eq!(status.code(), Code::Unauthenticated, "{status:?}")
@@ -104,7 +104,7 @@ async fn an_sdk_worker_with_a_pre_minted_token_connects() {
     let mut server = Server::start();
     let mut config = worker_config(&server.url(), "w-token", 1);
     config.credentials = Credentials::Token(token("w-token", &[ECHO], SECRET));
-    let _worker = Worker::spawn(gantry_worker_echo::EchoModel, config);
+    let _worker = Worker::spawn(gantry_model_echo::EchoModel, config);
     server.wait_capacity(ECHO).await;
     assert_eq!(server.dispatcher.workers()[0].worker_id, "w-token");
 }

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use gantry_dispatch::{Assignment, Event, FileSink, FileUpload, StoredFile};
-use gantry_worker::{FILE_CHUNK_BYTES, JobContext, JobError, Model, Output, Usage};
+use gantry_worker_sdk::{FILE_CHUNK_BYTES, JobContext, JobError, Model, Output, Usage};
 use serde_json::{Value, json};
 
 use crate::harness::{Server, Worker, config, worker_config};

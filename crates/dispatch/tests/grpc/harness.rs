@@ -7,14 +7,14 @@ use gantry_dispatch::{DispatchConfig, Dispatcher, Event};
 use gantry_proto::auth::AUTHORIZATION;
 use gantry_proto::v1::worker_gateway_client::WorkerGatewayClient;
 use gantry_proto::v1::{Hello, SchedulerMessage, WorkerMessage, worker_message::Kind};
-use gantry_worker::{Credentials, Model, WorkerConfig, WorkerError, WorkerRuntime};
+use gantry_worker_sdk::{Credentials, Model, WorkerConfig, WorkerError, WorkerRuntime};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 use tokio_stream::wrappers::ReceiverStream;
 use tonic::{Request, Status, Streaming};
 
 pub const SECRET: &[u8] = b"test-secret";
-pub const ECHO: &str = gantry_worker_echo::MODEL_ID;
+pub const ECHO: &str = gantry_model_echo::MODEL_ID;
 /// Upper bound for anything a test waits for; tests normally take far less.
 pub const WAIT: Duration = Duration::from_secs(5);
 
@@ -204,7 +204,7 @@ impl Worker {
 
     pub fn echo(server: &Server, worker_id: &str, slots: u32) -> Self {
         Self::spawn(
-            gantry_worker_echo::EchoModel,
+            gantry_model_echo::EchoModel,
             worker_config(&server.url(), worker_id, slots),
         )
     }

@@ -3,7 +3,7 @@
 use std::time::{Duration, Instant, SystemTime};
 
 use gantry_dispatch::{AssignError, Assignment, Event, ModelHealth, Usage};
-use gantry_worker::{JobContext, JobError, Model, Output};
+use gantry_worker_sdk::{JobContext, JobError, Model, Output};
 use serde_json::{Value, json};
 
 use crate::harness::{ECHO, Server, WAIT, Worker, worker_config};
@@ -186,7 +186,10 @@ impl Model for Panicky {
         if input["panic"] == json!(true) {
             panic!("boom at {}", input["where"]);
         }
-        Ok(Output::new(input, gantry_worker::Usage::micros("seconds", 1_500_000)))
+        Ok(Output::new(
+            input,
+            gantry_worker_sdk::Usage::micros("seconds", 1_500_000),
+        ))
     }
 }
 

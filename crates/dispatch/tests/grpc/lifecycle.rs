@@ -255,7 +255,7 @@ async fn a_graceful_scheduler_shutdown_disconnects_workers_who_keep_retrying() {
         let _ = stopped.await;
     }));
     let worker = Worker::spawn(
-        gantry_worker_echo::EchoModel,
+        gantry_model_echo::EchoModel,
         crate::harness::worker_config(&url, "w-graceful", 1),
     );
     let joined = tokio::time::timeout(WAIT, events.recv()).await.unwrap().unwrap();

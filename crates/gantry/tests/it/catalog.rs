@@ -163,15 +163,15 @@ async fn gpu_availability_follows_the_workers_hello(backend: Backend) {
 
     // A worker whose hello reports an H100 makes it available; gone, it is not.
     let url = format!("http://{}", app.scheduler.addr);
-    let mut config = gantry_worker::WorkerConfig::new(
+    let mut config = gantry_worker_sdk::WorkerConfig::new(
         url,
         "gpu-worker-1",
-        gantry_worker::Credentials::Secret(app.scheduler.worker_secret().to_vec()),
+        gantry_worker_sdk::Credentials::Secret(app.scheduler.worker_secret().to_vec()),
     );
     config.gpu_name = h100.into();
     config.gpu_memory_bytes = 80 << 30;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let worker = tokio::spawn(gantry_worker_echo::runtime(config).run_until(async move {
+    let worker = tokio::spawn(gantry_model_echo::runtime(config).run_until(async move {
         let _ = stopped.await;
     }));
     until_gpu_availability(&app, &key, h100, "LOW").await;

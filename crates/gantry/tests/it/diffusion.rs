@@ -8,8 +8,8 @@
 use std::path::Path;
 use std::time::{Duration, Instant};
 
-use gantry_worker_diffusion::tiny::write_tiny_weights;
-use gantry_worker_diffusion::{Architecture, Variant};
+use gantry_model_diffusion::tiny::write_tiny_weights;
+use gantry_model_diffusion::{Architecture, Variant};
 use reqwest::Method;
 use serde_json::{Value, json};
 use sha2::{Digest, Sha256};

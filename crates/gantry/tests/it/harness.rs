@@ -3,7 +3,7 @@ use std::time::Duration;
 
 use futures_util::StreamExt;
 use gantry::Platform;
-use gantry_api::Settings;
+use gantry::Settings;
 use gantry_auth::{AuthService, ScopeSet};
 use gantry_testkit::PgDatabase;
 use reqwest::{Client, Method, RequestBuilder, Response};
@@ -24,6 +24,8 @@ pub struct TestApp {
     pub settings: Settings,
     pub scheduler: gantry::SchedulerRole,
     _workers: gantry::Workers,
+    /// The platform's database handle (and SQLite lock), held while it serves.
+    _platform_database: gantry::Database,
     handles: Vec<gantry_api::ServerHandle>,
     _database: Option<PgDatabase>,
     _dir: tempfile::TempDir,
@@ -66,6 +68,7 @@ impl TestApp {
         settings.scheduler.webhook_allow_ranges = vec!["127.0.0.0/8".into()];
         tweak(&mut settings);
         let Platform {
+            database: platform_database,
             app,
             scheduler,
             workers,
@@ -79,6 +82,7 @@ impl TestApp {
         TestApp {
             scheduler,
             _workers: workers,
+            _platform_database: platform_database,
             base,
             public_base,
             client: http_client(Duration::from_secs(30)),

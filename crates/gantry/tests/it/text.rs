@@ -502,11 +502,11 @@ async fn the_model_list_and_the_openapi_document_follow_the_manifest() {
 
 /// Through the public endpoint, a raw prompt decoded greedily gives exactly
 /// llama.cpp's own greedy continuation of it (the first 32 tokens, from
-/// llama.cpp itself on the same file: crates/workers/text/tests/fixtures).
+/// llama.cpp itself on the same file: crates/models/text/tests/fixtures).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn served_greedy_text_equals_llama_cpp_reference() {
     let fixture: Value = serde_json::from_str(include_str!(
-        "../../../workers/text/tests/fixtures/smollm2-greedy-llama-cpp.json"
+        "../../../models/text/tests/fixtures/smollm2-greedy-llama-cpp.json"
     ))
     .unwrap();
     let app = text_app(Backend::Sqlite).await;

@@ -362,7 +362,7 @@ async fn one_trace_follows_a_job_through_the_api_scheduler_and_worker_processes(
                 ("gantry-api", "POST /v2/{model_id}/runsync"),
                 ("gantry-api", "job.submit"),
                 ("gantry-scheduler", "job.assign"),
-                ("gantry-worker", "job.run"),
+                ("gantry-worker-sdk", "job.run"),
                 ("gantry-scheduler", "job.settle"),
             ],
         )
@@ -370,12 +370,15 @@ async fn one_trace_follows_a_job_through_the_api_scheduler_and_worker_processes(
     let services: BTreeSet<&str> = trace.iter().map(|span| span.service.as_str()).collect();
     assert_eq!(
         services,
-        BTreeSet::from(["gantry-api", "gantry-scheduler", "gantry-worker"]),
+        BTreeSet::from(["gantry-api", "gantry-scheduler", "gantry-worker-sdk"]),
         "{trace:#?}"
     );
     let request = span(&trace, "gantry-api", "POST /v2/{model_id}/runsync");
     assert_one_tree(&trace, &caller_span_id, request);
     // The worker's run is a child of the scheduler's assignment.
     let assign = span(&trace, "gantry-scheduler", "job.assign");
-    assert_eq!(span(&trace, "gantry-worker", "job.run").parent_span_id, assign.span_id);
+    assert_eq!(
+        span(&trace, "gantry-worker-sdk", "job.run").parent_span_id,
+        assign.span_id
+    );
 }

@@ -9,14 +9,14 @@ use gantry_catalog::{ModelCatalog, ModelSpec};
 use gantry_dispatch::{DispatchConfig, Dispatcher, Event};
 use gantry_migrations::MigratorTrait;
 use gantry_scheduler::{JobStatus, JobStore, JobView, Mode, NewJob, Scheduler, SchedulerConfig};
-use gantry_worker::{Credentials, JobContext, JobError, Model, Output, WorkerConfig, WorkerRuntime};
+use gantry_worker_sdk::{Credentials, JobContext, JobError, Model, Output, WorkerConfig, WorkerRuntime};
 use sea_orm::{ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement};
 use serde_json::Value;
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
 pub const SECRET: &[u8] = b"scheduler-test-secret";
-pub const ECHO: &str = gantry_worker_echo::MODEL_ID;
+pub const ECHO: &str = gantry_model_echo::MODEL_ID;
 pub const USER: &str = "user-1";
 /// Upper bound for anything a test waits for.
 pub const WAIT: Duration = Duration::from_secs(10);
@@ -269,7 +269,7 @@ impl Node {
     }
 
     pub fn echo_worker(&self, worker_id: &str, slots: u32) -> Worker {
-        Worker::spawn(gantry_worker_echo::runtime(worker_config(&self.url, worker_id, slots)))
+        Worker::spawn(gantry_model_echo::runtime(worker_config(&self.url, worker_id, slots)))
     }
 
     /// An echo worker that counts the jobs it starts.
@@ -307,7 +307,7 @@ pub fn worker_config(url: &str, worker_id: &str, slots: u32) -> WorkerConfig {
 
 /// A worker runtime on the test's Tokio runtime.
 pub struct Worker {
-    handle: JoinHandle<Result<(), gantry_worker::WorkerError>>,
+    handle: JoinHandle<Result<(), gantry_worker_sdk::WorkerError>>,
 }
 
 impl Worker {
@@ -341,7 +341,7 @@ impl Model for Counting {
 
     async fn run(&self, input: Value, ctx: JobContext) -> Result<Output, JobError> {
         self.runs.fetch_add(1, Ordering::SeqCst);
-        gantry_worker_echo::EchoModel.run(input, ctx).await
+        gantry_model_echo::EchoModel.run(input, ctx).await
     }
 }
 

@@ -1,0 +1,524 @@
+//! The engine thread: one llama context, continuous batching.
+//!
+//! The thread owns the context. Requests arrive on a channel; every loop
+//! iteration
+//!
+//! 1. takes new requests and admits waiting ones, in order, while a sequence
+//!    id and enough of the token budget are free (a sequence reserves its
+//!    prompt plus `max_tokens`);
+//! 2. builds one batch with the next token of every generating sequence and,
+//!    in the room left, the next chunk of prompts still being read;
+//! 3. decodes it once;
+//! 4. samples every sequence that has logits with its own sampler, streams
+//!    the text, and retires finished and cancelled sequences, freeing their
+//!    KV cells so waiting requests can join before the next step.
+
+use std::collections::VecDeque;
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, Hasher};
+use std::num::NonZeroU32;
+use std::panic::AssertUnwindSafe;
+use std::sync::Arc;
+use std::sync::mpsc as std_mpsc;
+use std::time::Instant;
+
+use gantry_worker_sdk::{CancellationToken, JobError};
+use llama_cpp_2::context::LlamaContext;
+use llama_cpp_2::context::params::LlamaContextParams;
+use llama_cpp_2::llama_batch::LlamaBatch;
+use llama_cpp_2::model::LlamaModel;
+use llama_cpp_2::sampling::LlamaSampler;
+use llama_cpp_2::token::LlamaToken;
+use tokio::sync::mpsc;
+
+use crate::input::Sampling;
+use crate::stream::TextStream;
+use crate::{LoadError, backend};
+
+/// Why generation ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum FinishReason {
+    /// End-of-generation token or stop string.
+    Stop,
+    /// `max_tokens` reached.
+    Length,
+}
+
+impl FinishReason {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Stop => "stop",
+            Self::Length => "length",
+        }
+    }
+}
+
+/// A generation request, already tokenized and checked against the context.
+#[derive(Debug)]
+pub struct Request {
+    pub prompt: Vec<LlamaToken>,
+    pub max_tokens: u32,
+    pub sampling: Sampling,
+    pub stop: Vec<String>,
+}
+
+impl Request {
+    /// Tokens of the budget this request holds while it runs.
+    fn reservation(&self) -> u64 {
+        self.prompt.len() as u64 + u64::from(self.max_tokens)
+    }
+}
+
+/// A finished generation.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Finished {
+    pub text: String,
+    /// Generated token ids (without the end-of-generation token).
+    pub tokens: Vec<i32>,
+    pub prompt_tokens: usize,
+    pub finish_reason: FinishReason,
+}
+
+/// What the engine tells a request's owner.
+#[derive(Debug)]
+pub enum Event {
+    /// The next piece of text (never empty).
+    Piece(String),
+    /// The end; nothing follows.
+    Done(Result<Finished, JobError>),
+}
+
+struct Job {
+    request: Request,
+    cancel: CancellationToken,
+    events: mpsc::UnboundedSender<Event>,
+    queued_at: Instant,
+}
+
+impl Job {
+    /// Cancelled, or nobody is listening any more.
+    fn is_abandoned(&self) -> bool {
+        self.cancel.is_cancelled() || self.events.is_closed()
+    }
+}
+
+/// Context settings, already resolved (threads > 0 etc.).
+#[derive(Debug, Clone, Copy)]
+pub struct EngineConfig {
+    pub threads: i32,
+    pub context_tokens: u32,
+    pub max_sequences: u32,
+    pub batch_tokens: u32,
+}
+
+impl EngineConfig {
+    fn context_params(&self) -> LlamaContextParams {
+        LlamaContextParams::default()
+            .with_n_ctx(NonZeroU32::new(self.context_tokens))
+            .with_n_batch(self.batch_tokens)
+            .with_n_ubatch(self.batch_tokens.min(512))
+            .with_n_seq_max(self.max_sequences)
+            // One pool of KV cells shared by all sequences, so the budget is
+            // shared too (otherwise each sequence gets n_ctx / n_seq_max).
+            .with_kv_unified(true)
+            .with_n_threads(self.threads)
+            .with_n_threads_batch(self.threads)
+            .with_no_perf(true)
+    }
+}
+
+/// The handle the rest of the crate uses: submit requests, get events.
+#[derive(Debug)]
+pub struct EngineHandle {
+    inbox: std_mpsc::Sender<Job>,
+}
+
+impl EngineHandle {
+    /// Starts the engine thread for `model` and waits until its context
+    /// exists.
+    pub fn start(model: Arc<LlamaModel>, config: EngineConfig, name: &str) -> Result<Self, LoadError> {
+        let (inbox, requests) = std_mpsc::channel();
+        let (ready_tx, ready_rx) = std_mpsc::sync_channel(1);
+        std::thread::Builder::new()
+            .name(format!("text-engine-{name}"))
+            .spawn(move || engine_thread(&model, config, &requests, &ready_tx))
+            .map_err(|e| LoadError::Context(format!("cannot start the engine thread: {e}")))?;
+        match ready_rx.recv() {
+            Ok(Ok(())) => Ok(Self { inbox }),
+            Ok(Err(error)) => Err(error),
+            Err(_) => Err(LoadError::Context("the engine thread stopped while starting".into())),
+        }
+    }
+
+    /// Queues `request`. Events arrive on the returned receiver; the last one
+    /// is always [`Event::Done`] (unless the engine died, then the channel
+    /// just closes). Cancelling `cancel` or dropping the receiver stops the
+    /// sequence at its next token.
+    pub fn submit(&self, request: Request, cancel: CancellationToken) -> mpsc::UnboundedReceiver<Event> {
+        let (events, receiver) = mpsc::unbounded_channel();
+        let job = Job {
+            request,
+            cancel,
+            events,
+            queued_at: Instant::now(),
+        };
+        if let Err(std_mpsc::SendError(job)) = self.inbox.send(job) {
+            let _ = job
+                .events
+                .send(Event::Done(Err(JobError::internal("the text engine is not running"))));
+        }
+        receiver
+    }
+}
+
+fn engine_thread(
+    model: &LlamaModel,
+    config: EngineConfig,
+    requests: &std_mpsc::Receiver<Job>,
+    ready: &std_mpsc::SyncSender<Result<(), LoadError>>,
+) {
+    let context = backend().and_then(|backend| {
+        model
+            .new_context(backend, config.context_params())
+            .map_err(|e| LoadError::Context(e.to_string()))
+    });
+    let context = match context {
+        Ok(context) => context,
+        Err(error) => {
+            let _ = ready.send(Err(error));
+            return;
+        }
+    };
+    tracing::debug!(
+        n_ctx = context.n_ctx(),
+        n_batch = context.n_batch(),
+        n_ubatch = context.n_ubatch(),
+        "text engine context ready"
+    );
+    let _ = ready.send(Ok(()));
+    Engine::new(model, context, config).serve(requests);
+}
+
+/// A running sequence.
+struct Sequence {
+    id: i32,
+    job: Job,
+    sampler: LlamaSampler,
+    /// Prompt tokens already in the batch of some decode.
+    prefilled: usize,
+    /// Tokens of this sequence in the KV cache (= next position).
+    position: i32,
+    /// Sampled token to feed in the next decode.
+    next_input: Option<LlamaToken>,
+    /// Index in the current batch whose logits this sequence samples from.
+    logits_at: Option<i32>,
+    generated: Vec<i32>,
+    text: TextStream,
+    started_at: Instant,
+}
+
+impl Sequence {
+    fn send(&self, event: Event) -> bool {
+        self.job.events.send(event).is_ok()
+    }
+}
+
+struct Engine<'m> {
+    model: &'m LlamaModel,
+    context: LlamaContext<'m>,
+    batch: LlamaBatch<'static>,
+    batch_tokens: usize,
+    budget: u64,
+    reserved: u64,
+    free_ids: Vec<i32>,
+    waiting: VecDeque<Job>,
+    active: Vec<Sequence>,
+    /// End-of-turn tokens the GGUF does not mark as end of generation.
+    extra_eog: Vec<LlamaToken>,
+}
+
+impl<'m> Engine<'m> {
+    fn new(model: &'m LlamaModel, context: LlamaContext<'m>, config: EngineConfig) -> Self {
+        let max_sequences = i32::try_from(config.max_sequences).unwrap_or(i32::MAX);
+        Self {
+            model,
+            context,
+            batch: LlamaBatch::new(config.batch_tokens as usize, 1),
+            batch_tokens: config.batch_tokens as usize,
+            budget: u64::from(config.context_tokens),
+            reserved: 0,
+            // popped from the end: hand out 0, 1, 2, ... first
+            free_ids: (0..max_sequences).rev().collect(),
+            waiting: VecDeque::new(),
+            active: Vec::new(),
+            extra_eog: crate::family_end_of_turn(model),
+        }
+    }
+
+    fn serve(mut self, requests: &std_mpsc::Receiver<Job>) {
+        loop {
+            if self.active.is_empty() && self.waiting.is_empty() {
+                match requests.recv() {
+                    Ok(job) => self.waiting.push_back(job),
+                    // the model was dropped and nothing is left to do
+                    Err(_) => break,
+                }
+            }
+            while let Ok(job) = requests.try_recv() {
+                self.waiting.push_back(job);
+            }
+            self.drop_abandoned();
+            self.admit();
+            if !self.active.is_empty() {
+                // A bug must not take the engine down with it: fail the
+                // sequences of this step, start from a clean cache, go on.
+                let stepped = std::panic::catch_unwind(AssertUnwindSafe(|| self.step()));
+                if stepped.is_err() {
+                    self.fail_all("the text engine panicked");
+                    self.context.clear_kv_cache();
+                }
+            }
+        }
+        tracing::debug!("text engine stopped");
+    }
+
+    /// Ends cancelled requests, waiting or running.
+    fn drop_abandoned(&mut self) {
+        self.waiting.retain(|job| {
+            if job.is_abandoned() {
+                let _ = job.events.send(Event::Done(Err(JobError::Cancelled)));
+                false
+            } else {
+                true
+            }
+        });
+        let mut i = 0;
+        while i < self.active.len() {
+            if self.active[i].job.is_abandoned() {
+                let sequence = self.retire(i);
+                tracing::debug!(
+                    seq = sequence.id,
+                    generated = sequence.generated.len(),
+                    "sequence cancelled"
+                );
+                sequence.send(Event::Done(Err(JobError::Cancelled)));
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Starts waiting requests, oldest first, while they fit.
+    fn admit(&mut self) {
+        while let Some(job) = self.waiting.front() {
+            let need = job.request.reservation();
+            if self.free_ids.is_empty() || self.reserved + need > self.budget {
+                break;
+            }
+            let Some(job) = self.waiting.pop_front() else { break };
+            let Some(id) = self.free_ids.pop() else { break };
+            self.reserved += need;
+            tracing::debug!(
+                seq = id,
+                prompt_tokens = job.request.prompt.len(),
+                max_tokens = job.request.max_tokens,
+                queued_ms = job.queued_at.elapsed().as_millis() as u64,
+                "sequence admitted"
+            );
+            self.active.push(Sequence {
+                id,
+                sampler: sampler(&job.request.sampling),
+                text: TextStream::new(job.request.stop.clone()),
+                job,
+                prefilled: 0,
+                position: 0,
+                next_input: None,
+                logits_at: None,
+                generated: Vec::new(),
+                started_at: Instant::now(),
+            });
+        }
+    }
+
+    /// Removes sequence `i`, freeing its KV cells, id and reservation.
+    fn retire(&mut self, i: usize) -> Sequence {
+        let sequence = self.active.remove(i);
+        let id = u32::try_from(sequence.id).ok();
+        if let Err(error) = self.context.clear_kv_cache_seq(id, None, None) {
+            tracing::error!(seq = sequence.id, %error, "cannot free the KV cells of a sequence");
+        }
+        self.free_ids.push(sequence.id);
+        self.reserved -= sequence.job.request.reservation();
+        sequence
+    }
+
+    /// One decode of all active sequences, then sampling.
+    fn step(&mut self) {
+        if let Err(error) = self.fill_batch() {
+            self.fail_all(&format!("cannot build the batch: {error}"));
+            return;
+        }
+        if self.batch.n_tokens() == 0 {
+            return;
+        }
+        if let Err(error) = self.context.decode(&mut self.batch) {
+            self.fail_all(&format!("llama.cpp decode failed: {error}"));
+            return;
+        }
+        self.sample_all();
+    }
+
+    fn fill_batch(&mut self) -> Result<(), llama_cpp_2::llama_batch::BatchAddError> {
+        self.batch.clear();
+        let mut n = 0usize;
+        // generating sequences first: one token each
+        for sequence in &mut self.active {
+            sequence.logits_at = None;
+            if let Some(token) = sequence.next_input.take() {
+                self.batch.add(token, sequence.position, &[sequence.id], true)?;
+                sequence.logits_at = Some(n as i32);
+                sequence.position += 1;
+                n += 1;
+            }
+        }
+        // then prompts, in admission order, in the room left
+        for sequence in &mut self.active {
+            if n >= self.batch_tokens {
+                break;
+            }
+            let prompt = &sequence.job.request.prompt;
+            if sequence.prefilled >= prompt.len() {
+                continue;
+            }
+            let take = (prompt.len() - sequence.prefilled).min(self.batch_tokens - n);
+            for (offset, &token) in prompt[sequence.prefilled..sequence.prefilled + take].iter().enumerate() {
+                let is_last = sequence.prefilled + offset + 1 == prompt.len();
+                self.batch.add(token, sequence.position, &[sequence.id], is_last)?;
+                if is_last {
+                    sequence.logits_at = Some(n as i32);
+                }
+                sequence.position += 1;
+                n += 1;
+            }
+            sequence.prefilled += take;
+        }
+        Ok(())
+    }
+
+    fn sample_all(&mut self) {
+        let model = self.model;
+        let vocab = model.vocab();
+        let mut i = 0;
+        while i < self.active.len() {
+            let sequence = &mut self.active[i];
+            let Some(index) = sequence.logits_at.take() else {
+                i += 1;
+                continue;
+            };
+            let token = sequence.sampler.sample(&self.context, index);
+            let mut finish = None;
+            if vocab.is_eog(token) || self.extra_eog.contains(&token) {
+                finish = Some(FinishReason::Stop);
+            } else {
+                sequence.generated.push(token.0);
+                let bytes = vocab.token_to_piece(token, false, None);
+                let released = sequence.text.push(&bytes);
+                // a closed channel is noticed before the next step
+                if !released.piece.is_empty() {
+                    sequence.send(Event::Piece(released.piece));
+                }
+                if released.stopped {
+                    finish = Some(FinishReason::Stop);
+                } else if sequence.generated.len() >= sequence.job.request.max_tokens as usize {
+                    finish = Some(FinishReason::Length);
+                } else {
+                    sequence.next_input = Some(token);
+                }
+            }
+            match finish {
+                Some(reason) => {
+                    let sequence = self.retire(i);
+                    finish_sequence(sequence, reason);
+                }
+                None => i += 1,
+            }
+        }
+    }
+
+    fn fail_all(&mut self, message: &str) {
+        tracing::error!(sequences = self.active.len(), "{message}");
+        while !self.active.is_empty() {
+            let sequence = self.retire(0);
+            sequence.send(Event::Done(Err(JobError::internal(message))));
+        }
+    }
+}
+
+fn finish_sequence(mut sequence: Sequence, reason: FinishReason) {
+    let last = sequence.text.finish();
+    if !last.is_empty() {
+        sequence.send(Event::Piece(last));
+    }
+    let elapsed = sequence.started_at.elapsed();
+    let generated = sequence.generated.len();
+    tracing::debug!(
+        seq = sequence.id,
+        prompt_tokens = sequence.job.request.prompt.len(),
+        generated,
+        finish_reason = reason.as_str(),
+        tokens_per_s = generated as f64 / elapsed.as_secs_f64().max(1e-9),
+        "sequence finished"
+    );
+    let finished = Finished {
+        text: sequence.text.text().to_owned(),
+        prompt_tokens: sequence.job.request.prompt.len(),
+        tokens: std::mem::take(&mut sequence.generated),
+        finish_reason: reason,
+    };
+    sequence.send(Event::Done(Ok(finished)));
+}
+
+/// The sampler chain for `sampling`. Temperature 0 is plain argmax, exactly
+/// like llama.cpp's greedy decoding.
+pub fn sampler(sampling: &Sampling) -> LlamaSampler {
+    if sampling.is_greedy() {
+        return LlamaSampler::greedy();
+    }
+    let mut chain = Vec::with_capacity(4);
+    if sampling.top_k > 0 {
+        chain.push(LlamaSampler::top_k(i32::try_from(sampling.top_k).unwrap_or(i32::MAX)));
+    }
+    if sampling.top_p < 1.0 {
+        chain.push(LlamaSampler::top_p(sampling.top_p, 1));
+    }
+    chain.push(LlamaSampler::temp(sampling.temperature));
+    chain.push(LlamaSampler::dist(seed32(sampling.seed.unwrap_or_else(random_seed))));
+    LlamaSampler::chain(chain, true)
+}
+
+/// Folds a 64-bit seed into llama.cpp's 32 bits, avoiding `u32::MAX`, which
+/// llama.cpp reads as "pick a random seed".
+fn seed32(seed: u64) -> u32 {
+    let folded = (seed ^ (seed >> 32)) as u32;
+    if folded == u32::MAX { folded - 1 } else { folded }
+}
+
+fn random_seed() -> u64 {
+    let mut hasher = RandomState::new().build_hasher();
+    hasher.write_u128(Instant::now().elapsed().as_nanos());
+    hasher.finish()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn seeds_fold_into_32_bits() {
+        assert_eq!(seed32(0), 0);
+        assert_eq!(seed32(42), 42);
+        assert_ne!(seed32(u64::from(u32::MAX)), u32::MAX);
+        assert_ne!(seed32(1 << 32), seed32(2 << 32));
+        assert_ne!(random_seed(), random_seed());
+    }
+}

@@ -1,0 +1,437 @@
+//! Tests with real weights (SmolLM2-135M-Instruct, Q4_1).
+
+use std::path::PathBuf;
+use std::sync::{Arc, Mutex, OnceLock};
+use std::time::Duration;
+
+use futures_util::future::join_all;
+use gantry_worker_sdk::{CancellationToken, JobError, Output};
+use serde_json::{Value, json};
+
+use super::*;
+use crate::engine::{Event, Finished, Request};
+
+const MODEL_DIR: &str = "smollm2-135m-instruct";
+const MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+
+/// The test weights; fails (never skips) when they are missing.
+fn weights() -> PathBuf {
+    let dir = std::env::var_os("GANTRY_TEST_MODELS_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(|| {
+            let home = std::env::var_os("HOME").unwrap_or_default();
+            PathBuf::from(home).join(".cache/gantry/models")
+        });
+    let path = dir.join(MODEL_DIR).join(MODEL_FILE);
+    assert!(
+        path.is_file(),
+        "test weights missing at {}: run `gantry models pull smollm2-135m-instruct` \
+         (or point GANTRY_TEST_MODELS_DIR at a directory holding {MODEL_DIR}/{MODEL_FILE})",
+        path.display()
+    );
+    path
+}
+
+/// Test engines use one thread: tests run two at a time on small machines,
+/// and llama.cpp's threads spin while they wait for each other.
+const TEST_OPTIONS: EngineOptions = EngineOptions {
+    threads: 1,
+    context_tokens: 8192,
+    max_sequences: 16,
+    batch_tokens: 512,
+    gpu_layers: 0,
+};
+
+/// One model shared by the tests that do not need special options, with a
+/// lock: its tests compare outputs across runs, and requests running at the
+/// same time can change llama.cpp's numerics (see `concurrent_greedy_...`).
+async fn shared_model() -> (tokio::sync::MutexGuard<'static, ()>, &'static TextModel) {
+    static LOCK: tokio::sync::Mutex<()> = tokio::sync::Mutex::const_new(());
+    static MODEL: OnceLock<TextModel> = OnceLock::new();
+    let guard = LOCK.lock().await;
+    (guard, MODEL.get_or_init(|| load(TEST_OPTIONS)))
+}
+
+fn load(options: EngineOptions) -> TextModel {
+    TextModel::load("smollm2", &weights(), options).unwrap()
+}
+
+/// Runs `input`, collecting the streamed pieces.
+async fn run_collect(model: &TextModel, input: Value) -> (Result<Output, JobError>, Vec<String>) {
+    let pieces = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&pieces);
+    let result = model
+        .generate(input, CancellationToken::new(), move |piece| {
+            sink.lock().unwrap().push(piece);
+            async { Ok(()) }
+        })
+        .await;
+    let pieces = pieces.lock().unwrap().clone();
+    (result, pieces)
+}
+
+async fn run_ok(model: &TextModel, input: Value) -> (Value, Vec<String>) {
+    let (result, pieces) = run_collect(model, input.clone()).await;
+    let output = result.unwrap_or_else(|e| panic!("{input}: {e}"));
+    let choice = &output.output["choices"][0];
+    // the chunks, the `tokens` list and the text agree exactly
+    let tokens: Vec<String> = serde_json::from_value(choice["tokens"].clone()).unwrap();
+    assert_eq!(tokens, pieces);
+    assert_eq!(pieces.concat(), choice["text"].as_str().unwrap());
+    assert!(pieces.iter().all(|p| !p.is_empty()));
+    let usage = &output.output["usage"];
+    let billed = usage["input"].as_u64().unwrap() + usage["output"].as_u64().unwrap();
+    assert_eq!(output.usage, Usage::whole("tokens", billed));
+    (output.output, pieces)
+}
+
+fn text(output: &Value) -> &str {
+    output["choices"][0]["text"].as_str().unwrap()
+}
+
+fn finish_reason(output: &Value) -> &str {
+    output["choices"][0]["finish_reason"].as_str().unwrap()
+}
+
+#[tokio::test]
+async fn model_metadata() {
+    let (_lock, model) = shared_model().await;
+    assert!(model.shared.template.is_some(), "SmolLM2 ships a chat template");
+    assert_eq!(model.context_length(), 8192);
+    let params = Params::parse(&json!({"prompt": "Hi"}), 8192).unwrap();
+    let request = model.shared.request(params).unwrap();
+    let vocab = model.shared.model.vocab();
+    let prompt = vocab.detokenize(&request.prompt, false, true);
+    let prompt = String::from_utf8(prompt).unwrap();
+    assert!(prompt.contains("<|im_start|>user\nHi<|im_end|>"), "{prompt}");
+    assert!(prompt.ends_with("<|im_start|>assistant\n"), "{prompt}");
+}
+
+#[tokio::test]
+async fn greedy_generation_is_deterministic() {
+    let (_lock, model) = shared_model().await;
+    let input = json!({"prompt": "What is the capital of France?", "temperature": 0, "max_tokens": 40});
+    let (first, _) = run_ok(model, input.clone()).await;
+    let (second, _) = run_ok(model, input).await;
+    assert_eq!(first, second);
+    assert!(!text(&first).is_empty());
+    assert!(text(&first).contains("Paris"), "{}", text(&first));
+}
+
+#[tokio::test]
+async fn engine_greedy_matches_plain_greedy_decoding() {
+    let (_lock, model) = shared_model().await;
+    let prompt = "The quick brown fox";
+    let (pieces, finished) = model
+        .complete(
+            json!({"prompt": prompt, "raw": true, "temperature": 0, "max_tokens": 32}),
+            CancellationToken::new(),
+            |_| async { Ok(()) },
+        )
+        .await
+        .unwrap();
+    let reference = greedy_tokens(&weights(), prompt, 32).unwrap();
+    assert_eq!(finished.tokens, reference);
+    assert_eq!(pieces.concat(), finished.text);
+}
+
+/// Tokenizes `input` for `model`'s engine.
+fn request(model: &TextModel, input: &Value) -> Request {
+    let params = Params::parse(input, model.context_length()).unwrap();
+    model.shared.request(params).unwrap()
+}
+
+/// Drains one submission's events: the pieces and the result.
+async fn drain(mut events: tokio::sync::mpsc::UnboundedReceiver<Event>) -> (Vec<String>, Result<Finished, JobError>) {
+    let mut pieces = Vec::new();
+    while let Some(event) = events.recv().await {
+        match event {
+            Event::Piece(piece) => pieces.push(piece),
+            Event::Done(result) => return (pieces, result),
+        }
+    }
+    panic!("the engine stopped");
+}
+
+/// Sequences decoded in one batch give exactly the tokens each gives alone.
+///
+/// llama.cpp's CPU kernels make this hold while every sequence's KV cells
+/// lie in position order and below 256 (more cells switch single-token
+/// decodes to another attention kernel) and batches stay under 64 tokens.
+/// A sequence that ends early frees cells *between* those of the others,
+/// whose next tokens then land there: their attention then sums in another
+/// order and a near-tie can flip (llama.cpp issue #7052). So the four
+/// requests here start in the same step and all run to `max_tokens`.
+#[tokio::test]
+async fn batched_greedy_sequences_match_solo_runs() {
+    let model = load(EngineOptions {
+        context_tokens: 1024,
+        max_sequences: 4,
+        batch_tokens: 48,
+        ..TEST_OPTIONS
+    });
+    let inputs: Vec<Value> = [
+        "1, 2, 3, 4,",
+        "Monday, Tuesday, Wednesday,",
+        "The prime numbers are 2, 3, 5, 7,",
+        "a, b, c, d,",
+    ]
+    .iter()
+    .map(|prompt| json!({"prompt": prompt, "raw": true, "temperature": 0, "max_tokens": 24}))
+    .collect();
+    let mut solo = Vec::new();
+    for input in &inputs {
+        let (pieces, finished) = drain(model.engine.submit(request(&model, input), CancellationToken::new())).await;
+        let finished = finished.unwrap();
+        assert_eq!(finished.finish_reason, engine::FinishReason::Length, "{input}");
+        assert_eq!(pieces.concat(), finished.text);
+        solo.push(finished);
+    }
+    // A blocker holds the whole budget, so the four queue up; cancelling it
+    // lets them all in at the same step.
+    let blocker_input = json!({"prompt": "Hi", "raw": true, "temperature": 0, "max_tokens": 1000});
+    let blocker_cancel = CancellationToken::new();
+    let blocker = model
+        .engine
+        .submit(request(&model, &blocker_input), blocker_cancel.clone());
+    let batched: Vec<_> = inputs
+        .iter()
+        .map(|input| model.engine.submit(request(&model, input), CancellationToken::new()))
+        .collect();
+    blocker_cancel.cancel();
+    assert!(matches!(drain(blocker).await.1, Err(JobError::Cancelled)));
+    let batched = join_all(batched.into_iter().map(drain)).await;
+    for (solo, (pieces, batched)) in solo.iter().zip(batched) {
+        let batched = batched.unwrap();
+        assert_eq!(&batched, solo);
+        assert_eq!(pieces.concat(), batched.text);
+    }
+}
+
+/// Many requests at once on one engine all complete properly.
+#[tokio::test]
+async fn concurrent_requests_all_complete() {
+    let model = load(EngineOptions {
+        context_tokens: 2048,
+        max_sequences: 4,
+        ..TEST_OPTIONS
+    });
+    let inputs: Vec<Value> = (0..6)
+        .map(|i| json!({"prompt": format!("Tell me fact number {i} about cats."), "temperature": 0.8, "seed": i, "max_tokens": 24}))
+        .collect();
+    let outputs = join_all(inputs.iter().map(|input| run_ok(&model, input.clone()))).await;
+    for (output, _) in &outputs {
+        let generated = output["usage"]["output"].as_u64().unwrap();
+        assert!((1..=24).contains(&generated));
+        let reason = finish_reason(output);
+        assert!(reason == "stop" || (reason == "length" && generated == 24), "{output}");
+    }
+}
+
+#[tokio::test]
+async fn requests_beyond_the_budget_wait_their_turn() {
+    // room for two 100-token reservations at a time, and two sequence slots
+    let model = load(EngineOptions {
+        context_tokens: 256,
+        max_sequences: 2,
+        batch_tokens: 16,
+        ..TEST_OPTIONS
+    });
+    let input = json!({"prompt": "Count: 1, 2, 3,", "raw": true, "temperature": 0, "max_tokens": 90});
+    let (alone, _) = run_ok(&model, input.clone()).await;
+    let results = join_all((0..5).map(|_| run_ok(&model, input.clone()))).await;
+    for (output, _) in &results {
+        assert_eq!(text(output), text(&alone));
+    }
+    // a request that can never fit is refused
+    let (error, _) = run_collect(&model, json!({"prompt": "Hi", "raw": true, "max_tokens": 256})).await;
+    assert!(matches!(error, Err(JobError::BadInput(_))), "{error:?}");
+}
+
+#[tokio::test]
+async fn long_prompts_are_read_in_chunks() {
+    let model = load(EngineOptions {
+        context_tokens: 1024,
+        max_sequences: 2,
+        batch_tokens: 8,
+        ..TEST_OPTIONS
+    });
+    let prompt = "The history of the city begins in the year 1200, when a small village grew around a river crossing. ";
+    let input = json!({"prompt": prompt.repeat(3), "raw": true, "temperature": 0, "max_tokens": 16});
+    let (pieces, finished) = model
+        .complete(input, CancellationToken::new(), |_| async { Ok(()) })
+        .await
+        .unwrap();
+    assert!(finished.prompt_tokens > 8 * 4, "the prompt spans several batches");
+    let reference = greedy_tokens(&weights(), &prompt.repeat(3), 16).unwrap();
+    assert_eq!(finished.tokens, reference);
+    assert_eq!(pieces.concat(), finished.text);
+}
+
+#[tokio::test]
+async fn sampling_with_a_seed_is_reproducible() {
+    let (_lock, model) = shared_model().await;
+    let input = json!({"prompt": "Tell me a story about a dragon.", "temperature": 1.0, "top_p": 0.95, "top_k": 50, "seed": 1234, "max_tokens": 40});
+    let (first, pieces) = run_ok(model, input.clone()).await;
+    let (second, _) = run_ok(model, input).await;
+    assert_eq!(text(&first), text(&second));
+    assert_eq!(pieces.concat(), text(&first));
+}
+
+#[tokio::test]
+async fn max_tokens_is_respected() {
+    let (_lock, model) = shared_model().await;
+    let (output, _) = run_ok(
+        model,
+        json!({"prompt": "Numbers: 1, 2, 3, 4,", "raw": true, "temperature": 0, "max_tokens": 5}),
+    )
+    .await;
+    assert_eq!(output["usage"]["output"], 5);
+    assert_eq!(finish_reason(&output), "length");
+    assert!(output["usage"]["input"].as_u64().unwrap() > 0);
+}
+
+#[tokio::test]
+async fn chat_ends_with_stop_reason() {
+    let (_lock, model) = shared_model().await;
+    let (output, _) = run_ok(
+        model,
+        json!({"messages": [
+            {"role": "system", "content": "Answer with one word."},
+            {"role": "user", "content": "Is the sky blue? Yes or no?"}
+        ], "temperature": 0, "max_tokens": 200}),
+    )
+    .await;
+    assert_eq!(finish_reason(&output), "stop");
+    assert!(output["usage"]["output"].as_u64().unwrap() < 200);
+    assert!(!text(&output).contains("<|im_end|>"));
+}
+
+#[tokio::test]
+async fn stop_strings_end_generation() {
+    let (_lock, model) = shared_model().await;
+    let base = json!({"prompt": "Numbers: 1, 2, 3, 4,", "raw": true, "temperature": 0, "max_tokens": 30});
+    let (free, _) = run_ok(model, base.clone()).await;
+    let free = text(&free).to_owned();
+    let cut = free.find(" 7").expect("the model counts on");
+    let mut input = base;
+    input["stop"] = json!(["nothing like this", " 7"]);
+    let (output, _) = run_ok(model, input).await;
+    assert_eq!(text(&output), &free[..cut]);
+    assert_eq!(finish_reason(&output), "stop");
+}
+
+/// A request that needs almost the whole budget of a small engine: it only
+/// runs once everything before it has released its reservation.
+fn whole_budget() -> Value {
+    json!({"prompt": "Numbers: 1, 2, 3, 4,", "raw": true, "temperature": 0, "max_tokens": 480})
+}
+
+#[tokio::test]
+async fn cancellation_stops_generation_and_frees_the_budget() {
+    let model = load(EngineOptions {
+        context_tokens: 512,
+        max_sequences: 2,
+        ..TEST_OPTIONS
+    });
+    let cancel = CancellationToken::new();
+    let count = Arc::new(Mutex::new(0usize));
+    let seen = Arc::clone(&count);
+    let trigger = cancel.clone();
+    let result = model
+        .generate(whole_budget(), cancel, move |_| {
+            let mut seen = seen.lock().unwrap();
+            *seen += 1;
+            if *seen == 3 {
+                trigger.cancel();
+            }
+            async { Ok(()) }
+        })
+        .await;
+    assert_eq!(result, Err(JobError::Cancelled));
+    assert_eq!(*count.lock().unwrap(), 3, "no piece is forwarded after the cancel");
+
+    // a request dropped mid-way (as the SDK drops a job after its grace)
+    // stops too
+    let dropped = tokio::time::timeout(
+        Duration::from_millis(300),
+        model.generate(whole_budget(), CancellationToken::new(), |_| async { Ok(()) }),
+    )
+    .await;
+    assert!(dropped.is_err(), "still running after 300 ms");
+
+    // both released their reservations: a request needing the whole budget
+    // runs (it would wait forever otherwise)
+    let (result, _) = tokio::time::timeout(Duration::from_secs(120), run_collect(&model, whole_budget()))
+        .await
+        .expect("the budget was not released");
+    assert!(result.is_ok(), "{result:?}");
+}
+
+#[tokio::test]
+async fn a_failing_sink_ends_the_request() {
+    let (_lock, model) = shared_model().await;
+    let result = model
+        .generate(
+            json!({"prompt": "Numbers: 1, 2, 3, 4,", "raw": true, "temperature": 0, "max_tokens": 4000}),
+            CancellationToken::new(),
+            |_| async { Err(JobError::internal("connection lost")) },
+        )
+        .await;
+    assert_eq!(result, Err(JobError::internal("connection lost")));
+}
+
+#[tokio::test]
+async fn bad_inputs_are_rejected() {
+    let (_lock, model) = shared_model().await;
+    for (input, needle) in [
+        (json!({"prompt": "Hi", "max_tokens": 9000}), "`max_tokens`"),
+        (
+            json!({"prompt": "Hi", "temperature": -1, "bogus": true}),
+            "unknown field `bogus`",
+        ),
+        (json!({"prompt": "hello ".repeat(9000), "raw": true}), "the prompt is"),
+        (json!({"prompt": "", "raw": true}), "empty"),
+        (json!({"messages": [{"role": "user", "content": "a\u{0}b"}]}), "NUL"),
+        (
+            json!({"prompt": "hello ".repeat(8000), "raw": true, "max_tokens": 1000}),
+            "exceeds the context length",
+        ),
+    ] {
+        let (result, pieces) = run_collect(model, input.clone()).await;
+        match result {
+            Err(JobError::BadInput(message)) => assert!(message.contains(needle), "{message}"),
+            other => panic!("{input}: {other:?}"),
+        }
+        assert!(pieces.is_empty());
+    }
+}
+
+#[test]
+fn invalid_options_are_refused() {
+    for options in [
+        EngineOptions {
+            max_sequences: 0,
+            ..EngineOptions::default()
+        },
+        EngineOptions {
+            max_sequences: 300,
+            ..EngineOptions::default()
+        },
+        EngineOptions {
+            batch_tokens: 8,
+            ..EngineOptions::default()
+        },
+        EngineOptions {
+            context_tokens: 0,
+            ..EngineOptions::default()
+        },
+    ] {
+        assert!(matches!(
+            TextModel::load("x", Path::new("/nonexistent.gguf"), options),
+            Err(LoadError::Options(_))
+        ));
+    }
+    let missing = TextModel::load("x", Path::new("/nonexistent.gguf"), EngineOptions::default());
+    assert!(matches!(missing, Err(LoadError::Model { .. })), "{missing:?}");
+}

@@ -1,0 +1,66 @@
+//! What every writer of the job layer shares: the clock, job ids, column
+//! arithmetic, and the rule for SQLite's in-process write lock. A leaf: it
+//! imports nothing else of this crate but the entities.
+
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use rand::RngExt;
+use sea_orm::sea_query::Expr;
+use sea_orm::{DatabaseConnection, DbBackend};
+
+use crate::entity::job;
+
+/// On SQLite, takes the in-process write lock: writers queue here (woken in
+/// order) instead of in SQLite's busy handler, which sleeps for milliseconds.
+/// PostgreSQL locks rows, so nothing is taken there.
+pub(crate) async fn serialize_writes<'a>(
+    lock: &'a tokio::sync::Mutex<()>,
+    db: &DatabaseConnection,
+) -> Option<tokio::sync::MutexGuard<'a, ()>> {
+    if db.get_database_backend() == DbBackend::Sqlite {
+        Some(lock.lock().await)
+    } else {
+        None
+    }
+}
+
+pub(crate) fn now_ms() -> i64 {
+    SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
+        .unwrap_or(0)
+}
+
+/// A UUIDv7-shaped id: 48 bits of Unix ms, a 12-bit counter that keeps ids of
+/// this process strictly increasing, and 62 random bits. Ids sort by creation
+/// (FIFO order in the claim query).
+pub(crate) fn new_job_id(now: i64) -> String {
+    static LAST: AtomicU64 = AtomicU64::new(0);
+    let floor = (u64::try_from(now).unwrap_or(0) & 0xffff_ffff_ffff) << 12;
+    let mut last = LAST.load(Ordering::Relaxed);
+    let stamp = loop {
+        let next = floor.max(last + 1);
+        match LAST.compare_exchange_weak(last, next, Ordering::Relaxed, Ordering::Relaxed) {
+            Ok(_) => break next,
+            Err(seen) => last = seen,
+        }
+    };
+    let ms = (stamp >> 12) & 0xffff_ffff_ffff;
+    let counter = stamp & 0xfff;
+    let random: u64 = rand::rng().random();
+    format!(
+        "{:08x}-{:04x}-7{:03x}-{:04x}-{:012x}",
+        ms >> 16,
+        ms & 0xffff,
+        counter,
+        0x8000 | ((random >> 48) & 0x3fff),
+        random & 0xffff_ffff_ffff
+    )
+}
+
+/// `column + n`, for guarded updates.
+pub(crate) fn plus(column: job::Column, n: i64) -> Expr {
+    use sea_orm::sea_query::ExprTrait;
+    Expr::col(column).add(n)
+}
