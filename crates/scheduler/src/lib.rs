@@ -29,6 +29,8 @@ mod signals;
 mod signing;
 mod store;
 mod types;
+mod waiters;
+mod wakeups;
 mod webhooks;
 
 pub use config::SchedulerConfig;

@@ -27,8 +27,9 @@ use crate::entity::{chunk, job, presence, worker_gpu};
 use crate::lane::Handed;
 use crate::plan::{self, Plan, Settled, Step, Store, Usage, is_final, running_jobs};
 use crate::signals::Signal;
-use crate::store::{Attached, Hub, JobStore, retention_expr};
+use crate::store::{Hub, JobStore, retention_expr};
 use crate::types::{JobStatus, JobView, SchedulerError};
+use crate::wakeups::Attached;
 use crate::webhooks;
 
 use job::Column as J;
@@ -79,7 +80,7 @@ impl Scheduler {
         let instance_id = format!("sched-{:016x}", rand::rng().random::<u64>());
         let webhooks = webhooks::Deliveries::new(&store.config, store.db.clone(), Arc::clone(&store.hub.write_lock))?;
         let mut core = Core {
-            _attached: Attached::new(&store.hub),
+            _attached: Attached::new(&store.hub.wakeups),
             db: store.db.clone(),
             store,
             catalog,
@@ -301,12 +302,12 @@ impl Core {
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
                 }
-                () = hub.notify.notified() => {
+                () = hub.wakeups.notify.notified() => {
                     let adopted = hub.lane.adopt(&self.instance);
                     if !adopted.is_empty() {
                         self.adopt(adopted).await;
                     }
-                    let pending = hub.take_pending();
+                    let pending = hub.wakeups.take();
                     if pending.refill_all {
                         self.fill_all_with_free_slots(&self.dispatcher.health());
                         if flight.is_some() {

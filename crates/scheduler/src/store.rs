@@ -1,9 +1,7 @@
 //! The database half of the job layer: what API processes call.
 
-use std::collections::{HashMap, HashSet};
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
-use std::sync::{Arc, Mutex, MutexGuard, OnceLock};
-use std::time::{Duration, Instant};
+use std::sync::{Arc, OnceLock};
+use std::time::Duration;
 
 use gantry_catalog::ModelSpec;
 use gantry_dispatch::Event;
@@ -13,7 +11,7 @@ use sea_orm::{
     QueryFilter, QueryOrder, QuerySelect,
 };
 use serde_json::Value;
-use tokio::sync::{Notify, mpsc, oneshot};
+use tokio::sync::{mpsc, oneshot};
 
 use crate::config::{SchedulerConfig, millis};
 use crate::db::{new_job_id, now_ms, plus, serialize_writes};
@@ -23,6 +21,8 @@ use crate::lane::FastLane;
 use crate::live::{LiveJobs, LiveStream};
 use crate::signals::{Listener, Signal, Signals};
 use crate::types::{JobCounts, JobError, JobStatus, JobView, Mode, NewJob, SchedulerError, StreamView};
+use crate::waiters::{Waiters, Wake};
+use crate::wakeups::Wakeups;
 
 use job::Column as J;
 
@@ -178,7 +178,7 @@ impl JobStore {
         let unstored =
             parked && claimed.is_some() && self.config.sync_store_after_ms() > 0 && !self.config.require_credit;
         if parked {
-            self.hub.park(&row, claimed.is_some());
+            self.hub.waiters.park(&row, claimed.is_some());
         }
         if let Some(lane) = &claimed {
             row.status = JobStatus::InProgress.as_str().to_string();
@@ -192,7 +192,7 @@ impl JobStore {
             let id = row.id.clone();
             if !self.hub.hand_over(row, false) {
                 // The lane closed: its scheduler is stopping.
-                self.hub.unpark(&id);
+                self.hub.waiters.unpark(&id);
                 return Err(JobError::Lost);
             }
             return Ok(view);
@@ -204,7 +204,7 @@ impl JobStore {
         };
         if let Err(error) = inserted {
             if parked {
-                self.hub.unpark(&row.id);
+                self.hub.waiters.unpark(&row.id);
             }
             if claimed.is_some() {
                 self.hub.lane.return_credit(&row.model);
@@ -332,10 +332,10 @@ impl JobStore {
         let deadline = tokio::time::Instant::now() + timeout;
         // A sync job submitted by this process already has its waiter, registered
         // before the row was written: no read is needed to know it is not final.
-        let (mut waiter, mut known_pending, local) = match self.hub.take_parked(job_id, user, model_id) {
+        let (mut waiter, mut known_pending, local) = match self.hub.waiters.take_parked(job_id, user, model_id) {
             Some((waiter, local)) => (waiter, true, local),
             // Register before reading, so a result settled in between is not missed.
-            None => (self.hub.register(job_id), false, false),
+            None => (self.hub.waiters.register(job_id), false, false),
         };
         // A job this process's scheduler runs is announced in-process; polling
         // is then only a safety net (were that scheduler to die).
@@ -363,7 +363,7 @@ impl JobStore {
                     // Changed elsewhere: read it now, registered again first
                     // so that a result settled in between is not missed.
                     Some(Wake::Reread) => {
-                        waiter = self.hub.register(job_id);
+                        waiter = self.hub.waiters.register(job_id);
                         continue;
                     }
                     None => continue,
@@ -393,7 +393,7 @@ impl JobStore {
         match rows.first() {
             Some(row) => {
                 let view = JobView::of(row, now);
-                self.hub.cancel(job_id);
+                self.hub.wakeups.cancel(job_id);
                 if row.owner.is_some() {
                     // It was running, perhaps under another process's scheduler.
                     self.hub.signal(Signal::Cancelled(job_id.to_string()));
@@ -541,7 +541,7 @@ impl JobStore {
     /// Whether live output reaches this process's readers without reading
     /// the database: a scheduler runs here, or Redis signals are configured.
     pub fn live_delivery(&self) -> bool {
-        self.hub.has_scheduler() || self.hub.signals.get().is_some()
+        self.hub.wakeups.has_scheduler() || self.hub.signals.get().is_some()
     }
 
     /// Cancels every queued job of `user` on `model_id`; returns how many.
@@ -768,40 +768,14 @@ fn spawn_insert_writer(db: DatabaseConnection, lock: Arc<tokio::sync::Mutex<()>>
 
 type Insert = (job::ActiveModel, oneshot::Sender<Result<(), DbErr>>);
 
-/// Waiters by job id: (waiter id, where to send the final view).
-type Waiters = HashMap<String, Vec<(u64, oneshot::Sender<Wake>)>>;
-
-/// What a waiter is woken with.
-enum Wake {
-    /// The job's final view, from a scheduler of this process.
-    Final(JobView),
-    /// Read the row now: it changed in another process (a Redis signal), or
-    /// signals may have been missed (resubscribed).
-    Reread,
-}
-
-/// A waiter registered by `submit` for the `wait` that follows it.
-struct Parked {
-    user: String,
-    model: String,
-    since: Instant,
-    waiter: Waiter,
-    /// Written claimed by this process's scheduler (the fast lane): its
-    /// result is announced in-process, so `wait` polls only as a safety net.
-    local: bool,
-}
-
-/// Parked waiters older than this were abandoned (their `wait` never came).
-const PARKED_MAX_AGE: Duration = Duration::from_secs(60);
-
-/// In-process signals between the store and a scheduler sharing it.
+/// What a store and the schedulers of its process share: named parts, each
+/// in its own module, and the few rules that span several of them.
 #[derive(Default)]
 pub(crate) struct Hub {
-    waiters: Mutex<Waiters>,
-    next_waiter: AtomicU64,
-    pending: Mutex<Pending>,
-    pub(crate) notify: Notify,
-    parked: Mutex<HashMap<String, Parked>>,
+    /// The `wait`s of this process, woken with final results.
+    pub(crate) waiters: Arc<Waiters>,
+    /// What this process's scheduler is woken for.
+    pub(crate) wakeups: Arc<Wakeups>,
     /// Serializes this process's writes on SQLite (see [`serialize_writes`]).
     pub(crate) write_lock: Arc<tokio::sync::Mutex<()>>,
     inserts: OnceLock<mpsc::UnboundedSender<Insert>>,
@@ -812,55 +786,11 @@ pub(crate) struct Hub {
     pub(crate) lane: FastLane,
     /// Wake-ups to and from other processes over Redis, when configured.
     signals: OnceLock<Signals>,
-    /// Schedulers running on this hub (see [`Attached`]). Without one,
-    /// nothing takes what `pending` collects, so nothing is collected.
-    schedulers: AtomicUsize,
     /// Live output of the jobs this process's stream readers follow.
     pub(crate) live: Arc<LiveJobs>,
 }
 
-/// Counts a scheduler on its hub for as long as it lives: held by the
-/// scheduler's loop, so it is released however the loop ends (stopped, or
-/// aborted when its `Scheduler` is dropped).
-pub(crate) struct Attached(Arc<Hub>);
-
-impl Attached {
-    pub(crate) fn new(hub: &Arc<Hub>) -> Self {
-        hub.schedulers.fetch_add(1, Ordering::AcqRel);
-        Self(Arc::clone(hub))
-    }
-}
-
-impl Drop for Attached {
-    fn drop(&mut self) {
-        self.0.schedulers.fetch_sub(1, Ordering::AcqRel);
-    }
-}
-
-#[derive(Default)]
-pub(crate) struct Pending {
-    pub(crate) models: HashSet<String>,
-    /// Jobs cancelled in this process: stop them.
-    pub(crate) cancels: Vec<String>,
-    /// Jobs another process signalled cancelled: stop them if their rows agree.
-    pub(crate) rechecks: HashSet<String>,
-    /// Signals may have been missed: claim for every model with free slots.
-    pub(crate) refill_all: bool,
-}
-
 impl Hub {
-    fn lock_waiters(&self) -> MutexGuard<'_, Waiters> {
-        self.waiters.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    fn lock_pending(&self) -> MutexGuard<'_, Pending> {
-        self.pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    fn has_scheduler(&self) -> bool {
-        self.schedulers.load(Ordering::Acquire) > 0
-    }
-
     /// Sends a signal to the other processes, if Redis is configured.
     pub(crate) fn signal(&self, signal: Signal) {
         if let Some(signals) = self.signals.get() {
@@ -870,42 +800,8 @@ impl Hub {
 
     /// A job of `model` was queued: tell this process's scheduler and the others'.
     pub(crate) fn queued(&self, model: &str) {
-        self.wake(model);
+        self.wakeups.queued(model);
         self.signal(Signal::Queued(model.to_string()));
-    }
-
-    /// Wakes the waiters of `job_id` (of every job if `None`) to read the row.
-    fn reread(&self, job_id: Option<&str>) {
-        let woken: Vec<_> = {
-            let mut waiters = self.lock_waiters();
-            match job_id {
-                Some(job_id) => waiters.remove(job_id).into_iter().flatten().collect(),
-                None => waiters.drain().flat_map(|(_, list)| list).collect(),
-            }
-        };
-        for (_, sender) in woken {
-            let _ = sender.send(Wake::Reread);
-        }
-    }
-
-    pub(crate) fn wake(&self, model: &str) {
-        if !self.has_scheduler() {
-            return;
-        }
-        let mut pending = self.lock_pending();
-        if !pending.models.contains(model) {
-            pending.models.insert(model.to_string());
-        }
-        drop(pending);
-        self.notify.notify_one();
-    }
-
-    pub(crate) fn cancel(&self, job_id: &str) {
-        if !self.has_scheduler() {
-            return;
-        }
-        self.lock_pending().cancels.push(job_id.to_string());
-        self.notify.notify_one();
     }
 
     /// Unstored jobs that will never be written (their scheduler stopped, or
@@ -921,14 +817,9 @@ impl Hub {
                 }
             }
         }
-        if lost.is_empty() {
-            return;
+        if !lost.is_empty() {
+            self.waiters.abandon(lost.into_iter());
         }
-        let dropped: Vec<_> = {
-            let mut waiters = self.lock_waiters();
-            lost.into_iter().filter_map(|id| waiters.remove(id)).collect()
-        };
-        drop(dropped);
     }
 
     /// Every unstored job is lost (its scheduler died).
@@ -942,13 +833,9 @@ impl Hub {
     fn hand_over(&self, row: job::Model, stored: bool) -> bool {
         let handed = self.lane.hand_over(row, stored);
         if handed {
-            self.notify.notify_one();
+            self.wakeups.notify.notify_one();
         }
         handed
-    }
-
-    pub(crate) fn take_pending(&self) -> Pending {
-        std::mem::take(&mut *self.lock_pending())
     }
 
     /// Hands final views to whoever waits on them in this process. A view
@@ -957,31 +844,11 @@ impl Hub {
     pub(crate) fn finished(&self, views: &[JobView], announce: impl Fn(usize) -> bool) {
         self.live.ended(views.iter().map(|view| view.id.as_str()));
         let signals = self.signals.get();
-        // Taken under the lock, woken after it: a wake-up can be a system
-        // call (another thread's runtime), and the HTTP workers register and
-        // drop waiters under this lock for every request.
-        let mut woken = Vec::with_capacity(views.len());
-        {
-            let mut waiters = self.lock_waiters();
-            if waiters.is_empty() && signals.is_none() {
-                return;
-            }
-            for (i, view) in views.iter().enumerate() {
-                match waiters.remove(&view.id) {
-                    Some(list) => woken.push((view, list)),
-                    None => {
-                        if let Some(signals) = signals
-                            && announce(i)
-                        {
-                            signals.send(Signal::Final(view.id.clone()));
-                        }
-                    }
-                }
-            }
-        }
-        for (view, list) in woken {
-            for (_, sender) in list {
-                let _ = sender.send(Wake::Final(view.clone()));
+        for i in self.waiters.finish(views, signals.is_some()) {
+            if let Some(signals) = signals
+                && announce(i)
+            {
+                signals.send(Signal::Final(views[i].id.clone()));
             }
         }
     }
@@ -1010,58 +877,6 @@ impl Hub {
         }
     }
 
-    fn lock_parked(&self) -> MutexGuard<'_, HashMap<String, Parked>> {
-        self.parked.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
-    }
-
-    /// Registers a waiter for a job about to be inserted, kept for `take_parked`.
-    fn park(self: &Arc<Self>, row: &job::Model, local: bool) {
-        let waiter = self.register(&row.id);
-        let now = Instant::now();
-        let mut parked = self.lock_parked();
-        let mut abandoned = Vec::new();
-        if parked.len() >= 1024 {
-            let stale: Vec<String> = parked
-                .iter()
-                .filter(|(_, p)| now.duration_since(p.since) > PARKED_MAX_AGE)
-                .map(|(id, _)| id.clone())
-                .collect();
-            for id in stale {
-                abandoned.extend(parked.remove(&id));
-            }
-        }
-        parked.insert(
-            row.id.clone(),
-            Parked {
-                user: row.user_id.clone(),
-                model: row.model.clone(),
-                since: now,
-                waiter,
-                local,
-            },
-        );
-        drop(parked);
-        // Dropping a waiter takes the waiters lock: not under the parked lock.
-        drop(abandoned);
-    }
-
-    fn unpark(&self, job_id: &str) {
-        let parked = self.lock_parked().remove(job_id);
-        drop(parked);
-    }
-
-    /// The waiter `submit` parked for this job, if this caller may have it.
-    fn take_parked(&self, job_id: &str, user: &str, model: &str) -> Option<(Waiter, bool)> {
-        let mut parked = self.lock_parked();
-        let entry = parked.get(job_id)?;
-        if entry.user != user || entry.model != model {
-            return None;
-        }
-        let entry = parked.remove(job_id)?;
-        drop(parked);
-        Some((entry.waiter, entry.local))
-    }
-
     /// Starts the Redis signals (see `signals.rs`); an error if already started.
     fn start_signals(self: &Arc<Self>, url: &str, channel: &str) -> Result<(), String> {
         let hub: std::sync::Weak<Hub> = Arc::downgrade(self);
@@ -1071,31 +886,16 @@ impl Hub {
             .set(signals)
             .map_err(|_| "job signals are already connected".to_string())
     }
-
-    fn register(self: &Arc<Self>, job_id: &str) -> Waiter {
-        let id = self.next_waiter.fetch_add(1, Ordering::Relaxed);
-        let (sender, receiver) = oneshot::channel();
-        self.lock_waiters()
-            .entry(job_id.to_string())
-            .or_default()
-            .push((id, sender));
-        Waiter {
-            hub: Arc::clone(self),
-            job_id: job_id.to_string(),
-            id,
-            receiver: Some(receiver),
-        }
-    }
 }
 
 impl Listener for Hub {
     /// Acts on a signal from another process.
     fn apply(&self, signal: Signal) {
         match signal {
-            Signal::Queued(model) => self.wake(&model),
+            Signal::Queued(model) => self.wakeups.queued(&model),
             Signal::Final(job_id) => {
                 self.live.ended(std::iter::once(job_id.as_str()));
-                self.reread(Some(&job_id));
+                self.waiters.reread(Some(&job_id));
             }
             Signal::Chunk { job_id, seq, output } => {
                 // Unreadable content counts as not carried: read from the database.
@@ -1107,12 +907,7 @@ impl Listener for Hub {
                     self.live.progress(&job_id, &message);
                 }
             }
-            Signal::Cancelled(job_id) => {
-                if self.has_scheduler() {
-                    self.lock_pending().rechecks.insert(job_id);
-                    self.notify.notify_one();
-                }
-            }
+            Signal::Cancelled(job_id) => self.wakeups.recheck(job_id),
             Signal::Resync => self.resync(),
         }
     }
@@ -1120,52 +915,9 @@ impl Listener for Hub {
     /// Signals may have been missed: every waiter reads its row once now, and
     /// this process's scheduler claims as its sweep would.
     fn resync(&self) {
-        self.reread(None);
+        self.waiters.reread(None);
         self.live.ended_all();
-        if self.has_scheduler() {
-            self.lock_pending().refill_all = true;
-            self.notify.notify_one();
-        }
-    }
-}
-
-/// A registered waiter; unregisters itself when dropped.
-struct Waiter {
-    hub: Arc<Hub>,
-    job_id: String,
-    id: u64,
-    receiver: Option<oneshot::Receiver<Wake>>,
-}
-
-impl Waiter {
-    fn is_open(&self) -> bool {
-        self.receiver.is_some()
-    }
-
-    /// What woke it; `None` (and closed for good) if the sender went away.
-    async fn receiver(&mut self) -> Option<Wake> {
-        let receiver = self.receiver.as_mut()?;
-        let result = receiver.await.ok();
-        self.receiver = None;
-        result
-    }
-}
-
-impl Drop for Waiter {
-    fn drop(&mut self) {
-        // Woken (or its sender dropped): whoever did that took the sender
-        // out of the map already, so there is nothing to unregister and no
-        // need to take the lock every HTTP worker shares.
-        if self.receiver.is_none() {
-            return;
-        }
-        let mut waiters = self.hub.lock_waiters();
-        if let Some(list) = waiters.get_mut(&self.job_id) {
-            list.retain(|(id, _)| *id != self.id);
-            if list.is_empty() {
-                waiters.remove(&self.job_id);
-            }
-        }
+        self.wakeups.refill_all();
     }
 }
 
@@ -1194,24 +946,24 @@ mod tests {
     #[tokio::test]
     async fn a_waiter_dropped_before_its_wake_unregisters_itself() {
         let hub = Arc::new(Hub::default());
-        let dropped = hub.register("job-1");
-        let kept = hub.register("job-1");
+        let dropped = hub.waiters.register("job-1");
+        let kept = hub.waiters.register("job-1");
         drop(dropped);
         assert_eq!(
-            hub.lock_waiters().get("job-1").map(Vec::len),
+            hub.waiters.lock().get("job-1").map(Vec::len),
             Some(1),
             "only the dropped one leaves"
         );
         drop(kept);
-        assert!(hub.lock_waiters().is_empty(), "the last one takes the entry with it");
+        assert!(hub.waiters.lock().is_empty(), "the last one takes the entry with it");
     }
 
     #[tokio::test]
     async fn signals_from_elsewhere_wake_waiters_to_read_and_only_a_scheduler_collects_work() {
         let hub = Arc::new(Hub::default());
-        let mut first = hub.register("job-1");
-        let mut second = hub.register("job-1");
-        let mut other = hub.register("job-2");
+        let mut first = hub.waiters.register("job-1");
+        let mut second = hub.waiters.register("job-1");
+        let mut other = hub.waiters.register("job-2");
         hub.apply(Signal::Final("job-1".into()));
         for waiter in [&mut first, &mut second] {
             assert!(
@@ -1219,38 +971,38 @@ mod tests {
                 "told to read the row"
             );
         }
-        assert!(hub.lock_waiters().get("job-1").is_none(), "woken waiters are gone");
-        assert!(hub.lock_waiters().contains_key("job-2"), "another job's waiter stays");
+        assert!(hub.waiters.lock().get("job-1").is_none(), "woken waiters are gone");
+        assert!(hub.waiters.lock().contains_key("job-2"), "another job's waiter stays");
 
         // Without a scheduler on this hub, nothing would ever take these.
         hub.apply(Signal::Queued("m".into()));
         hub.apply(Signal::Cancelled("job-3".into()));
-        hub.cancel("job-4");
+        hub.wakeups.cancel("job-4");
         hub.apply(Signal::Resync);
         assert!(
             matches!(other.receiver().await, Some(Wake::Reread)),
             "a resync wakes every waiter"
         );
-        let pending = hub.take_pending();
+        let pending = hub.wakeups.take();
         assert!(pending.models.is_empty() && pending.cancels.is_empty() && pending.rechecks.is_empty());
         assert!(!pending.refill_all);
 
-        let attached = Attached::new(&hub);
+        let attached = crate::wakeups::Attached::new(&hub.wakeups);
         hub.apply(Signal::Queued("m".into()));
         hub.apply(Signal::Cancelled("job-3".into()));
-        hub.cancel("job-4");
+        hub.wakeups.cancel("job-4");
         hub.apply(Signal::Resync);
-        let pending = hub.take_pending();
-        assert_eq!(pending.models, HashSet::from(["m".to_string()]));
-        assert_eq!(pending.rechecks, HashSet::from(["job-3".to_string()]));
+        let pending = hub.wakeups.take();
+        assert_eq!(pending.models, std::collections::HashSet::from(["m".to_string()]));
+        assert_eq!(pending.rechecks, std::collections::HashSet::from(["job-3".to_string()]));
         assert_eq!(pending.cancels, vec!["job-4".to_string()]);
         assert!(pending.refill_all);
 
         // The scheduler is gone, however it ended: collecting stops again.
         drop(attached);
         hub.apply(Signal::Queued("m".into()));
-        hub.cancel("job-5");
-        let pending = hub.take_pending();
+        hub.wakeups.cancel("job-5");
+        let pending = hub.wakeups.take();
         assert!(pending.models.is_empty() && pending.cancels.is_empty());
     }
 

@@ -108,7 +108,15 @@ async fn worker_dies(backend: Backend) {
 }
 
 async fn lost_with_its_scheduler(backend: Backend) {
-    let (env, mut node, _worker) = env(backend).await;
+    // The longest `sync_store_after` (500 ms): the job must still be only in
+    // memory when its scheduler dies, however slowly a loaded machine gets
+    // there (it once took a CI machine over 200 ms).
+    let mut config = crate::harness::config();
+    config.sync_store_after = Duration::from_millis(500);
+    let env = Env::with_config(backend, config).await;
+    let mut node = Node::start(&env.store, &env.catalog).await;
+    let _worker = node.echo_worker("w1", 2);
+    prime(&env).await;
     let job = env.submit_sync(json!({"sleep_ms": RUNS_MS})).await;
     let waiting = {
         let store = env.store.clone();
@@ -116,6 +124,11 @@ async fn lost_with_its_scheduler(backend: Backend) {
         tokio::spawn(async move { store.wait(USER, ECHO, &id, Duration::from_secs(5)).await })
     };
     tokio::time::sleep(Duration::from_millis(40)).await;
+    assert_eq!(
+        env.row_of(&job.id).await,
+        None,
+        "still unwritten when its scheduler dies"
+    );
     // A crash: the task dies without writing anything.
     drop(node.scheduler.take());
     let result = tokio::time::timeout(Duration::from_secs(2), waiting)
