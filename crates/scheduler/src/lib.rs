@@ -32,6 +32,7 @@ mod types;
 mod waiters;
 mod wakeups;
 mod webhooks;
+mod writes;
 
 pub use config::SchedulerConfig;
 pub use follow::{Follow, Frame};

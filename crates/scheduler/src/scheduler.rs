@@ -78,7 +78,7 @@ impl Scheduler {
         events: mpsc::Receiver<Event>,
     ) -> Result<Scheduler, SchedulerError> {
         let instance_id = format!("sched-{:016x}", rand::rng().random::<u64>());
-        let webhooks = webhooks::Deliveries::new(&store.config, store.db.clone(), Arc::clone(&store.hub.write_lock))?;
+        let webhooks = webhooks::Deliveries::new(&store.config, store.db.clone(), Arc::clone(&store.hub.writes.lock))?;
         let mut core = Core {
             _attached: Attached::new(&store.hub.wakeups),
             db: store.db.clone(),
@@ -128,7 +128,7 @@ impl Scheduler {
             background.push(tokio::spawn(crate::files::sweep(
                 files,
                 core.db.clone(),
-                Arc::clone(&core.store.hub.write_lock),
+                Arc::clone(&core.store.hub.writes.lock),
             )));
         }
         background.push(tokio::spawn(accrue_storage(core.store.clone())));
@@ -424,9 +424,9 @@ impl Core {
             Box::pin(std::future::ready(Ok(Settled::default())))
         } else {
             let (engine, db, lock) = (
-                self.store.hub.engine.clone(),
+                self.store.hub.writes.engine.clone(),
                 self.db.clone(),
-                Arc::clone(&self.store.hub.write_lock),
+                Arc::clone(&self.store.hub.writes.lock),
             );
             // Its own task, so it makes progress while the loop is busy elsewhere.
             let task = tokio::spawn(async move {
@@ -1153,9 +1153,9 @@ impl Core {
     /// Runs `plan` now, waiting for its commit (see [`execute`]).
     async fn run_plan(&self, plan: Plan) -> Result<Settled, DbErr> {
         execute(
-            self.store.hub.engine.as_ref(),
+            self.store.hub.writes.engine.as_ref(),
             &self.db,
-            &self.store.hub.write_lock,
+            &self.store.hub.writes.lock,
             plan,
         )
         .await
@@ -1178,7 +1178,7 @@ impl Core {
     /// Returns just-claimed jobs no worker took; the attempt was never sent,
     /// so it is not counted.
     async fn put_back(&self, ids: &[String]) -> Result<(), DbErr> {
-        let _guard = serialize_writes(&self.store.hub.write_lock, &self.db).await;
+        let _guard = serialize_writes(&self.store.hub.writes.lock, &self.db).await;
         job::Entity::update_many()
             .col_expr(J::Status, Expr::value(JobStatus::InQueue.as_str()))
             .col_expr(J::Attempt, plus(J::Attempt, -1))
@@ -1254,7 +1254,7 @@ impl Core {
             .collect();
         let prune_before = now.saturating_sub(self.store.config.presence_window_ms().max(PRESENCE_PRUNE_MS));
         let prune = now.saturating_sub(self.presence_pruned_ms) >= PRESENCE_PRUNE_MS;
-        let lock = Arc::clone(&self.store.hub.write_lock);
+        let lock = Arc::clone(&self.store.hub.writes.lock);
         let guard = serialize_writes(&lock, &self.db).await;
         if !counts.is_empty() {
             let mut upsert = Query::insert();
@@ -1366,7 +1366,7 @@ impl Core {
     /// On shutdown: deletes this instance's `worker_presence` rows, so its
     /// workers stop counting at once.
     async fn withdraw_presence(&mut self) -> Result<(), DbErr> {
-        let _guard = serialize_writes(&self.store.hub.write_lock, &self.db).await;
+        let _guard = serialize_writes(&self.store.hub.writes.lock, &self.db).await;
         worker_gpu::Entity::delete_many()
             .filter(worker_gpu::Column::SchedulerId.eq(self.instance.as_str()))
             .exec(&self.db)
@@ -1403,7 +1403,7 @@ impl Core {
     async fn recheck(&mut self, ids: Vec<String>) -> Result<(), DbErr> {
         let lease_until = now_ms().saturating_add(millis(self.store.config.lease));
         let mut alive: HashSet<(String, i32)> = HashSet::new();
-        let lock = Arc::clone(&self.store.hub.write_lock);
+        let lock = Arc::clone(&self.store.hub.writes.lock);
         for part in ids.chunks(ID_CHUNK) {
             let _guard = serialize_writes(&lock, &self.db).await;
             let rows: Vec<(String, i32)> = job::Entity::update_many()
@@ -1436,7 +1436,7 @@ impl Core {
 
     /// Ends every running job (of any scheduler) past its execution timeout.
     async fn time_out(&mut self) -> Result<(), DbErr> {
-        let lock = Arc::clone(&self.store.hub.write_lock);
+        let lock = Arc::clone(&self.store.hub.writes.lock);
         let guard = serialize_writes(&lock, &self.db).await;
         let now = now_ms();
         let rows = job::Entity::update_many()
@@ -1472,7 +1472,7 @@ impl Core {
     /// the database), or fails them once out of attempts; with `all`, every
     /// running job, leased or not (at the start of the database's sole owner).
     async fn requeue_orphans(&mut self, all: bool) -> Result<(), DbErr> {
-        let lock = Arc::clone(&self.store.hub.write_lock);
+        let lock = Arc::clone(&self.store.hub.writes.lock);
         let guard = serialize_writes(&lock, &self.db).await;
         let now = now_ms();
         let until = Plan::new(now, &self.store.config, &self.instance);
@@ -1527,7 +1527,7 @@ impl Core {
             .all(&self.db)
             .await?;
         let found = doomed.len() as u64;
-        let lock = Arc::clone(&self.store.hub.write_lock);
+        let lock = Arc::clone(&self.store.hub.writes.lock);
         for part in doomed.chunks(ID_CHUNK) {
             let _guard = serialize_writes(&lock, &self.db).await;
             let txn = self.db.begin().await?;
@@ -1575,7 +1575,7 @@ impl Core {
                 by_worker.entry(worker_id).or_default().push(job_id);
             }
         }
-        let lock = Arc::clone(&self.store.hub.write_lock);
+        let lock = Arc::clone(&self.store.hub.writes.lock);
         for (worker_id, jobs) in by_worker {
             for part in jobs.chunks(ID_CHUNK) {
                 let _guard = serialize_writes(&lock, &self.db).await;
@@ -1615,7 +1615,7 @@ impl Core {
             self.run_plan(plan).await?;
             self.store.hub.lane.stored(&written);
         }
-        let _guard = serialize_writes(&self.store.hub.write_lock, &self.db).await;
+        let _guard = serialize_writes(&self.store.hub.writes.lock, &self.db).await;
         job::Entity::update_many()
             .col_expr(J::Status, Expr::value(JobStatus::InQueue.as_str()))
             .col_expr(J::Owner, Expr::value(Option::<String>::None))

@@ -6,16 +6,11 @@ use std::time::Duration;
 use gantry_catalog::ModelSpec;
 use gantry_dispatch::Event;
 use sea_orm::sea_query::Expr;
-use sea_orm::{
-    ActiveModelTrait, ColumnTrait, Condition, DatabaseConnection, DbBackend, DbErr, EntityTrait, IntoActiveModel,
-    QueryFilter, QueryOrder, QuerySelect,
-};
+use sea_orm::{ColumnTrait, Condition, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 use serde_json::Value;
-use tokio::sync::{mpsc, oneshot};
 
 use crate::config::{SchedulerConfig, millis};
 use crate::db::{new_job_id, now_ms, plus, serialize_writes};
-use crate::engine::Engine;
 use crate::entity::{chunk, job, presence};
 use crate::lane::FastLane;
 use crate::live::{LiveJobs, LiveStream};
@@ -23,6 +18,7 @@ use crate::signals::{Listener, Signal, Signals};
 use crate::types::{JobCounts, JobError, JobStatus, JobView, Mode, NewJob, SchedulerError, StreamView};
 use crate::waiters::{Waiters, Wake};
 use crate::wakeups::Wakeups;
+use crate::writes::Writes;
 
 use job::Column as J;
 
@@ -40,11 +36,10 @@ impl JobStore {
     /// On SQLite with a database file, the hot writes (submits, settlements,
     /// claims) go through a writer thread of this store's own (see `engine.rs`).
     pub fn new(db: DatabaseConnection, config: SchedulerConfig) -> Self {
-        let mut hub = Hub::default();
-        if db.get_database_backend() == DbBackend::Sqlite {
-            let options = db.get_sqlite_connection_pool().connect_options();
-            hub.engine = Engine::open(options.get_filename(), Arc::clone(&hub.write_lock));
-        }
+        let hub = Hub {
+            writes: Writes::open(&db),
+            ..Hub::default()
+        };
         Self {
             db,
             config: Arc::new(config),
@@ -198,7 +193,7 @@ impl JobStore {
             return Ok(view);
         }
         let inserted = if self.config.require_credit {
-            crate::credit::admit(&self.db, self.hub.engine.as_ref(), &self.hub.write_lock, &row).await
+            crate::credit::admit(&self.db, self.hub.writes.engine.as_ref(), &self.hub.writes.lock, &row).await
         } else {
             self.insert(&row).await.map_err(JobError::from)
         };
@@ -221,35 +216,9 @@ impl JobStore {
         Ok(view)
     }
 
-    /// Inserts one job row, committed when this returns. Concurrent inserts are
-    /// grouped: one writer task writes whatever is queued as one multi-row
-    /// `INSERT` (one commit, one fsync) and answers each caller after it.
+    /// Inserts one job row, committed when this returns (see [`Writes::insert`]).
     async fn insert(&self, row: &job::Model) -> Result<(), DbErr> {
-        if let Some(engine) = &self.hub.engine {
-            return engine.insert(row.clone()).await;
-        }
-        let row = row.clone().into_active_model().reset_all();
-        let writer = self
-            .hub
-            .inserts
-            .get_or_init(|| spawn_insert_writer(self.db.clone(), Arc::clone(&self.hub.write_lock)));
-        let (reply, committed) = oneshot::channel();
-        match writer.send((row, reply)) {
-            Ok(()) => match committed.await {
-                Ok(result) => result,
-                // The writer's runtime is gone (e.g. a test runtime ended): the
-                // row may or may not be written, which the caller must treat as
-                // a failure (nothing was accepted).
-                Err(_) => Err(DbErr::Custom("the job writer stopped".into())),
-            },
-            Err(mpsc::error::SendError((row, _))) => {
-                let _guard = serialize_writes(&self.hub.write_lock, &self.db).await;
-                job::Entity::insert(row)
-                    .exec_without_returning(&self.db)
-                    .await
-                    .map(drop)
-            }
-        }
+        self.hub.writes.insert(&self.db, row).await
     }
 
     /// The job, if it belongs to `user` and `model_id` and has not expired.
@@ -319,7 +288,7 @@ impl JobStore {
     /// Charges the started hours of network volumes not charged yet (of
     /// `volume` alone when given), as of `now_ms`; returns the hours charged.
     pub async fn accrue_storage(&self, now_ms: i64, volume: Option<&str>) -> Result<u64, JobError> {
-        let _guard = serialize_writes(&self.hub.write_lock, &self.db).await;
+        let _guard = serialize_writes(&self.hub.writes.lock, &self.db).await;
         Ok(gantry_billing::storage::accrue(&self.db, &self.config.storage_prices, now_ms, volume).await?)
     }
 
@@ -377,7 +346,7 @@ impl JobStore {
     /// Cancels a queued or running job (a running one is also stopped on its
     /// worker). A job that is already final is returned unchanged.
     pub async fn cancel(&self, user: &str, model_id: &str, job_id: &str) -> Result<JobView, JobError> {
-        let guard = serialize_writes(&self.hub.write_lock, &self.db).await;
+        let guard = serialize_writes(&self.hub.writes.lock, &self.db).await;
         let now = now_ms();
         let rows = job::Entity::update_many()
             .col_expr(J::Status, Expr::value(JobStatus::Cancelled.as_str()))
@@ -411,7 +380,7 @@ impl JobStore {
         if self.config.require_credit {
             crate::credit::has_credit(&self.db, user).await?;
         }
-        let guard = serialize_writes(&self.hub.write_lock, &self.db).await;
+        let guard = serialize_writes(&self.hub.writes.lock, &self.db).await;
         let now = now_ms();
         let attempts = i64::from(self.config.max_attempts);
         let rows = job::Entity::update_many()
@@ -476,7 +445,7 @@ impl JobStore {
                 });
             }
             let cursor = row.chunks_read + chunks.len() as i64;
-            let _guard = serialize_writes(&self.hub.write_lock, &self.db).await;
+            let _guard = serialize_writes(&self.hub.writes.lock, &self.db).await;
             let moved = job::Entity::update_many()
                 .col_expr(J::ChunksRead, Expr::value(cursor))
                 .filter(J::Id.eq(job_id))
@@ -547,7 +516,7 @@ impl JobStore {
     /// Cancels every queued job of `user` on `model_id`; returns how many.
     /// Running jobs are not touched.
     pub async fn purge_queue(&self, user: &str, model_id: &str) -> Result<u64, JobError> {
-        let _guard = serialize_writes(&self.hub.write_lock, &self.db).await;
+        let _guard = serialize_writes(&self.hub.writes.lock, &self.db).await;
         let now = now_ms();
         let result = job::Entity::update_many()
             .col_expr(J::Status, Expr::value(JobStatus::Cancelled.as_str()))
@@ -716,58 +685,6 @@ pub(crate) fn retention_expr(config: &SchedulerConfig, now: i64) -> Expr {
     Expr::cust(format!("CASE WHEN sync THEN {sync} ELSE {async_} END"))
 }
 
-/// Most rows of one grouped `INSERT` (28 bind values each: well under the
-/// limits of both backends).
-const INSERT_BATCH: usize = 256;
-
-/// Grouped inserts in flight at once on PostgreSQL, where concurrent commits
-/// share WAL flushes. SQLite writes one at a time anyway.
-const POSTGRES_INSERTS_IN_FLIGHT: usize = 4;
-
-/// Starts the task that writes submitted rows in groups (see `JobStore::insert`).
-fn spawn_insert_writer(db: DatabaseConnection, lock: Arc<tokio::sync::Mutex<()>>) -> mpsc::UnboundedSender<Insert> {
-    let (sender, mut queue) = mpsc::unbounded_channel::<Insert>();
-    let in_flight = match db.get_database_backend() {
-        DbBackend::Postgres => POSTGRES_INSERTS_IN_FLIGHT,
-        _ => 1,
-    };
-    let slots = Arc::new(tokio::sync::Semaphore::new(in_flight));
-    tokio::spawn(async move {
-        loop {
-            // Take a slot first, so the group grows while earlier ones commit.
-            let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
-                return;
-            };
-            // A power of two of what is queued (at least one): few distinct
-            // statements, so the prepared-statement caches keep them.
-            let take = match queue.len().min(INSERT_BATCH) {
-                0 | 1 => 1,
-                queued => 1 << queued.ilog2(),
-            };
-            let mut batch = Vec::with_capacity(take);
-            if queue.recv_many(&mut batch, take).await == 0 {
-                return;
-            }
-            let (db, lock) = (db.clone(), Arc::clone(&lock));
-            tokio::spawn(async move {
-                let (rows, replies): (Vec<job::ActiveModel>, Vec<oneshot::Sender<Result<(), DbErr>>>) =
-                    batch.into_iter().unzip();
-                let guard = serialize_writes(&lock, &db).await;
-                // One statement: all rows commit together, or none does.
-                let result = job::Entity::insert_many(rows).exec_without_returning(&db).await;
-                drop(guard);
-                drop(slot);
-                for reply in replies {
-                    let _ = reply.send(result.as_ref().map(drop).map_err(|e| DbErr::Custom(e.to_string())));
-                }
-            });
-        }
-    });
-    sender
-}
-
-type Insert = (job::ActiveModel, oneshot::Sender<Result<(), DbErr>>);
-
 /// What a store and the schedulers of its process share: named parts, each
 /// in its own module, and the few rules that span several of them.
 #[derive(Default)]
@@ -776,11 +693,9 @@ pub(crate) struct Hub {
     pub(crate) waiters: Arc<Waiters>,
     /// What this process's scheduler is woken for.
     pub(crate) wakeups: Arc<Wakeups>,
-    /// Serializes this process's writes on SQLite (see [`serialize_writes`]).
-    pub(crate) write_lock: Arc<tokio::sync::Mutex<()>>,
-    inserts: OnceLock<mpsc::UnboundedSender<Insert>>,
-    /// The SQLite writer thread, when the database is a SQLite file.
-    pub(crate) engine: Option<Engine>,
+    /// How this process writes jobs: the SQLite write lock, grouped
+    /// inserts, the SQLite writer thread.
+    pub(crate) writes: Writes,
     /// Submits written already claimed for this process's scheduler, and
     /// the `runsync` jobs it runs unwritten.
     pub(crate) lane: FastLane,
