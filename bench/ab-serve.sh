@@ -61,9 +61,16 @@ run_one() { # bin label backend
   rm -rf "$dir"
   [ -n "$db_name" ] && psql "$PG_ADMIN_URL" -qAtc "DROP DATABASE $db_name WITH (FORCE)" >/dev/null
 }
+# Odd rounds run old first, even rounds new first: this machine's speed
+# drifts within minutes, and a fixed order would charge the drift to one side.
 for round in $(seq 1 "$ROUNDS"); do
   for backend in $BACKENDS; do
-    run_one "$OLD" old "$backend"
-    run_one "$NEW" new "$backend"
+    if [ $((round % 2)) = 1 ]; then
+      run_one "$OLD" old "$backend"
+      run_one "$NEW" new "$backend"
+    else
+      run_one "$NEW" new "$backend"
+      run_one "$OLD" old "$backend"
+    fi
   done
 done
