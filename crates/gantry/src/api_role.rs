@@ -20,7 +20,7 @@ pub fn job_store(settings: &Settings, database: &Database) -> Result<JobStore, S
     let mut config = settings.job_config().map_err(StartError::Config)?;
     // Holding the SQLite file's lock proves no other process runs its jobs.
     config.sole_owner = database.sole_owner();
-    let jobs = JobStore::new(database.conn.clone(), config);
+    let jobs = JobStore::new(database.conn.clone(), config).map_err(|e| StartError::Config(e.to_string()))?;
     connect_job_signals(settings, &jobs)?;
     Ok(jobs)
 }

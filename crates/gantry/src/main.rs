@@ -370,7 +370,7 @@ async fn scheduler(settings: Settings) -> CliResult {
     }
     SchedulerRole::check(&settings)?;
     let db = connect_database(&settings).await?;
-    let store = gantry_scheduler::JobStore::new(db, settings.job_config()?);
+    let store = gantry_scheduler::JobStore::new(db, settings.job_config()?)?;
     connect_job_signals(&settings, &store)?;
     let secret = gantry::worker_secret(&settings);
     let dispatcher = SchedulerRole::dispatcher(&settings, &secret)?;

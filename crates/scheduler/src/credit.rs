@@ -97,24 +97,14 @@ pub(crate) async fn admit(
     }
     let _guard = serialize_writes(write_lock, db).await;
     let txn = db.begin().await?;
-    let backend = txn.get_database_backend();
+    // Only PostgreSQL gets here: SQLite admits on its writer thread (above).
+    let backend = DbBackend::Postgres;
     // The account row is the per-user lock, taken by the transaction's first
-    // statement, a write: on PostgreSQL it locks the row (admissions of one
-    // user queue here, and a settlement's debit waits for this commit); on
-    // SQLite a write first takes the database's write lock before any read,
-    // so the reads below cannot be of an older snapshot than the insert.
-    let lock = match backend {
-        DbBackend::Postgres => {
-            "INSERT INTO credit_accounts (user_id, balance_micro_usd, updated_at_ms) VALUES ($1, 0, $2) \
-             ON CONFLICT (user_id) DO UPDATE SET updated_at_ms = credit_accounts.updated_at_ms \
-             RETURNING balance_micro_usd"
-        }
-        _ => {
-            "INSERT INTO credit_accounts (user_id, balance_micro_usd, updated_at_ms) VALUES (?, 0, ?) \
-             ON CONFLICT (user_id) DO UPDATE SET updated_at_ms = credit_accounts.updated_at_ms \
-             RETURNING balance_micro_usd"
-        }
-    };
+    // statement, a write: it locks the row (admissions of one user queue
+    // here, and a settlement's debit waits for this commit).
+    let lock = "INSERT INTO credit_accounts (user_id, balance_micro_usd, updated_at_ms) VALUES ($1, 0, $2) \
+         ON CONFLICT (user_id) DO UPDATE SET updated_at_ms = credit_accounts.updated_at_ms \
+         RETURNING balance_micro_usd";
     let balance = txn
         .query_one_raw(Statement::from_sql_and_values(
             backend,

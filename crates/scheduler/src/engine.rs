@@ -87,19 +87,13 @@ pub(crate) struct Engine {
 
 impl Engine {
     /// Opens a second connection to the database file at `path` and starts
-    /// the writer thread. `None` for an in-memory database (nothing to share)
-    /// or if the file cannot be opened; the caller then writes through sea-orm.
-    pub(crate) fn open(path: &Path, write_lock: Arc<tokio::sync::Mutex<()>>) -> Option<Engine> {
+    /// the writer thread; an error for an in-memory database (nothing to
+    /// share), a file that cannot be opened, or a thread that cannot start.
+    pub(crate) fn open(path: &Path, write_lock: Arc<tokio::sync::Mutex<()>>) -> Result<Engine, String> {
         if !path.is_file() {
-            return None;
+            return Err("not a database file (an in-memory SQLite database cannot hold jobs)".into());
         }
-        let conn = match open_connection(path) {
-            Ok(conn) => conn,
-            Err(error) => {
-                tracing::warn!(%error, path = %path.display(), "SQLite write engine unavailable; using sea-orm");
-                return None;
-            }
-        };
+        let conn = open_connection(path).map_err(|e| e.to_string())?;
         let (ops, queue) = std_mpsc::channel();
         let running = Arc::new(AtomicBool::new(true));
         let checkpoints = open_connection(path).map_err(|e| e.to_string()).and_then(|conn| {
@@ -120,11 +114,8 @@ impl Engine {
                 running.store(false, Ordering::Relaxed);
             });
         match spawned {
-            Ok(_) => Some(Engine { ops }),
-            Err(error) => {
-                tracing::warn!(%error, "could not start the SQLite writer thread; using sea-orm");
-                None
-            }
+            Ok(_) => Ok(Engine { ops }),
+            Err(error) => Err(format!("could not start the SQLite writer thread: {error}")),
         }
     }
 

@@ -1,16 +1,18 @@
 //! What one settlement writes, decided before any statement runs, and its
-//! execution through sea-orm (PostgreSQL, or SQLite without a file). The
-//! SQLite engine (`engine.rs`) executes the same plan on its own thread.
+//! statements on PostgreSQL (through sea-orm). On SQLite the writer thread
+//! (`engine.rs`) executes the same plan with its own statements: one set
+//! per backend. The rows of jobs kept only in memory (the fast lane's
+//! unwritten `runsync` jobs) change here too, by the functions that mirror
+//! each statement (`Plan::completed` and its siblings).
 
 use std::collections::HashMap;
 
 use gantry_billing::{Charge, record_charges};
-use sea_orm::sea_query::{Expr, OnConflict, Order, Query};
+use sea_orm::sea_query::{Expr, OnConflict, Query};
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, IdenStatic, Iterable, QueryFilter, Statement,
 };
 
-use crate::db::plus;
 use crate::entity::{chunk, file, job};
 use crate::types::JobStatus;
 
@@ -351,46 +353,23 @@ pub(crate) async fn execute<C: ConnectionTrait>(db: &C, plan: &Plan) -> Result<S
 /// burst of runsync jobs, say): each run of the subquery then locked the
 /// next rows, so one claim took every queued job whatever its limit, and
 /// took seconds. A `MATERIALIZED` CTE ran the subquery once but still
-/// joined it by scanning every queued row. SQLite has no row locks, runs an
-/// uncorrelated `IN` subquery once, and serializes writes, so there the
-/// plain `IN (subquery)` form is used.
+/// joined it by scanning every queued row. (SQLite claims on its writer
+/// thread: `engine.rs`.)
 async fn claim<C: ConnectionTrait>(db: &C, model: &str, limit: u64, plan: &Plan) -> Result<Vec<job::Model>, DbErr> {
-    let now = plan.now;
-    if db.get_database_backend() == DbBackend::Postgres {
-        let sql = postgres_claim_sql();
-        let values: [sea_orm::Value; 5] = [
-            model.into(),
-            now.into(),
-            i64::try_from(limit).unwrap_or(i64::MAX).into(),
-            plan.instance.as_str().into(),
-            plan.lease_until.into(),
-        ];
-        return job::Entity::find()
-            .from_raw_sql(Statement::from_sql_and_values(DbBackend::Postgres, sql, values))
-            .all(db)
-            .await;
-    }
-    let candidates = Query::select()
-        .column(J::Id)
-        .from(job::Entity)
-        .and_where(J::Model.eq(model))
-        .and_where(queued_jobs())
-        .and_where(J::ExpiresAtMs.gt(now))
-        .order_by(J::LowPriority, Order::Asc)
-        .order_by(J::Id, Order::Asc)
-        .limit(limit)
-        .to_owned();
-    job::Entity::update_many()
-        .col_expr(J::Status, Expr::value(JobStatus::InProgress.as_str()))
-        .col_expr(J::Attempt, plus(J::Attempt, 1))
-        .col_expr(J::Owner, Expr::value(plan.instance.as_str()))
-        .col_expr(J::LeaseUntilMs, Expr::value(plan.lease_until))
-        .col_expr(J::StartedAtMs, Expr::value(now))
-        .col_expr(J::WorkerId, Expr::value(Option::<String>::None))
-        .col_expr(J::RunDeadlineMs, Expr::cust(format!("{now} + execution_timeout_ms")))
-        .filter(J::Id.in_subquery(candidates))
-        .filter(queued_jobs())
-        .exec_with_returning(db)
+    let values: [sea_orm::Value; 5] = [
+        model.into(),
+        plan.now.into(),
+        i64::try_from(limit).unwrap_or(i64::MAX).into(),
+        plan.instance.as_str().into(),
+        plan.lease_until.into(),
+    ];
+    job::Entity::find()
+        .from_raw_sql(Statement::from_sql_and_values(
+            DbBackend::Postgres,
+            postgres_claim_sql(),
+            values,
+        ))
+        .all(db)
         .await
 }
 
@@ -433,7 +412,7 @@ async fn complete_all<C: ConnectionTrait>(
     completions: &[&Step],
     plan: &Plan,
 ) -> Result<Vec<job::Model>, DbErr> {
-    let backend = db.get_database_backend();
+    let backend = DbBackend::Postgres;
     let returning = every_column();
     let mut changed = Vec::with_capacity(completions.len());
     for part in completions.chunks(COMPLETE_CHUNK) {
@@ -471,10 +450,7 @@ async fn complete_all<C: ConnectionTrait>(
                     sql.push_str(", ");
                 }
                 values.push(value);
-                match backend {
-                    DbBackend::Postgres => sql.push_str(&format!("CAST(${} AS {ty})", values.len())),
-                    _ => sql.push_str(&format!("CAST(? AS {ty})")),
-                }
+                sql.push_str(&format!("CAST(${} AS {ty})", values.len()));
             }
             sql.push(')');
         }

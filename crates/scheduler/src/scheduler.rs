@@ -1653,8 +1653,8 @@ async fn accrue_storage(store: JobStore) {
 
 // ---- statements ----
 
-/// Runs `plan` as one transaction: on the SQLite writer thread when there is
-/// one, else through sea-orm.
+/// Runs `plan` as one transaction: on the SQLite writer thread, or (on
+/// PostgreSQL) through sea-orm.
 async fn execute(
     engine: Option<&Engine>,
     db: &DatabaseConnection,

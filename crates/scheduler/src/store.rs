@@ -33,18 +33,19 @@ pub struct JobStore {
 }
 
 impl JobStore {
-    /// On SQLite with a database file, the hot writes (submits, settlements,
-    /// claims) go through a writer thread of this store's own (see `engine.rs`).
-    pub fn new(db: DatabaseConnection, config: SchedulerConfig) -> Self {
+    /// On SQLite the hot writes (submits, settlements, claims) go through a
+    /// writer thread of this store's own (see `engine.rs`), which needs a
+    /// database file: an in-memory SQLite database is refused.
+    pub fn new(db: DatabaseConnection, config: SchedulerConfig) -> Result<Self, SchedulerError> {
         let hub = Hub {
-            writes: Writes::open(&db),
+            writes: Writes::open(&db)?,
             ..Hub::default()
         };
-        Self {
+        Ok(Self {
             db,
             config: Arc::new(config),
             hub: Arc::new(hub),
-        }
+        })
     }
 
     pub fn config(&self) -> &SchedulerConfig {
@@ -856,6 +857,18 @@ mod tests {
 
     fn free(model: &str, slots: u64) -> impl Iterator<Item = (String, u64)> {
         std::iter::once((model.to_string(), slots))
+    }
+
+    #[tokio::test]
+    async fn an_sqlite_database_without_a_file_is_refused() {
+        let db = sea_orm::Database::connect("sqlite::memory:")
+            .await
+            .expect("in-memory SQLite");
+        let error = JobStore::new(db, SchedulerConfig::default())
+            .err()
+            .expect("refused")
+            .to_string();
+        assert!(error.contains("needs an SQLite database file"), "{error}");
     }
 
     #[tokio::test]

@@ -1,7 +1,6 @@
-//! How a process writes jobs: on SQLite, one in-process write lock that
-//! every writer takes (see `db::serialize_writes`) and, for a database file,
-//! the writer thread (`engine.rs`); elsewhere, submitted rows in grouped
-//! inserts.
+//! How a process writes jobs: on SQLite, the writer thread (`engine.rs`)
+//! and one in-process write lock that every other writer takes (see
+//! `db::serialize_writes`); on PostgreSQL, submitted rows in grouped inserts.
 
 use std::sync::{Arc, OnceLock};
 
@@ -22,15 +21,23 @@ pub(crate) struct Writes {
 }
 
 impl Writes {
-    /// On SQLite with a database file, the hot writes (submits, settlements,
-    /// claims) go through a writer thread of its own (see `engine.rs`).
-    pub(crate) fn open(db: &DatabaseConnection) -> Self {
+    /// On SQLite every hot write (submits, admissions, settlements, claims)
+    /// goes through a writer thread of its own on the database file (see
+    /// `engine.rs`): that is SQLite's one statement set for them. An SQLite
+    /// database without a file (in memory) has none and is refused.
+    pub(crate) fn open(db: &DatabaseConnection) -> Result<Self, DbErr> {
         let mut writes = Self::default();
         if db.get_database_backend() == DbBackend::Sqlite {
             let options = db.get_sqlite_connection_pool().connect_options();
-            writes.engine = Engine::open(options.get_filename(), Arc::clone(&writes.lock));
+            let path = options.get_filename();
+            writes.engine = Some(Engine::open(path, Arc::clone(&writes.lock)).map_err(|error| {
+                DbErr::Custom(format!(
+                    "the job store needs an SQLite database file it can open ({}): {error}",
+                    path.display()
+                ))
+            })?);
         }
-        writes
+        Ok(writes)
     }
 
     /// Inserts one job row, committed when this returns. Concurrent inserts are

@@ -84,7 +84,7 @@ impl Env {
             db.execute_unprepared("PRAGMA journal_mode=WAL").await.expect("wal");
         }
         gantry_migrations::Migrator::up(&db, None).await.expect("migrate");
-        let store = JobStore::new(db.clone(), config);
+        let store = JobStore::new(db.clone(), config).expect("job store");
         Env {
             db,
             catalog: Arc::new(ModelCatalog::default()),

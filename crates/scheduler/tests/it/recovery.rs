@@ -158,7 +158,7 @@ async fn two_schedulers_share_one_postgres() {
     const JOBS: usize = 40;
     let env = Env::new(Backend::Postgres).await;
     // Separate stores: no in-process wake-ups between the two instances.
-    let store_b = JobStore::new(env.db.clone(), crate::harness::config());
+    let store_b = JobStore::new(env.db.clone(), crate::harness::config()).expect("job store");
     let a = Node::start(&env.store, &env.catalog).await;
     let b = Node::start(&store_b, &env.catalog).await;
     let runs = Arc::new(AtomicUsize::new(0));
