@@ -135,6 +135,17 @@ pub async fn record_charges<C: ConnectionTrait>(db: &C, charges: &[Charge], at_m
     Ok(written.len() as u64)
 }
 
+/// [`record_charges`] for one charge, for a writer outside sea-orm (the
+/// SQLite writer thread, which must write the charge in its own
+/// transaction): `?1` entry id ([`entry_id`]), `?2` user, `?3` job, `?4`
+/// model, `?5` unit, `?6` quantity in micro-units, `?7` micro-USD, `?8` now.
+/// When it writes a row (a job charged before writes none), the writer then
+/// debits the owner with [`credit::ADJUST_ONE_SQL`] and `-amount`, exactly as
+/// `record_charges` does: the ledger's statements all live in this crate.
+pub const RECORD_ONE_SQL: &str = "INSERT INTO ledger_entries (id, user_id, job_id, model, unit, quantity_micros, \
+     amount_micro_usd, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
+     ON CONFLICT (id) DO NOTHING";
+
 /// Totals of the whole ledger per model and unit: (model, unit, quantity in
 /// micro-units, micro-USD). For the metrics endpoint.
 pub async fn totals<C: ConnectionTrait>(db: &C) -> Result<Vec<(String, String, i64, i64)>, DbErr> {
@@ -332,5 +343,80 @@ mod tests {
         assert_eq!(ledger.total("u1", 0, 1_000).await.unwrap(), 30);
         assert_eq!(ledger.total("u1", 0, 300).await.unwrap(), 25);
         assert_eq!(ledger.total("u2", 0, 1_000).await.unwrap(), 0);
+    }
+
+    /// The one-charge statements of writers outside sea-orm leave the ledger
+    /// and the balance exactly as `record_charges` does: one entry per job,
+    /// one debit per entry.
+    #[tokio::test]
+    async fn the_one_charge_statements_agree_with_record_charges() {
+        use gantry_migrations::MigratorTrait;
+        use sea_orm::{ConnectionTrait, DbBackend, Statement};
+        let open = || async {
+            let db = sea_orm::Database::connect("sqlite::memory:").await.unwrap();
+            gantry_migrations::Migrator::up(&db, None).await.unwrap();
+            db
+        };
+        let (by_function, by_statements) = (open().await, open().await);
+        let charges = [("a", 10), ("a", 99), ("b", 15)];
+        for (i, (job, amount)) in charges.into_iter().enumerate() {
+            let now = 100 * (i as i64 + 1);
+            let charge = Charge {
+                user_id: "u1".into(),
+                job_id: job.into(),
+                model: "gantry-echo".into(),
+                unit: "requests".into(),
+                quantity_micros: 1_000_000,
+                amount_micro_usd: amount,
+            };
+            record_charges(&by_function, std::slice::from_ref(&charge), now)
+                .await
+                .unwrap();
+            let written = by_statements
+                .execute_raw(Statement::from_sql_and_values(
+                    DbBackend::Sqlite,
+                    RECORD_ONE_SQL,
+                    [
+                        entry_id(job).into(),
+                        "u1".into(),
+                        job.into(),
+                        "gantry-echo".into(),
+                        "requests".into(),
+                        1_000_000i64.into(),
+                        amount.into(),
+                        now.into(),
+                    ],
+                ))
+                .await
+                .unwrap()
+                .rows_affected();
+            if written == 1 {
+                by_statements
+                    .execute_raw(Statement::from_sql_and_values(
+                        DbBackend::Sqlite,
+                        credit::ADJUST_ONE_SQL,
+                        ["u1".into(), (-amount).into(), now.into()],
+                    ))
+                    .await
+                    .unwrap();
+            }
+        }
+        let entries = |db| async move {
+            Ledger::new(db)
+                .charges("u1", 0, 1_000)
+                .await
+                .unwrap()
+                .into_iter()
+                .map(|e| (e.id, e.job_id, e.amount_micro_usd, e.created_at))
+                .collect::<Vec<_>>()
+        };
+        let (balance_a, balance_b) = (
+            credit::balance(&by_function, "u1").await.unwrap(),
+            credit::balance(&by_statements, "u1").await.unwrap(),
+        );
+        let (a, b) = (entries(by_function).await, entries(by_statements).await);
+        assert_eq!(a.len(), 2, "one entry per job: {a:?}");
+        assert_eq!(a, b);
+        assert_eq!((balance_a, balance_b), (-25, -25));
     }
 }

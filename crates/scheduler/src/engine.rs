@@ -293,10 +293,6 @@ static INSERT_JOB: LazyLock<String> = LazyLock::new(|| {
     )
 });
 
-const INSERT_CHARGE: &str = "INSERT INTO ledger_entries (id, user_id, job_id, model, unit, quantity_micros, \
-     amount_micro_usd, created_at) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8) \
-     ON CONFLICT (id) DO NOTHING";
-
 const INSERT_FILE: &str = "INSERT INTO files (key, job_id, user_id, media_type, size, created_at_ms, \
      expires_at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (key) DO NOTHING";
 
@@ -425,9 +421,11 @@ impl<'c> Statements<'c> {
     }
 
     /// The ledger entry of a completed job (at most one per job), and the
-    /// debit of its owner's balance when the entry is new.
+    /// debit of its owner's balance when the entry is new: billing's
+    /// statements (`gantry_billing::RECORD_ONE_SQL`, `credit::ADJUST_ONE_SQL`),
+    /// run in this transaction.
     fn charge(&mut self, row: &job::Model, usage: &Usage, now: i64) -> rusqlite::Result<()> {
-        let statement = Self::prepared(self.conn, &mut self.charge, INSERT_CHARGE)?;
+        let statement = Self::prepared(self.conn, &mut self.charge, gantry_billing::RECORD_ONE_SQL)?;
         let written = statement.execute(params![
             gantry_billing::entry_id(&row.id),
             row.user_id,
