@@ -306,19 +306,29 @@ mod tests {
         assert_eq!(usd(10_000_000), 10.0);
     }
 
-    #[tokio::test]
-    async fn ledger_is_idempotent_per_job() {
+    /// A fresh, migrated in-memory database.
+    async fn memory_db() -> sea_orm::DatabaseConnection {
         use gantry_migrations::MigratorTrait;
         let db = sea_orm::Database::connect("sqlite::memory:").await.unwrap();
         gantry_migrations::Migrator::up(&db, None).await.unwrap();
-        let charge = |job: &str, amount| Charge {
+        db
+    }
+
+    /// One echo request of user `u1` for job `job`, costing `amount` micro-USD.
+    fn charge(job: &str, amount: i64) -> Charge {
+        Charge {
             user_id: "u1".into(),
             job_id: job.into(),
             model: "gantry-echo".into(),
             unit: "requests".into(),
             quantity_micros: 1_000_000,
             amount_micro_usd: amount,
-        };
+        }
+    }
+
+    #[tokio::test]
+    async fn ledger_is_idempotent_per_job() {
+        let db = memory_db().await;
         assert_eq!(
             record_charges(&db, &[charge("a", 10), charge("b", 15)], 100)
                 .await
@@ -350,28 +360,12 @@ mod tests {
     /// one debit per entry.
     #[tokio::test]
     async fn the_one_charge_statements_agree_with_record_charges() {
-        use gantry_migrations::MigratorTrait;
         use sea_orm::{ConnectionTrait, DbBackend, Statement};
-        let open = || async {
-            let db = sea_orm::Database::connect("sqlite::memory:").await.unwrap();
-            gantry_migrations::Migrator::up(&db, None).await.unwrap();
-            db
-        };
-        let (by_function, by_statements) = (open().await, open().await);
+        let (by_function, by_statements) = (memory_db().await, memory_db().await);
         let charges = [("a", 10), ("a", 99), ("b", 15)];
         for (i, (job, amount)) in charges.into_iter().enumerate() {
             let now = 100 * (i as i64 + 1);
-            let charge = Charge {
-                user_id: "u1".into(),
-                job_id: job.into(),
-                model: "gantry-echo".into(),
-                unit: "requests".into(),
-                quantity_micros: 1_000_000,
-                amount_micro_usd: amount,
-            };
-            record_charges(&by_function, std::slice::from_ref(&charge), now)
-                .await
-                .unwrap();
+            record_charges(&by_function, &[charge(job, amount)], now).await.unwrap();
             let written = by_statements
                 .execute_raw(Statement::from_sql_and_values(
                     DbBackend::Sqlite,
