@@ -49,9 +49,14 @@ run_one() { # bin label backend
   read -r before _ < <(counts)
   start=$(date +%s.%N)
   wrk -t2 -c64 -d5s -s "$LUA" http://127.0.0.1:38081/v2/gantry-echo/run >/dev/null
+  local deadline=$((SECONDS + 300))
   while :; do
     read -r completed left < <(counts)
     [ "$left" = 0 ] && break
+    if [ "$SECONDS" -ge "$deadline" ]; then
+      echo "$label $backend: the queue did not drain in 300 s (left: ${left:-unknown})" >&2
+      kill $pid; wait $pid 2>/dev/null; return 1
+    fi
     sleep 0.05
   done
   done_at=$(date +%s.%N)

@@ -63,8 +63,6 @@ pub struct AppState {
     pub body_limit: usize,
     /// How long a request body may take to arrive (`http.body_timeout_ms`).
     pub body_timeout: Duration,
-    /// The in-process scheduler's workers, when this process runs one.
-    pub workers: Option<WorkerCounts>,
     /// Default quotas: (management, public).
     pub(crate) policies: (Policy, Policy),
     pub(crate) openapi: web::Bytes,
@@ -79,18 +77,19 @@ impl std::ops::Deref for AppState {
     }
 }
 
-/// Idle and running workers per model, from the in-process dispatcher.
-#[derive(Clone)]
-pub struct WorkerCounts(pub Dispatcher);
-
-impl WorkerCounts {
-    pub fn counts(&self, model: &str) -> (usize, usize) {
-        self.0
-            .health()
-            .models
-            .get(model)
-            .map(|m| (m.idle_workers, m.running_workers))
-            .unwrap_or((0, 0))
+impl AppState {
+    /// Idle and running workers of `model`: exact and free from the
+    /// in-process dispatcher; an API-only process reads what the live
+    /// schedulers publish.
+    pub async fn worker_counts(&self, model: &str) -> Result<(u64, u64), gantry_scheduler::JobError> {
+        match &self.dispatcher {
+            Some(dispatcher) => Ok(dispatcher
+                .health()
+                .models
+                .get(model)
+                .map_or((0, 0), |m| (m.idle_workers as u64, m.running_workers as u64))),
+            None => self.jobs.workers(model).await,
+        }
     }
 }
 
@@ -122,14 +121,13 @@ pub struct Application {
 impl Application {
     /// Binds both listeners and serves `services` on them.
     pub fn start(services: Services, http: HttpConfig) -> Result<Self, ListenError> {
-        let openapi = serde_json::to_vec(&crate::openapi::openapi_json()).unwrap_or_default();
-        let openapi_public =
-            serde_json::to_vec(&crate::openapi::public_openapi_json_with(services.manifest)).unwrap_or_default();
+        // A JSON value always renders.
+        let openapi = crate::openapi::openapi_json().to_string();
+        let openapi_public = crate::openapi::public_openapi_json_with(services.manifest).to_string();
         let files = services.files.clone();
         let state = web::Data::new(AppState {
             body_limit: http.body_limit,
             body_timeout: http.body_timeout.max(Duration::from_millis(1)),
-            workers: services.dispatcher.clone().map(WorkerCounts),
             policies: (http.management_policy, http.public_policy),
             openapi: openapi.into(),
             openapi_public: openapi_public.into(),

@@ -10,8 +10,7 @@ mod routes;
 
 pub use actix_web::dev::ServerHandle;
 pub use app::{
-    AppState, Application, HttpConfig, ListenError, Services, Surface, WorkerCounts, metrics_server,
-    process_metrics_server,
+    AppState, Application, HttpConfig, ListenError, Services, Surface, metrics_server, process_metrics_server,
 };
 pub use openapi::{openapi_document, openapi_json, public_openapi_document, public_openapi_json};
 pub use problem::{ApiError, Problem};

@@ -11,19 +11,8 @@ use gantry_ratelimit::{RateLimiter, RedisConfig};
 use gantry_scheduler::JobStore;
 use gantry_volumes::VolumeService;
 
-use crate::database::{Database, connect_job_signals};
+use crate::database::Database;
 use crate::{Settings, StartError};
-
-/// The job store of a serving process: its settings, whether it owns the
-/// database alone, and the Redis signals when configured.
-pub fn job_store(settings: &Settings, database: &Database) -> Result<JobStore, StartError> {
-    let mut config = settings.job_config().map_err(StartError::Config)?;
-    // Holding the SQLite file's lock proves no other process runs its jobs.
-    config.sole_owner = database.sole_owner();
-    let jobs = JobStore::new(database.conn.clone(), config).map_err(|e| StartError::Config(e.to_string()))?;
-    connect_job_signals(settings, &jobs)?;
-    Ok(jobs)
-}
 
 /// Builds every service of the HTTP side, then starts both listeners.
 /// `dispatcher` is the in-process scheduler's, when there is one.

@@ -27,6 +27,13 @@ impl Database {
         Ok(Self { conn, lock })
     }
 
+    /// For a process that shares the database (`gantry scheduler`): connects
+    /// and migrates, takes no lock.
+    pub async fn open_shared(settings: &Settings) -> Result<Self, StartError> {
+        let conn = connect_database(settings).await?;
+        Ok(Self { conn, lock: None })
+    }
+
     /// Whether this process holds the SQLite file's lock: it is the sole
     /// writer, so no other process runs its jobs or changes its volumes.
     pub fn sole_owner(&self) -> bool {
@@ -77,10 +84,21 @@ pub async fn connect_database(settings: &Settings) -> Result<DatabaseConnection,
     Ok(db)
 }
 
+/// The job store of a process on `database`: its settings, whether it owns
+/// the database alone (the SQLite lock), and the Redis signals when configured.
+pub fn job_store(settings: &Settings, database: &Database) -> Result<JobStore, StartError> {
+    let mut config = settings.job_config().map_err(StartError::Config)?;
+    // Holding the SQLite file's lock proves no other process runs its jobs.
+    config.sole_owner = database.sole_owner();
+    let jobs = JobStore::new(database.conn.clone(), config).map_err(|e| StartError::Config(e.to_string()))?;
+    connect_job_signals(settings, &jobs)?;
+    Ok(jobs)
+}
+
 /// With `redis_url` set, `jobs` sends and hears job wake-ups over Redis, so
 /// that API and scheduler processes sharing the database learn of queued and
 /// finished jobs at once (see `docs/scheduler.md`, "Signals").
-pub fn connect_job_signals(settings: &Settings, jobs: &JobStore) -> Result<(), StartError> {
+fn connect_job_signals(settings: &Settings, jobs: &JobStore) -> Result<(), StartError> {
     match settings.redis_url.as_deref().filter(|u| !u.trim().is_empty()) {
         None => Ok(()),
         Some(url) => jobs

@@ -15,8 +15,8 @@ mod scheduler_role;
 mod settings;
 mod workers;
 
-pub use api_role::{http_config, job_store, start_api};
-pub use database::{Database, connect_database, connect_job_signals};
+pub use api_role::{http_config, start_api};
+pub use database::{Database, connect_database, job_store};
 pub use scheduler_role::{SchedulerRole, worker_secret};
 pub use settings::{
     AuthSettings, BillingSettings, CatalogSettings, DiffusionSettings, HttpSettings, RateLimitSettings,

@@ -8,7 +8,7 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
-use gantry::{Database, Platform, SchedulerRole, Settings, Workers, connect_database, connect_job_signals};
+use gantry::{Database, Platform, SchedulerRole, Settings, Workers, connect_database};
 use gantry_api::Application;
 use gantry_auth::{AuthError, AuthService, ScopeSet, UserLimits, parse_duration};
 use gantry_worker_sdk::Credentials;
@@ -369,9 +369,8 @@ async fn scheduler(settings: Settings) -> CliResult {
         );
     }
     SchedulerRole::check(&settings)?;
-    let db = connect_database(&settings).await?;
-    let store = gantry_scheduler::JobStore::new(db, settings.job_config()?)?;
-    connect_job_signals(&settings, &store)?;
+    let database = Database::open_shared(&settings).await?;
+    let store = gantry::job_store(&settings, &database)?;
     let secret = gantry::worker_secret(&settings);
     let dispatcher = SchedulerRole::dispatcher(&settings, &secret)?;
     // Handlers first: a SIGTERM right after the ready line must still shut down gracefully.

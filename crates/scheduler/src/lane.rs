@@ -90,7 +90,7 @@ impl FastLane {
         }
     }
 
-    pub(crate) fn lock_unstored(&self) -> MutexGuard<'_, HashMap<String, (String, String)>> {
+    fn lock_unstored(&self) -> MutexGuard<'_, HashMap<String, (String, String)>> {
         self.unstored.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
@@ -197,6 +197,13 @@ impl FastLane {
             }
         }
         handed
+    }
+
+    /// Forgets these jobs as running unwritten (they never will be
+    /// written); returns those that were.
+    pub(crate) fn forget<'a>(&self, job_ids: &'a [String]) -> Vec<&'a String> {
+        let mut unstored = self.lock_unstored();
+        job_ids.iter().filter(|id| unstored.remove(*id).is_some()).collect()
     }
 
     /// The ids of every job running unwritten.

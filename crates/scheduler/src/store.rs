@@ -724,15 +724,7 @@ impl Hub {
     /// could not write them): their waiters are dropped, which `wait` reports
     /// as `JobError::Lost`.
     pub(crate) fn lose(&self, job_ids: &[String]) {
-        let mut lost = Vec::new();
-        {
-            let mut unstored = self.lane.lock_unstored();
-            for id in job_ids {
-                if unstored.remove(id).is_some() {
-                    lost.push(id);
-                }
-            }
-        }
+        let lost = self.lane.forget(job_ids);
         if !lost.is_empty() {
             self.waiters.abandon(lost.into_iter());
         }

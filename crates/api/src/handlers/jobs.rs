@@ -423,14 +423,6 @@ pub async fn health(
 ) -> Result<HttpResponse, ApiError> {
     model(&state, &caller, &path)?;
     let jobs = state.jobs.health(caller.user_id(), &path).await?;
-    // The in-process dispatcher is exact and free; an API-only process reads
-    // what the live schedulers publish.
-    let (idle, running) = match state.workers.as_ref() {
-        Some(workers) => {
-            let (idle, running) = workers.counts(&path);
-            (idle as u64, running as u64)
-        }
-        None => state.jobs.workers(&path).await?,
-    };
+    let (idle, running) = state.worker_counts(&path).await?;
     Ok(HttpResponse::Ok().json(json!({ "jobs": jobs, "workers": { "idle": idle, "running": running } })))
 }

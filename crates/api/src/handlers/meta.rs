@@ -40,7 +40,7 @@ workers and slots by model, units produced and USD charged per model. No key nee
     responses((status = 200, description = "The metrics", content_type = "text/plain")))]
 pub async fn metrics(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let models: Vec<String> = state.models.iter().map(|m| m.id.clone()).collect();
-    let dispatcher = state.workers.as_ref().map(|w| &w.0);
+    let dispatcher = state.dispatcher.as_ref();
     let text = gantry_scheduler::metrics::render(&state.jobs, &models, dispatcher).await?;
     Ok(HttpResponse::Ok()
         .content_type(gantry_telemetry::CONTENT_TYPE)

@@ -20,13 +20,7 @@ pub async fn list(state: web::Data<AppState>, caller: Caller) -> Result<HttpResp
     let mut models = Vec::new();
     for spec in state.models.iter() {
         let entry = manifest.get(&spec.id);
-        let (idle, running) = match state.workers.as_ref() {
-            Some(workers) => {
-                let (idle, running) = workers.counts(&spec.id);
-                (idle as u64, running as u64)
-            }
-            None => state.jobs.workers(&spec.id).await?,
-        };
+        let (idle, running) = state.worker_counts(&spec.id).await?;
         models.push(json!({
             "id": spec.id,
             "category": spec.kind,
