@@ -1,10 +1,12 @@
-//! Reading JSON request bodies and validating them field by field, so that every
-//! failure is reported at once as `$.<field>: <problem>`.
+//! Reading JSON request bodies into their typed structs ([`RequestBody`]),
+//! every failure reported at once as `$.<field>: <problem>`.
 use actix_web::HttpRequest;
 use actix_web::http::header;
 use actix_web::web;
 use futures_util::StreamExt;
-use serde_json::{Map, Value};
+use serde::de::DeserializeOwned;
+use serde_json::Value;
+use utoipa::ToSchema;
 
 use crate::problem::ApiError;
 
@@ -71,102 +73,229 @@ pub async fn read_json(req: &HttpRequest, mut payload: web::Payload, limit: usiz
     })
 }
 
-/// Walks one JSON object, collecting every failure instead of stopping at the first.
-pub struct ObjectValidator<'a> {
-    object: &'a Map<String, Value>,
-    errors: Vec<String>,
+/// A request body as one type: a struct that derives `Deserialize` (with
+/// `deny_unknown_fields`, so the document says `additionalProperties: false`)
+/// and `ToSchema`, whose field types check their own rules while they are
+/// deserialized (a `VolumeName` refuses control characters, a size its
+/// range). The OpenAPI schema, the parsing and the field rules are that one
+/// struct; [`parse_body`] reports every failure of every field at once.
+pub trait RequestBody: DeserializeOwned + ToSchema {
+    /// Properties of which at least one must be present (an update); empty
+    /// when none is needed.
+    const AT_LEAST_ONE_OF: &'static [&'static str] = &[];
+    /// What [`RequestBody::validate`] consults besides the body (the catalog).
+    type Context: ?Sized;
+    /// What a valid body becomes.
+    type Valid;
+    /// The rules that span fields or need the platform's state; run once every
+    /// field is well formed.
+    fn validate(self, context: &Self::Context, failures: &mut Failures) -> Option<Self::Valid>;
 }
 
-impl<'a> ObjectValidator<'a> {
-    /// Starts on the body root, which must be an object.
-    pub fn root(value: &'a Value) -> Result<Self, ApiError> {
-        match value {
-            Value::Object(object) => Ok(Self {
-                object,
-                errors: Vec::new(),
-            }),
-            other => Err(ApiError::Unprocessable(vec![format!(
-                "$: must be a JSON object, not {}",
-                kind(other)
-            )])),
+/// Validation failures, each as `$.<field>: <problem>`.
+#[derive(Debug, Default)]
+pub struct Failures(Vec<String>);
+
+impl Failures {
+    /// Records a failure of `field` (a dotted path; empty for the body itself).
+    pub fn fail(&mut self, field: &str, problem: impl std::fmt::Display) {
+        if field.is_empty() {
+            self.0.push(format!("$: {problem}"));
+        } else {
+            self.0.push(format!("$.{field}: {problem}"));
         }
     }
 
-    /// Rejects every property not in `allowed`.
-    pub fn only(&mut self, allowed: &[&str]) {
-        for key in self.object.keys() {
-            if !allowed.contains(&key.as_str()) {
-                self.errors.push(format!("$.{key}: unknown property"));
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+
+    fn into_error(self) -> ApiError {
+        ApiError::Unprocessable(self.0)
+    }
+}
+
+/// Reads a JSON body ([`read_json`]) and parses it as `T` ([`parse_body`]).
+pub async fn read_body<T: RequestBody>(
+    req: &HttpRequest,
+    payload: web::Payload,
+    limit: usize,
+    context: &T::Context,
+) -> Result<T::Valid, ApiError> {
+    parse_body::<T>(read_json(req, payload, limit).await?, context)
+}
+
+/// Parses a JSON value as the request body `T`: the body must be an object;
+/// every unknown property, missing required property and field that breaks its
+/// type's rules is reported (422), and only a body whose fields are all well
+/// formed goes on to [`RequestBody::validate`].
+pub fn parse_body<T: RequestBody>(mut body: Value, context: &T::Context) -> Result<T::Valid, ApiError> {
+    let Value::Object(object) = &body else {
+        return Err(ApiError::Unprocessable(vec![format!(
+            "$: must be a JSON object, not {}",
+            kind(&body)
+        )]));
+    };
+    let none_of_them =
+        !T::AT_LEAST_ONE_OF.is_empty() && !T::AT_LEAST_ONE_OF.iter().any(|name| object.contains_key(*name));
+    let mut failures = Failures::default();
+    // Members taken out after a failure: not missing, only wrong.
+    let mut removed: Vec<Vec<String>> = Vec::new();
+    // The well-formed body is read in one pass. A failure names its place; it
+    // is recorded, the offending member is taken out, and the rest is read
+    // again, so that every failure is found (a body has a handful of members).
+    let parsed = loop {
+        let err = match serde_path_to_error::deserialize::<_, T>(&body) {
+            Ok(parsed) => break Some(parsed),
+            Err(err) => err,
+        };
+        let mut path: Vec<String> = err
+            .path()
+            .iter()
+            .filter_map(|segment| match segment {
+                serde_path_to_error::Segment::Map { key } => Some(key.clone()),
+                serde_path_to_error::Segment::Seq { index } => Some(index.to_string()),
+                _ => None,
+            })
+            .collect();
+        let message = err.into_inner().to_string();
+        if message.starts_with("missing field") {
+            if path.is_empty() {
+                // Serde names the first missing field only: name them all.
+                for name in missing_required::<T>(&body) {
+                    if !removed.iter().any(|path| path.len() == 1 && path[0] == name) {
+                        failures.fail(&name, "required property is missing");
+                    }
+                }
+            } else if let Some(name) = backticked(&message).into_iter().next() {
+                path.push(name);
+                failures.fail(&path.join("."), "required property is missing");
+            }
+            break None;
+        }
+        if let Some(name) = backticked(&message)
+            .into_iter()
+            .next()
+            .filter(|_| message.starts_with("unknown field"))
+        {
+            if path.last() != Some(&name) {
+                path.push(name);
+            }
+            failures.fail(&path.join("."), "unknown property");
+        } else {
+            let problem = describe(&message, member(&body, &path));
+            failures.fail(&path.join("."), problem);
+        }
+        if !remove(&mut body, &path) {
+            break None;
+        }
+        removed.push(path);
+    };
+    if none_of_them {
+        failures.fail(
+            "",
+            format!("at least one of {} is required", T::AT_LEAST_ONE_OF.join(", ")),
+        );
+    }
+    match parsed {
+        Some(parsed) if failures.is_empty() => {
+            let valid = parsed.validate(context, &mut failures);
+            match valid {
+                Some(valid) if failures.is_empty() => Ok(valid),
+                _ => Err(failures.into_error()),
             }
         }
+        _ => Err(failures.into_error()),
     }
+}
 
-    pub fn fail(&mut self, field: &str, problem: impl std::fmt::Display) {
-        let at = if field.is_empty() {
-            "$".to_string()
-        } else {
-            format!("$.{field}")
-        };
-        self.errors.push(format!("{at}: {problem}"));
+/// The required properties of `T` that `body` lacks, in the schema's order.
+fn missing_required<T: ToSchema>(body: &Value) -> Vec<String> {
+    use utoipa::openapi::{RefOr, schema::Schema};
+    match T::schema() {
+        RefOr::T(Schema::Object(schema)) => schema
+            .required
+            .into_iter()
+            .filter(|name| body.get(name.as_str()).is_none())
+            .collect(),
+        _ => Vec::new(),
     }
+}
 
-    /// Keeps the value if it passed, records the failure otherwise.
-    pub fn check<T, E: std::fmt::Display>(&mut self, field: &str, result: Result<T, E>) -> Option<T> {
-        result.map_err(|e| self.fail(field, e)).ok()
+/// The words serde quotes in backticks, in order.
+fn backticked(message: &str) -> Vec<String> {
+    message.split('`').skip(1).step_by(2).map(str::to_string).collect()
+}
+
+/// Serde's wording of a field's failure in the document's terms.
+fn describe(message: &str, value: Option<&Value>) -> String {
+    if let Some(rest) = message.strip_prefix("invalid type: ") {
+        let expected = rest.rsplit_once(", expected ").map_or("another type", |(_, e)| e);
+        let got = value.map_or("another type", kind);
+        return format!("must be {}, not {got}", plain_type(expected));
     }
-
-    pub fn string(&mut self, field: &str, required: bool) -> Option<&'a str> {
-        match self.object.get(field) {
-            None => self.missing(field, required),
-            Some(Value::String(s)) => Some(s.as_str()),
-            Some(other) => self.wrong_type(field, "a string", other),
+    if let Some(rest) = message.strip_prefix("invalid value: ") {
+        let expected = rest.rsplit_once(", expected ").map_or("another value", |(_, e)| e);
+        let got = value.map_or_else(String::new, |v| format!(" (got {v})"));
+        return format!("must be {}{got}", plain_type(expected));
+    }
+    if message.starts_with("unknown variant") {
+        let words = backticked(message);
+        if let Some((got, allowed)) = words.split_first() {
+            return format!("must be one of {} (got '{got}')", allowed.join(", "));
         }
     }
+    message.to_string()
+}
 
-    pub fn integer(&mut self, field: &str, required: bool) -> Option<i64> {
-        match self.object.get(field) {
-            None => self.missing(field, required),
-            Some(Value::Number(n)) if n.is_i64() => n.as_i64(),
-            Some(Value::Number(n)) if n.is_u64() => Some(i64::MAX),
-            Some(other) => self.wrong_type(field, "an integer", other),
-        }
+/// Serde's name of an expected type as the document says it.
+fn plain_type(expected: &str) -> &str {
+    match expected {
+        "i8" | "i16" | "i32" | "i64" | "isize" => "an integer",
+        "u8" => "an integer from 0 to 255",
+        "u16" => "an integer from 0 to 65535",
+        "u32" => "an integer from 0 to 4294967295",
+        "u64" | "usize" => "an integer from 0 to 18446744073709551615",
+        "f32" | "f64" => "a number",
+        "a map" => "a JSON object",
+        "a sequence" => "an array",
+        other if other.starts_with("struct ") => "a JSON object",
+        other => other,
     }
+}
 
-    /// A string that must be one of `allowed`, converted by `parse`.
-    pub fn one_of<T>(
-        &mut self,
-        field: &str,
-        required: bool,
-        allowed: &[&str],
-        parse: impl Fn(&str) -> Option<T>,
-    ) -> Option<T> {
-        let text = self.string(field, required)?;
-        let parsed = parse(text);
-        if parsed.is_none() {
-            self.fail(field, format!("must be one of {} (got '{text}')", allowed.join(", ")));
-        }
-        parsed
-    }
+/// The member of `body` at `path`.
+fn member<'a>(body: &'a Value, path: &[String]) -> Option<&'a Value> {
+    path.iter().try_fold(body, |value, key| match value {
+        Value::Object(object) => object.get(key),
+        Value::Array(items) => key.parse::<usize>().ok().and_then(|i| items.get(i)),
+        _ => None,
+    })
+}
 
-    pub fn finish(self) -> Result<(), ApiError> {
-        if self.errors.is_empty() {
-            Ok(())
-        } else {
-            Err(ApiError::Unprocessable(self.errors))
-        }
+/// Takes the member at `path` out of `body`; false when there is none.
+fn remove(body: &mut Value, path: &[String]) -> bool {
+    let Some((last, parents)) = path.split_last() else {
+        return false;
+    };
+    let parent = parents.iter().try_fold(body, |value, key| match value {
+        Value::Object(object) => object.get_mut(key),
+        _ => None,
+    });
+    match parent {
+        Some(Value::Object(object)) => object.remove(last).is_some(),
+        _ => false,
     }
+}
 
-    fn missing<T>(&mut self, field: &str, required: bool) -> Option<T> {
-        if required {
-            self.fail(field, "required property is missing");
-        }
-        None
-    }
-
-    fn wrong_type<T>(&mut self, field: &str, expected: &str, got: &Value) -> Option<T> {
-        self.fail(field, format!("must be {expected}, not {}", kind(got)));
-        None
-    }
+/// For an optional member that may be absent but not `null`:
+/// `#[serde(default, deserialize_with = "present")]`.
+pub fn present<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    T::deserialize(deserializer).map(Some)
 }
 
 fn kind(value: &Value) -> &'static str {
@@ -199,4 +328,141 @@ pub fn query_list<T: serde::de::DeserializeOwned>(name: &str, value: &str, error
             }
         })
         .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use serde::Deserialize;
+    use serde_json::{Value, json};
+    use utoipa::ToSchema;
+
+    use super::{Failures, RequestBody, parse_body, present};
+    use crate::problem::ApiError;
+
+    /// A body with one of each kind of member.
+    #[derive(Debug, Deserialize, ToSchema)]
+    #[serde(deny_unknown_fields)]
+    struct Sample {
+        name: String,
+        count: u32,
+        #[serde(default, deserialize_with = "present")]
+        #[schema(nullable = false)]
+        inner: Option<Inner>,
+    }
+
+    #[derive(Debug, Deserialize, ToSchema)]
+    #[serde(deny_unknown_fields)]
+    struct Inner {
+        #[serde(default, deserialize_with = "present")]
+        #[schema(nullable = false)]
+        flag: Option<bool>,
+    }
+
+    impl RequestBody for Sample {
+        type Context = u32;
+        type Valid = (String, u32, Option<bool>);
+
+        fn validate(self, most: &u32, failures: &mut Failures) -> Option<Self::Valid> {
+            if self.count > *most {
+                failures.fail("count", format!("must be at most {most}"));
+                return None;
+            }
+            Some((self.name, self.count, self.inner.and_then(|inner| inner.flag)))
+        }
+    }
+
+    fn errors(body: Value) -> Vec<String> {
+        match parse_body::<Sample>(body, &10) {
+            Err(ApiError::Unprocessable(errors)) => errors,
+            Err(other) => panic!("not a 422: {other:?}"),
+            Ok(valid) => panic!("accepted: {valid:?}"),
+        }
+    }
+
+    #[test]
+    fn a_valid_body_becomes_its_valid_form() {
+        let valid = parse_body::<Sample>(json!({"name": "a", "count": 3, "inner": {"flag": true}}), &10).unwrap();
+        assert_eq!(valid, ("a".to_string(), 3, Some(true)));
+    }
+
+    #[test]
+    fn every_failure_is_reported_at_once_and_in_the_documents_words() {
+        let found = errors(json!({"name": 7, "count": -1, "inner": {"flag": "yes", "other": 1}, "extra": null}));
+        assert_eq!(
+            found,
+            [
+                "$.count: must be an integer from 0 to 4294967295 (got -1)",
+                "$.extra: unknown property",
+                "$.inner.flag: must be a boolean, not a string",
+                "$.inner.other: unknown property",
+                "$.name: must be a string, not a number",
+            ]
+        );
+    }
+
+    #[test]
+    fn missing_members_are_all_named_and_wrong_ones_are_not_called_missing() {
+        assert_eq!(
+            errors(json!({})),
+            [
+                "$.name: required property is missing",
+                "$.count: required property is missing"
+            ]
+        );
+        assert_eq!(
+            errors(json!({"name": "a", "count": 1.5})),
+            ["$.count: must be an integer from 0 to 4294967295, not a fractional number"]
+        );
+    }
+
+    #[test]
+    fn null_is_refused_where_the_document_says_it_is_not_nullable() {
+        assert_eq!(
+            errors(json!({"name": "a", "count": 1, "inner": null})),
+            ["$.inner: must be a JSON object, not null"]
+        );
+    }
+
+    #[test]
+    fn rules_beyond_the_fields_run_once_the_fields_are_well_formed() {
+        assert_eq!(
+            errors(json!({"name": "a", "count": 11})),
+            ["$.count: must be at most 10"]
+        );
+        // A malformed member stops them: only the member's own failure shows.
+        assert_eq!(
+            errors(json!({"name": 1, "count": 11})),
+            ["$.name: must be a string, not a number"]
+        );
+    }
+
+    #[test]
+    fn a_body_that_is_not_an_object_is_one_failure() {
+        assert_eq!(errors(json!([1])), ["$: must be a JSON object, not an array"]);
+    }
+
+    /// The served documents say what the parsers accept: every request body
+    /// refuses unknown members, and optional members are not nullable.
+    #[test]
+    fn request_schemas_refuse_unknown_members_and_null() {
+        let management = crate::openapi::openapi_json();
+        let public = crate::openapi::public_openapi_json();
+        for (doc, name) in [
+            (&management, "CreateNetworkVolumeRequest"),
+            (&management, "UpdateNetworkVolumeRequest"),
+            (&public, "RunRequest"),
+            (&public, "RunPolicy"),
+        ] {
+            let schema = &doc["components"]["schemas"][name];
+            assert_eq!(schema["additionalProperties"], json!(false), "{name}: {schema}");
+            for (member, property) in schema["properties"].as_object().unwrap() {
+                let text = property.to_string();
+                assert!(!text.contains("\"null\""), "{name}.{member} is nullable: {text}");
+            }
+        }
+        assert_eq!(
+            management["components"]["schemas"]["UpdateNetworkVolumeRequest"]["minProperties"],
+            json!(1)
+        );
+    }
 }

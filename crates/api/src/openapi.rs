@@ -57,8 +57,6 @@ pub fn public_openapi_document() -> utoipa::openapi::OpenApi {
 pub fn openapi_json() -> serde_json::Value {
     let mut doc = serde_json::to_value(openapi_document()).unwrap_or_default();
     tighten_parameters(&mut doc);
-    // An update names at least one field (422 otherwise).
-    doc["components"]["schemas"]["UpdateNetworkVolumeRequest"]["minProperties"] = serde_json::json!(1);
     doc
 }
 
@@ -168,12 +166,6 @@ pub fn public_openapi_json_with(manifest: &gantry_manifest::Manifest) -> serde_j
     }
     doc["components"]["schemas"]["RunRequest"]["properties"]["webhook"]["pattern"] =
         serde_json::json!(crate::handlers::jobs::WEBHOOK_PATTERN);
-    // Unknown members of a job request are refused (422), at any depth.
-    for schema in ["RunRequest", "RunPolicy"] {
-        if doc["components"]["schemas"][schema].is_object() {
-            doc["components"]["schemas"][schema]["additionalProperties"] = serde_json::json!(false);
-        }
-    }
     tighten_parameters(&mut doc);
     openai_request_schemas(&mut doc);
     doc

@@ -1,5 +1,6 @@
 use gantry_catalog::VolumeType;
-use serde::Serialize;
+use serde::de::{self, Deserializer};
+use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 /// A human-readable volume name (names need not be unique): 1 to
@@ -56,6 +57,35 @@ impl VolumeSize {
 
     pub fn gb(self) -> u32 {
         self.0
+    }
+}
+
+/// A name in a request body: a string that passes [`VolumeName::parse`].
+impl<'de> Deserialize<'de> for VolumeName {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        VolumeName::parse(&text).map_err(de::Error::custom)
+    }
+}
+
+/// A size in a request body: an integer that passes [`VolumeSize::parse`];
+/// one beyond `i64` is as much too large as any other.
+impl<'de> Deserialize<'de> for VolumeSize {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Gb;
+        impl de::Visitor<'_> for Gb {
+            type Value = VolumeSize;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("an integer")
+            }
+            fn visit_i64<E: de::Error>(self, gb: i64) -> Result<VolumeSize, E> {
+                VolumeSize::parse(gb).map_err(E::custom)
+            }
+            fn visit_u64<E: de::Error>(self, gb: u64) -> Result<VolumeSize, E> {
+                VolumeSize::parse(i64::try_from(gb).unwrap_or(i64::MAX)).map_err(E::custom)
+            }
+        }
+        deserializer.deserialize_i64(Gb)
     }
 }
 

@@ -6,12 +6,12 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use gantry_auth::Scope;
 use gantry_catalog::ModelSpec;
 use gantry_scheduler::{Follow, Frame, JobError, JobPolicy, JobStatus, JobView, Mode, NewJob};
-use serde::Serialize;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::{Map, Value, json};
 use utoipa::ToSchema;
 
 use crate::app::AppState;
-use crate::body::{ObjectValidator, read_json};
+use crate::body::{Failures, RequestBody, present, read_body};
 use crate::handlers::live;
 use crate::middleware::Caller;
 use crate::problem::ApiError;
@@ -44,23 +44,89 @@ pub struct JobRef {
     pub status: JobStatus,
 }
 
-/// A job request as documented; validation is field by field.
-#[derive(ToSchema)]
-#[schema(as = RunRequest)]
-#[allow(dead_code)]
+/// A job request.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct RunRequest {
     /// The model's input (a JSON object).
-    input: Object,
+    #[schema(value_type = Object)]
+    input: Map<String, Value>,
     /// http(s) URL that receives the final job as a POST (signed, see the docs).
-    #[schema(required = false, max_length = 2048)]
-    webhook: String,
-    #[schema(required = false)]
-    policy: RunPolicy,
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = String, nullable = false, max_length = 2048)]
+    webhook: Option<WebhookUrl>,
+    #[serde(default, deserialize_with = "present")]
+    #[schema(nullable = false)]
+    policy: Option<RunPolicy>,
+}
+
+impl RequestBody for RunRequest {
+    type Context = ();
+    type Valid = NewJob;
+
+    fn validate(self, _: &(), _: &mut Failures) -> Option<NewJob> {
+        let policy = self.policy.map_or_else(JobPolicy::default, |p| JobPolicy {
+            execution_timeout_ms: p.execution_timeout.map(|ms| ms.0),
+            ttl_ms: p.ttl.map(|ms| ms.0),
+            low_priority: p.low_priority.unwrap_or(false),
+        });
+        Some(NewJob {
+            input: Value::Object(self.input),
+            webhook: self.webhook.map(|url| url.0),
+            policy,
+        })
+    }
 }
 
 #[derive(ToSchema)]
 #[allow(dead_code)]
 struct Object {}
+
+/// A `webhook` that passed every check of its shape.
+struct WebhookUrl(String);
+
+impl<'de> Deserialize<'de> for WebhookUrl {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let url = String::deserialize(deserializer)?;
+        let scheme_ok = url.starts_with("http://") || url.starts_with("https://");
+        let has_host = url
+            .split_once("://")
+            .is_some_and(|(_, rest)| !rest.is_empty() && !rest.starts_with('/'));
+        let problem = if !(scheme_ok && has_host) {
+            "must be an http or https URL".to_string()
+        } else if url.chars().any(char::is_control) {
+            "must not contain control characters".to_string()
+        } else if url.len() > WEBHOOK_MAX_LENGTH {
+            format!("must be at most {WEBHOOK_MAX_LENGTH} characters")
+        } else if !WEBHOOK_URL.is_match(&url) {
+            "must be an http or https URL with a host name or an IPv4 address, a port, a path and a query".to_string()
+        } else {
+            return Ok(Self(url));
+        };
+        Err(serde::de::Error::custom(problem))
+    }
+}
+
+/// A positive number of milliseconds. JSON has one number type: 1000 and
+/// 1000.0 are the same integer.
+struct Millis(u64);
+
+impl<'de> Deserialize<'de> for Millis {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = Value::deserialize(deserializer)?;
+        value
+            .as_u64()
+            .or_else(|| {
+                value
+                    .as_f64()
+                    .filter(|f| f.fract() == 0.0 && (1.0..=9_007_199_254_740_992.0).contains(f))
+                    .map(|f| f as u64)
+            })
+            .filter(|&ms| ms >= 1)
+            .map(Millis)
+            .ok_or_else(|| serde::de::Error::custom("must be a positive integer (milliseconds)"))
+    }
+}
 
 /// Longest accepted `webhook`.
 pub(crate) const WEBHOOK_MAX_LENGTH: usize = 2048;
@@ -82,18 +148,21 @@ static WEBHOOK_URL: std::sync::LazyLock<regex::Regex> =
     std::sync::LazyLock::new(|| regex::Regex::new(WEBHOOK_PATTERN).unwrap_or_else(|e| unreachable!("{e}")));
 
 /// Per-job policy.
-#[derive(ToSchema)]
-#[allow(dead_code)]
+#[derive(Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 struct RunPolicy {
     /// Longest the job may run, in ms (default 600000).
-    #[schema(rename = "executionTimeout", minimum = 1, maximum = 604800000, required = false)]
-    execution_timeout: u64,
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = u64, nullable = false, minimum = 1, maximum = 604800000)]
+    execution_timeout: Option<Millis>,
     /// Longest the job may live, queue plus run, in ms (default 24 h).
-    #[schema(minimum = 1, maximum = 604800000, required = false)]
-    ttl: u64,
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = u64, nullable = false, minimum = 1, maximum = 604800000)]
+    ttl: Option<Millis>,
     /// Dispatch after the jobs without it.
-    #[schema(rename = "lowPriority", required = false)]
-    low_priority: bool,
+    #[serde(default, deserialize_with = "present")]
+    #[schema(nullable = false)]
+    low_priority: Option<bool>,
 }
 
 /// A job: `output` when COMPLETED, `error` when FAILED or TIMED_OUT.
@@ -127,83 +196,6 @@ fn model<'a>(state: &'a AppState, caller: &Caller, model_id: &str) -> Result<&'a
         .models
         .get(model_id)
         .ok_or_else(|| ApiError::NotFound(format!("model '{model_id}' not found")))
-}
-
-/// Validates a run request; every failure at once.
-fn new_job(body: &Value) -> Result<NewJob, ApiError> {
-    let mut v = ObjectValidator::root(body)?;
-    v.only(&["input", "webhook", "policy"]);
-    let input = match body.get("input") {
-        Some(Value::Object(_)) => body.get("input").cloned(),
-        Some(_) => {
-            v.fail("input", "must be a JSON object");
-            None
-        }
-        None => {
-            v.fail("input", "required property is missing");
-            None
-        }
-    };
-    let webhook = v.string("webhook", false).map(str::to_string);
-    if let Some(url) = &webhook {
-        let scheme_ok = url.starts_with("http://") || url.starts_with("https://");
-        let has_host = url
-            .split_once("://")
-            .is_some_and(|(_, rest)| !rest.is_empty() && !rest.starts_with('/'));
-        if !(scheme_ok && has_host) {
-            v.fail("webhook", "must be an http or https URL");
-        } else if url.chars().any(char::is_control) {
-            v.fail("webhook", "must not contain control characters");
-        } else if url.len() > WEBHOOK_MAX_LENGTH {
-            v.fail("webhook", format!("must be at most {WEBHOOK_MAX_LENGTH} characters"));
-        } else if !WEBHOOK_URL.is_match(url) {
-            v.fail(
-                "webhook",
-                "must be an http or https URL with a host name or an IPv4 address, a port, a path and a query",
-            );
-        }
-    }
-    let mut policy = JobPolicy::default();
-    match body.get("policy") {
-        None => {}
-        Some(Value::Object(fields)) => {
-            for key in fields.keys() {
-                if !["executionTimeout", "ttl", "lowPriority"].contains(&key.as_str()) {
-                    v.fail(&format!("policy.{key}"), "unknown property");
-                }
-            }
-            let positive = |v: &mut ObjectValidator, name: &str| match fields.get(name) {
-                None => None,
-                // JSON has one number type: 1000 and 1000.0 are the same integer.
-                Some(value) => match value.as_u64().or_else(|| {
-                    value
-                        .as_f64()
-                        .filter(|f| f.fract() == 0.0 && (1.0..=9_007_199_254_740_992.0).contains(f))
-                        .map(|f| f as u64)
-                }) {
-                    Some(n) if n >= 1 => Some(n),
-                    _ => {
-                        v.fail(&format!("policy.{name}"), "must be a positive integer (milliseconds)");
-                        None
-                    }
-                },
-            };
-            policy.execution_timeout_ms = positive(&mut v, "executionTimeout");
-            policy.ttl_ms = positive(&mut v, "ttl");
-            match fields.get("lowPriority") {
-                None => {}
-                Some(Value::Bool(b)) => policy.low_priority = *b,
-                Some(_) => v.fail("policy.lowPriority", "must be a boolean"),
-            }
-        }
-        Some(_) => v.fail("policy", "must be a JSON object"),
-    }
-    v.finish()?;
-    Ok(NewJob {
-        input: input.unwrap_or_default(),
-        webhook,
-        policy,
-    })
 }
 
 fn wait_param(req: &HttpRequest) -> Result<Duration, ApiError> {
@@ -250,8 +242,7 @@ pub async fn run(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let spec = model(&state, &caller, &path)?;
-    let body = read_json(&req, payload, RUN_BODY_LIMIT).await?;
-    let job = new_job(&body)?;
+    let job = read_body::<RunRequest>(&req, payload, RUN_BODY_LIMIT, &()).await?;
     let view = state.jobs.submit(caller.user_id(), spec, job, Mode::Async).await?;
     Ok(job_ref(&view))
 }
@@ -271,8 +262,7 @@ pub async fn runsync(
 ) -> Result<HttpResponse, ApiError> {
     let spec = model(&state, &caller, &path)?;
     let wait = wait_param(&req)?;
-    let body = read_json(&req, payload, RUNSYNC_BODY_LIMIT).await?;
-    let job = new_job(&body)?;
+    let job = read_body::<RunRequest>(&req, payload, RUNSYNC_BODY_LIMIT, &()).await?;
     let user = caller.user_id();
     let queued = state.jobs.submit(user, spec, job, Mode::Sync).await?;
     let view = state.jobs.wait(user, &spec.id, &queued.id, wait).await?;

@@ -1,16 +1,14 @@
 use actix_web::{HttpRequest, HttpResponse, web};
 use gantry_auth::Scope;
-use gantry_catalog::{TierError, VolumeType};
+use gantry_catalog::{Catalog, TierError, VolumeType};
 use gantry_volumes::{NetworkVolume, NewVolume, VolumeError, VolumeName, VolumeSize, VolumeUpdate};
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::app::AppState;
-use crate::body::{ObjectValidator, read_json};
+use crate::body::{Failures, RequestBody, present, read_body};
 use crate::middleware::Caller;
 use crate::problem::ApiError;
-
-const TIERS: [&str; 2] = ["STANDARD", "HIGH_PERFORMANCE"];
 
 /// The documented list shape; `ListBody` writes it without copying the list.
 #[derive(ToSchema)]
@@ -26,36 +24,103 @@ struct ListBody<'a> {
     network_volumes: &'a [NetworkVolume],
 }
 
-/// The creation request as documented; validation itself is done field by field.
-#[derive(ToSchema)]
-#[schema(as = CreateNetworkVolumeRequest)]
-#[allow(dead_code)]
+/// The creation request.
+#[derive(Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct CreateNetworkVolumeRequest {
     /// Human-readable name: no control or bidirectional override characters
-    #[schema(min_length = 1, max_length = 128, example = "my-dataset")]
-    name: String,
+    #[schema(value_type = String, min_length = 1, max_length = 128, example = "my-dataset")]
+    name: VolumeName,
     /// Storage to allocate in GB
-    #[schema(minimum = 10, maximum = 4096, example = 50)]
-    size: i64,
+    #[schema(value_type = i64, minimum = 10, maximum = 4096, example = 50)]
+    size: VolumeSize,
     /// Data center in which to create the volume; it must offer the tier
-    #[schema(rename = "dataCenter", min_length = 1, example = "EU-RO-1")]
-    data_center: String,
+    #[schema(value_type = String, min_length = 1, example = "EU-RO-1")]
+    data_center: NonEmpty,
     /// Storage tier; omitted means the data center's default (primary) tier
-    #[schema(rename = "type", required = false)]
-    volume_type: VolumeType,
+    #[serde(rename = "type", default, deserialize_with = "present")]
+    #[schema(nullable = false)]
+    volume_type: Option<VolumeType>,
+}
+
+/// A string that is not empty.
+#[derive(Deserialize)]
+#[serde(try_from = "String")]
+pub struct NonEmpty(String);
+
+impl TryFrom<String> for NonEmpty {
+    type Error = &'static str;
+    fn try_from(text: String) -> Result<Self, Self::Error> {
+        if text.is_empty() {
+            Err("must not be empty")
+        } else {
+            Ok(Self(text))
+        }
+    }
+}
+
+impl RequestBody for CreateNetworkVolumeRequest {
+    type Context = Catalog;
+    type Valid = NewVolume;
+
+    /// The data center must exist and offer the tier (its default one when
+    /// none is named).
+    fn validate(self, catalog: &Catalog, failures: &mut Failures) -> Option<NewVolume> {
+        let dc = self.data_center.0;
+        let volume_type = match catalog.volume_tier(&dc, self.volume_type) {
+            Ok(tier) => tier,
+            Err(TierError::UnknownDataCenter) => {
+                failures.fail("dataCenter", format!("unknown data center '{dc}'"));
+                return None;
+            }
+            Err(TierError::NoVolumes) => {
+                failures.fail(
+                    "dataCenter",
+                    format!("data center '{dc}' does not offer network volumes"),
+                );
+                return None;
+            }
+            Err(err @ TierError::TierNotOffered { .. }) => {
+                let asked = self.volume_type.map(VolumeType::as_str).unwrap_or_default();
+                failures.fail("type", format!("{asked}: {err} in '{dc}'"));
+                return None;
+            }
+        };
+        Some(NewVolume {
+            name: self.name,
+            size: self.size,
+            data_center: dc,
+            volume_type,
+        })
+    }
 }
 
 /// Only the provided fields change; at least one is required.
-#[derive(ToSchema)]
-#[schema(as = UpdateNetworkVolumeRequest)]
-#[allow(dead_code)]
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[schema(min_properties = 1)]
 pub struct UpdateNetworkVolumeRequest {
     /// New human-readable name: no control or bidirectional override characters
-    #[schema(min_length = 1, max_length = 128, required = false)]
-    name: String,
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = String, nullable = false, min_length = 1, max_length = 128)]
+    name: Option<VolumeName>,
     /// New size in GB; must not be smaller than the current size
-    #[schema(minimum = 10, maximum = 4096, required = false)]
-    size: i64,
+    #[serde(default, deserialize_with = "present")]
+    #[schema(value_type = i64, nullable = false, minimum = 10, maximum = 4096)]
+    size: Option<VolumeSize>,
+}
+
+impl RequestBody for UpdateNetworkVolumeRequest {
+    const AT_LEAST_ONE_OF: &'static [&'static str] = &["name", "size"];
+    type Context = ();
+    type Valid = VolumeUpdate;
+
+    fn validate(self, _: &(), _: &mut Failures) -> Option<VolumeUpdate> {
+        Some(VolumeUpdate {
+            name: self.name,
+            size: self.size,
+        })
+    }
 }
 
 impl From<VolumeError> for ApiError {
@@ -92,57 +157,7 @@ pub async fn create(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     caller.require(Scope::VolumesWrite)?;
-    let body = read_json(&req, payload, state.body_limit).await?;
-    let mut v = ObjectValidator::root(&body)?;
-    v.only(&["name", "size", "dataCenter", "type"]);
-    let name = v
-        .string("name", true)
-        .and_then(|s| v.check("name", VolumeName::parse(s)));
-    let size = v
-        .integer("size", true)
-        .and_then(|n| v.check("size", VolumeSize::parse(n)));
-    let data_center = v.string("dataCenter", true);
-    let requested = v.one_of("type", false, &TIERS, VolumeType::parse);
-    let tier_given_and_bad = body.get("type").is_some() && requested.is_none();
-    let tier = match data_center {
-        Some("") => {
-            v.fail("dataCenter", "must not be empty");
-            None
-        }
-        Some(dc) if !tier_given_and_bad => match state.catalog.volume_tier(dc, requested) {
-            Ok(tier) => Some(tier),
-            Err(TierError::UnknownDataCenter) => {
-                v.fail("dataCenter", format!("unknown data center '{dc}'"));
-                None
-            }
-            Err(TierError::NoVolumes) => {
-                v.fail(
-                    "dataCenter",
-                    format!("data center '{dc}' does not offer network volumes"),
-                );
-                None
-            }
-            Err(err @ TierError::TierNotOffered { .. }) => {
-                let asked = requested.map(VolumeType::as_str).unwrap_or_default();
-                v.fail("type", format!("{asked}: {err} in '{dc}'"));
-                None
-            }
-        },
-        _ => None,
-    };
-    v.finish()?;
-    let (Some(name), Some(size), Some(data_center), Some(volume_type)) = (name, size, data_center, tier) else {
-        return Err(ApiError::internal(
-            "create volume",
-            &"validation passed with a missing field",
-        ));
-    };
-    let new = NewVolume {
-        name,
-        size,
-        data_center: data_center.to_string(),
-        volume_type,
-    };
+    let new = read_body::<CreateNetworkVolumeRequest>(&req, payload, state.body_limit, &state.catalog).await?;
     let volume = state.volumes.create(caller.user_id(), new).await?;
     Ok(HttpResponse::Created().json(volume))
 }
@@ -170,21 +185,7 @@ pub async fn update(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     caller.require(Scope::VolumesWrite)?;
-    let body = read_json(&req, payload, state.body_limit).await?;
-    let mut v = ObjectValidator::root(&body)?;
-    v.only(&["name", "size"]);
-    let update = VolumeUpdate {
-        name: v
-            .string("name", false)
-            .and_then(|s| v.check("name", VolumeName::parse(s))),
-        size: v
-            .integer("size", false)
-            .and_then(|n| v.check("size", VolumeSize::parse(n))),
-    };
-    if body.get("name").is_none() && body.get("size").is_none() {
-        v.fail("", "at least one of name, size is required");
-    }
-    v.finish()?;
+    let update = read_body::<UpdateNetworkVolumeRequest>(&req, payload, state.body_limit, &()).await?;
     let volume = state.volumes.update(caller.user_id(), &id, update).await?;
     Ok(HttpResponse::Ok().json(volume))
 }

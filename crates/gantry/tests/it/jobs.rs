@@ -259,11 +259,11 @@ async fn request_rules_and_ownership(backend: Backend) {
     let errors = errors_of(&problem(res, 422).await);
     for expected in [
         "$.extra: unknown property",
-        "$.input: must be a JSON object",
+        "$.input: must be a JSON object, not a string",
         "$.webhook: must be an http or https URL",
         "$.policy.speed: unknown property",
         "$.policy.ttl: must be a positive integer (milliseconds)",
-        "$.policy.lowPriority: must be a boolean",
+        "$.policy.lowPriority: must be a boolean, not a string",
     ] {
         assert!(
             errors.contains(&expected.to_string()),
