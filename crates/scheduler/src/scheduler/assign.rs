@@ -1,0 +1,382 @@
+//! Claiming queued jobs and assigning them to workers: filling free slots per model,
+//! placing claimed rows (ahead of free slots when configured), adopting jobs handed over by
+//! the fast lane, writing them when they run too long unwritten, and putting back what could
+//! not be assigned.
+
+use std::collections::HashSet;
+
+use gantry_dispatch::{AssignError, Assignment};
+use sea_orm::sea_query::Expr;
+use sea_orm::{ColumnTrait, DbErr, EntityTrait, QueryFilter};
+
+use crate::db::{now_ms, plus, serialize_writes};
+use crate::entity::job;
+use crate::lane::Handed;
+use crate::plan::{Plan, Store};
+use crate::signals::Signal;
+use crate::types::JobStatus;
+
+use job::Column as J;
+
+use super::{Core, Running, system_time};
+
+impl Core {
+    /// Claims and assigns queued jobs for every model marked for filling, as
+    /// long as its workers have free slots.
+    pub(super) async fn fill(&mut self) {
+        if !self.ready.is_empty() {
+            self.assign_ready();
+        }
+        if self.to_fill.is_empty() {
+            return;
+        }
+        let models: Vec<String> = self.to_fill.drain().collect();
+        for model in models {
+            if let Err(error) = self.fill_model(&model).await {
+                tracing::warn!(%model, %error, "claiming jobs failed");
+            }
+        }
+    }
+
+    pub(super) async fn fill_model(&mut self, model: &str) -> Result<(), DbErr> {
+        loop {
+            let want = self.want(model);
+            if want == 0 {
+                return Ok(());
+            }
+            let rows = self.claim(model, want).await?;
+            if !self.place(model, want, rows).await? {
+                return Ok(());
+            }
+        }
+    }
+
+    /// How many jobs of `model` to claim now: its workers' free slots, at most
+    /// `claim_batch`. Slots whose fast-lane credits submits have taken are not
+    /// free: a claim for them would find them filled by the lane's rows and
+    /// put its jobs back (a job seen `IN_PROGRESS`, then `IN_QUEUE` again),
+    /// or take them first and push the lane's older jobs back behind newer ones.
+    pub(super) fn want(&self, model: &str) -> u64 {
+        let free = self
+            .dispatcher
+            .health()
+            .models
+            .get(model)
+            .map_or(0, |health| health.free_slots)
+            .saturating_sub(self.store.hub.lane.lane_taken(&self.instance, model));
+        if free == 0 {
+            return 0;
+        }
+        let batch = u64::from(self.store.config.claim_batch.max(1));
+        let ahead = u64::from(self.store.config.claim_ahead);
+        let ready = self.ready.get(model).map_or(0, |queue| queue.len() as u64);
+        free.saturating_add(ahead)
+            .saturating_sub(ready)
+            .min(batch.saturating_mul(2))
+    }
+
+    /// Assigns jobs kept claimed in `ready` to the slots that are free now.
+    pub(super) fn assign_ready(&mut self) {
+        let Core {
+            ready,
+            running,
+            dispatcher,
+            pending_workers,
+            ..
+        } = self;
+        for queue in ready.values_mut() {
+            while let Some(next) = queue.front() {
+                // Cancelled, expired or timed out meanwhile: drop it.
+                let waiting = running
+                    .get(&next.job_id)
+                    .is_some_and(|r| !r.assigned && i64::from(r.attempt) == i64::from(next.attempt));
+                if !waiting {
+                    queue.pop_front();
+                    continue;
+                }
+                match dispatcher.assign(next.clone()) {
+                    Ok(worker_id) => {
+                        if let Some(r) = running.get_mut(&next.job_id) {
+                            r.assigned = true;
+                        }
+                        pending_workers.insert(next.job_id.clone(), worker_id);
+                        queue.pop_front();
+                    }
+                    Err(AssignError::NoCapacity { .. }) => break,
+                    Err(AssignError::AlreadyRunning { .. }) => {
+                        // A stale attempt still runs there: stop it; this
+                        // attempt's lease lapses and a sweep requeues it.
+                        dispatcher.cancel(&next.job_id, "superseded by a newer attempt");
+                        running.remove(&next.job_id);
+                        queue.pop_front();
+                    }
+                }
+            }
+        }
+        ready.retain(|_, queue| !queue.is_empty());
+    }
+
+    /// Assigns just-claimed jobs of `model` (`want` were asked for) to workers.
+    /// Returns whether the queue may hold more for free slots (claim again).
+    pub(super) async fn place(&mut self, model: &str, want: u64, rows: Vec<job::Model>) -> Result<bool, DbErr> {
+        let claimed = rows.len() as u64;
+        let rows = rows.into_iter().map(|row| Handed { row, stored: true }).collect();
+        if !self.assign(rows).await? {
+            return Ok(false);
+        }
+        if claimed < want {
+            self.drained.insert(model.to_string());
+            return Ok(false);
+        }
+        self.drained.remove(model);
+        Ok(true)
+    }
+
+    /// Places jobs that submits handed to this instance (written claimed by
+    /// it, or not written at all).
+    pub(super) async fn adopt(&mut self, rows: Vec<Handed>) {
+        let models: HashSet<String> = rows.iter().map(|job| job.row.model.clone()).collect();
+        match self.assign(rows).await {
+            Ok(true) => {}
+            // Some went back to the queue: claim them when a slot frees.
+            Ok(false) => {
+                for model in models {
+                    self.drained.remove(&model);
+                }
+            }
+            Err(error) => tracing::warn!(%error, "assigning handed-over jobs failed"),
+        }
+    }
+
+    /// Gives the fast lane a credit per free slot of each model whose queue
+    /// was found empty.
+    pub(super) fn refresh_credits(&self) {
+        let health = self.dispatcher.health();
+        let free = health
+            .models
+            .into_iter()
+            .filter(|(model, health)| {
+                health.free_slots > 0 && self.drained.contains(model) && !self.ready.contains_key(model)
+            })
+            .map(|(model, health)| (model, health.free_slots));
+        self.store.hub.lane.set_credits(&self.instance, free);
+    }
+
+    /// Assigns jobs claimed by this instance to workers, lowest priority last.
+    /// Jobs no worker took go back to the queue; returns whether all were placed.
+    pub(super) async fn assign(&mut self, mut rows: Vec<Handed>) -> Result<bool, DbErr> {
+        rows.sort_by(|a, b| (a.row.low_priority, &a.row.id).cmp(&(b.row.low_priority, &b.row.id)));
+        let mut put_back = Vec::new();
+        // Unstored jobs no worker took: written to the queue instead.
+        let mut queue = Vec::new();
+        let store_after = self.store.config.sync_store_after_ms();
+        for Handed { row, stored } in rows {
+            let deadline_ms = row.run_deadline_ms.unwrap_or(i64::MAX);
+            // The assignment joins the job's trace; the worker's run is its child.
+            let span = if gantry_telemetry::trace::enabled() {
+                let span =
+                    tracing::info_span!("job.assign", job_id = %row.id, attempt = row.attempt, model = %row.model);
+                gantry_telemetry::trace::set_parent(&span, row.trace_context.as_deref());
+                span
+            } else {
+                tracing::Span::none()
+            };
+            let _entered = span.enter();
+            let assignment = Assignment {
+                job_id: row.id.clone(),
+                attempt: u32::try_from(row.attempt).unwrap_or(0),
+                model: row.model.clone(),
+                // Stored as the JSON text it was submitted as; the worker
+                // parses it (and fails the job as bad input if it cannot).
+                input_json: row.input.clone(),
+                deadline: system_time(deadline_ms),
+                trace_parent: gantry_telemetry::trace::traceparent_of(&span),
+            };
+            let ahead = self.store.config.claim_ahead > 0;
+            let retry = ahead.then(|| assignment.clone());
+            let assigned = match self.dispatcher.assign(assignment) {
+                Ok(worker_id) => {
+                    self.pending_workers.insert(row.id.clone(), worker_id);
+                    true
+                }
+                // Kept claimed for the next free slot (see `claim_ahead`).
+                Err(AssignError::NoCapacity { model }) if let Some(retry) = retry => {
+                    self.ready.entry(model).or_default().push_back(retry);
+                    false
+                }
+                Err(error) => {
+                    if let AssignError::AlreadyRunning { .. } = error {
+                        // A stale attempt still runs there: stop it, try again later.
+                        self.dispatcher.cancel(&row.id, "superseded by a newer attempt");
+                    }
+                    if stored {
+                        put_back.push(row.id);
+                    } else {
+                        queue.push(row);
+                    }
+                    continue;
+                }
+            };
+            // Written once it has run `sync_store_after`, or before its
+            // deadline or expiry, whichever is first, if still running then.
+            let store_at = row
+                .started_at_ms
+                .unwrap_or(row.created_at_ms)
+                .saturating_add(store_after)
+                .min(deadline_ms)
+                .min(row.expires_at_ms);
+            self.running.insert(
+                row.id.clone(),
+                Running {
+                    attempt: row.attempt,
+                    model: row.model.clone(),
+                    deadline_ms,
+                    assigned,
+                    store_at,
+                    unstored: (!stored).then(|| Box::new(row)),
+                    streamed: false,
+                },
+            );
+        }
+        let queued = !queue.is_empty();
+        if queued {
+            let mut plan = Plan::new(now_ms(), &self.store.config, &self.instance);
+            let mut written = Vec::new();
+            for row in queue {
+                written.push(row.id.clone());
+                let row = plan.released(row, true);
+                plan.stores.push(Store { row, charge: None });
+            }
+            match self.run_plan(plan).await {
+                Ok(settled) => {
+                    self.store.hub.lane.stored(&written);
+                    self.publish(&settled.finals, |row| row.sync);
+                }
+                Err(error) => {
+                    self.store.hub.lose(&written);
+                    return Err(error);
+                }
+            }
+        }
+        if put_back.is_empty() {
+            return Ok(!queued);
+        }
+        self.put_back(&put_back).await?;
+        Ok(false)
+    }
+
+    /// Writes unstored jobs that are due (see `SchedulerConfig::sync_store_after`)
+    /// as running; from then on they are like any other claimed job.
+    pub(super) async fn store_due(&mut self) -> Result<(), DbErr> {
+        let now = now_ms();
+        let mut plan = Plan::new(now, &self.store.config, &self.instance);
+        let mut ids = Vec::new();
+        for (job_id, running) in &self.running {
+            if let Some(row) = running.unstored.as_deref()
+                && running.due_at() <= now
+            {
+                let worker = self.pending_workers.get(job_id).cloned();
+                plan.stores.push(Store {
+                    row: plan.running(row.clone(), worker),
+                    charge: None,
+                });
+                ids.push(job_id.clone());
+            }
+        }
+        if ids.is_empty() {
+            return Ok(());
+        }
+        let result = self.run_plan(plan).await;
+        for job_id in &ids {
+            if let Some(running) = self.running.get_mut(job_id) {
+                match &result {
+                    Ok(_) => running.unstored = None,
+                    // Try again shortly.
+                    Err(_) => running.store_at = now.saturating_add(100),
+                }
+            }
+        }
+        result?;
+        self.store.hub.lane.stored(&ids);
+        Ok(())
+    }
+
+    /// Claims up to `limit` queued jobs of `model` for this instance, normal
+    /// priority first, oldest first (see `plan.rs`).
+    pub(super) async fn claim(&self, model: &str, limit: u64) -> Result<Vec<job::Model>, DbErr> {
+        let mut plan = Plan::new(now_ms(), &self.store.config, &self.instance);
+        plan.claims.push((model.to_string(), limit));
+        let settled = self.run_plan(plan).await?;
+        Ok(settled
+            .claims
+            .into_iter()
+            .next()
+            .map(|(_, _, rows)| rows)
+            .unwrap_or_default())
+    }
+
+    /// Returns just-claimed jobs no worker took; the attempt was never sent,
+    /// so it is not counted.
+    pub(super) async fn put_back(&self, ids: &[String]) -> Result<(), DbErr> {
+        let _guard = serialize_writes(&self.store.hub.writes.lock, &self.db).await;
+        job::Entity::update_many()
+            .col_expr(J::Status, Expr::value(JobStatus::InQueue.as_str()))
+            .col_expr(J::Attempt, plus(J::Attempt, -1))
+            .col_expr(J::Owner, Expr::value(Option::<String>::None))
+            .col_expr(J::LeaseUntilMs, Expr::value(Option::<i64>::None))
+            .col_expr(J::RunDeadlineMs, Expr::value(Option::<i64>::None))
+            .col_expr(J::StartedAtMs, Expr::value(Option::<i64>::None))
+            .filter(J::Id.is_in(ids.iter().map(String::as_str)))
+            .filter(J::Owner.eq(self.instance.as_str()))
+            .filter(J::Status.eq(JobStatus::InProgress.as_str()))
+            .exec(&self.db)
+            .await?;
+        Ok(())
+    }
+
+    // ---- sweeps ----
+
+    /// On shutdown: cancels this instance's jobs on their workers and puts them
+    /// back in the queue, giving back the attempt they used. Jobs not written
+    /// yet (running, or handed over and `left` unadopted) are written queued.
+    pub(super) async fn release(&mut self, left: Vec<Handed>) -> Result<(), DbErr> {
+        for job_id in self.running.keys() {
+            self.dispatcher.cancel(job_id, "scheduler shutting down");
+        }
+        let mut plan = Plan::new(now_ms(), &self.store.config, &self.instance);
+        let running = std::mem::take(&mut self.running);
+        let mut models: HashSet<String> = running.values().map(|r| r.model.clone()).collect();
+        models.extend(left.iter().map(|job| job.row.model.clone()));
+        let unstored = running.into_values().filter_map(|r| r.unstored.map(|row| *row));
+        let left = left.into_iter().filter(|job| !job.stored).map(|job| job.row);
+        let mut written = Vec::new();
+        for row in unstored.chain(left) {
+            written.push(row.id.clone());
+            let row = plan.released(row, false);
+            plan.stores.push(Store { row, charge: None });
+        }
+        self.ready.clear();
+        if !plan.is_empty() {
+            self.run_plan(plan).await?;
+            self.store.hub.lane.stored(&written);
+        }
+        let _guard = serialize_writes(&self.store.hub.writes.lock, &self.db).await;
+        job::Entity::update_many()
+            .col_expr(J::Status, Expr::value(JobStatus::InQueue.as_str()))
+            .col_expr(J::Owner, Expr::value(Option::<String>::None))
+            .col_expr(J::LeaseUntilMs, Expr::value(Option::<i64>::None))
+            .col_expr(J::RunDeadlineMs, Expr::value(Option::<i64>::None))
+            .col_expr(J::WorkerId, Expr::value(Option::<String>::None))
+            .col_expr(J::QueuedAtMs, Expr::value(now_ms()))
+            .col_expr(J::MaxAttempts, plus(J::MaxAttempts, 1))
+            .filter(J::Owner.eq(self.instance.as_str()))
+            .filter(J::Status.eq(JobStatus::InProgress.as_str()))
+            .exec(&self.db)
+            .await?;
+        // Back in the queue: the other processes' schedulers may take them now.
+        for model in models {
+            self.store.hub.signal(Signal::Queued(model));
+        }
+        Ok(())
+    }
+}

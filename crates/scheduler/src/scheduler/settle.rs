@@ -1,0 +1,508 @@
+//! Settling what workers report: one batch of events becomes one plan (completions with
+//! their charges, failures, retries, chunks, progress) committed in one transaction, and
+//! what the commit produced is published to waiters, live readers and other processes.
+
+use std::collections::{HashMap, HashSet};
+use std::sync::Arc;
+use std::time::Duration;
+
+use gantry_dispatch::{DEADLINE_EXCEEDED, Event};
+use sea_orm::{DatabaseConnection, DbErr, TransactionTrait};
+use serde_json::Value;
+
+use crate::db::{now_ms, serialize_writes};
+use crate::engine::Engine;
+use crate::entity::job;
+use crate::plan::{self, Plan, Settled, Step, Store, Usage};
+use crate::signals::Signal;
+use crate::types::{JobStatus, JobView};
+
+use super::{Core, InFlight, Outcome, Running, Settling, stream_job, terminal_job};
+
+impl Core {
+    /// Applies a batch of events in one transaction (retried a few times on a
+    /// database error). Completion and charge of a job commit together.
+    pub(super) fn start_settlement(&mut self, batch: Vec<Event>) -> InFlight {
+        self.signalled_in_flight.clear();
+        // Freed slots take jobs kept ready before anything is written.
+        if !self.ready.is_empty() {
+            self.assign_ready();
+        }
+        let (outcome, plan) = self.plan_settlement(&batch);
+        let work: Settling = if plan.is_empty() {
+            Box::pin(std::future::ready(Ok(Settled::default())))
+        } else {
+            let (engine, db, lock) = (
+                self.store.hub.writes.engine.clone(),
+                self.db.clone(),
+                Arc::clone(&self.store.hub.writes.lock),
+            );
+            // Its own task, so it makes progress while the loop is busy elsewhere.
+            let task = tokio::spawn(async move {
+                let mut attempt = 0u32;
+                loop {
+                    match execute(engine.as_ref(), &db, &lock, plan.clone()).await {
+                        Ok(settled) => return Ok(settled),
+                        Err(error) if attempt < 2 => {
+                            tracing::warn!(%error, attempt, "settling worker events failed");
+                            tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
+                            attempt += 1;
+                        }
+                        Err(error) => return Err(error),
+                    }
+                }
+            });
+            Box::pin(async move { task.await.unwrap_or_else(|e| Err(DbErr::Custom(e.to_string()))) })
+        };
+        InFlight { batch, outcome, work }
+    }
+
+    /// Applies a committed settlement: forgets the settled jobs, wakes their
+    /// waiters, and places what it claimed.
+    pub(super) async fn finish_settlement(
+        &mut self,
+        batch: Vec<Event>,
+        mut outcome: Outcome,
+        done: Result<Settled, DbErr>,
+    ) {
+        match done {
+            Ok(settled) => {
+                // One span per job whose final status committed, in its
+                // trace, and one for the batch (a trace of its own) linking
+                // the jobs it settled in one transaction.
+                if gantry_telemetry::trace::enabled() && !settled.finals.is_empty() {
+                    let batch = tracing::info_span!(parent: None, "settlement", jobs = settled.finals.len());
+                    for row in &settled.finals {
+                        let span = tracing::info_span!("job.settle", job_id = %row.id, status = %row.status);
+                        gantry_telemetry::trace::set_parent(&span, row.trace_context.as_deref());
+                        gantry_telemetry::trace::add_link(&batch, row.trace_context.as_deref());
+                    }
+                }
+                outcome.finals = settled.finals;
+                outcome.claims = settled.claims;
+                // Chunks and progress are stored: readers of this process
+                // that were missing one (a gap) can read it now.
+                self.store.hub.live.stored(batch.iter().filter_map(stream_job));
+            }
+            Err(error) => {
+                tracing::warn!(%error, "giving up on settling worker events");
+                // Jobs that ended only in memory (never written) are lost.
+                let lost: Vec<String> = outcome
+                    .settled
+                    .iter()
+                    .filter(|id| self.running.get(*id).is_some_and(|r| r.unstored.is_some()))
+                    .cloned()
+                    .collect();
+                for job_id in &lost {
+                    self.running.remove(job_id);
+                    self.pending_workers.remove(job_id);
+                }
+                self.store.hub.lose(&lost);
+                // Left IN_PROGRESS in the database: forget them here so their
+                // lease lapses and a sweep requeues them.
+                for event in &batch {
+                    if let Some(job_id) = terminal_job(event) {
+                        self.running.remove(job_id);
+                        self.pending_workers.remove(job_id);
+                    }
+                }
+                return;
+            }
+        }
+        for job_id in &outcome.stored {
+            if let Some(running) = self.running.get_mut(job_id) {
+                running.unstored = None;
+            }
+        }
+        self.store.hub.lane.stored(&outcome.stored);
+        for job_id in batch.iter().filter_map(stream_job) {
+            if let Some(running) = self.running.get_mut(job_id) {
+                running.streamed = true;
+            }
+        }
+        // Announced to other processes: the end of a `runsync` job (its
+        // caller may wait there) and of a job that streamed (a reader may
+        // follow it there).
+        let mut streamed = HashSet::new();
+        for job_id in &outcome.settled {
+            if self.running.remove(job_id).is_some_and(|running| running.streamed) {
+                streamed.insert(job_id.clone());
+            }
+            self.pending_workers.remove(job_id);
+        }
+        for model in outcome.refill {
+            // Requeued: another process's scheduler may have a free slot first.
+            self.store.hub.signal(Signal::Queued(model.clone()));
+            self.drained.remove(&model);
+            self.to_fill.insert(model);
+        }
+        self.publish(&outcome.finals, |row| row.sync || streamed.contains(&row.id));
+        for event in batch {
+            if let Event::CapacityAvailable { model } = event
+                && !self.drained.contains(&model)
+            {
+                self.to_fill.insert(model);
+            }
+        }
+        // Place what the transaction claimed; a model whose queue may hold
+        // more stays marked for filling.
+        for (model, want, rows) in outcome.claims {
+            match self.place(&model, want, rows).await {
+                Ok(true) => {}
+                Ok(false) => {
+                    self.to_fill.remove(&model);
+                }
+                Err(error) => tracing::warn!(%model, %error, "assigning claimed jobs failed"),
+            }
+        }
+        // Jobs queued while the claim was being committed may not have been
+        // seen by it: claim again rather than wait for a sweep.
+        for model in std::mem::take(&mut self.signalled_in_flight) {
+            self.drained.remove(&model);
+            self.to_fill.insert(model);
+        }
+    }
+
+    /// Models to claim for in the settlement transaction of `batch`: those
+    /// marked for filling, those whose slots it freed (unless their queue was
+    /// found empty), and those it requeues jobs of.
+    pub(super) fn claim_models(&self, batch: &[Event], refill: &HashSet<String>) -> Vec<String> {
+        let mut models: Vec<String> = self.to_fill.iter().cloned().collect();
+        for event in batch {
+            if let Event::CapacityAvailable { model } = event
+                && !self.drained.contains(model)
+                && !models.contains(model)
+            {
+                models.push(model.clone());
+            }
+        }
+        for model in refill {
+            if !models.contains(model) {
+                models.push(model.clone());
+            }
+        }
+        models
+    }
+
+    /// What settling `batch` writes (see `plan.rs`), and the bookkeeping to
+    /// apply once it is committed.
+    pub(super) fn plan_settlement(&self, batch: &[Event]) -> (Outcome, Plan) {
+        let mut plan = Plan::new(now_ms(), &self.store.config, &self.instance);
+        let mut outcome = Outcome::default();
+        // Jobs already settled earlier in this batch (duplicates are ignored).
+        let mut done: HashSet<&str> = HashSet::new();
+        // Unstored jobs this plan writes as running (they streamed a chunk):
+        // later events of the batch update that row like any other.
+        let mut written: HashSet<&str> = HashSet::new();
+        // Where each job's progress message is in `plan.progress` (the
+        // batch's latest one wins: one write per job per batch).
+        let mut progress_at: HashMap<&str, usize> = HashMap::new();
+        for event in batch {
+            let current = |job_id: &str, attempt: u32| {
+                self.running
+                    .get(job_id)
+                    .filter(|r| i64::from(r.attempt) == i64::from(attempt) && !done.contains(job_id))
+            };
+            // The in-memory row of an unstored job, if it still is.
+            let unstored = |running: &Running, job_id: &str| {
+                running
+                    .unstored
+                    .as_deref()
+                    .filter(|_| !written.contains(job_id))
+                    .cloned()
+            };
+            match event {
+                Event::Chunk {
+                    job_id,
+                    attempt,
+                    seq,
+                    output,
+                    ..
+                } => {
+                    let Some(running) = current(job_id, *attempt) else {
+                        continue;
+                    };
+                    // Chunks are read by job id: write the job first.
+                    if let Some(row) = unstored(running, job_id) {
+                        let worker = self.pending_workers.get(job_id.as_str()).cloned();
+                        plan.stores.push(Store {
+                            row: plan.running(row, worker),
+                            charge: None,
+                        });
+                        outcome.stored.push(job_id.clone());
+                        written.insert(job_id);
+                    }
+                    let seq = i64::try_from(*seq).unwrap_or(i64::MAX);
+                    plan.chunks.push((job_id.clone(), seq, output.to_string()));
+                }
+                Event::Completed {
+                    job_id,
+                    attempt,
+                    worker_id,
+                    output,
+                    usage,
+                    files,
+                    ..
+                } => {
+                    let files = (!files.is_empty()).then(|| serde_json::to_string(files).unwrap_or_default());
+                    let Some(running) = current(job_id, *attempt) else {
+                        tracing::debug!(%job_id, attempt, "ignoring a result for an attempt not running here");
+                        continue;
+                    };
+                    let row = unstored(running, job_id);
+                    done.insert(job_id);
+                    outcome.settled.push(job_id.clone());
+                    let priced = match self.catalog.get(&running.model) {
+                        Some(spec) => gantry_billing::cost(usage.quantity_micros, &usage.unit, spec)
+                            .map_err(|e| format!("cannot bill the result: {e}")),
+                        None => Err(format!("model {:?} is not in the catalog", running.model)),
+                    };
+                    let priced = priced.map(|amount| Usage {
+                        unit: usage.unit.clone(),
+                        quantity_micros: usage.quantity_micros,
+                        amount,
+                    });
+                    if let Some(row) = row {
+                        outcome.stored.push(job_id.clone());
+                        plan.stores.push(match priced {
+                            Ok(usage) => Store {
+                                row: plan.completed(
+                                    row,
+                                    worker_id,
+                                    output_with_cost(output, usage.amount),
+                                    &usage,
+                                    files,
+                                ),
+                                charge: Some(usage),
+                            },
+                            Err(error) => Store {
+                                row: plan.finished(row, JobStatus::Failed, Some(error), Some(worker_id.clone())),
+                                charge: None,
+                            },
+                        });
+                        continue;
+                    }
+                    plan.steps.push(match priced {
+                        Ok(usage) => Step::Complete {
+                            job_id: job_id.clone(),
+                            attempt: i64::from(*attempt),
+                            worker_id: worker_id.clone(),
+                            output: output_with_cost(output, usage.amount),
+                            usage,
+                            files,
+                        },
+                        Err(error) => Step::Finish {
+                            job_id: job_id.clone(),
+                            attempt: i64::from(*attempt),
+                            status: JobStatus::Failed,
+                            error: Some(error),
+                            worker_id: Some(worker_id.clone()),
+                        },
+                    });
+                }
+                Event::Failed {
+                    job_id,
+                    attempt,
+                    worker_id,
+                    error,
+                    retryable,
+                } => {
+                    let Some(running) = current(job_id, *attempt) else {
+                        continue;
+                    };
+                    let row = unstored(running, job_id);
+                    done.insert(job_id);
+                    outcome.settled.push(job_id.clone());
+                    let status = if error == DEADLINE_EXCEEDED {
+                        JobStatus::TimedOut
+                    } else {
+                        JobStatus::Failed
+                    };
+                    if *retryable {
+                        outcome.refill.insert(running.model.clone());
+                    }
+                    if let Some(row) = row {
+                        outcome.stored.push(job_id.clone());
+                        let row = if *retryable {
+                            plan.requeued(row, error)
+                        } else {
+                            plan.finished(row, status, Some(error.clone()), Some(worker_id.clone()))
+                        };
+                        plan.stores.push(Store { row, charge: None });
+                    } else if *retryable {
+                        plan.steps.push(Step::Requeue {
+                            job_id: job_id.clone(),
+                            attempt: i64::from(running.attempt),
+                            error: error.clone(),
+                        });
+                    } else {
+                        plan.steps.push(Step::Finish {
+                            job_id: job_id.clone(),
+                            attempt: i64::from(*attempt),
+                            status,
+                            error: Some(error.clone()),
+                            worker_id: Some(worker_id.clone()),
+                        });
+                    }
+                }
+                Event::Cancelled { job_id, attempt, .. } => {
+                    let Some(running) = current(job_id, *attempt) else {
+                        continue;
+                    };
+                    let row = unstored(running, job_id);
+                    done.insert(job_id);
+                    outcome.settled.push(job_id.clone());
+                    if let Some(row) = row {
+                        outcome.stored.push(job_id.clone());
+                        plan.stores.push(Store {
+                            row: plan.finished(row, JobStatus::Cancelled, None, None),
+                            charge: None,
+                        });
+                        continue;
+                    }
+                    // Normally already CANCELLED (or TIMED_OUT) in the database.
+                    plan.steps.push(Step::Finish {
+                        job_id: job_id.clone(),
+                        attempt: i64::from(*attempt),
+                        status: JobStatus::Cancelled,
+                        error: None,
+                        worker_id: None,
+                    });
+                }
+                Event::WorkerLost { running_job_ids, .. } => {
+                    for job_id in running_job_ids {
+                        let Some(running) = self.running.get(job_id).filter(|_| !done.contains(job_id.as_str())) else {
+                            continue;
+                        };
+                        let row = unstored(running, job_id);
+                        done.insert(job_id);
+                        outcome.settled.push(job_id.clone());
+                        outcome.refill.insert(running.model.clone());
+                        if let Some(row) = row {
+                            outcome.stored.push(job_id.clone());
+                            plan.stores.push(Store {
+                                row: plan.requeued(row, "worker lost"),
+                                charge: None,
+                            });
+                            continue;
+                        }
+                        plan.steps.push(Step::Requeue {
+                            job_id: job_id.clone(),
+                            attempt: i64::from(running.attempt),
+                            error: "worker lost".into(),
+                        });
+                    }
+                }
+                Event::Progress {
+                    job_id,
+                    attempt,
+                    message,
+                    ..
+                } => {
+                    let Some(running) = current(job_id, *attempt) else {
+                        continue;
+                    };
+                    // A job not written yet has no row to show progress on.
+                    if unstored(running, job_id).is_some() {
+                        continue;
+                    }
+                    let text = message.to_string();
+                    match progress_at.get(job_id.as_str()) {
+                        Some(&i) => plan.progress[i].2 = text,
+                        None => {
+                            progress_at.insert(job_id.as_str(), plan.progress.len());
+                            plan.progress
+                                .push((job_id.clone(), i32::try_from(*attempt).unwrap_or(i32::MAX), text));
+                        }
+                    }
+                }
+                Event::CapacityAvailable { .. } => {}
+            }
+        }
+        // The slots these results freed: claim their next jobs in the same
+        // commit (one write lock and one commit fewer per round). They are
+        // assigned after the commit.
+        for model in self.claim_models(batch, &outcome.refill) {
+            let want = self.want(&model);
+            if want > 0 {
+                plan.claims.push((model, want));
+            }
+        }
+        (outcome, plan)
+    }
+
+    /// Wakes in-process waiters and sends webhooks for jobs that just ended.
+    /// `announce` says which of them other processes are told about (when
+    /// Redis signals are configured): those a caller or reader may follow
+    /// there. The rare bulk endings (timeouts, orphans) announce all.
+    pub(super) fn publish(&mut self, finals: &[job::Model], announce: impl Fn(&job::Model) -> bool) {
+        self.finished_since_analyze += finals.len() as u64;
+        if finals.is_empty() {
+            return;
+        }
+        let now = now_ms();
+        let observed = gantry_telemetry::metrics();
+        for row in finals {
+            let ms = |from: i64, to: Option<i64>| {
+                to.map(|to| std::time::Duration::from_millis(u64::try_from(to - from).unwrap_or(0)))
+            };
+            let delay = row
+                .started_at_ms
+                .and_then(|started| ms(row.queued_at_ms, Some(started)));
+            let execution = row.started_at_ms.and_then(|started| ms(started, row.completed_at_ms));
+            observed.job_finished(&row.model, delay, execution);
+        }
+        let views: Vec<JobView> = finals.iter().map(|row| JobView::of(row, now)).collect();
+        self.store.hub.finished(&views, |i| announce(&finals[i]));
+        for (row, view) in finals.iter().zip(views) {
+            if let Some(url) = row.webhook.clone() {
+                self.webhooks.send(url, row.user_id.clone(), view, row.completed_at_ms);
+            }
+        }
+    }
+
+    // ---- claiming and assigning ----
+
+    /// Runs `plan` now, waiting for its commit (see [`execute`]).
+    pub(super) async fn run_plan(&self, plan: Plan) -> Result<Settled, DbErr> {
+        execute(
+            self.store.hub.writes.engine.as_ref(),
+            &self.db,
+            &self.store.hub.writes.lock,
+            plan,
+        )
+        .await
+    }
+}
+
+/// Runs `plan` as one transaction: on the SQLite writer thread, or (on
+/// PostgreSQL) through sea-orm.
+async fn execute(
+    engine: Option<&Engine>,
+    db: &DatabaseConnection,
+    write_lock: &tokio::sync::Mutex<()>,
+    plan: Plan,
+) -> Result<Settled, DbErr> {
+    if let Some(engine) = engine {
+        return engine.settle(plan).await;
+    }
+    let _guard = serialize_writes(write_lock, db).await;
+    let txn = db.begin().await?;
+    let settled = plan::execute(&txn, &plan).await?;
+    txn.commit().await?;
+    Ok(settled)
+}
+
+/// The stored output: an object gets `"cost"` (USD); anything else is stored
+/// as the model returned it (the cost is in the ledger).
+fn output_with_cost(output: &Value, amount: i64) -> String {
+    match output {
+        Value::Object(map) => {
+            let cost = serde_json::Number::from_f64(gantry_billing::usd(amount)).map_or(Value::Null, Value::Number);
+            let mut map = map.clone();
+            map.insert("cost".into(), cost);
+            Value::Object(map).to_string()
+        }
+        other => other.to_string(),
+    }
+}

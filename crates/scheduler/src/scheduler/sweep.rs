@@ -1,0 +1,254 @@
+//! The periodic sweep: renewing this instance's leases, rechecking jobs other processes
+//! cancelled, timing out runs past their deadline, requeueing jobs whose scheduler died,
+//! deleting expired jobs, and refreshing PostgreSQL's statistics as the table grows.
+
+use std::collections::HashSet;
+use std::sync::Arc;
+
+use sea_orm::sea_query::Expr;
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, QueryFilter, QuerySelect, TransactionTrait,
+};
+
+use crate::config::millis;
+use crate::db::{now_ms, serialize_writes};
+use crate::entity::{chunk, job};
+use crate::plan::{self, Plan, is_final, running_jobs};
+use crate::signals::Signal;
+use crate::store::retention_expr;
+use crate::types::JobStatus;
+
+use job::Column as J;
+
+use super::{Core, ID_CHUNK};
+
+/// Expired jobs deleted per round, and rounds per sweep.
+const EXPIRE_BATCH: u64 = 1000;
+const EXPIRE_ROUNDS: usize = 10;
+/// The most finished jobs between two `ANALYZE jobs` (PostgreSQL).
+const ANALYZE_AFTER_MAX: u64 = 1_000_000;
+
+impl Core {
+    pub(super) async fn sweep(&mut self) -> Result<(), DbErr> {
+        let result = self.sweep_rows().await;
+        // Claim anything left queued (submitted elsewhere, or a lost wake-up),
+        // even when a step above failed (a slow or lost connection): the
+        // claim is the fallback that keeps a queued job from waiting for
+        // a wake-up that may never come.
+        let health = self.dispatcher.health();
+        self.fill_all_with_free_slots(&health);
+        result
+    }
+
+    /// The sweep's row work: leases, timeouts, orphans, expiry, worker
+    /// rows, webhook deliveries and presence, in that order; the first
+    /// failure stops it until the next sweep.
+    pub(super) async fn sweep_rows(&mut self) -> Result<(), DbErr> {
+        self.analyze_if_grown().await;
+        self.renew().await?;
+        self.time_out().await?;
+        self.requeue_orphans(false).await?;
+        self.expire().await?;
+        self.flush_workers().await?;
+        self.webhooks.take_over(now_ms()).await?;
+        let health = self.dispatcher.health();
+        self.publish_presence(&health).await
+    }
+
+    /// Renews this instance's lease on the jobs it runs, and learns which of
+    /// them ended elsewhere (cancelled, timed out, expired, requeued): those
+    /// are stopped on their workers.
+    pub(super) async fn renew(&mut self) -> Result<(), DbErr> {
+        if self.running.is_empty() {
+            return Ok(());
+        }
+        // Unstored jobs have no row to renew (nor can anything end them elsewhere).
+        let ids: Vec<String> = self
+            .running
+            .iter()
+            .filter(|(_, r)| r.unstored.is_none())
+            .map(|(id, _)| id.clone())
+            .collect();
+        self.recheck(ids).await
+    }
+
+    /// Renews the leases of these running jobs, and stops those whose rows
+    /// are no longer this instance's running attempt (cancelled, timed out or
+    /// requeued elsewhere). The sweep does it for every running job; a
+    /// cancel signalled by another process does it for that job at once.
+    pub(super) async fn recheck(&mut self, ids: Vec<String>) -> Result<(), DbErr> {
+        let lease_until = now_ms().saturating_add(millis(self.store.config.lease));
+        let mut alive: HashSet<(String, i32)> = HashSet::new();
+        let lock = Arc::clone(&self.store.hub.writes.lock);
+        for part in ids.chunks(ID_CHUNK) {
+            let _guard = serialize_writes(&lock, &self.db).await;
+            let rows: Vec<(String, i32)> = job::Entity::update_many()
+                .col_expr(J::LeaseUntilMs, Expr::value(lease_until))
+                .filter(J::Id.is_in(part.iter().map(String::as_str)))
+                .filter(J::Owner.eq(self.instance.as_str()))
+                .filter(J::Status.eq(JobStatus::InProgress.as_str()))
+                .exec_with_returning(&self.db)
+                .await?
+                .into_iter()
+                .map(|row| (row.id, row.attempt))
+                .collect();
+            alive.extend(rows);
+        }
+        let gone: Vec<String> = ids
+            .into_iter()
+            .filter(|id| {
+                self.running
+                    .get(id)
+                    .is_some_and(|r| r.unstored.is_none() && !alive.contains(&(id.clone(), r.attempt)))
+            })
+            .collect();
+        for job_id in gone {
+            self.running.remove(&job_id);
+            self.pending_workers.remove(&job_id);
+            self.dispatcher.cancel(&job_id, "job ended");
+        }
+        Ok(())
+    }
+
+    /// Ends every running job (of any scheduler) past its execution timeout.
+    pub(super) async fn time_out(&mut self) -> Result<(), DbErr> {
+        let lock = Arc::clone(&self.store.hub.writes.lock);
+        let guard = serialize_writes(&lock, &self.db).await;
+        let now = now_ms();
+        let rows = job::Entity::update_many()
+            .col_expr(J::Status, Expr::value(JobStatus::TimedOut.as_str()))
+            .col_expr(J::Error, Expr::value("execution timeout exceeded"))
+            .col_expr(J::CompletedAtMs, Expr::value(now))
+            .col_expr(J::ExpiresAtMs, retention_expr(&self.store.config, now))
+            .col_expr(J::LeaseUntilMs, Expr::value(Option::<i64>::None))
+            .filter(running_jobs())
+            .filter(J::RunDeadlineMs.lte(now))
+            .exec_with_returning(&self.db)
+            .await?;
+        drop(guard);
+        // Every job of ours that is due has now ended: timed out by this
+        // statement, or already finished elsewhere. Stop them all (but those
+        // not written yet: they are written first, see `store_due`).
+        let due: Vec<String> = self
+            .running
+            .iter()
+            .filter(|(_, r)| r.unstored.is_none() && r.deadline_ms <= now)
+            .map(|(id, _)| id.clone())
+            .collect();
+        for job_id in due {
+            self.running.remove(&job_id);
+            self.pending_workers.remove(&job_id);
+            self.dispatcher.cancel(&job_id, "execution timeout");
+        }
+        self.publish(&rows, |_| true);
+        Ok(())
+    }
+
+    /// Requeues running jobs whose scheduler's lease lapsed (it crashed or lost
+    /// the database), or fails them once out of attempts; with `all`, every
+    /// running job, leased or not (at the start of the database's sole owner).
+    pub(super) async fn requeue_orphans(&mut self, all: bool) -> Result<(), DbErr> {
+        let lock = Arc::clone(&self.store.hub.writes.lock);
+        let guard = serialize_writes(&lock, &self.db).await;
+        let now = now_ms();
+        let until = Plan::new(now, &self.store.config, &self.instance);
+        let lapsed = if all { i64::MAX } else { now };
+        let rows = plan::requeue_or_fail("scheduler lost", now, until.sync_until, until.async_until)
+            .filter(running_jobs())
+            .filter(J::LeaseUntilMs.lt(lapsed))
+            .exec_with_returning(&self.db)
+            .await?;
+        if all && !rows.is_empty() {
+            tracing::info!(jobs = rows.len(), "requeued the jobs a previous process left running");
+        }
+        drop(guard);
+        let mut requeued = HashSet::new();
+        for row in &rows {
+            if self.running.remove(&row.id).is_some() {
+                self.pending_workers.remove(&row.id);
+                self.dispatcher.cancel(&row.id, "lease lapsed");
+            }
+            self.drained.remove(&row.model);
+            self.to_fill.insert(row.model.clone());
+            if row.status == JobStatus::InQueue.as_str() && requeued.insert(row.model.as_str()) {
+                self.store.hub.signal(Signal::Queued(row.model.clone()));
+            }
+        }
+        let finals: Vec<job::Model> = rows.into_iter().filter(is_final).collect();
+        self.publish(&finals, |_| true);
+        Ok(())
+    }
+
+    /// Deletes jobs past their TTL (queued or running) or their result
+    /// retention (finished), with their chunks.
+    pub(super) async fn expire(&mut self) -> Result<(), DbErr> {
+        // A few rounds per sweep, so a backlog shrinks at high throughput.
+        for _ in 0..EXPIRE_ROUNDS {
+            if self.expire_some().await? < EXPIRE_BATCH {
+                break;
+            }
+        }
+        Ok(())
+    }
+
+    /// Deletes up to `EXPIRE_BATCH` expired jobs; returns how many were found.
+    pub(super) async fn expire_some(&mut self) -> Result<u64, DbErr> {
+        let now = now_ms();
+        let doomed: Vec<String> = job::Entity::find()
+            .select_only()
+            .column(J::Id)
+            .filter(J::ExpiresAtMs.lte(now))
+            .limit(EXPIRE_BATCH)
+            .into_tuple()
+            .all(&self.db)
+            .await?;
+        let found = doomed.len() as u64;
+        let lock = Arc::clone(&self.store.hub.writes.lock);
+        for part in doomed.chunks(ID_CHUNK) {
+            let _guard = serialize_writes(&lock, &self.db).await;
+            let txn = self.db.begin().await?;
+            chunk::Entity::delete_many()
+                .filter(chunk::Column::JobId.is_in(part.iter().map(String::as_str)))
+                .exec(&txn)
+                .await?;
+            crate::entity::progress::Entity::delete_many()
+                .filter(crate::entity::progress::Column::JobId.is_in(part.iter().map(String::as_str)))
+                .exec(&txn)
+                .await?;
+            job::Entity::delete_many()
+                .filter(J::Id.is_in(part.iter().map(String::as_str)))
+                .filter(J::ExpiresAtMs.lte(now))
+                .exec(&txn)
+                .await?;
+            txn.commit().await?;
+        }
+        for job_id in doomed {
+            if self.running.remove(&job_id).is_some() {
+                self.pending_workers.remove(&job_id);
+                self.dispatcher.cancel(&job_id, "ttl expired");
+            }
+        }
+        Ok(found)
+    }
+
+    /// PostgreSQL: refreshes the planner's statistics of `jobs` after this
+    /// instance has finished 1 000 jobs, then 2 000 more, 4 000… (up to every
+    /// million). A connection keeps the generic plan it makes of a statement
+    /// after five runs until the table's statistics change; made while `jobs`
+    /// was nearly empty (a new database; autovacuum analyzes only about once a
+    /// minute), the settlement's plan scanned the table for every job and took
+    /// seconds once it held tens of thousands of rows. `ANALYZE` samples a
+    /// bounded number of rows and makes connections plan again.
+    pub(super) async fn analyze_if_grown(&mut self) {
+        if self.finished_since_analyze < self.analyze_after || self.db.get_database_backend() != DbBackend::Postgres {
+            return;
+        }
+        match self.db.execute_unprepared("ANALYZE jobs").await {
+            Ok(_) => {
+                self.finished_since_analyze = 0;
+                self.analyze_after = (self.analyze_after * 2).min(ANALYZE_AFTER_MAX);
+            }
+            Err(error) => tracing::warn!(%error, "could not analyze the jobs table"),
+        }
+    }
+}
