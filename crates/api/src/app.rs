@@ -13,6 +13,7 @@ use gantry_scheduler::JobStore;
 use gantry_volumes::VolumeService;
 use sea_orm::DatabaseConnection;
 
+use crate::connection::ProblemIo;
 use crate::middleware::ensure_problem;
 use crate::routes::{self, Endpoint};
 
@@ -49,6 +50,9 @@ pub struct HttpConfig {
     pub body_limit: usize,
     /// How long a request body may take to arrive (408 after it).
     pub body_timeout: Duration,
+    /// How long a request head (request line and header fields) may take to
+    /// arrive on a new connection (408 after it).
+    pub head_timeout: Duration,
     /// HTTP worker threads per listener.
     pub workers: usize,
     /// Default quotas of each listener (users can have their own).
@@ -134,8 +138,20 @@ impl Application {
             services,
         });
         let workers = http.workers.max(1);
-        let (management, management_addr) = serve(&http.management_addr, state.clone(), Surface::Management, workers)?;
-        let (public, public_addr) = serve(&http.public_addr, state.clone(), Surface::Public, workers)?;
+        let (management, management_addr) = serve(
+            &http.management_addr,
+            state.clone(),
+            Surface::Management,
+            workers,
+            http.head_timeout,
+        )?;
+        let (public, public_addr) = serve(
+            &http.public_addr,
+            state.clone(),
+            Surface::Public,
+            workers,
+            http.head_timeout,
+        )?;
         if let Some(files) = &files {
             files.listening_at(public_addr);
         }
@@ -177,6 +193,7 @@ fn serve(
     state: web::Data<AppState>,
     surface: Surface,
     workers: usize,
+    head_timeout: Duration,
 ) -> Result<(actix_web::dev::Server, SocketAddr), ListenError> {
     let bind_err = |source| ListenError::Bind {
         addr: addr.to_string(),
@@ -188,22 +205,51 @@ fn serve(
         Surface::Management => routes::management_endpoints(),
         Surface::Public => routes::public_endpoints(),
     });
-    let server = HttpServer::new(move || {
-        let endpoints = endpoints.clone();
-        App::new()
-            .app_data(state.clone())
-            .app_data(surface)
-            .wrap(ErrorHandlers::new().default_handler(ensure_problem))
-            .wrap(actix_web::middleware::from_fn(crate::middleware::observe))
-            .configure(move |cfg| routes::register(cfg, &endpoints))
-            .default_service(web::to(routes::not_found))
-    })
-    .workers(workers)
-    .disable_signals()
-    .shutdown_timeout(10)
-    .listen(listener)
-    .map_err(bind_err)?
-    .run();
+    // Built from actix's parts rather than `HttpServer`, to put `ProblemIo`
+    // between the socket and the HTTP/1 dispatcher (see `connection.rs`).
+    let builder = actix_server::Server::build();
+    let shutdown = builder.graceful_shutdown_signal();
+    let server = builder
+        .workers(workers)
+        .disable_signals()
+        .shutdown_timeout(10)
+        .listen(format!("gantry-{surface:?}-{local}"), listener, move || {
+            let endpoints = endpoints.clone();
+            let state = state.clone();
+            let app = move || {
+                let endpoints = endpoints.clone();
+                App::new()
+                    .app_data(state.clone())
+                    .app_data(surface)
+                    .wrap(ErrorHandlers::new().default_handler(ensure_problem))
+                    .wrap(actix_web::middleware::from_fn(crate::middleware::observe))
+                    .configure(move |cfg| routes::register(cfg, &endpoints))
+                    .default_service(web::to(routes::not_found))
+            };
+            let shutdown = shutdown.clone();
+            let http = actix_http::HttpService::build()
+                .graceful_shutdown_signal(move || {
+                    let shutdown = shutdown.clone();
+                    async move { shutdown.notified().await }
+                })
+                .keep_alive(actix_http::KeepAlive::Timeout(Duration::from_secs(5)))
+                .client_request_timeout(head_timeout)
+                .client_disconnect_timeout(Duration::from_secs(1))
+                .local_addr(local)
+                .h1(actix_service::map_config(
+                    actix_service::IntoServiceFactory::into_factory(app()),
+                    |_| actix_web::dev::AppConfig::default(),
+                ));
+            use actix_service::ServiceFactoryExt as _;
+            actix_service::fn_service(|io: actix_rt::net::TcpStream| async move {
+                let peer = io.peer_addr().ok();
+                let _ = io.set_nodelay(true);
+                Ok::<_, actix_http::error::DispatchError>((ProblemIo::new(io), peer))
+            })
+            .and_then(http)
+        })
+        .map_err(bind_err)?
+        .run();
     Ok((server, local))
 }
 

@@ -2,6 +2,7 @@
 //! business rules live in the service crates.
 mod app;
 mod body;
+mod connection;
 mod handlers;
 mod middleware;
 mod openapi;

@@ -75,6 +75,9 @@ pub fn http_config(settings: &Settings) -> HttpConfig {
         public_addr: settings.public_addr.clone(),
         body_limit: settings.http.body_limit_bytes,
         body_timeout: Duration::from_millis(settings.http.body_timeout_ms),
+        // actix-http measures it on a clock that ticks every 0.5 s: below 1 s,
+        // a head arriving at once could be refused.
+        head_timeout: Duration::from_millis(settings.http.head_timeout_ms.max(1_000)),
         workers: settings
             .http
             .workers

@@ -182,6 +182,10 @@ pub struct HttpSettings {
     pub workers: Option<usize>,
     /// Longest a request body may take to arrive, in milliseconds (408 after).
     pub body_timeout_ms: u64,
+    /// Longest the request line and header fields may take to arrive on a new
+    /// connection, in milliseconds (408 after); at least 1000 (it is measured
+    /// on a clock with a 0.5 s tick).
+    pub head_timeout_ms: u64,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -379,6 +383,7 @@ impl Default for HttpSettings {
             body_limit_bytes: 64 * 1024,
             workers: None,
             body_timeout_ms: 10_000,
+            head_timeout_ms: 5_000,
         }
     }
 }

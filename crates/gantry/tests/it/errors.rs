@@ -1,5 +1,5 @@
 use reqwest::Method;
-use serde_json::json;
+use serde_json::{Value, json};
 
 use crate::harness::{Backend, TestApp, errors_of, problem};
 
@@ -169,5 +169,81 @@ async fn a_stalled_request_body_is_a_408_problem() {
         );
         assert!(text.contains("\"status\":408"), "{text}");
         assert!(started.elapsed() < std::time::Duration::from_secs(5));
+    }
+}
+
+/// What the server answers to `request` sent raw on a new connection, read
+/// until it closes.
+async fn raw_exchange(base: &str, request: &[u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let addr = base.trim_start_matches("http://");
+    let mut stream = tokio::net::TcpStream::connect(addr).await.unwrap();
+    stream.write_all(request).await.unwrap();
+    let mut answer = Vec::new();
+    let read = tokio::time::timeout(std::time::Duration::from_secs(10), stream.read_to_end(&mut answer))
+        .await
+        .expect("answered and closed within 10 s");
+    match read {
+        Ok(_) => {}
+        // The server closes with part of an oversized request unread, so its
+        // TCP stack resets the connection after the answer.
+        Err(e) if e.kind() == std::io::ErrorKind::ConnectionReset && !answer.is_empty() => {}
+        Err(e) => panic!("{e} after {} bytes sent, {} read", request.len(), answer.len()),
+    }
+    String::from_utf8_lossy(&answer).into_owned()
+}
+
+/// The answer's status and its problem document (which must be one).
+fn raw_problem(answer: &str) -> (u16, Value) {
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or_else(|| panic!("{answer:?}"));
+    let status = head[9..12].parse().unwrap();
+    assert!(
+        head.to_ascii_lowercase()
+            .contains("content-type: application/problem+json"),
+        "{answer}"
+    );
+    let problem: Value = serde_json::from_str(body).unwrap_or_else(|e| panic!("{e}: {answer}"));
+    assert_eq!(problem["status"], status, "{answer}");
+    for member in ["title", "detail"] {
+        assert!(problem[member].as_str().is_some_and(|t| !t.is_empty()), "{answer}");
+    }
+    assert!(problem["errors"].is_array(), "{answer}");
+    (status, problem)
+}
+
+/// The errors HTTP itself answers before any route runs (a request that is not
+/// HTTP, a head too large, a head that never arrives) are problems too, on
+/// both listeners; and a well-formed request on a fresh connection after them
+/// is served as usual.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn protocol_errors_are_problems() {
+    let app = TestApp::spawn_with(Backend::Sqlite, |s| s.http.head_timeout_ms = 1000).await;
+    for base in [&app.base, &app.public_base] {
+        let host = base.trim_start_matches("http://");
+        let (status, _) = raw_problem(&raw_exchange(base, b"NOT AN HTTP REQUEST\r\n\r\n").await);
+        assert_eq!(status, 400);
+        let bad_header = format!("GET /v2/openapi.json HTTP/1.1\r\nHost: {host}\r\nno colon here\r\n\r\n");
+        let (status, _) = raw_problem(&raw_exchange(base, bad_header.as_bytes()).await);
+        assert_eq!(status, 400);
+
+        let mut many = format!("GET /v2/openapi.json HTTP/1.1\r\nHost: {host}\r\n");
+        for i in 0..120 {
+            many.push_str(&format!("X-Filler-{i}: {i}\r\n"));
+        }
+        many.push_str("\r\n");
+        let (status, problem) = raw_problem(&raw_exchange(base, many.as_bytes()).await);
+        assert_eq!(status, 431);
+        assert_eq!(problem["title"], "Request Header Fields Too Large");
+        let long_path = format!("GET /{} HTTP/1.1\r\nHost: {host}\r\n\r\n", "a".repeat(140 * 1024));
+        assert_eq!(raw_problem(&raw_exchange(base, long_path.as_bytes()).await).0, 431);
+
+        let started = std::time::Instant::now();
+        let (status, _) = raw_problem(&raw_exchange(base, b"GET /v2/openapi.json HTTP/1.1\r\n").await);
+        assert_eq!(status, 408);
+        assert!(started.elapsed() < std::time::Duration::from_secs(5));
+
+        let fine = format!("GET /v2/openapi.json HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        let answer = raw_exchange(base, fine.as_bytes()).await;
+        assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
     }
 }
