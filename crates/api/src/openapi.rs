@@ -238,6 +238,10 @@ fn openai_request_schemas(doc: &mut serde_json::Value) {
         "additionalProperties": false,
         "properties": common,
     });
+    // Accepted at the values that change nothing.
+    completion["properties"]["echo"] = json!({"enum": [false, null]});
+    completion["properties"]["suffix"] = json!({"type": "null"});
+    completion["properties"]["best_of"] = json!({"enum": [1, null]});
     completion["properties"]["prompt"] = json!({"oneOf": [
         {"type": "string", "minLength": 1},
         {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 1}

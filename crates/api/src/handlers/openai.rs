@@ -187,6 +187,28 @@ fn text_model<'a>(state: &'a AppState, caller: &Caller, model_id: &str) -> Resul
     }
 }
 
+/// The members both operations accept (the document's `common` properties).
+const COMMON_PARAMETERS: [&str; 15] = [
+    "model",
+    "max_tokens",
+    "max_completion_tokens",
+    "temperature",
+    "top_p",
+    "top_k",
+    "seed",
+    "stop",
+    "n",
+    "presence_penalty",
+    "frequency_penalty",
+    "logprobs",
+    "user",
+    "stream",
+    "stream_options",
+];
+
+/// OpenAI members for what the platform does not do: refused by name unless null.
+const UNSUPPORTED: [&str; 5] = ["tools", "functions", "tool_choice", "response_format", "logit_bias"];
+
 /// A validated OpenAI request: the model's job input and how to answer.
 struct Request {
     input: Map<String, Value>,
@@ -208,6 +230,20 @@ fn parse(kind: Kind, body: &Value) -> Result<Request, Refusal> {
         ));
     };
     let mut errors: Vec<String> = Vec::new();
+    // What the document lists, and the members refused with a reason below;
+    // any other is refused as unknown (`additionalProperties: false`).
+    let own: &[&str] = match kind {
+        Kind::Chat => &["messages"],
+        Kind::Completion => &["prompt", "echo", "suffix", "best_of"],
+    };
+    for name in fields.keys() {
+        if !own.contains(&name.as_str())
+            && !COMMON_PARAMETERS.contains(&name.as_str())
+            && !UNSUPPORTED.contains(&name.as_str())
+        {
+            errors.push(format!("{name}: unknown parameter"));
+        }
+    }
     let mut input = Map::new();
     match kind {
         Kind::Chat => match fields.get("messages") {
@@ -264,13 +300,20 @@ fn parse(kind: Kind, body: &Value) -> Result<Request, Refusal> {
             _ => errors.push("max_tokens: must be a positive integer".into()),
         }
     }
-    for name in ["temperature", "top_p"] {
+    for (name, accepts, range) in [
+        (
+            "temperature",
+            (|t| (0.0..=2.0).contains(&t)) as fn(f64) -> bool,
+            "from 0 to 2",
+        ),
+        ("top_p", |p| p > 0.0 && p <= 1.0, "greater than 0 and at most 1"),
+    ] {
         match fields.get(name) {
             None | Some(Value::Null) => {}
-            Some(value) if value.is_number() => {
+            Some(value) if value.as_f64().is_some_and(accepts) => {
                 input.insert(name.into(), value.clone());
             }
-            Some(_) => errors.push(format!("{name}: must be a number")),
+            Some(_) => errors.push(format!("{name}: must be a number {range}")),
         }
     }
     for name in ["top_k", "seed"] {
@@ -310,7 +353,7 @@ fn parse(kind: Kind, body: &Value) -> Result<Request, Refusal> {
             errors.push(format!("{name}: not supported (only 0)"));
         }
     }
-    for name in ["tools", "functions", "tool_choice", "response_format", "logit_bias"] {
+    for name in UNSUPPORTED {
         if fields.get(name).is_some_and(|v| !v.is_null()) {
             errors.push(format!("{name}: not supported"));
         }
@@ -332,6 +375,10 @@ fn parse(kind: Kind, body: &Value) -> Result<Request, Refusal> {
     let include_usage = match fields.get("stream_options") {
         None | Some(Value::Null) => false,
         Some(Value::Object(options)) => match options.get("include_usage") {
+            _ if options.keys().any(|k| k != "include_usage") => {
+                errors.push("stream_options: only include_usage is supported".into());
+                false
+            }
             None | Some(Value::Null) => false,
             Some(Value::Bool(b)) => *b,
             Some(_) => {
@@ -697,6 +744,67 @@ mod tests {
         assert_eq!(refusal.status, StatusCode::BAD_REQUEST);
         for field in ["messages", "n:", "max_tokens", "tools"] {
             assert!(refusal.message.contains(field), "{field} in {}", refusal.message);
+        }
+    }
+
+    /// The parser refuses what the document refuses: unknown members, and
+    /// sampling values out of the documented ranges.
+    #[test]
+    fn what_the_document_refuses_is_refused() {
+        let refused = |kind, body: Value| match parse(kind, &body) {
+            Err(refusal) => refusal.message,
+            Ok(_) => panic!("accepted: {body}"),
+        };
+        let message = refused(
+            Kind::Chat,
+            json!({"messages": [{"role": "user", "content": "hi"}], "prompt": "x", "tempreature": 1}),
+        );
+        assert!(message.contains("prompt: unknown parameter"), "{message}");
+        assert!(message.contains("tempreature: unknown parameter"), "{message}");
+        let message = refused(Kind::Completion, json!({"prompt": "x", "temperature": 2.5, "top_p": 0}));
+        assert!(
+            message.contains("temperature: must be a number from 0 to 2"),
+            "{message}"
+        );
+        assert!(
+            message.contains("top_p: must be a number greater than 0 and at most 1"),
+            "{message}"
+        );
+        let message = refused(
+            Kind::Completion,
+            json!({"prompt": "x", "stream_options": {"include_usage": true, "x": 1}}),
+        );
+        assert!(message.contains("stream_options"), "{message}");
+        // The completion-only members at their neutral values are accepted.
+        assert!(
+            parse(
+                Kind::Completion,
+                &json!({"prompt": "x", "echo": false, "suffix": null, "best_of": 1, "temperature": 2, "top_p": 1})
+            )
+            .is_ok()
+        );
+
+        // And the document says so.
+        let doc = crate::openapi::public_openapi_json();
+        for (path, own) in [
+            ("/v2/{model_id}/openai/v1/chat/completions", &["messages"][..]),
+            (
+                "/v2/{model_id}/openai/v1/completions",
+                &["prompt", "echo", "suffix", "best_of"][..],
+            ),
+        ] {
+            let schema = &doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"];
+            assert_eq!(schema["additionalProperties"], json!(false));
+            let mut documented: Vec<&str> = schema["properties"]
+                .as_object()
+                .unwrap()
+                .keys()
+                .map(String::as_str)
+                .collect();
+            let mut accepted: Vec<&str> = own.iter().chain(COMMON_PARAMETERS.iter()).copied().collect();
+            documented.sort_unstable();
+            accepted.sort_unstable();
+            assert_eq!(documented, accepted, "{path}");
         }
     }
 }
