@@ -8,8 +8,8 @@ use actix_web::{App, HttpServer, web};
 use gantry_auth::AuthService;
 use gantry_catalog::{Catalog, ModelCatalog};
 use gantry_dispatch::Dispatcher;
+use gantry_jobs::JobStore;
 use gantry_ratelimit::{Policy, RateLimiter};
-use gantry_scheduler::JobStore;
 use gantry_volumes::VolumeService;
 use sea_orm::DatabaseConnection;
 
@@ -85,7 +85,7 @@ impl AppState {
     /// Idle and running workers of `model`: exact and free from the
     /// in-process dispatcher; an API-only process reads what the live
     /// schedulers publish.
-    pub async fn worker_counts(&self, model: &str) -> Result<(u64, u64), gantry_scheduler::JobError> {
+    pub async fn worker_counts(&self, model: &str) -> Result<(u64, u64), gantry_jobs::JobError> {
         match &self.dispatcher {
             Some(dispatcher) => Ok(dispatcher
                 .health()
@@ -275,7 +275,7 @@ pub fn metrics_server(
                 let (jobs, models, dispatcher) = (jobs.clone(), models.clone(), dispatcher.clone());
                 async move {
                     let ids: Vec<String> = models.iter().map(|m| m.id.clone()).collect();
-                    match gantry_scheduler::metrics::render(&jobs, &ids, dispatcher.as_ref()).await {
+                    match gantry_jobs::metrics::render(&jobs, &ids, dispatcher.as_ref()).await {
                         Ok(text) => actix_web::HttpResponse::Ok()
                             .content_type(gantry_telemetry::CONTENT_TYPE)
                             .body(text),

@@ -7,8 +7,8 @@ use gantry_api::{Application, HttpConfig, Services};
 use gantry_auth::AuthService;
 use gantry_catalog::Catalog;
 use gantry_dispatch::Dispatcher;
+use gantry_jobs::JobStore;
 use gantry_ratelimit::{RateLimiter, RedisConfig};
-use gantry_scheduler::JobStore;
 use gantry_volumes::VolumeService;
 
 use crate::database::Database;

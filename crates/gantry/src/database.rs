@@ -3,8 +3,8 @@
 
 use std::time::Duration;
 
+use gantry_jobs::JobStore;
 use gantry_migrations::{Migrator, MigratorTrait};
-use gantry_scheduler::JobStore;
 use sea_orm::sqlx::sqlite::{SqliteJournalMode, SqliteSynchronous};
 use sea_orm::{ConnectOptions, Database as SeaDatabase, DatabaseConnection};
 

@@ -4,7 +4,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use gantry_dispatch::{DispatchConfig, Dispatcher, Event};
-use gantry_scheduler::{JobStore, Scheduler};
+use gantry_jobs::JobStore;
+use gantry_scheduler::Scheduler;
 use gantry_worker_sdk::Credentials;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;

@@ -278,7 +278,7 @@ impl Settings {
     }
 
     /// The job layer's configuration, with the file store.
-    pub fn job_config(&self) -> Result<gantry_scheduler::SchedulerConfig, String> {
+    pub fn job_config(&self) -> Result<gantry_jobs::SchedulerConfig, String> {
         let mut config = self.scheduler.job_config();
         config.files = Some(self.open_files()?);
         config.require_credit = self.billing.require_credit;
@@ -288,8 +288,8 @@ impl Settings {
 }
 
 impl SchedulerSettings {
-    pub fn job_config(&self) -> gantry_scheduler::SchedulerConfig {
-        let mut config = gantry_scheduler::SchedulerConfig::default();
+    pub fn job_config(&self) -> gantry_jobs::SchedulerConfig {
+        let mut config = gantry_jobs::SchedulerConfig::default();
         config.max_attempts = self.max_attempts.max(1);
         config.async_retention = std::time::Duration::from_secs(self.async_retention_secs);
         config.sync_retention = std::time::Duration::from_secs(self.sync_retention_secs);

@@ -5,7 +5,7 @@ use std::time::Duration;
 use actix_web::{HttpRequest, HttpResponse, web};
 use gantry_auth::Scope;
 use gantry_catalog::ModelSpec;
-use gantry_scheduler::{Follow, Frame, JobError, JobPolicy, JobStatus, JobView, Mode, NewJob};
+use gantry_jobs::{Follow, Frame, JobError, JobPolicy, JobStatus, JobView, Mode, NewJob};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use utoipa::ToSchema;

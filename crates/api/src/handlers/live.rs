@@ -4,7 +4,7 @@
 use actix_web::HttpResponse;
 use actix_web::http::header;
 use actix_web::web::Bytes;
-use gantry_scheduler::Frame;
+use gantry_jobs::Frame;
 use tokio::sync::mpsc;
 
 /// A `text/event-stream` response whose body is `frames`, each turned into

@@ -15,7 +15,7 @@ use actix_web::middleware::Next;
 use actix_web::{HttpRequest, HttpResponse, ResponseError, web};
 use gantry_auth::Scope;
 use gantry_catalog::{ModelKind, ModelSpec};
-use gantry_scheduler::{Follow, Frame, JobStatus, JobView, Mode, NewJob};
+use gantry_jobs::{Follow, Frame, JobStatus, JobView, Mode, NewJob};
 use serde_json::{Map, Value, json};
 
 use crate::app::AppState;

@@ -19,7 +19,7 @@ pub struct TestApp {
     pub auth: Arc<AuthService>,
     /// The job layer of the platform (for what a test drives behind HTTP,
     /// such as a simulated clock).
-    pub jobs: gantry_scheduler::JobStore,
+    pub jobs: gantry_jobs::JobStore,
     pub database_url: String,
     pub settings: Settings,
     pub scheduler: gantry::SchedulerRole,

@@ -3,7 +3,7 @@
 
 use std::time::{Duration, Instant};
 
-use gantry_scheduler::{JobStatus, Mode, NewJob};
+use gantry_jobs::{JobStatus, Mode, NewJob};
 use serde_json::json;
 
 use crate::harness::{Backend, ECHO, Env, Node, USER};

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use gantry_scheduler::JobStatus;
+use gantry_jobs::JobStatus;
 use serde_json::json;
 
 use crate::harness::{Backend, Env, Node, completed_once_by, crash_and_recover};
@@ -66,8 +66,8 @@ async fn submits_beyond_the_free_slots_queue_and_all_run_once(backend: Backend) 
                 .submit(
                     crate::harness::USER,
                     &echo,
-                    gantry_scheduler::NewJob::new(json!({"i": i, "sleep_ms": 20})),
-                    gantry_scheduler::Mode::Async,
+                    gantry_jobs::NewJob::new(json!({"i": i, "sleep_ms": 20})),
+                    gantry_jobs::Mode::Async,
                 )
                 .await
                 .unwrap()

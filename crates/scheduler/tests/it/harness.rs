@@ -7,8 +7,9 @@ use std::time::Duration;
 
 use gantry_catalog::{ModelCatalog, ModelSpec};
 use gantry_dispatch::{DispatchConfig, Dispatcher, Event};
+use gantry_jobs::{JobStatus, JobStore, JobView, Mode, NewJob, SchedulerConfig};
 use gantry_migrations::MigratorTrait;
-use gantry_scheduler::{JobStatus, JobStore, JobView, Mode, NewJob, Scheduler, SchedulerConfig};
+use gantry_scheduler::Scheduler;
 use gantry_worker_sdk::{Credentials, JobContext, JobError, Model, Output, WorkerConfig, WorkerRuntime};
 use sea_orm::{ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement};
 use serde_json::Value;
@@ -117,7 +118,7 @@ impl Env {
     pub async fn try_get(&self, id: &str) -> Option<JobView> {
         match self.store.get(USER, ECHO, id).await {
             Ok(view) => Some(view),
-            Err(gantry_scheduler::JobError::NotFound) => None,
+            Err(gantry_jobs::JobError::NotFound) => None,
             Err(error) => panic!("get: {error}"),
         }
     }

@@ -4,7 +4,7 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use gantry_scheduler::{JobError, JobPolicy, JobStatus, Mode, NewJob};
+use gantry_jobs::{JobError, JobPolicy, JobStatus, Mode, NewJob};
 use serde_json::json;
 use tokio::sync::mpsc;
 
@@ -639,4 +639,30 @@ async fn a_retry_keeps_its_own_webhook_pending(backend: Backend) {
         "the retry's delivery is still pending"
     );
     node.shutdown().await;
+}
+
+/// A scheduler configuration whose webhooks trust the CA in `path`.
+fn with_ca(path: std::path::PathBuf) -> gantry_jobs::SchedulerConfig {
+    let mut config = gantry_jobs::SchedulerConfig::default();
+    config.webhook_ca_file = Some(path);
+    config
+}
+
+#[test]
+fn a_ca_file_that_gives_no_certificate_is_an_error_naming_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let missing = dir.path().join("missing.pem");
+    let error = with_ca(missing.clone()).webhook_client().unwrap_err().to_string();
+    assert!(error.contains(&missing.display().to_string()), "{error}");
+
+    let empty = dir.path().join("empty.pem");
+    std::fs::write(&empty, "not a certificate\n").unwrap();
+    let error = with_ca(empty).webhook_client().unwrap_err().to_string();
+    assert!(error.contains("holds no certificate"), "{error}");
+
+    let ca = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ca.pem");
+    with_ca(ca).webhook_client().expect("the test CA loads");
+    gantry_jobs::SchedulerConfig::default()
+        .webhook_client()
+        .expect("no CA file: the system's roots");
 }

@@ -101,7 +101,7 @@ async fn ledger_and_queue_survive_migration_6(backend: Backend) {
     let node = Node::start(&env.store, &env.catalog).await;
     let _worker = node.echo_worker("w1", 1);
     let done = env.finished("00000000000000queued000001").await;
-    assert_eq!(done.status, gantry_scheduler::JobStatus::Completed);
+    assert_eq!(done.status, gantry_jobs::JobStatus::Completed);
     assert_eq!(env.ledger_count().await, 4, "three earlier charges and this job's");
     drop(node);
 }

@@ -64,7 +64,7 @@ async fn schedulers_publish_their_workers_and_withdraw_them_on_shutdown(backend:
     let job = env.submit(json!({"sleep_ms": 1500})).await;
     until_workers(&env, (2, 1)).await;
     let done = env.finished(&job.id).await;
-    assert_eq!(done.status, gantry_scheduler::JobStatus::Completed, "{done:?}");
+    assert_eq!(done.status, gantry_jobs::JobStatus::Completed, "{done:?}");
     until_workers(&env, (3, 0)).await;
 
     // A graceful shutdown removes the instance's rows at once.

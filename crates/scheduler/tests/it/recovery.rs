@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use gantry_dispatch::Event;
-use gantry_scheduler::{JobStatus, JobStore};
+use gantry_jobs::{JobStatus, JobStore};
 use serde_json::json;
 use tokio::sync::mpsc;
 
@@ -126,11 +126,11 @@ async fn low_priority_runs_after_others(backend: Backend) {
     let env = Env::new(backend).await;
     let node = Node::start(&env.store, &env.catalog).await;
     let echo = env.echo();
-    let mut low = gantry_scheduler::NewJob::new(json!({"low": true}));
+    let mut low = gantry_jobs::NewJob::new(json!({"low": true}));
     low.policy.low_priority = true;
     let low = env
         .store
-        .submit(USER, &echo, low, gantry_scheduler::Mode::Async)
+        .submit(USER, &echo, low, gantry_jobs::Mode::Async)
         .await
         .unwrap();
     let normal = env.submit(json!({"low": false, "sleep_ms": 300})).await;
@@ -176,8 +176,8 @@ async fn two_schedulers_share_one_postgres() {
             .submit(
                 USER,
                 &echo,
-                gantry_scheduler::NewJob::new(json!({"i": i, "sleep_ms": 20})),
-                gantry_scheduler::Mode::Async,
+                gantry_jobs::NewJob::new(json!({"i": i, "sleep_ms": 20})),
+                gantry_jobs::Mode::Async,
             )
             .await
             .unwrap();

@@ -5,7 +5,7 @@
 
 use std::time::Duration;
 
-use gantry_scheduler::{JobError, JobStatus};
+use gantry_jobs::{JobError, JobStatus};
 use serde_json::json;
 
 use crate::fast_lane::prime;
@@ -82,11 +82,11 @@ async fn written_while_it_runs(backend: Backend) {
 async fn times_out(backend: Backend) {
     let (env, node, _worker) = env(backend).await;
     for timeout_ms in [50, 1] {
-        let mut request = gantry_scheduler::NewJob::new(json!({"sleep_ms": 3000}));
+        let mut request = gantry_jobs::NewJob::new(json!({"sleep_ms": 3000}));
         request.policy.execution_timeout_ms = Some(timeout_ms);
         let job = env
             .store
-            .submit(USER, &env.echo(), request, gantry_scheduler::Mode::Sync)
+            .submit(USER, &env.echo(), request, gantry_jobs::Mode::Sync)
             .await
             .unwrap();
         let done = env.finished(&job.id).await;

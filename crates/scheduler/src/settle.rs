@@ -10,12 +10,12 @@ use gantry_dispatch::{DEADLINE_EXCEEDED, Event};
 use sea_orm::{DatabaseConnection, DbErr, TransactionTrait};
 use serde_json::Value;
 
-use crate::db::{now_ms, serialize_writes};
-use crate::engine::Engine;
-use crate::entity::job;
-use crate::plan::{self, Plan, Settled, Step, Store, Usage};
-use crate::signals::Signal;
-use crate::types::{JobStatus, JobView};
+use gantry_jobs::db::{now_ms, serialize_writes};
+use gantry_jobs::engine::Engine;
+use gantry_jobs::entity::job;
+use gantry_jobs::plan::{self, Plan, Settled, Step, Store, Usage};
+use gantry_jobs::signals::Signal;
+use gantry_jobs::types::{JobStatus, JobView};
 
 use super::{Core, InFlight, Outcome, Running, Settling, stream_job, terminal_job};
 

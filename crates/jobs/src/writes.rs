@@ -12,12 +12,12 @@ use crate::engine::Engine;
 use crate::entity::job;
 
 #[derive(Default)]
-pub(crate) struct Writes {
+pub struct Writes {
     /// Serializes this process's writes on SQLite (see [`serialize_writes`]).
-    pub(crate) lock: Arc<tokio::sync::Mutex<()>>,
+    pub lock: Arc<tokio::sync::Mutex<()>>,
     inserts: OnceLock<mpsc::UnboundedSender<Insert>>,
     /// The SQLite writer thread, when the database is a SQLite file.
-    pub(crate) engine: Option<Engine>,
+    pub engine: Option<Engine>,
 }
 
 impl Writes {
@@ -25,7 +25,7 @@ impl Writes {
     /// goes through a writer thread of its own on the database file (see
     /// `engine.rs`): that is SQLite's one statement set for them. An SQLite
     /// database without a file (in memory) has none and is refused.
-    pub(crate) fn open(db: &DatabaseConnection) -> Result<Self, DbErr> {
+    pub fn open(db: &DatabaseConnection) -> Result<Self, DbErr> {
         let mut writes = Self::default();
         if db.get_database_backend() == DbBackend::Sqlite {
             let options = db.get_sqlite_connection_pool().connect_options();
@@ -43,7 +43,7 @@ impl Writes {
     /// Inserts one job row, committed when this returns. Concurrent inserts are
     /// grouped: one writer task writes whatever is queued as one multi-row
     /// `INSERT` (one commit, one fsync) and answers each caller after it.
-    pub(crate) async fn insert(&self, db: &DatabaseConnection, row: &job::Model) -> Result<(), DbErr> {
+    pub async fn insert(&self, db: &DatabaseConnection, row: &job::Model) -> Result<(), DbErr> {
         if let Some(engine) = &self.engine {
             return engine.insert(row.clone()).await;
         }

@@ -10,17 +10,17 @@ use crate::entity::job;
 /// The lane (open while a scheduler of this process runs) and the jobs its
 /// scheduler runs that are not written yet: id -> (user, model).
 #[derive(Default)]
-pub(crate) struct FastLane {
+pub struct FastLane {
     lane: Mutex<Option<Open>>,
     unstored: Mutex<HashMap<String, (String, String)>>,
 }
 
 /// A job a submit handed to the lane's scheduler.
-pub(crate) struct Handed {
-    pub(crate) row: job::Model,
+pub struct Handed {
+    pub row: job::Model,
     /// False for a `runsync` job kept in memory until it ends or has run for
     /// `sync_store_after` (see `SchedulerConfig`): the scheduler writes it.
-    pub(crate) stored: bool,
+    pub stored: bool,
 }
 
 /// The fast lane of one scheduler instance (at most one per process): while
@@ -50,9 +50,9 @@ struct Open {
 }
 
 /// A credit taken from the lane: whom to write the job as claimed by.
-pub(crate) struct Credit {
-    pub(crate) instance: String,
-    pub(crate) lease_ms: i64,
+pub struct Credit {
+    pub instance: String,
+    pub lease_ms: i64,
 }
 
 impl FastLane {
@@ -62,7 +62,7 @@ impl FastLane {
 
     /// Opens the fast lane for scheduler `instance`; false if another
     /// scheduler of this process has it.
-    pub(crate) fn open(&self, instance: &str, lease_ms: i64) -> bool {
+    pub fn open(&self, instance: &str, lease_ms: i64) -> bool {
         let mut lane = self.lock();
         if lane.is_some() {
             return false;
@@ -79,7 +79,7 @@ impl FastLane {
 
     /// Closes `instance`'s lane; returns the jobs it had not adopted yet, or
     /// `None` if the lane is not `instance`'s.
-    pub(crate) fn close(&self, instance: &str) -> Option<Vec<Handed>> {
+    pub fn close(&self, instance: &str) -> Option<Vec<Handed>> {
         let mut lane = self.lock();
         match lane.take() {
             Some(open) if open.instance == instance => Some(open.handed),
@@ -95,7 +95,7 @@ impl FastLane {
     }
 
     /// These jobs are written now (or final): no longer only in memory.
-    pub(crate) fn stored(&self, job_ids: &[String]) {
+    pub fn stored(&self, job_ids: &[String]) {
         if job_ids.is_empty() {
             return;
         }
@@ -109,13 +109,13 @@ impl FastLane {
     }
 
     /// Whether `user`'s job `job_id` of `model` is running unwritten.
-    pub(crate) fn is_unstored(&self, job_id: &str, user: &str, model: &str) -> bool {
+    pub fn is_unstored(&self, job_id: &str, user: &str, model: &str) -> bool {
         self.lock_unstored()
             .get(job_id)
             .is_some_and(|(u, m)| u == user && m == model)
     }
 
-    pub(crate) fn unstored_count(&self, user: &str, model: &str) -> u64 {
+    pub fn unstored_count(&self, user: &str, model: &str) -> u64 {
         self.lock_unstored()
             .values()
             .filter(|(u, m)| u == user && m == model)
@@ -124,7 +124,7 @@ impl FastLane {
 
     /// Sets `instance`'s credits from its free slots per model (only models
     /// whose queue it found empty), less the credits already taken.
-    pub(crate) fn set_credits(&self, instance: &str, free: impl Iterator<Item = (String, u64)>) {
+    pub fn set_credits(&self, instance: &str, free: impl Iterator<Item = (String, u64)>) {
         let mut guard = self.lock();
         let Some(lane) = guard.as_mut().filter(|lane| lane.instance == instance) else {
             return;
@@ -139,7 +139,7 @@ impl FastLane {
         }
     }
 
-    pub(crate) fn take_credit(&self, model: &str) -> Option<Credit> {
+    pub fn take_credit(&self, model: &str) -> Option<Credit> {
         let mut guard = self.lock();
         let lane = guard.as_mut()?;
         let credits = lane.credits.get_mut(model).filter(|n| **n > 0)?;
@@ -153,7 +153,7 @@ impl FastLane {
 
     /// Credits of `instance`'s lane taken for `model` whose rows it has not
     /// adopted yet: free slots that those submits are about to fill.
-    pub(crate) fn lane_taken(&self, instance: &str, model: &str) -> u64 {
+    pub fn lane_taken(&self, instance: &str, model: &str) -> u64 {
         self.lock()
             .as_ref()
             .filter(|lane| lane.instance == instance)
@@ -161,7 +161,7 @@ impl FastLane {
             .unwrap_or(0)
     }
 
-    pub(crate) fn return_credit(&self, model: &str) {
+    pub fn return_credit(&self, model: &str) {
         if let Some(lane) = self.lock().as_mut()
             && let Some(pending) = lane.pending.get_mut(model)
         {
@@ -171,7 +171,7 @@ impl FastLane {
 
     /// Gives a job to the lane's scheduler; false (and the job dropped) if
     /// the lane closed. The caller wakes the scheduler.
-    pub(crate) fn hand_over(&self, row: job::Model, stored: bool) -> bool {
+    pub fn hand_over(&self, row: job::Model, stored: bool) -> bool {
         let mut guard = self.lock();
         let Some(lane) = guard.as_mut() else {
             return false;
@@ -185,7 +185,7 @@ impl FastLane {
     }
 
     /// Jobs handed over to `instance`, to place on its workers.
-    pub(crate) fn adopt(&self, instance: &str) -> Vec<Handed> {
+    pub fn adopt(&self, instance: &str) -> Vec<Handed> {
         let mut guard = self.lock();
         let Some(lane) = guard.as_mut().filter(|lane| lane.instance == instance) else {
             return Vec::new();
@@ -201,13 +201,13 @@ impl FastLane {
 
     /// Forgets these jobs as running unwritten (they never will be
     /// written); returns those that were.
-    pub(crate) fn forget<'a>(&self, job_ids: &'a [String]) -> Vec<&'a String> {
+    pub fn forget<'a>(&self, job_ids: &'a [String]) -> Vec<&'a String> {
         let mut unstored = self.lock_unstored();
         job_ids.iter().filter(|id| unstored.remove(*id).is_some()).collect()
     }
 
     /// The ids of every job running unwritten.
-    pub(crate) fn unstored_ids(&self) -> Vec<String> {
+    pub fn unstored_ids(&self) -> Vec<String> {
         self.lock_unstored().keys().cloned().collect()
     }
 }

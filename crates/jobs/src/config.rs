@@ -112,7 +112,7 @@ impl SchedulerConfig {
     /// The client every webhook delivery of one scheduler goes through: only
     /// permitted addresses are ever connected to (gantry-net), and a redirect
     /// could lead anywhere, so none is followed.
-    pub(crate) fn webhook_client(&self) -> Result<reqwest::Client, SchedulerError> {
+    pub fn webhook_client(&self) -> Result<reqwest::Client, SchedulerError> {
         let fail = |e: String| SchedulerError::Webhooks(e);
         let tls = gantry_net::tls_config(self.webhook_ca_file.as_deref())
             .map_err(|e| fail(format!("webhook_ca_file {e}")))?;
@@ -120,7 +120,7 @@ impl SchedulerConfig {
     }
 
     /// The destinations webhooks may reach (see gantry-net).
-    pub(crate) fn webhook_policy(&self) -> Result<AddressPolicy, SchedulerError> {
+    pub fn webhook_policy(&self) -> Result<AddressPolicy, SchedulerError> {
         AddressPolicy::new(&self.webhook_allow_ranges)
             .map_err(|e| SchedulerError::Webhooks(format!("webhook_allow_ranges: {e}")))
     }
@@ -128,18 +128,18 @@ impl SchedulerConfig {
     /// How recent a scheduler's `worker_presence` rows must be to count:
     /// three sweeps, at least 3 s. Rows of a crashed scheduler stop counting
     /// after this.
-    pub(crate) fn presence_window_ms(&self) -> i64 {
+    pub fn presence_window_ms(&self) -> i64 {
         millis(self.sweep_interval.saturating_mul(3)).max(3_000)
     }
 
     /// [`Self::sync_store_after`] in ms, at most 500.
-    pub(crate) fn sync_store_after_ms(&self) -> i64 {
+    pub fn sync_store_after_ms(&self) -> i64 {
         millis(self.sync_store_after).min(MAX_SYNC_STORE_AFTER_MS)
     }
 
     /// How long an output file lives: the file store's lifetime (7 days
     /// without a store).
-    pub(crate) fn file_lifetime_ms(&self) -> i64 {
+    pub fn file_lifetime_ms(&self) -> i64 {
         millis(
             self.files
                 .as_ref()
@@ -147,7 +147,7 @@ impl SchedulerConfig {
         )
     }
 
-    pub(crate) fn retention_ms(&self, sync: bool) -> i64 {
+    pub fn retention_ms(&self, sync: bool) -> i64 {
         millis(if sync {
             self.sync_retention
         } else {
@@ -160,6 +160,6 @@ impl SchedulerConfig {
 /// back can always read the job.
 const MAX_SYNC_STORE_AFTER_MS: i64 = 500;
 
-pub(crate) fn millis(duration: Duration) -> i64 {
+pub fn millis(duration: Duration) -> i64 {
     i64::try_from(duration.as_millis()).unwrap_or(i64::MAX)
 }

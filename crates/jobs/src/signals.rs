@@ -53,12 +53,12 @@ const BACKOFF_MAX: Duration = Duration::from_secs(5);
 /// How often an idle subscriber checks that its store still exists.
 const LIVENESS: Duration = Duration::from_secs(5);
 /// Largest chunk output (as JSON) sent over Redis with its content.
-pub(crate) const LIVE_CONTENT_MAX: usize = 64 << 10;
+pub const LIVE_CONTENT_MAX: usize = 64 << 10;
 /// Least time between two warnings about an unreachable Redis.
 const WARN_EVERY: Duration = Duration::from_secs(30);
 
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
-pub(crate) enum Signal {
+pub enum Signal {
     Queued(String),
     Final(String),
     Cancelled(String),
@@ -74,7 +74,7 @@ pub(crate) enum Signal {
 
 impl Signal {
     /// A live chunk, with its content when it is small enough.
-    pub(crate) fn chunk(job_id: &str, seq: i64, output: &serde_json::Value) -> Signal {
+    pub fn chunk(job_id: &str, seq: i64, output: &serde_json::Value) -> Signal {
         let text = output.to_string();
         Signal::Chunk {
             job_id: job_id.to_string(),
@@ -144,13 +144,13 @@ impl Signal {
 /// What hears the signals of other processes (the job store's hub): each
 /// signal as it arrives, and a resync after a gap in the subscription, when
 /// signals may have been missed.
-pub(crate) trait Listener: Send + Sync + 'static {
+pub trait Listener: Send + Sync + 'static {
     fn apply(&self, signal: Signal);
     fn resync(&self);
 }
 
 /// The sending half, owned by the store's hub. Dropping it ends the publisher.
-pub(crate) struct Signals {
+pub struct Signals {
     outbox: mpsc::Sender<Signal>,
     /// Set when a signal is dropped; the publisher then sends `Resync`.
     dropped: Arc<AtomicBool>,
@@ -160,7 +160,7 @@ impl Signals {
     /// Starts the publisher and the subscriber on the current Tokio runtime.
     /// Fails only on a malformed URL; an unreachable server is retried in the
     /// background.
-    pub(crate) fn start(url: &str, channel: &str, hub: Weak<dyn Listener>) -> Result<Signals, String> {
+    pub fn start(url: &str, channel: &str, hub: Weak<dyn Listener>) -> Result<Signals, String> {
         let client = redis::Client::open(url).map_err(|e| format!("redis_url: {e}"))?;
         let origin = {
             use rand::RngExt;
@@ -181,7 +181,7 @@ impl Signals {
     }
 
     /// Queues a signal for publication; never waits.
-    pub(crate) fn send(&self, signal: Signal) {
+    pub fn send(&self, signal: Signal) {
         // A full outbox means Redis is slow or gone: drop it (a delay, not a
         // loss), and have the others resync once it is reachable again.
         if self.outbox.try_send(signal).is_err() {

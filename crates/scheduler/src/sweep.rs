@@ -10,13 +10,13 @@ use sea_orm::{
     ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, QueryFilter, QuerySelect, TransactionTrait,
 };
 
-use crate::config::millis;
-use crate::db::{now_ms, serialize_writes};
-use crate::entity::{chunk, job};
-use crate::plan::{self, Plan, is_final, running_jobs};
-use crate::signals::Signal;
-use crate::store::retention_expr;
-use crate::types::JobStatus;
+use gantry_jobs::config::millis;
+use gantry_jobs::db::{now_ms, serialize_writes};
+use gantry_jobs::entity::{chunk, job};
+use gantry_jobs::plan::{self, Plan, is_final, running_jobs};
+use gantry_jobs::signals::Signal;
+use gantry_jobs::store::retention_expr;
+use gantry_jobs::types::JobStatus;
 
 use job::Column as J;
 
@@ -211,8 +211,8 @@ impl Core {
                 .filter(chunk::Column::JobId.is_in(part.iter().map(String::as_str)))
                 .exec(&txn)
                 .await?;
-            crate::entity::progress::Entity::delete_many()
-                .filter(crate::entity::progress::Column::JobId.is_in(part.iter().map(String::as_str)))
+            gantry_jobs::entity::progress::Entity::delete_many()
+                .filter(gantry_jobs::entity::progress::Column::JobId.is_in(part.iter().map(String::as_str)))
                 .exec(&txn)
                 .await?;
             job::Entity::delete_many()

@@ -9,12 +9,12 @@ use gantry_dispatch::{AssignError, Assignment};
 use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, DbErr, EntityTrait, QueryFilter};
 
-use crate::db::{now_ms, plus, serialize_writes};
-use crate::entity::job;
-use crate::lane::Handed;
-use crate::plan::{Plan, Store};
-use crate::signals::Signal;
-use crate::types::JobStatus;
+use gantry_jobs::db::{now_ms, plus, serialize_writes};
+use gantry_jobs::entity::job;
+use gantry_jobs::lane::Handed;
+use gantry_jobs::plan::{Plan, Store};
+use gantry_jobs::signals::Signal;
+use gantry_jobs::types::JobStatus;
 
 use job::Column as J;
 

@@ -24,7 +24,7 @@ fn new_secret() -> String {
 
 /// The user's secret, created if there is none yet (two processes creating
 /// it at once agree on the one stored first).
-pub(crate) async fn secret_for(db: &DatabaseConnection, user_id: &str) -> Result<String, DbErr> {
+pub async fn secret_for(db: &DatabaseConnection, user_id: &str) -> Result<String, DbErr> {
     if let Some(row) = webhook_secret::Entity::find_by_id(user_id.to_owned()).one(db).await? {
         return Ok(row.secret);
     }
@@ -68,7 +68,7 @@ pub async fn webhook_secret(db: &DatabaseConnection, user_id: &str, rotate: bool
 }
 
 /// The `webhook-signature` value of a delivery.
-pub(crate) fn signature(secret: &str, id: &str, timestamp: i64, body: &[u8]) -> String {
+pub fn signature(secret: &str, id: &str, timestamp: i64, body: &[u8]) -> String {
     let key = STANDARD
         .decode(secret.strip_prefix(PREFIX).unwrap_or(secret))
         .unwrap_or_else(|_| secret.as_bytes().to_vec());

@@ -119,7 +119,7 @@ pub struct JobView {
 
 impl JobView {
     /// A running job not written yet (see `SchedulerConfig::sync_store_after`).
-    pub(crate) fn unstored(job_id: &str) -> Self {
+    pub fn unstored(job_id: &str) -> Self {
         Self {
             id: job_id.to_string(),
             status: JobStatus::InProgress,
@@ -153,7 +153,7 @@ impl JobView {
         self
     }
 
-    pub(crate) fn of(row: &job::Model, now_ms: i64) -> Self {
+    pub fn of(row: &job::Model, now_ms: i64) -> Self {
         let status = JobStatus::parse(&row.status).unwrap_or(JobStatus::Failed);
         let queue_end = match status {
             JobStatus::InQueue => now_ms,

@@ -17,7 +17,7 @@ use crate::types::JobView;
 type ByJob = HashMap<String, Vec<(u64, oneshot::Sender<Wake>)>>;
 
 /// What a waiter is woken with.
-pub(crate) enum Wake {
+pub enum Wake {
     /// The job's final view, from a scheduler of this process.
     Final(JobView),
     /// Read the row now: it changed in another process (a Redis signal), or
@@ -41,18 +41,18 @@ const PARKED_MAX_AGE: Duration = Duration::from_secs(60);
 
 /// Every waiter of this process, by job.
 #[derive(Default)]
-pub(crate) struct Waiters {
+pub struct Waiters {
     by_job: Mutex<ByJob>,
     next: AtomicU64,
     parked: Mutex<HashMap<String, Parked>>,
 }
 
 impl Waiters {
-    pub(crate) fn lock(&self) -> MutexGuard<'_, ByJob> {
+    pub fn lock(&self) -> MutexGuard<'_, ByJob> {
         self.by_job.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    pub(crate) fn register(self: &Arc<Self>, job_id: &str) -> Waiter {
+    pub fn register(self: &Arc<Self>, job_id: &str) -> Waiter {
         let id = self.next.fetch_add(1, Ordering::Relaxed);
         let (sender, receiver) = oneshot::channel();
         self.lock().entry(job_id.to_string()).or_default().push((id, sender));
@@ -65,7 +65,7 @@ impl Waiters {
     }
 
     /// Wakes the waiters of `job_id` (of every job if `None`) to read the row.
-    pub(crate) fn reread(&self, job_id: Option<&str>) {
+    pub fn reread(&self, job_id: Option<&str>) {
         let woken: Vec<_> = {
             let mut waiters = self.lock();
             match job_id {
@@ -81,7 +81,7 @@ impl Waiters {
     /// Wakes the waiters of each final view; returns the indices of the
     /// views nobody here waited for (none when `want_unwaited` is false and
     /// nobody waits at all).
-    pub(crate) fn finish(&self, views: &[JobView], want_unwaited: bool) -> Vec<usize> {
+    pub fn finish(&self, views: &[JobView], want_unwaited: bool) -> Vec<usize> {
         // Taken under the lock, woken after it: a wake-up can be a system
         // call (another thread's runtime), and the HTTP workers register and
         // drop waiters under this lock for every request.
@@ -109,7 +109,7 @@ impl Waiters {
 
     /// Drops the waiters of these jobs unwoken, which `wait` reports as
     /// `JobError::Lost`.
-    pub(crate) fn abandon<'a>(&self, job_ids: impl Iterator<Item = &'a String>) {
+    pub fn abandon<'a>(&self, job_ids: impl Iterator<Item = &'a String>) {
         let dropped: Vec<_> = {
             let mut waiters = self.lock();
             job_ids.filter_map(|id| waiters.remove(id)).collect()
@@ -122,7 +122,7 @@ impl Waiters {
     }
 
     /// Registers a waiter for a job about to be inserted, kept for `take_parked`.
-    pub(crate) fn park(self: &Arc<Self>, row: &job::Model, local: bool) {
+    pub fn park(self: &Arc<Self>, row: &job::Model, local: bool) {
         let waiter = self.register(&row.id);
         let now = Instant::now();
         let mut parked = self.lock_parked();
@@ -152,13 +152,13 @@ impl Waiters {
         drop(abandoned);
     }
 
-    pub(crate) fn unpark(&self, job_id: &str) {
+    pub fn unpark(&self, job_id: &str) {
         let parked = self.lock_parked().remove(job_id);
         drop(parked);
     }
 
     /// The waiter `submit` parked for this job, if this caller may have it.
-    pub(crate) fn take_parked(&self, job_id: &str, user: &str, model: &str) -> Option<(Waiter, bool)> {
+    pub fn take_parked(&self, job_id: &str, user: &str, model: &str) -> Option<(Waiter, bool)> {
         let mut parked = self.lock_parked();
         let entry = parked.get(job_id)?;
         if entry.user != user || entry.model != model {
@@ -171,7 +171,7 @@ impl Waiters {
 }
 
 /// A registered waiter; unregisters itself when dropped.
-pub(crate) struct Waiter {
+pub struct Waiter {
     waiters: Arc<Waiters>,
     job_id: String,
     id: u64,
@@ -179,12 +179,12 @@ pub(crate) struct Waiter {
 }
 
 impl Waiter {
-    pub(crate) fn is_open(&self) -> bool {
+    pub fn is_open(&self) -> bool {
         self.receiver.is_some()
     }
 
     /// What woke it; `None` (and closed for good) if the sender went away.
-    pub(crate) async fn receiver(&mut self) -> Option<Wake> {
+    pub async fn receiver(&mut self) -> Option<Wake> {
         let receiver = self.receiver.as_mut()?;
         let result = receiver.await.ok();
         self.receiver = None;

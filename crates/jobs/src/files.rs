@@ -23,7 +23,7 @@ use crate::entity::file;
 const BATCH: u64 = 256;
 
 /// Runs until aborted.
-pub(crate) async fn sweep(files: Files, db: DatabaseConnection, write_lock: Arc<tokio::sync::Mutex<()>>) {
+pub async fn sweep(files: Files, db: DatabaseConnection, write_lock: Arc<tokio::sync::Mutex<()>>) {
     // Expired files are looked for every 10 s (more often for short
     // lifetimes), orphans a few times per grace period.
     let expiry_period = (files.lifetime() / 4).clamp(Duration::from_millis(250), Duration::from_secs(10));
@@ -48,7 +48,7 @@ pub(crate) async fn sweep(files: Files, db: DatabaseConnection, write_lock: Arc<
 }
 
 /// Deletes the objects past their lifetime, then their rows; returns how many.
-pub(crate) async fn delete_expired(
+pub async fn delete_expired(
     files: &Files,
     db: &DatabaseConnection,
     write_lock: &tokio::sync::Mutex<()>,
@@ -88,7 +88,7 @@ pub(crate) async fn delete_expired(
 }
 
 /// Deletes objects older than the grace period that no `files` row names.
-pub(crate) async fn delete_orphans(files: &Files, db: &DatabaseConnection, now: i64) -> Result<usize, String> {
+pub async fn delete_orphans(files: &Files, db: &DatabaseConnection, now: i64) -> Result<usize, String> {
     let grace = i64::try_from(files.orphan_grace().as_millis()).unwrap_or(i64::MAX);
     let old: Vec<String> = files
         .list()

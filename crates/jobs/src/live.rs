@@ -32,7 +32,7 @@ const MAX_BYTES: usize = 16 << 20;
 
 /// The watched jobs of one process, by id.
 #[derive(Default)]
-pub(crate) struct LiveJobs {
+pub struct LiveJobs {
     jobs: Mutex<HashMap<String, Arc<Live>>>,
 }
 
@@ -72,7 +72,7 @@ impl LiveJobs {
     }
 
     /// Subscribes a reader to `job_id`.
-    pub(crate) fn watch(self: &Arc<Self>, job_id: &str) -> LiveStream {
+    pub fn watch(self: &Arc<Self>, job_id: &str) -> LiveStream {
         let live = Arc::clone(self.lock().entry(job_id.to_string()).or_default());
         LiveStream {
             jobs: Arc::clone(self),
@@ -83,7 +83,7 @@ impl LiveJobs {
 
     /// Chunk `seq` of `job_id` was produced; `output` is `None` when only its
     /// existence is known (its content comes from the database).
-    pub(crate) fn chunk(&self, job_id: &str, seq: i64, output: Option<&Value>) {
+    pub fn chunk(&self, job_id: &str, seq: i64, output: Option<&Value>) {
         let Some(live) = self.get(job_id) else {
             return;
         };
@@ -106,7 +106,7 @@ impl LiveJobs {
     }
 
     /// The job's latest progress message.
-    pub(crate) fn progress(&self, job_id: &str, message: &Value) {
+    pub fn progress(&self, job_id: &str, message: &Value) {
         if let Some(live) = self.get(job_id) {
             {
                 let mut state = live.lock();
@@ -118,17 +118,17 @@ impl LiveJobs {
     }
 
     /// Chunks or progress of these jobs were stored.
-    pub(crate) fn stored<'a>(&self, job_ids: impl Iterator<Item = &'a str>) {
+    pub fn stored<'a>(&self, job_ids: impl Iterator<Item = &'a str>) {
         self.bump(job_ids, |state| state.stored_rev += 1);
     }
 
     /// These jobs may have ended: their readers read the database.
-    pub(crate) fn ended<'a>(&self, job_ids: impl Iterator<Item = &'a str>) {
+    pub fn ended<'a>(&self, job_ids: impl Iterator<Item = &'a str>) {
         self.bump(job_ids, |state| state.ended_rev += 1);
     }
 
     /// Signals may have been missed: every reader reads the database.
-    pub(crate) fn ended_all(&self) {
+    pub fn ended_all(&self) {
         let all: Vec<Arc<Live>> = self.lock().values().cloned().collect();
         for live in all {
             live.lock().ended_rev += 1;

@@ -27,9 +27,9 @@ use job::Column as J;
 /// clones share the in-process notifications (waiters and scheduler wake-ups).
 #[derive(Clone)]
 pub struct JobStore {
-    pub(crate) db: DatabaseConnection,
-    pub(crate) config: Arc<SchedulerConfig>,
-    pub(crate) hub: Arc<Hub>,
+    pub db: DatabaseConnection,
+    pub config: Arc<SchedulerConfig>,
+    pub hub: Arc<Hub>,
 }
 
 impl JobStore {
@@ -397,7 +397,7 @@ impl JobStore {
             .col_expr(J::Retries, plus(J::Retries, 1))
             .col_expr(J::MaxAttempts, plus(J::Attempt, attempts))
             // A new outcome, a new delivery.
-            .col_expr(J::WebhookDueMs, crate::webhooks::pending_if_any())
+            .col_expr(J::WebhookDueMs, crate::db::pending_if_any())
             .filter(callers_job(user, model_id, job_id, now))
             .filter(J::Status.is_in([JobStatus::Failed.as_str(), JobStatus::TimedOut.as_str()]))
             .exec_with_returning(&self.db)
@@ -680,7 +680,7 @@ impl JobStore {
 }
 
 /// `expires_at_ms` of a job finishing at `now`: the retention of its mode.
-pub(crate) fn retention_expr(config: &SchedulerConfig, now: i64) -> Expr {
+pub fn retention_expr(config: &SchedulerConfig, now: i64) -> Expr {
     let sync = now.saturating_add(config.retention_ms(true));
     let async_ = now.saturating_add(config.retention_ms(false));
     Expr::cust(format!("CASE WHEN sync THEN {sync} ELSE {async_} END"))
@@ -689,33 +689,33 @@ pub(crate) fn retention_expr(config: &SchedulerConfig, now: i64) -> Expr {
 /// What a store and the schedulers of its process share: named parts, each
 /// in its own module, and the few rules that span several of them.
 #[derive(Default)]
-pub(crate) struct Hub {
+pub struct Hub {
     /// The `wait`s of this process, woken with final results.
-    pub(crate) waiters: Arc<Waiters>,
+    pub waiters: Arc<Waiters>,
     /// What this process's scheduler is woken for.
-    pub(crate) wakeups: Arc<Wakeups>,
+    pub wakeups: Arc<Wakeups>,
     /// How this process writes jobs: the SQLite write lock, grouped
     /// inserts, the SQLite writer thread.
-    pub(crate) writes: Writes,
+    pub writes: Writes,
     /// Submits written already claimed for this process's scheduler, and
     /// the `runsync` jobs it runs unwritten.
-    pub(crate) lane: FastLane,
+    pub lane: FastLane,
     /// Wake-ups to and from other processes over Redis, when configured.
     signals: OnceLock<Signals>,
     /// Live output of the jobs this process's stream readers follow.
-    pub(crate) live: Arc<LiveJobs>,
+    pub live: Arc<LiveJobs>,
 }
 
 impl Hub {
     /// Sends a signal to the other processes, if Redis is configured.
-    pub(crate) fn signal(&self, signal: Signal) {
+    pub fn signal(&self, signal: Signal) {
         if let Some(signals) = self.signals.get() {
             signals.send(signal);
         }
     }
 
     /// A job of `model` was queued: tell this process's scheduler and the others'.
-    pub(crate) fn queued(&self, model: &str) {
+    pub fn queued(&self, model: &str) {
         self.wakeups.queued(model);
         self.signal(Signal::Queued(model.to_string()));
     }
@@ -723,7 +723,7 @@ impl Hub {
     /// Unstored jobs that will never be written (their scheduler stopped, or
     /// could not write them): their waiters are dropped, which `wait` reports
     /// as `JobError::Lost`.
-    pub(crate) fn lose(&self, job_ids: &[String]) {
+    pub fn lose(&self, job_ids: &[String]) {
         let lost = self.lane.forget(job_ids);
         if !lost.is_empty() {
             self.waiters.abandon(lost.into_iter());
@@ -731,7 +731,7 @@ impl Hub {
     }
 
     /// Every unstored job is lost (its scheduler died).
-    pub(crate) fn lose_all(&self) {
+    pub fn lose_all(&self) {
         let ids = self.lane.unstored_ids();
         self.lose(&ids);
     }
@@ -749,7 +749,7 @@ impl Hub {
     /// Hands final views to whoever waits on them in this process. A view
     /// for which `announce` holds and that nobody here waited for is
     /// signalled to the other processes (a `runsync` caller may wait there).
-    pub(crate) fn finished(&self, views: &[JobView], announce: impl Fn(usize) -> bool) {
+    pub fn finished(&self, views: &[JobView], announce: impl Fn(usize) -> bool) {
         self.live.ended(views.iter().map(|view| view.id.as_str()));
         let signals = self.signals.get();
         for i in self.waiters.finish(views, signals.is_some()) {
@@ -763,7 +763,7 @@ impl Hub {
 
     /// A worker's chunk or progress message, as it arrives (before it is
     /// stored): to this process's readers, and to other processes' over Redis.
-    pub(crate) fn live_event(&self, event: &Event) {
+    pub fn live_event(&self, event: &Event) {
         let signals = self.signals.get();
         match event {
             Event::Chunk {

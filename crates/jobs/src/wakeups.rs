@@ -10,21 +10,21 @@ use tokio::sync::Notify;
 
 /// What a scheduler is woken for.
 #[derive(Default)]
-pub(crate) struct Pending {
-    pub(crate) models: HashSet<String>,
+pub struct Pending {
+    pub models: HashSet<String>,
     /// Jobs cancelled in this process: stop them.
-    pub(crate) cancels: Vec<String>,
+    pub cancels: Vec<String>,
     /// Jobs another process signalled cancelled: stop them if their rows agree.
-    pub(crate) rechecks: HashSet<String>,
+    pub rechecks: HashSet<String>,
     /// Signals may have been missed: claim for every model with free slots.
-    pub(crate) refill_all: bool,
+    pub refill_all: bool,
 }
 
 #[derive(Default)]
-pub(crate) struct Wakeups {
+pub struct Wakeups {
     pending: Mutex<Pending>,
     /// Notified whenever something is added (and for jobs handed over).
-    pub(crate) notify: Notify,
+    pub notify: Notify,
     /// Schedulers attached (see [`Attached`]). Without one, nothing takes
     /// what `pending` collects, so nothing is collected.
     schedulers: AtomicUsize,
@@ -35,12 +35,12 @@ impl Wakeups {
         self.pending.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
     }
 
-    pub(crate) fn has_scheduler(&self) -> bool {
+    pub fn has_scheduler(&self) -> bool {
         self.schedulers.load(Ordering::Acquire) > 0
     }
 
     /// Jobs of `model` were queued: claim them.
-    pub(crate) fn queued(&self, model: &str) {
+    pub fn queued(&self, model: &str) {
         if !self.has_scheduler() {
             return;
         }
@@ -52,7 +52,7 @@ impl Wakeups {
         self.notify.notify_one();
     }
 
-    pub(crate) fn cancel(&self, job_id: &str) {
+    pub fn cancel(&self, job_id: &str) {
         if !self.has_scheduler() {
             return;
         }
@@ -61,7 +61,7 @@ impl Wakeups {
     }
 
     /// Another process cancelled `job_id`: stop it if its row agrees.
-    pub(crate) fn recheck(&self, job_id: String) {
+    pub fn recheck(&self, job_id: String) {
         if self.has_scheduler() {
             self.lock_pending().rechecks.insert(job_id);
             self.notify.notify_one();
@@ -69,7 +69,7 @@ impl Wakeups {
     }
 
     /// Signals may have been missed: claim for every model with free slots.
-    pub(crate) fn refill_all(&self) {
+    pub fn refill_all(&self) {
         if self.has_scheduler() {
             self.lock_pending().refill_all = true;
             self.notify.notify_one();
@@ -77,7 +77,7 @@ impl Wakeups {
     }
 
     /// What was collected since the last call.
-    pub(crate) fn take(&self) -> Pending {
+    pub fn take(&self) -> Pending {
         std::mem::take(&mut *self.lock_pending())
     }
 }
@@ -85,10 +85,10 @@ impl Wakeups {
 /// Counts a scheduler on its wake-ups for as long as it lives: held by the
 /// scheduler's loop, so it is released however the loop ends (stopped, or
 /// aborted when its `Scheduler` is dropped).
-pub(crate) struct Attached(Arc<Wakeups>);
+pub struct Attached(Arc<Wakeups>);
 
 impl Attached {
-    pub(crate) fn new(wakeups: &Arc<Wakeups>) -> Self {
+    pub fn new(wakeups: &Arc<Wakeups>) -> Self {
         wakeups.schedulers.fetch_add(1, Ordering::AcqRel);
         Self(Arc::clone(wakeups))
     }

@@ -68,7 +68,7 @@ pub mod job {
 
     /// A queued job of user `u` for unit tests.
     #[cfg(test)]
-    pub(crate) fn sample(id: &str, model: &str) -> Model {
+    pub fn sample(id: &str, model: &str) -> Model {
         Model {
             id: id.into(),
             user_id: "u".into(),
@@ -173,7 +173,7 @@ pub mod file {
 
     /// The rows of a completed job's files, expiring `lifetime_ms` after
     /// each was created.
-    pub(crate) fn of_job(row: &super::job::Model, lifetime_ms: i64) -> Vec<Model> {
+    pub fn of_job(row: &super::job::Model, lifetime_ms: i64) -> Vec<Model> {
         let Some(files) = row.files.as_deref() else {
             return Vec::new();
         };

@@ -8,9 +8,9 @@ use gantry_dispatch::Health;
 use sea_orm::sea_query::{Expr, OnConflict, Query};
 use sea_orm::{ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter};
 
-use crate::db::{now_ms, serialize_writes};
-use crate::entity::{job, presence, worker_gpu};
-use crate::types::JobStatus;
+use gantry_jobs::db::{now_ms, serialize_writes};
+use gantry_jobs::entity::{job, presence, worker_gpu};
+use gantry_jobs::types::JobStatus;
 
 use job::Column as J;
 

@@ -56,7 +56,7 @@ enum Done {
 }
 
 /// An admission's outcome: inserted, or refused with (balance, held).
-pub(crate) type Admission = Result<(), (i64, i64)>;
+pub type Admission = Result<(), (i64, i64)>;
 
 enum ReplyTo {
     Insert(oneshot::Sender<Result<(), DbErr>>),
@@ -81,7 +81,7 @@ impl ReplyTo {
 
 /// Handle to the writer thread; the thread ends when the last handle is dropped.
 #[derive(Clone)]
-pub(crate) struct Engine {
+pub struct Engine {
     ops: std_mpsc::Sender<Op>,
 }
 
@@ -89,7 +89,7 @@ impl Engine {
     /// Opens a second connection to the database file at `path` and starts
     /// the writer thread; an error for an in-memory database (nothing to
     /// share), a file that cannot be opened, or a thread that cannot start.
-    pub(crate) fn open(path: &Path, write_lock: Arc<tokio::sync::Mutex<()>>) -> Result<Engine, String> {
+    pub fn open(path: &Path, write_lock: Arc<tokio::sync::Mutex<()>>) -> Result<Engine, String> {
         if !path.is_file() {
             return Err("not a database file (an in-memory SQLite database cannot hold jobs)".into());
         }
@@ -120,7 +120,7 @@ impl Engine {
     }
 
     /// Inserts one job row; committed when this returns.
-    pub(crate) async fn insert(&self, row: job::Model) -> Result<(), DbErr> {
+    pub async fn insert(&self, row: job::Model) -> Result<(), DbErr> {
         let (reply, done) = oneshot::channel();
         self.send(Op {
             work: Work::Insert(Box::new(row)),
@@ -133,7 +133,7 @@ impl Engine {
     /// holds of their jobs in flight above zero), committed when this
     /// returns; else the balance and holds. Admissions are serialized by
     /// this thread: one in the same batch sees the rows of those before it.
-    pub(crate) async fn admit(&self, row: job::Model) -> Result<Admission, DbErr> {
+    pub async fn admit(&self, row: job::Model) -> Result<Admission, DbErr> {
         let (reply, done) = oneshot::channel();
         self.send(Op {
             work: Work::Admit(Box::new(row)),
@@ -143,7 +143,7 @@ impl Engine {
     }
 
     /// Runs a settlement plan in one transaction; committed when this returns.
-    pub(crate) async fn settle(&self, plan: Plan) -> Result<Settled, DbErr> {
+    pub async fn settle(&self, plan: Plan) -> Result<Settled, DbErr> {
         let (reply, done) = oneshot::channel();
         self.send(Op {
             work: Work::Settle(Box::new(plan)),

@@ -14,7 +14,7 @@ use crate::entity::job;
 /// On SQLite, takes the in-process write lock: writers queue here (woken in
 /// order) instead of in SQLite's busy handler, which sleeps for milliseconds.
 /// PostgreSQL locks rows, so nothing is taken there.
-pub(crate) async fn serialize_writes<'a>(
+pub async fn serialize_writes<'a>(
     lock: &'a tokio::sync::Mutex<()>,
     db: &DatabaseConnection,
 ) -> Option<tokio::sync::MutexGuard<'a, ()>> {
@@ -25,7 +25,7 @@ pub(crate) async fn serialize_writes<'a>(
     }
 }
 
-pub(crate) fn now_ms() -> i64 {
+pub fn now_ms() -> i64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
@@ -35,7 +35,7 @@ pub(crate) fn now_ms() -> i64 {
 /// A UUIDv7-shaped id: 48 bits of Unix ms, a 12-bit counter that keeps ids of
 /// this process strictly increasing, and 62 random bits. Ids sort by creation
 /// (FIFO order in the claim query).
-pub(crate) fn new_job_id(now: i64) -> String {
+pub fn new_job_id(now: i64) -> String {
     static LAST: AtomicU64 = AtomicU64::new(0);
     let floor = (u64::try_from(now).unwrap_or(0) & 0xffff_ffff_ffff) << 12;
     let mut last = LAST.load(Ordering::Relaxed);
@@ -60,7 +60,13 @@ pub(crate) fn new_job_id(now: i64) -> String {
 }
 
 /// `column + n`, for guarded updates.
-pub(crate) fn plus(column: job::Column, n: i64) -> Expr {
+pub fn plus(column: job::Column, n: i64) -> Expr {
     use sea_orm::sea_query::ExprTrait;
     Expr::col(column).add(n)
+}
+
+/// `webhook_due_ms` of a job submitted or retried now: pending (0) when it
+/// has a webhook.
+pub fn pending_if_any() -> sea_orm::sea_query::Expr {
+    sea_orm::sea_query::Expr::cust("CASE WHEN webhook IS NULL THEN NULL ELSE 0 END")
 }

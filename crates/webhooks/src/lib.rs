@@ -14,23 +14,17 @@ use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 use tokio::task::JoinSet;
 
-use crate::config::SchedulerConfig;
-use crate::db::{now_ms, serialize_writes};
-use crate::entity::job;
-use crate::types::{JobStatus, JobView, SchedulerError};
+use gantry_jobs::SchedulerConfig;
+use gantry_jobs::db::{now_ms, serialize_writes};
+use gantry_jobs::entity::job;
+use gantry_jobs::{JobStatus, JobView, SchedulerError};
 use gantry_net::{AddressPolicy, error_chain};
 
 use job::Column as J;
 
-/// `webhook_due_ms` of a job submitted or retried now: pending (0) when it
-/// has a webhook.
-pub(crate) fn pending_if_any() -> Expr {
-    Expr::cust("CASE WHEN webhook IS NULL THEN NULL ELSE 0 END")
-}
-
 /// The longest one delivery can take: every attempt timing out, plus the
 /// pauses between attempts (0.5 s, 1 s, 2 s …).
-pub(crate) fn window(config: &SchedulerConfig) -> Duration {
+pub fn window(config: &SchedulerConfig) -> Duration {
     let attempts = config.webhook_attempts.max(1);
     let pauses: Duration = (1..attempts).map(pause_after).sum();
     config.webhook_timeout * attempts + pauses
@@ -48,7 +42,7 @@ fn pause_after(attempt: u32) -> Duration {
 /// Delivery is therefore at least once: a receiver may see a job twice
 /// (after a crash between its answer and the row's update), and should
 /// treat the job id as the delivery's identity.
-pub(crate) struct Deliveries {
+pub struct Deliveries {
     client: reqwest::Client,
     policy: Arc<AddressPolicy>,
     db: DatabaseConnection,
@@ -63,7 +57,7 @@ pub(crate) struct Deliveries {
 }
 
 impl Deliveries {
-    pub(crate) fn new(
+    pub fn new(
         config: &SchedulerConfig,
         db: DatabaseConnection,
         write_lock: Arc<tokio::sync::Mutex<()>>,
@@ -85,7 +79,7 @@ impl Deliveries {
     /// `finished_at` is the row's `completed_at_ms` as it finished: the
     /// delivery is marked done only if the job has not been retried since
     /// (a retry's outcome gets its own).
-    pub(crate) fn send(&mut self, url: String, user_id: String, view: JobView, finished_at: Option<i64>) {
+    pub fn send(&mut self, url: String, user_id: String, view: JobView, finished_at: Option<i64>) {
         while self.running.try_join_next().is_some() {}
         let (client, policy, db, lock, attempts, files) = (
             self.client.clone(),
@@ -98,7 +92,7 @@ impl Deliveries {
         self.running.spawn(async move {
             let view = view.linked(files.as_ref()).await;
             if view.status != JobStatus::Cancelled {
-                match crate::signing::secret_for(&db, &user_id).await {
+                match gantry_jobs::signing::secret_for(&db, &user_id).await {
                     Ok(secret) => {
                         let message_id = format!("msg_{}_{}", view.id, finished_at.unwrap_or_default());
                         let delivery = Delivery {
@@ -127,7 +121,7 @@ impl Deliveries {
     /// batch per sweep. Each is held for one [`window`] by a guarded update,
     /// so two sweeps never both take it; a holder that dies lets it go
     /// again after that.
-    pub(crate) async fn take_over(&mut self, now: i64) -> Result<(), DbErr> {
+    pub async fn take_over(&mut self, now: i64) -> Result<(), DbErr> {
         let window = i64::try_from(self.window.as_millis()).unwrap_or(i64::MAX);
         let finished_before = now.saturating_sub(window.saturating_add(TAKE_OVER_MARGIN_MS));
         let rows = job::Entity::find()
@@ -226,7 +220,7 @@ async fn deliver(
     for attempt in 1..=attempts {
         // Each attempt is signed at its own time (receivers reject stale timestamps).
         let timestamp = now_ms().div_euclid(1000);
-        let signature = crate::signing::signature(delivery.secret, delivery.message_id, timestamp, &body);
+        let signature = gantry_jobs::signing::signature(delivery.secret, delivery.message_id, timestamp, &body);
         let request = client
             .post(url)
             .header(reqwest::header::CONTENT_TYPE, "application/json")
@@ -244,36 +238,5 @@ async fn deliver(
         if attempt < attempts {
             tokio::time::sleep(pause_after(attempt)).await;
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn with_ca(path: std::path::PathBuf) -> SchedulerConfig {
-        SchedulerConfig {
-            webhook_ca_file: Some(path),
-            ..SchedulerConfig::default()
-        }
-    }
-
-    #[test]
-    fn a_ca_file_that_gives_no_certificate_is_an_error_naming_it() {
-        let dir = tempfile::tempdir().unwrap();
-        let missing = dir.path().join("missing.pem");
-        let error = with_ca(missing.clone()).webhook_client().unwrap_err().to_string();
-        assert!(error.contains(&missing.display().to_string()), "{error}");
-
-        let empty = dir.path().join("empty.pem");
-        std::fs::write(&empty, "not a certificate\n").unwrap();
-        let error = with_ca(empty).webhook_client().unwrap_err().to_string();
-        assert!(error.contains("holds no certificate"), "{error}");
-
-        let ca = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ca.pem");
-        with_ca(ca).webhook_client().expect("the test CA loads");
-        SchedulerConfig::default()
-            .webhook_client()
-            .expect("no CA file: the system's roots");
     }
 }

@@ -26,27 +26,27 @@ const COMPLETE_CHUNK: usize = 224;
 /// IN_PROGRESS)`, so a stale attempt or a duplicate changes nothing), the
 /// charges of the completions that applied, then claims.
 #[derive(Clone)]
-pub(crate) struct Plan {
-    pub(crate) now: i64,
+pub struct Plan {
+    pub now: i64,
     /// `expires_at_ms` of a job finishing now: sync and async retention.
-    pub(crate) sync_until: i64,
-    pub(crate) async_until: i64,
+    pub sync_until: i64,
+    pub async_until: i64,
     /// Rows of jobs not in the database yet, written whole.
-    pub(crate) stores: Vec<Store>,
-    pub(crate) chunks: Vec<(String, i64, String)>,
+    pub stores: Vec<Store>,
+    pub chunks: Vec<(String, i64, String)>,
     /// The latest progress message of running attempts: (job, attempt, JSON).
-    pub(crate) progress: Vec<(String, i32, String)>,
-    pub(crate) steps: Vec<Step>,
+    pub progress: Vec<(String, i32, String)>,
+    pub steps: Vec<Step>,
     /// Claims for this instance: (model, most jobs).
-    pub(crate) claims: Vec<(String, u64)>,
-    pub(crate) instance: String,
-    pub(crate) lease_until: i64,
+    pub claims: Vec<(String, u64)>,
+    pub instance: String,
+    pub lease_until: i64,
     /// How long an output file lives (its `files` row's expiry).
-    pub(crate) file_lifetime_ms: i64,
+    pub file_lifetime_ms: i64,
 }
 
 #[derive(Clone)]
-pub(crate) enum Step {
+pub enum Step {
     /// COMPLETED with its output (cost included) and one ledger charge.
     Complete {
         job_id: String,
@@ -77,22 +77,22 @@ pub(crate) enum Step {
 /// this process, see `store::Lane`): its whole row, in whatever state it
 /// reached, and its charge when it is `COMPLETED` (in the same transaction).
 #[derive(Clone)]
-pub(crate) struct Store {
-    pub(crate) row: job::Model,
-    pub(crate) charge: Option<Usage>,
+pub struct Store {
+    pub row: job::Model,
+    pub charge: Option<Usage>,
 }
 
 /// A completion's billed usage.
 #[derive(Clone)]
-pub(crate) struct Usage {
-    pub(crate) unit: String,
-    pub(crate) quantity_micros: i64,
-    pub(crate) amount: i64,
+pub struct Usage {
+    pub unit: String,
+    pub quantity_micros: i64,
+    pub amount: i64,
 }
 
 impl Usage {
     /// The ledger charge of `row` completed with this usage.
-    pub(crate) fn charge(&self, row: &job::Model) -> Charge {
+    pub fn charge(&self, row: &job::Model) -> Charge {
         Charge {
             user_id: row.user_id.clone(),
             job_id: row.id.clone(),
@@ -106,15 +106,15 @@ impl Usage {
 
 /// What a plan changed.
 #[derive(Default)]
-pub(crate) struct Settled {
+pub struct Settled {
     /// Rows that reached a final status.
-    pub(crate) finals: Vec<job::Model>,
+    pub finals: Vec<job::Model>,
     /// Per claim of the plan: (model, how many were asked for, rows claimed).
-    pub(crate) claims: Vec<(String, u64, Vec<job::Model>)>,
+    pub claims: Vec<(String, u64, Vec<job::Model>)>,
 }
 
 impl Plan {
-    pub(crate) fn new(now: i64, config: &crate::SchedulerConfig, instance: &str) -> Self {
+    pub fn new(now: i64, config: &crate::SchedulerConfig, instance: &str) -> Self {
         Plan {
             now,
             sync_until: now.saturating_add(config.retention_ms(true)),
@@ -139,7 +139,7 @@ impl Plan {
     // job that is only in memory (see [`Store`]).
 
     /// As [`Step::Complete`] leaves it.
-    pub(crate) fn completed(
+    pub fn completed(
         &self,
         mut row: job::Model,
         worker_id: &str,
@@ -162,7 +162,7 @@ impl Plan {
     }
 
     /// As [`Step::Finish`] leaves it.
-    pub(crate) fn finished(
+    pub fn finished(
         &self,
         mut row: job::Model,
         status: JobStatus,
@@ -183,7 +183,7 @@ impl Plan {
     }
 
     /// As [`requeue_or_fail`] leaves it.
-    pub(crate) fn requeued(&self, mut row: job::Model, error: &str) -> job::Model {
+    pub fn requeued(&self, mut row: job::Model, error: &str) -> job::Model {
         if row.attempt < row.max_attempts {
             row.status = JobStatus::InQueue.as_str().to_string();
             row.retries += 1;
@@ -204,7 +204,7 @@ impl Plan {
     /// Queued again without using up an attempt: `give_back` when the attempt
     /// was never sent (no worker took it), else one more attempt allowed (the
     /// scheduler is shutting down), as `put_back` and `release` do.
-    pub(crate) fn released(&self, mut row: job::Model, give_back: bool) -> job::Model {
+    pub fn released(&self, mut row: job::Model, give_back: bool) -> job::Model {
         row.status = JobStatus::InQueue.as_str().to_string();
         if give_back {
             row.attempt -= 1;
@@ -221,13 +221,13 @@ impl Plan {
     }
 
     /// Claimed by this plan's instance and running (leased from now).
-    pub(crate) fn running(&self, mut row: job::Model, worker_id: Option<String>) -> job::Model {
+    pub fn running(&self, mut row: job::Model, worker_id: Option<String>) -> job::Model {
         row.worker_id = worker_id;
         row.lease_until_ms = Some(self.lease_until);
         row
     }
 
-    pub(crate) fn is_empty(&self) -> bool {
+    pub fn is_empty(&self) -> bool {
         self.stores.is_empty()
             && self.chunks.is_empty()
             && self.progress.is_empty()
@@ -239,22 +239,22 @@ impl Plan {
 /// `status = 'IN_QUEUE'`, spelled literally: the queued-jobs index
 /// (`idx_jobs_queued`) is partial on that condition, and a planner matches a
 /// partial index only against a literal, never a bound parameter.
-pub(crate) fn queued_jobs() -> Expr {
+pub fn queued_jobs() -> Expr {
     Expr::cust(format!("status = '{}'", JobStatus::InQueue.as_str()))
 }
 
 /// `status = 'IN_PROGRESS'`, spelled literally for the partial index of
 /// running jobs (`idx_jobs_in_progress`), as [`queued_jobs`].
-pub(crate) fn running_jobs() -> Expr {
+pub fn running_jobs() -> Expr {
     Expr::cust(format!("status = '{}'", JobStatus::InProgress.as_str()))
 }
 
-pub(crate) fn is_final(row: &job::Model) -> bool {
+pub fn is_final(row: &job::Model) -> bool {
     JobStatus::parse(&row.status).is_some_and(JobStatus::is_final)
 }
 
 /// Runs `plan` on `db` (a transaction, so it commits as one).
-pub(crate) async fn execute<C: ConnectionTrait>(db: &C, plan: &Plan) -> Result<Settled, DbErr> {
+pub async fn execute<C: ConnectionTrait>(db: &C, plan: &Plan) -> Result<Settled, DbErr> {
     let mut settled = Settled::default();
     store_all(db, &plan.stores, plan.now, plan.file_lifetime_ms, &mut settled).await?;
     insert_chunks(db, &plan.chunks).await?;
@@ -479,12 +479,7 @@ async fn complete_all<C: ConnectionTrait>(
 
 /// Back to IN_QUEUE while attempts remain, else FAILED with `error`. The
 /// caller adds the filters.
-pub(crate) fn requeue_or_fail(
-    error: &str,
-    now: i64,
-    sync_until: i64,
-    async_until: i64,
-) -> sea_orm::UpdateMany<job::Entity> {
+pub fn requeue_or_fail(error: &str, now: i64, sync_until: i64, async_until: i64) -> sea_orm::UpdateMany<job::Entity> {
     let more = "attempt < max_attempts";
     job::Entity::update_many()
         .col_expr(

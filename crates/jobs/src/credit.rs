@@ -80,7 +80,7 @@ pub async fn held<C: ConnectionTrait>(db: &C, user: &str) -> Result<i64, sea_orm
 
 /// Inserts `row` if its owner has credit left, else `PaymentRequired` and
 /// nothing is written.
-pub(crate) async fn admit(
+pub async fn admit(
     db: &DatabaseConnection,
     engine: Option<&crate::engine::Engine>,
     write_lock: &tokio::sync::Mutex<()>,
@@ -126,7 +126,7 @@ pub(crate) async fn admit(
 
 /// Whether the user could start one more job now (for a retry; not
 /// serialized with other admissions).
-pub(crate) async fn has_credit<C: ConnectionTrait>(db: &C, user: &str) -> Result<(), JobError> {
+pub async fn has_credit<C: ConnectionTrait>(db: &C, user: &str) -> Result<(), JobError> {
     let balance = gantry_billing::credit::balance(db, user).await?;
     let held = held(db, user).await?;
     if balance.saturating_sub(held) <= 0 {
