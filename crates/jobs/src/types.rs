@@ -7,7 +7,7 @@ use crate::entity::job;
 /// Where a job is in its life. `IN_QUEUE -> IN_PROGRESS -> COMPLETED | FAILED
 /// | CANCELLED | TIMED_OUT`; a failed or lost attempt may send it back to
 /// `IN_QUEUE`, and so may a retry of a `FAILED` or `TIMED_OUT` job.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize, utoipa::ToSchema)]
 #[serde(rename_all = "SCREAMING_SNAKE_CASE")]
 pub enum JobStatus {
     InQueue,
@@ -88,8 +88,11 @@ impl NewJob {
     }
 }
 
-/// A job as clients see it: `{"id","status","delayTime","executionTime","workerId","output"|"error"}`.
-#[derive(Debug, Clone, PartialEq, Serialize)]
+/// A job as clients see it: `{"id","status","delayTime","executionTime","workerId","output"|"error"}`;
+/// members that do not apply are left out, never `null`.
+// The OpenAPI schema `Job` is derived from this struct.
+#[derive(Debug, Clone, PartialEq, Serialize, utoipa::ToSchema)]
+#[schema(as = Job)]
 pub struct JobView {
     pub id: String,
     pub status: JobStatus,
@@ -99,17 +102,23 @@ pub struct JobView {
     /// Run time of the current (or last) attempt, ms.
     #[serde(rename = "executionTime")]
     pub execution_time_ms: u64,
+    /// The worker that ran (or runs) the current attempt.
     #[serde(rename = "workerId", skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub worker_id: Option<String>,
-    /// Set when `COMPLETED`.
+    /// Set when `COMPLETED`: the model's output, with `cost` (USD) added by
+    /// the platform.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Object, nullable = false)]
     pub output: Option<Value>,
     /// Set when `FAILED` or `TIMED_OUT`.
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
     pub error: Option<String>,
     /// While `IN_PROGRESS`: the latest progress message its worker reported
     /// (for example `{"stage": "frames", "frames": 48, "of": 96}`).
     #[serde(skip_serializing_if = "Option::is_none")]
+    #[schema(value_type = Object, nullable = false)]
     pub progress: Option<Value>,
     /// The stored output files whose URLs [`JobView::linked`] puts into
     /// `output` (empty once it has).

@@ -40,7 +40,6 @@ impl From<JobError> for ApiError {
 #[derive(Serialize, ToSchema)]
 pub struct JobRef {
     pub id: String,
-    #[schema(value_type = String, example = "IN_QUEUE")]
     pub status: JobStatus,
 }
 
@@ -165,31 +164,6 @@ struct RunPolicy {
     low_priority: Option<bool>,
 }
 
-/// A job: `output` when COMPLETED, `error` when FAILED or TIMED_OUT.
-#[derive(ToSchema)]
-#[schema(as = Job)]
-#[allow(dead_code)]
-pub struct JobDoc {
-    id: String,
-    #[schema(example = "COMPLETED")]
-    status: String,
-    /// Time in the queue, ms.
-    #[schema(rename = "delayTime")]
-    delay_time: u64,
-    /// Run time, ms.
-    #[schema(rename = "executionTime")]
-    execution_time: u64,
-    #[schema(rename = "workerId")]
-    worker_id: Option<String>,
-    /// The model's output, with `cost` (USD) added by the platform.
-    output: Option<Object>,
-    error: Option<String>,
-    /// While `IN_PROGRESS`: the latest progress message of the job's worker
-    /// (for example `{"stage": "frames", "frames": 48, "of": 96}`), when it
-    /// reported one.
-    progress: Option<Object>,
-}
-
 fn model<'a>(state: &'a AppState, caller: &Caller, model_id: &str) -> Result<&'a ModelSpec, ApiError> {
     caller.require(Scope::EndpointsRun)?;
     state
@@ -252,7 +226,7 @@ pub async fn run(
     params(("model_id" = String, Path, description = "Model identifier", example = "gantry-echo"),
         ("wait" = Option<u64>, Query, description = "Longest wait in ms, 1000 to 300000", minimum = 1000, maximum = 300000)),
     request_body = RunRequest,
-    responses((status = 200, description = "The finished job, or `{id, status}`", body = JobDoc)))]
+    responses((status = 200, description = "The finished job, or `{id, status}`", body = JobView)))]
 pub async fn runsync(
     state: web::Data<AppState>,
     caller: Caller,
@@ -276,7 +250,7 @@ pub async fn runsync(
 #[utoipa::path(get, path = "/v2/{model_id}/status/{job_id}", operation_id = "status", tag = "Model endpoints",
     description = "The job as it is now. Requires `endpoints:run`.",
     params(("model_id" = String, Path), ("job_id" = String, Path)),
-    responses((status = 200, description = "The job", body = JobDoc)))]
+    responses((status = 200, description = "The job", body = JobView)))]
 pub async fn status(
     state: web::Data<AppState>,
     caller: Caller,
