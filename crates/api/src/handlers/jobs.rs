@@ -77,10 +77,6 @@ impl RequestBody for RunRequest {
     }
 }
 
-#[derive(ToSchema)]
-#[allow(dead_code)]
-struct Object {}
-
 /// A `webhook` that passed every check of its shape.
 struct WebhookUrl(String);
 

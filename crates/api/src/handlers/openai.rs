@@ -53,43 +53,50 @@ impl Kind {
     }
 }
 
-/// The error body of the OpenAI-compatible routes (documentation only).
-#[derive(utoipa::ToSchema)]
+/// The error body of the OpenAI-compatible routes.
+#[derive(serde::Serialize, utoipa::ToSchema)]
 #[schema(as = OpenAIErrorResponse)]
-#[allow(dead_code)]
-pub struct OpenAiErrorResponse {
-    error: OpenAiError,
+pub struct OpenAiErrorResponse<'a> {
+    error: OpenAiError<'a>,
 }
 
 /// One error, as OpenAI's API reports it.
-#[derive(utoipa::ToSchema)]
+#[derive(serde::Serialize, utoipa::ToSchema)]
 #[schema(as = OpenAIError)]
-#[allow(dead_code)]
-pub struct OpenAiError {
+pub struct OpenAiError<'a> {
     /// What went wrong, every validation failure included.
-    message: String,
+    message: &'a str,
     /// `invalid_request_error`, `authentication_error`, `permission_error`, `rate_limit_error`, `server_error`, …
+    #[serde(rename = "type")]
     #[schema(rename = "type")]
-    kind: String,
-    param: Option<String>,
-    code: Option<String>,
+    kind: &'a str,
+    param: Option<&'a str>,
+    code: Option<&'a str>,
 }
 
 /// An error in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
 fn error_response(status: StatusCode, message: &str, param: Option<&str>) -> HttpResponse {
     let (kind, code) = match status.as_u16() {
-        400 | 413 | 415 | 422 => ("invalid_request_error", Value::Null),
-        401 => ("authentication_error", json!("invalid_api_key")),
-        402 => ("insufficient_quota", json!("insufficient_quota")),
-        403 => ("permission_error", Value::Null),
-        404 => ("invalid_request_error", json!("model_not_found")),
-        408 | 504 => ("timeout", Value::Null),
-        429 => ("rate_limit_error", json!("rate_limit_exceeded")),
-        _ => ("server_error", Value::Null),
+        400 | 413 | 415 | 422 => ("invalid_request_error", None),
+        401 => ("authentication_error", Some("invalid_api_key")),
+        402 => ("insufficient_quota", Some("insufficient_quota")),
+        403 => ("permission_error", None),
+        404 => ("invalid_request_error", Some("model_not_found")),
+        408 | 504 => ("timeout", None),
+        429 => ("rate_limit_error", Some("rate_limit_exceeded")),
+        _ => ("server_error", None),
+    };
+    let body = OpenAiErrorResponse {
+        error: OpenAiError {
+            message,
+            kind,
+            param,
+            code,
+        },
     };
     HttpResponse::build(status)
         .insert_header((header::CONTENT_TYPE, "application/json"))
-        .body(json!({"error": {"message": message, "type": kind, "param": param, "code": code}}).to_string())
+        .body(serde_json::to_string(&body).unwrap_or_default())
 }
 
 /// An error of these routes before any job exists, rendered by [`error_response`].

@@ -10,17 +10,12 @@ use crate::body::{Failures, RequestBody, present, read_body};
 use crate::middleware::Caller;
 use crate::problem::ApiError;
 
-/// The documented list shape; `ListBody` writes it without copying the list.
-#[derive(ToSchema)]
-#[allow(dead_code)]
-pub struct ListNetworkVolumesResponse {
-    #[schema(rename = "networkVolumes")]
-    network_volumes: Vec<NetworkVolume>,
-}
-
-#[derive(Serialize)]
+/// The caller's network volumes.
+// Serialized from the service's list by reference: no copy of the list.
+#[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
-struct ListBody<'a> {
+pub struct ListNetworkVolumesResponse<'a> {
+    #[schema(value_type = Vec<NetworkVolume>)]
     network_volumes: &'a [NetworkVolume],
 }
 
@@ -143,7 +138,7 @@ impl From<VolumeError> for ApiError {
 pub async fn list(state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
     let principal = caller.require(Scope::VolumesRead)?;
     let list = state.volumes.list(&principal.user_id).await?;
-    Ok(HttpResponse::Ok().json(ListBody { network_volumes: &list }))
+    Ok(HttpResponse::Ok().json(ListNetworkVolumesResponse { network_volumes: &list }))
 }
 
 #[utoipa::path(post, path = "/v2/network-volumes", operation_id = "createNetworkVolume", tag = "Network Volumes",
