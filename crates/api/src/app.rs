@@ -215,17 +215,13 @@ fn serve(
         .shutdown_timeout(10)
         .listen(format!("gantry-{surface:?}-{local}"), listener, move || {
             let endpoints = endpoints.clone();
-            let state = state.clone();
-            let app = move || {
-                let endpoints = endpoints.clone();
-                App::new()
-                    .app_data(state.clone())
-                    .app_data(surface)
-                    .wrap(ErrorHandlers::new().default_handler(ensure_problem))
-                    .wrap(actix_web::middleware::from_fn(crate::middleware::observe))
-                    .configure(move |cfg| routes::register(cfg, &endpoints))
-                    .default_service(web::to(routes::not_found))
-            };
+            let app = App::new()
+                .app_data(state.clone())
+                .app_data(surface)
+                .wrap(ErrorHandlers::new().default_handler(ensure_problem))
+                .wrap(actix_web::middleware::from_fn(crate::middleware::observe))
+                .configure(move |cfg| routes::register(cfg, &endpoints))
+                .default_service(web::to(routes::not_found));
             let shutdown = shutdown.clone();
             let http = actix_http::HttpService::build()
                 .graceful_shutdown_signal(move || {
@@ -237,11 +233,11 @@ fn serve(
                 .client_disconnect_timeout(Duration::from_secs(1))
                 .local_addr(local)
                 .h1(actix_service::map_config(
-                    actix_service::IntoServiceFactory::into_factory(app()),
+                    actix_service::IntoServiceFactory::into_factory(app),
                     |_| actix_web::dev::AppConfig::default(),
                 ));
             use actix_service::ServiceFactoryExt as _;
-            actix_service::fn_service(|io: actix_rt::net::TcpStream| async move {
+            actix_service::fn_service(|io: tokio::net::TcpStream| async move {
                 let peer = io.peer_addr().ok();
                 let _ = io.set_nodelay(true);
                 Ok::<_, actix_http::error::DispatchError>((ProblemIo::new(io), peer))

@@ -429,6 +429,28 @@ async fn openai_routes_answer_in_openai_shapes() {
         );
         assert!(body["error"]["type"].is_string(), "{body}");
     }
+
+    // What the document refuses is refused before any job exists: an unknown
+    // member, and a temperature outside 0 to 2.
+    let mut bad = chat.clone();
+    bad["frobnicate"] = json!(1);
+    bad["temperature"] = json!(2.5);
+    let res = app
+        .public(Method::POST, &format!("{base}/chat/completions"), &key)
+        .json(&bad)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 400);
+    let message = res.json::<Value>().await.unwrap()["error"]["message"]
+        .as_str()
+        .unwrap_or_default()
+        .to_string();
+    assert!(message.contains("frobnicate: unknown parameter"), "{message}");
+    assert!(
+        message.contains("temperature: must be a number from 0 to 2"),
+        "{message}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
