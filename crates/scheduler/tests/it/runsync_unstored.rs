@@ -99,7 +99,19 @@ async fn times_out(backend: Backend) {
 async fn worker_dies(backend: Backend) {
     let (env, node, worker) = env(backend).await;
     let job = env.submit_sync(json!({"sleep_ms": RUNS_MS})).await;
-    tokio::time::sleep(Duration::from_millis(40)).await;
+    // Killed while it runs the job (a kill before the job reached it would
+    // leave nothing to retry).
+    let started = std::time::Instant::now();
+    while node
+        .dispatcher
+        .health()
+        .models
+        .get(ECHO)
+        .is_none_or(|m| m.running_jobs == 0)
+    {
+        assert!(started.elapsed() < Duration::from_secs(10), "the job never started");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
     worker.kill();
     let _second = node.echo_worker("w2", 1);
     crate::harness::completed_once_by(&env, &job.id, "w2").await;
