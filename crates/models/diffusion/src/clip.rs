@@ -30,6 +30,11 @@ pub struct ClipConfig {
     /// Pad the 77 tokens with `<|endoftext|>` (SD 1.x) rather than id 0
     /// (`!`: SD 2.x, SDXL).
     pub pad_with_end: bool,
+    /// The width of `text_projection` (transformers'
+    /// `CLIPTextModelWithProjection`), for an encoder whose pooled output
+    /// conditions the UNet (SDXL's `text_encoder_2`); `None`: no projection
+    /// is read.
+    pub projection: Option<usize>,
 }
 
 impl ClipConfig {
@@ -44,6 +49,7 @@ impl ClipConfig {
             heads: 12,
             activation: Activation::QuickGelu,
             pad_with_end,
+            projection: None,
         }
     }
 
@@ -58,10 +64,12 @@ impl ClipConfig {
             heads: 16,
             activation: Activation::Gelu,
             pad_with_end: false,
+            projection: None,
         }
     }
 
-    /// OpenCLIP ViT-bigG/14 (SDXL's `text_encoder_2`).
+    /// OpenCLIP ViT-bigG/14 with its text projection (SDXL's
+    /// `text_encoder_2`).
     pub fn vit_bigg14() -> Self {
         Self {
             vocab_size: 49408,
@@ -72,6 +80,7 @@ impl ClipConfig {
             heads: 20,
             activation: Activation::Gelu,
             pad_with_end: false,
+            projection: Some(1280),
         }
     }
 }
@@ -88,18 +97,33 @@ struct Layer {
 }
 
 /// A CLIP text transformer; `forward` gives the last hidden state after the
-/// final layer norm, `(batch, tokens, hidden)`.
+/// final layer norm, `(batch, tokens, hidden)`, and [`Self::encode`] what
+/// SDXL takes from its encoders.
 pub struct ClipTextEncoder {
     config: ClipConfig,
     token_embedding: Embedding,
     position_embedding: Embedding,
     layers: Vec<Layer>,
     final_layer_norm: LayerNorm,
+    text_projection: Option<Linear>,
+}
+
+/// What SDXL takes from a text encoder.
+pub struct Encoded {
+    /// `(batch, tokens, hidden)`: the output of the next-to-last layer,
+    /// without the final layer norm (diffusers' `hidden_states[-2]`).
+    pub penultimate: Tensor,
+    /// `(batch, projection)`: the final hidden state at each sequence's
+    /// first `<|endoftext|>` (its highest id), through `text_projection`;
+    /// only for an encoder that has one.
+    pub pooled: Option<Tensor>,
 }
 
 impl ClipTextEncoder {
-    /// Reads the weights under `text_model.`.
+    /// Reads the weights under `text_model.` (and `text_projection.` when
+    /// the configuration has a projection).
     pub fn new(vb: VarBuilder, config: &ClipConfig) -> Result<Self> {
+        let root = vb.clone();
         let vb = vb.pp("text_model");
         let c = config;
         let emb = vb.pp("embeddings");
@@ -123,12 +147,18 @@ impl ClipTextEncoder {
             });
         }
         let final_layer_norm = candle_nn::layer_norm(c.hidden, 1e-5, vb.pp("final_layer_norm"))?;
+        // `text_projection` sits beside `text_model`, not inside it.
+        let text_projection = match c.projection {
+            Some(width) => Some(candle_nn::linear_no_bias(c.hidden, width, root.pp("text_projection"))?),
+            None => None,
+        };
         Ok(Self {
             config: config.clone(),
             token_embedding,
             position_embedding,
             layers,
             final_layer_norm,
+            text_projection,
         })
     }
 
@@ -138,7 +168,46 @@ impl ClipTextEncoder {
 
     /// `ids`: `(batch, tokens)` of u32.
     pub fn forward(&self, ids: &Tensor) -> Result<Tensor> {
-        let (batch, seq) = ids.dims2()?;
+        let last = self.run(ids, self.layers.len())?;
+        self.final_layer_norm.forward(&last)
+    }
+
+    /// The next-to-last hidden state and, for an encoder with a projection,
+    /// the projected pooled output; the last layer runs only for the
+    /// latter.
+    pub fn encode(&self, ids: &Tensor) -> Result<Encoded> {
+        let n = self.layers.len();
+        let penultimate = self.run(ids, n.saturating_sub(1))?;
+        let Some(projection) = &self.text_projection else {
+            return Ok(Encoded {
+                penultimate,
+                pooled: None,
+            });
+        };
+        let mask = causal_mask(ids.dim(1)?, ids.device(), penultimate.dtype())?;
+        let last = match self.layers.last() {
+            Some(layer) if n > 0 => self.layer(layer, &penultimate, &mask)?,
+            _ => penultimate.clone(),
+        };
+        let last = self.final_layer_norm.forward(&last)?;
+        // Each sequence's first end-of-text token: the first position of its
+        // highest id, as transformers picks it.
+        let mut rows = Vec::new();
+        for (b, sequence) in ids.to_vec2::<u32>()?.iter().enumerate() {
+            let top = sequence.iter().copied().max().unwrap_or(0);
+            let at = sequence.iter().position(|&id| id == top).unwrap_or(0);
+            rows.push(last.get(b)?.get(at)?);
+        }
+        let pooled = projection.forward(&Tensor::stack(&rows, 0)?)?;
+        Ok(Encoded {
+            penultimate,
+            pooled: Some(pooled),
+        })
+    }
+
+    /// The embeddings through the first `layers` layers.
+    fn run(&self, ids: &Tensor, layers: usize) -> Result<Tensor> {
+        let seq = ids.dim(1)?;
         let device = ids.device();
         let positions = Tensor::arange(0u32, seq as u32, device)?.unsqueeze(0)?;
         let mut xs = self
@@ -146,33 +215,36 @@ impl ClipTextEncoder {
             .forward(ids)?
             .broadcast_add(&self.position_embedding.forward(&positions)?)?;
         let mask = causal_mask(seq, device, xs.dtype())?;
+        for layer in self.layers.iter().take(layers) {
+            xs = self.layer(layer, &xs, &mask)?;
+        }
+        Ok(xs)
+    }
+
+    fn layer(&self, layer: &Layer, xs: &Tensor, mask: &Tensor) -> Result<Tensor> {
+        let (batch, seq, _) = xs.dims3()?;
         let heads = self.config.heads;
         let head_dim = self.config.hidden / heads;
         let scale = (head_dim as f64).powf(-0.5);
         let split =
             |t: Tensor| -> Result<Tensor> { t.reshape((batch, seq, heads, head_dim))?.transpose(1, 2)?.contiguous() };
-        for layer in &self.layers {
-            let residual = xs.clone();
-            let h = layer.ln1.forward(&xs)?;
-            let q = split((layer.q.forward(&h)? * scale)?)?;
-            let k = split(layer.k.forward(&h)?)?;
-            let v = split(layer.v.forward(&h)?)?;
-            let weights = q.matmul(&k.t()?)?.broadcast_add(&mask)?;
-            let weights = candle_nn::ops::softmax(&weights, D::Minus1)?;
-            let h = weights
-                .matmul(&v)?
-                .transpose(1, 2)?
-                .reshape((batch, seq, self.config.hidden))?;
-            xs = (residual + layer.out.forward(&h)?)?;
-            let residual = xs.clone();
-            let h = layer.fc1.forward(&layer.ln2.forward(&xs)?)?;
-            let h = match self.config.activation {
-                Activation::QuickGelu => (&h * candle_nn::ops::sigmoid(&(&h * 1.702f64)?)?)?,
-                Activation::Gelu => h.gelu_erf()?,
-            };
-            xs = (residual + layer.fc2.forward(&h)?)?;
-        }
-        self.final_layer_norm.forward(&xs)
+        let h = layer.ln1.forward(xs)?;
+        let q = split((layer.q.forward(&h)? * scale)?)?;
+        let k = split(layer.k.forward(&h)?)?;
+        let v = split(layer.v.forward(&h)?)?;
+        let weights = q.matmul(&k.t()?)?.broadcast_add(mask)?;
+        let weights = candle_nn::ops::softmax(&weights, D::Minus1)?;
+        let h = weights
+            .matmul(&v)?
+            .transpose(1, 2)?
+            .reshape((batch, seq, self.config.hidden))?;
+        let xs = (xs + layer.out.forward(&h)?)?;
+        let h = layer.fc1.forward(&layer.ln2.forward(&xs)?)?;
+        let h = match self.config.activation {
+            Activation::QuickGelu => (&h * candle_nn::ops::sigmoid(&(&h * 1.702f64)?)?)?,
+            Activation::Gelu => h.gelu_erf()?,
+        };
+        xs + layer.fc2.forward(&h)?
     }
 }
 

@@ -14,6 +14,7 @@ use serde_json::{Value, json};
 
 use crate::clip::{Activation, ClipConfig};
 use crate::pipeline::{Architecture, PipelineError, Variant};
+use crate::unet::TextTime;
 
 const CONFIG: &str = "config.json";
 
@@ -23,11 +24,16 @@ fn bad(component: &str, why: impl std::fmt::Display) -> PipelineError {
 
 /// The parsed `component/config.json`, or `None` when there is none.
 fn read(dir: &Path, component: &str) -> Result<Option<Value>, PipelineError> {
-    let path = dir.join(component).join(CONFIG);
+    read_file(dir, component, CONFIG)
+}
+
+fn read_file(dir: &Path, component: &str, file: &str) -> Result<Option<Value>, PipelineError> {
+    let path = dir.join(component).join(file);
+    let bad = |why: String| PipelineError::Load(format!("{component}/{file}: {why}"));
     match std::fs::read(&path) {
-        Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| bad(component, e)),
+        Ok(bytes) => serde_json::from_slice(&bytes).map(Some).map_err(|e| bad(e.to_string())),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(bad(component, e)),
+        Err(e) => Err(bad(e.to_string())),
     }
 }
 
@@ -139,6 +145,15 @@ fn unet(config: &Value, arch: &mut Architecture) -> Result<(), PipelineError> {
     u.blocks = blocks;
     u.layers_per_block = required(config, C, "layers_per_block")?;
     u.norm_num_groups = usize_of(config, C, "norm_num_groups")?.unwrap_or(32);
+    // candle's down and up blocks build their resnets with 32 groups
+    // whatever they are told, so another count would run a different
+    // network from the one the weights were trained as.
+    if u.norm_num_groups != 32 {
+        return Err(bad(
+            C,
+            format!("`norm_num_groups` is {}; only 32 is supported", u.norm_num_groups),
+        ));
+    }
     u.norm_eps = f64_of(config, C, "norm_eps")?.unwrap_or(1e-5);
     u.cross_attention_dim = required(config, C, "cross_attention_dim")?;
     u.use_linear_projection = bool_of(config, C, "use_linear_projection")?.unwrap_or(false);
@@ -147,6 +162,14 @@ fn unet(config: &Value, arch: &mut Architecture) -> Result<(), PipelineError> {
     u.freq_shift = f64_of(config, C, "freq_shift")?.unwrap_or(0.);
     u.downsample_padding = usize_of(config, C, "downsample_padding")?.unwrap_or(1);
     u.mid_block_scale_factor = f64_of(config, C, "mid_block_scale_factor")?.unwrap_or(1.);
+    arch.text_time = match config.get("addition_embed_type").filter(|v| !v.is_null()) {
+        None => None,
+        Some(Value::String(kind)) if kind == "text_time" => Some(TextTime {
+            time_dim: required(config, C, "addition_time_embed_dim")?,
+            input_dim: required(config, C, "projection_class_embeddings_input_dim")?,
+        }),
+        Some(other) => return Err(bad(C, format!("`addition_embed_type` {other} is not supported"))),
+    };
     Ok(())
 }
 
@@ -164,6 +187,9 @@ fn vae(config: &Value, arch: &mut Architecture) -> Result<(), PipelineError> {
     v.use_post_quant_conv = bool_of(config, C, "use_post_quant_conv")?.unwrap_or(true);
     if let Some(scale) = f64_of(config, C, "scaling_factor")? {
         arch.vae_scale = scale;
+    }
+    if let Some(upcast) = bool_of(config, C, "force_upcast")? {
+        arch.vae_upcast = upcast;
     }
     Ok(())
 }
@@ -187,7 +213,40 @@ fn clip(config: &Value, component: &str, clip: &mut ClipConfig) -> Result<(), Pi
         None => clip.activation,
         Some(other) => return Err(bad(component, format!("`hidden_act` {other:?} is not supported"))),
     };
+    // transformers writes a `projection_dim` for every CLIP text model; only
+    // `CLIPTextModelWithProjection` has the weights of one.
+    let with_projection = config
+        .get("architectures")
+        .and_then(Value::as_array)
+        .is_some_and(|names| names.iter().any(|n| n.as_str() == Some("CLIPTextModelWithProjection")));
+    clip.projection = if with_projection {
+        Some(required(config, component, "projection_dim")?)
+    } else {
+        None
+    };
     Ok(())
+}
+
+/// Whether `tokenizer_dir/special_tokens_map.json` pads with
+/// `<|endoftext|>` (`Some(true)`) or `!` (`Some(false)`); `None` without
+/// the file.
+fn pads_with_end(dir: &Path, tokenizer_dir: &str) -> Result<Option<bool>, PipelineError> {
+    let Some(map) = read_file(dir, tokenizer_dir, "special_tokens_map.json")? else {
+        return Ok(None);
+    };
+    let pad = match map.get("pad_token") {
+        Some(Value::String(s)) => Some(s.as_str()),
+        Some(Value::Object(token)) => token.get("content").and_then(Value::as_str),
+        _ => None,
+    };
+    match pad {
+        None => Ok(None),
+        Some("<|endoftext|>") => Ok(Some(true)),
+        Some("!") => Ok(Some(false)),
+        Some(other) => Err(PipelineError::Load(format!(
+            "{tokenizer_dir}/special_tokens_map.json: pad token {other:?} is not supported (<|endoftext|> or !)"
+        ))),
+    }
 }
 
 impl Architecture {
@@ -208,6 +267,25 @@ impl Architecture {
         if let (Some(clip2), Some(config)) = (arch.clip2.as_mut(), read(dir, "text_encoder_2")?) {
             clip(&config, "text_encoder_2", clip2)?;
         }
+        if let Some(pad) = pads_with_end(dir, "tokenizer")? {
+            arch.clip.pad_with_end = pad;
+        }
+        if let (Some(clip2), Some(pad)) = (arch.clip2.as_mut(), pads_with_end(dir, "tokenizer_2")?) {
+            clip2.pad_with_end = pad;
+        }
+        if let Some(tt) = arch.text_time {
+            let projection = arch.clip2.as_ref().and_then(|c| c.projection);
+            if projection.is_none() || tt.pooled_dim() != projection {
+                return Err(PipelineError::Load(format!(
+                    "the UNet's add_embedding takes {} features, 6 time ids of {} and a pooled text embedding of {}, \
+                     but the second text encoder's projection gives {}",
+                    tt.input_dim,
+                    tt.time_dim,
+                    tt.pooled_dim().map_or_else(|| "nothing".into(), |n| n.to_string()),
+                    projection.map_or_else(|| "none".into(), |n| n.to_string()),
+                )));
+            }
+        }
         let text_width = arch.clip.hidden + arch.clip2.as_ref().map_or(0, |c| c.hidden);
         if text_width != arch.unet.cross_attention_dim {
             return Err(PipelineError::Load(format!(
@@ -221,7 +299,8 @@ impl Architecture {
 
 fn clip_json(config: &ClipConfig) -> Value {
     json!({
-        "architectures": ["CLIPTextModel"],
+        "architectures": [if config.projection.is_some() { "CLIPTextModelWithProjection" } else { "CLIPTextModel" }],
+        "projection_dim": config.projection.unwrap_or(config.hidden),
         "model_type": "clip_text_model",
         "vocab_size": config.vocab_size,
         "hidden_size": config.hidden,
@@ -276,6 +355,9 @@ pub fn write_configs(dir: &Path, arch: &Architecture) -> Result<(), PipelineErro
         "freq_shift": u.freq_shift,
         "downsample_padding": u.downsample_padding,
         "mid_block_scale_factor": u.mid_block_scale_factor,
+        "addition_embed_type": arch.text_time.map(|_| "text_time"),
+        "addition_time_embed_dim": arch.text_time.map(|t| t.time_dim),
+        "projection_class_embeddings_input_dim": arch.text_time.map(|t| t.input_dim),
     });
     let v = &arch.vae;
     let vae = json!({
@@ -283,12 +365,15 @@ pub fn write_configs(dir: &Path, arch: &Architecture) -> Result<(), PipelineErro
         "in_channels": 3,
         "out_channels": 3,
         "block_out_channels": v.block_out_channels,
+        "down_block_types": vec!["DownEncoderBlock2D"; v.block_out_channels.len()],
+        "up_block_types": vec!["UpDecoderBlock2D"; v.block_out_channels.len()],
         "layers_per_block": v.layers_per_block,
         "norm_num_groups": v.norm_num_groups,
         "latent_channels": v.latent_channels,
         "use_quant_conv": v.use_quant_conv,
         "use_post_quant_conv": v.use_post_quant_conv,
         "scaling_factor": arch.vae_scale,
+        "force_upcast": arch.vae_upcast,
     });
     let mut files = vec![("unet", unet), ("vae", vae), ("text_encoder", clip_json(&arch.clip))];
     if let Some(clip2) = &arch.clip2 {
@@ -346,6 +431,118 @@ mod tests {
         std::fs::write(dir.path().join("unet/config.json"), config.to_string()).unwrap();
         let arch = Architecture::from_dir(dir.path(), Variant::V1_5).unwrap();
         assert_eq!(format!("{arch:?}"), format!("{:?}", Architecture::full(Variant::V1_5)));
+    }
+
+    #[test]
+    fn the_published_sdxl_configs_read_as_the_builtin_numbers() {
+        // The fields that matter here of stabilityai/stable-diffusion-xl-base-1.0's
+        // unet, text_encoder, text_encoder_2 and vae config.json.
+        let dir = tempfile::tempdir().unwrap();
+        let files = [
+            (
+                "unet/config.json",
+                json!({
+                    "_class_name": "UNet2DConditionModel", "act_fn": "silu", "addition_embed_type": "text_time",
+                    "addition_embed_type_num_heads": 64, "addition_time_embed_dim": 256,
+                    "attention_head_dim": [5, 10, 20], "block_out_channels": [320, 640, 1280],
+                    "center_input_sample": false, "cross_attention_dim": 2048,
+                    "down_block_types": ["DownBlock2D", "CrossAttnDownBlock2D", "CrossAttnDownBlock2D"],
+                    "downsample_padding": 1, "flip_sin_to_cos": true, "freq_shift": 0, "in_channels": 4,
+                    "layers_per_block": 2, "mid_block_scale_factor": 1, "norm_eps": 1e-05, "norm_num_groups": 32,
+                    "out_channels": 4, "projection_class_embeddings_input_dim": 2816, "sample_size": 128,
+                    "transformer_layers_per_block": [1, 2, 10],
+                    "up_block_types": ["CrossAttnUpBlock2D", "CrossAttnUpBlock2D", "UpBlock2D"],
+                    "use_linear_projection": true
+                }),
+            ),
+            (
+                "text_encoder/config.json",
+                json!({
+                    "architectures": ["CLIPTextModel"], "hidden_act": "quick_gelu", "hidden_size": 768,
+                    "intermediate_size": 3072, "max_position_embeddings": 77, "num_attention_heads": 12,
+                    "num_hidden_layers": 12, "projection_dim": 768, "vocab_size": 49408
+                }),
+            ),
+            (
+                "text_encoder_2/config.json",
+                json!({
+                    "architectures": ["CLIPTextModelWithProjection"], "hidden_act": "gelu", "hidden_size": 1280,
+                    "intermediate_size": 5120, "max_position_embeddings": 77, "num_attention_heads": 20,
+                    "num_hidden_layers": 32, "projection_dim": 1280, "vocab_size": 49408
+                }),
+            ),
+            (
+                "vae/config.json",
+                json!({
+                    "_class_name": "AutoencoderKL", "block_out_channels": [128, 256, 512, 512],
+                    "force_upcast": true, "latent_channels": 4, "layers_per_block": 2, "norm_num_groups": 32,
+                    "scaling_factor": 0.13025
+                }),
+            ),
+        ];
+        for (path, config) in files {
+            let path = dir.path().join(path);
+            std::fs::create_dir_all(path.parent().unwrap()).unwrap();
+            std::fs::write(path, config.to_string()).unwrap();
+        }
+        let arch = Architecture::from_dir(dir.path(), Variant::Xl).unwrap();
+        assert_eq!(format!("{arch:?}"), format!("{:?}", Architecture::full(Variant::Xl)));
+
+        // The tokenizers' special tokens decide the padding.
+        for (folder, pad) in [("tokenizer", "<|endoftext|>"), ("tokenizer_2", "!")] {
+            std::fs::create_dir_all(dir.path().join(folder)).unwrap();
+            let map = json!({"bos_token": {"content": "<|startoftext|>"}, "pad_token": pad});
+            std::fs::write(dir.path().join(folder).join("special_tokens_map.json"), map.to_string()).unwrap();
+        }
+        let arch = Architecture::from_dir(dir.path(), Variant::Xl).unwrap();
+        assert!(arch.clip.pad_with_end);
+        assert!(!arch.clip2.unwrap().pad_with_end);
+    }
+
+    #[test]
+    fn configs_the_pipeline_cannot_run_are_refused() {
+        let write = |arch: &Architecture, edit: &dyn Fn(&mut Value, &mut Value)| {
+            let dir = tempfile::tempdir().unwrap();
+            write_configs(dir.path(), arch).unwrap();
+            let read = |c: &str| -> Value {
+                serde_json::from_slice(&std::fs::read(dir.path().join(c).join(CONFIG)).unwrap()).unwrap()
+            };
+            let (mut unet, mut clip2) = (read("unet"), read("text_encoder_2"));
+            edit(&mut unet, &mut clip2);
+            std::fs::write(dir.path().join("unet").join(CONFIG), unet.to_string()).unwrap();
+            std::fs::write(dir.path().join("text_encoder_2").join(CONFIG), clip2.to_string()).unwrap();
+            Architecture::from_dir(dir.path(), Variant::Xl)
+                .map(drop)
+                .unwrap_err()
+                .to_string()
+        };
+        let xl = Architecture::tiny(Variant::Xl);
+        let err = write(&xl, &|unet, _| unet["norm_num_groups"] = json!(16));
+        assert!(err.contains("norm_num_groups") && err.contains("only 32"), "{err}");
+        let err = write(&xl, &|unet, _| {
+            unet["projection_class_embeddings_input_dim"] = json!(100)
+        });
+        assert!(
+            err.contains("add_embedding takes 100") && err.contains("projection gives 16"),
+            "{err}"
+        );
+        let err = write(&xl, &|_, clip2| clip2["architectures"] = json!(["CLIPTextModel"]));
+        assert!(err.contains("projection gives none"), "{err}");
+        let err = write(&xl, &|unet, _| unet["addition_embed_type"] = json!("image"));
+        assert!(
+            err.contains("addition_embed_type") && err.contains("not supported"),
+            "{err}"
+        );
+        let dir = tempfile::tempdir().unwrap();
+        write_configs(dir.path(), &xl).unwrap();
+        std::fs::create_dir_all(dir.path().join("tokenizer")).unwrap();
+        std::fs::write(
+            dir.path().join("tokenizer/special_tokens_map.json"),
+            r#"{"pad_token": "<pad>"}"#,
+        )
+        .unwrap();
+        let err = Architecture::from_dir(dir.path(), Variant::Xl).unwrap_err().to_string();
+        assert!(err.contains("pad token \"<pad>\""), "{err}");
     }
 
     #[test]

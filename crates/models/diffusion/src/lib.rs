@@ -20,6 +20,7 @@ pub mod input;
 pub mod pipeline;
 pub mod tiny;
 pub mod tokenizer;
+pub mod unet;
 
 use std::ops::ControlFlow;
 use std::path::Path;

@@ -10,13 +10,12 @@ use candle_transformers::models::stable_diffusion::ddim::DDIMSchedulerConfig;
 use candle_transformers::models::stable_diffusion::schedulers::{
     PredictionType, Scheduler, SchedulerConfig, TimestepSpacing,
 };
-use candle_transformers::models::stable_diffusion::unet_2d::{
-    BlockConfig, UNet2DConditionModel, UNet2DConditionModelConfig,
-};
+use candle_transformers::models::stable_diffusion::unet_2d::{BlockConfig, UNet2DConditionModelConfig};
 use candle_transformers::models::stable_diffusion::vae::{AutoEncoderKL, AutoEncoderKLConfig};
 
 use crate::clip::{ClipConfig, ClipTextEncoder};
 use crate::tokenizer::Tokenizer;
+use crate::unet::{Conditioning, TextTime, UNet};
 
 /// Which Stable Diffusion family a directory holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -27,7 +26,8 @@ pub enum Variant {
     /// 1 to 4 steps without guidance; DDIM with trailing timesteps.
     Turbo,
     /// Stable Diffusion XL: two text encoders (ViT-L/14 and ViT-bigG/14,
-    /// hidden states concatenated to 2048 wide), DDIM.
+    /// next-to-last hidden states concatenated to 2048 wide), the second
+    /// one's pooled output and the image size as extra conditioning, DDIM.
     Xl,
 }
 
@@ -66,9 +66,14 @@ pub struct Architecture {
     pub clip: ClipConfig,
     pub clip2: Option<ClipConfig>,
     pub unet: UNet2DConditionModelConfig,
+    /// SDXL's extra UNet conditioning (pooled text embedding and time ids).
+    pub text_time: Option<TextTime>,
     pub vae: AutoEncoderKLConfig,
     /// Latents are the VAE's posterior divided by this.
     pub vae_scale: f64,
+    /// Decode in float32 even when the pipeline runs in half precision
+    /// (diffusers' `force_upcast`): SDXL's VAE overflows float16.
+    pub vae_upcast: bool,
 }
 
 fn block(out_channels: usize, use_cross_attn: Option<usize>, attention_head_dim: usize) -> BlockConfig {
@@ -134,8 +139,10 @@ impl Architecture {
                     768,
                     false,
                 ),
+                text_time: None,
                 vae: vae_config(vec![128, 256, 512, 512], 2, 32),
                 vae_scale: 0.18215,
+                vae_upcast: false,
             },
             Variant::Turbo => Self {
                 variant,
@@ -153,8 +160,10 @@ impl Architecture {
                     1024,
                     true,
                 ),
+                text_time: None,
                 vae: vae_config(vec![128, 256, 512, 512], 2, 32),
                 vae_scale: 0.18215,
+                vae_upcast: false,
             },
             Variant::Xl => Self {
                 variant,
@@ -167,15 +176,21 @@ impl Architecture {
                     2048,
                     true,
                 ),
+                // 1280 pooled + 6 time ids x 256
+                text_time: Some(TextTime {
+                    time_dim: 256,
+                    input_dim: 2816,
+                }),
                 vae: vae_config(vec![128, 256, 512, 512], 2, 32),
                 vae_scale: 0.13025,
+                vae_upcast: true,
             },
         }
     }
 
     /// A tiny model of the same structure (2-layer CLIP of width 32, UNet
     /// with blocks of 32 and 64 channels, 1 layer per block, attention heads
-    /// of 8; a VAE of four blocks (16, 16, 32, 32 channels) so that it
+    /// of 8, group norms of 32 groups as in the full models; a VAE of four blocks (16, 16, 32, 32 channels) so that it
     /// upsamples by 8 like the real one), for tests.
     pub fn tiny(variant: Variant) -> Self {
         let clip = |pad_with_end, activation| ClipConfig {
@@ -187,6 +202,7 @@ impl Architecture {
             heads: 4,
             activation,
             pad_with_end,
+            projection: None,
         };
         use crate::clip::Activation::{Gelu, QuickGelu};
         let full = Self::full(variant);
@@ -207,7 +223,10 @@ impl Architecture {
             ),
             Variant::Xl => (
                 clip(false, QuickGelu),
-                Some(clip(false, Gelu)),
+                Some(ClipConfig {
+                    projection: Some(16),
+                    ..clip(false, Gelu)
+                }),
                 vec![block(32, None, 8), block(64, Some(2), 8)],
                 64,
                 true,
@@ -217,10 +236,21 @@ impl Architecture {
             variant,
             clip,
             clip2,
-            unet: unet_config(blocks, 1, 8, cross, linear),
+            unet: unet_config(blocks, 1, 32, cross, linear),
+            // 16 pooled + 6 time ids x 8
+            text_time: full.text_time.map(|_| TextTime {
+                time_dim: 8,
+                input_dim: 64,
+            }),
             vae: vae_config(vec![16, 16, 32, 32], 1, 8),
             vae_scale: full.vae_scale,
+            vae_upcast: full.vae_upcast,
         }
+    }
+
+    /// The precision the VAE runs in, for a pipeline in `dtype`.
+    pub fn vae_dtype(&self, dtype: DType) -> DType {
+        if self.vae_upcast { DType::F32 } else { dtype }
     }
 
     fn scheduler(&self) -> DDIMSchedulerConfig {
@@ -276,7 +306,7 @@ pub struct Pipeline {
     tokenizer: Tokenizer,
     clip: ClipTextEncoder,
     clip2: Option<ClipTextEncoder>,
-    unet: UNet2DConditionModel,
+    unet: UNet,
     vae: AutoEncoderKL,
     device: Device,
     dtype: DType,
@@ -354,15 +384,13 @@ impl Pipeline {
             )?),
             None => None,
         };
-        let unet = UNet2DConditionModel::new(
+        let unet = UNet::new(
             var_builder(&weights_file(dir, "unet")?, dtype, device)?,
-            4,
-            4,
-            false,
-            arch.unet.clone(),
+            &arch.unet,
+            arch.text_time,
         )?;
         let vae = AutoEncoderKL::new(
-            var_builder(&weights_file(dir, "vae")?, dtype, device)?,
+            var_builder(&weights_file(dir, "vae")?, arch.vae_dtype(dtype), device)?,
             3,
             3,
             arch.vae.clone(),
@@ -387,21 +415,55 @@ impl Pipeline {
         &self.tokenizer
     }
 
-    /// `(1, 77, width)`: the hidden states of every text encoder,
-    /// concatenated.
-    fn embed(&self, text: &str) -> Result<Tensor, PipelineError> {
-        let mut parts = Vec::new();
-        for encoder in std::iter::once(&self.clip).chain(self.clip2.as_ref()) {
-            let pad = if encoder.config().pad_with_end {
-                self.tokenizer.end_token()
-            } else {
-                0
-            };
-            let ids = self.tokenizer.encode_padded(text, pad);
-            let ids = Tensor::new(ids.as_slice(), &self.device)?.unsqueeze(0)?;
-            parts.push(encoder.forward(&ids)?);
+    /// The token ids `encoder` reads for `text`, `(1, 77)`.
+    fn ids(&self, encoder: &ClipTextEncoder, text: &str) -> Result<Tensor, PipelineError> {
+        let pad = if encoder.config().pad_with_end {
+            self.tokenizer.end_token()
+        } else {
+            0
+        };
+        let ids = self.tokenizer.encode_padded(text, pad);
+        Ok(Tensor::new(ids.as_slice(), &self.device)?.unsqueeze(0)?)
+    }
+
+    /// What conditions the UNet on `text`: `(1, 77, width)`, the hidden
+    /// states of every text encoder concatenated, and for SDXL the second
+    /// encoder's projected pooled output `(1, pooled)`.
+    ///
+    /// SD 1.5 and SD-Turbo take each encoder's last hidden state after its
+    /// final layer norm; SDXL takes the next-to-last layer's output, as
+    /// diffusers' SDXL pipeline does.
+    fn embed(&self, text: &str) -> Result<(Tensor, Option<Tensor>), PipelineError> {
+        let encoders = std::iter::once(&self.clip).chain(self.clip2.as_ref());
+        if self.arch.text_time.is_none() {
+            let parts = encoders
+                .map(|encoder| Ok(encoder.forward(&self.ids(encoder, text)?)?))
+                .collect::<Result<Vec<_>, PipelineError>>()?;
+            return Ok((Tensor::cat(&parts, 2)?, None));
         }
-        Ok(Tensor::cat(&parts, 2)?)
+        let mut parts = Vec::new();
+        let mut pooled = None;
+        for encoder in encoders {
+            let encoded = encoder.encode(&self.ids(encoder, text)?)?;
+            parts.push(encoded.penultimate);
+            pooled = encoded.pooled.or(pooled);
+        }
+        let pooled = pooled.ok_or_else(|| {
+            PipelineError::Load("SDXL needs a text encoder with a text projection (text_encoder_2)".into())
+        })?;
+        Ok((Tensor::cat(&parts, 2)?, Some(pooled)))
+    }
+
+    /// The negative side of classifier-free guidance. SDXL, like diffusers'
+    /// pipeline with `force_zeros_for_empty_prompt` (the SDXL base
+    /// default), uses zeros when there is no negative prompt.
+    fn embed_negative(&self, text: &str) -> Result<(Tensor, Option<Tensor>), PipelineError> {
+        if self.arch.text_time.is_some() && text.is_empty() {
+            let (hidden, pooled) = self.embed("")?;
+            let zeros = |t: Tensor| t.zeros_like();
+            return Ok((zeros(hidden)?, pooled.map(zeros).transpose()?));
+        }
+        self.embed(text)
     }
 
     /// Runs the pipeline. The images are made one after the other, and
@@ -424,14 +486,30 @@ impl Pipeline {
         }
         let n = params.num_images.max(1);
         let guided = params.guidance_scale > 1.0;
-        let cond = self.embed(&params.prompt)?;
-        let context = if guided {
-            let uncond = self.embed(&params.negative_prompt)?;
-            Tensor::cat(&[uncond, cond], 0)?
+        let (cond, cond_pooled) = self.embed(&params.prompt)?;
+        let (context, pooled) = if guided {
+            let (uncond, uncond_pooled) = self.embed_negative(&params.negative_prompt)?;
+            let pooled = match (uncond_pooled, cond_pooled) {
+                (Some(u), Some(c)) => Some(Tensor::cat(&[u, c], 0)?),
+                _ => None,
+            };
+            (Tensor::cat(&[uncond, cond], 0)?, pooled)
         } else {
-            cond
-        }
-        .to_dtype(self.dtype)?;
+            (cond, cond_pooled)
+        };
+        let context = context.to_dtype(self.dtype)?;
+        // SDXL's size conditioning: the image was neither resized nor
+        // cropped, and is wanted at the size requested.
+        let extra = match pooled {
+            Some(pooled) => {
+                let (h, w) = (params.height as f32, params.width as f32);
+                let rows = pooled.dim(0)?;
+                let ids: Vec<f32> = (0..rows).flat_map(|_| [h, w, 0., 0., h, w]).collect();
+                let ids = Tensor::from_vec(ids, (rows, TextTime::TIME_IDS), &self.device)?;
+                Some((pooled.to_dtype(self.dtype)?, ids.to_dtype(self.dtype)?))
+            }
+            None => None,
+        };
         let (lh, lw) = (params.height as usize / 8, params.width as usize / 8);
         let mut images = Vec::with_capacity(n);
         // One image at a time: image `i` is exactly the one-image result of
@@ -442,6 +520,7 @@ impl Pipeline {
             let latents = self.denoise(
                 params,
                 &context,
+                extra.as_ref(),
                 guided,
                 params.seed.wrapping_add(i as u64),
                 lh,
@@ -459,6 +538,7 @@ impl Pipeline {
         &self,
         params: &Params,
         context: &Tensor,
+        extra: Option<&(Tensor, Tensor)>,
         guided: bool,
         seed: u64,
         lh: usize,
@@ -478,7 +558,8 @@ impl Pipeline {
                 latents.clone()
             };
             let input = scheduler.scale_model_input(input, t)?;
-            let predicted = self.unet.forward(&input, t as f64, context)?;
+            let conditioning = extra.map(|(text_embeds, time_ids)| Conditioning { text_embeds, time_ids });
+            let predicted = self.unet.forward(&input, t as f64, context, conditioning)?;
             let predicted = if guided {
                 let uncond = predicted.narrow(0, 0, 1)?;
                 let cond = predicted.narrow(0, 1, 1)?;
@@ -495,6 +576,7 @@ impl Pipeline {
     }
 
     fn decode(&self, latents: &Tensor) -> Result<RgbImage, PipelineError> {
+        let latents = latents.to_dtype(self.arch.vae_dtype(self.dtype))?;
         let decoded = self.vae.decode(&(latents / self.arch.vae_scale)?)?;
         let pixels = ((decoded.to_dtype(DType::F32)? / 2.0)? + 0.5)?
             .clamp(0f32, 1f32)?

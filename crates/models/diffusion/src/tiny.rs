@@ -2,7 +2,10 @@
 //! candle's model definitions are instantiated on a backend that creates
 //! each tensor asked for with the model's own initialisation (like a
 //! `VarMap`, so every name and shape is what the loaders read) and the
-//! result is saved with safetensors. Unlike a `VarMap`, the backend says
+//! result is saved with safetensors. The draws are seeded by the tensor's
+//! name, so the same architecture always gives the same bytes: a test can
+//! compare against outputs computed once by diffusers and transformers
+//! from these very files (`tests/data/reference/`). Unlike a `VarMap`, the backend says
 //! every tensor exists, so the VAE's attention takes today's diffusers names
 //! (`to_q`, `to_k`, `to_v`, `to_out.0`) rather than the legacy ones
 //! (`query`, `key`, `value`, `proj_attn`) that candle also accepts.
@@ -12,23 +15,83 @@ use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 
 use candle_core::{DType, Device, Shape, Tensor};
+use candle_nn::init::NormalOrUniform;
 use candle_nn::var_builder::SimpleBackend;
 use candle_nn::{Init, VarBuilder};
-use candle_transformers::models::stable_diffusion::unet_2d::UNet2DConditionModel;
 use candle_transformers::models::stable_diffusion::vae::AutoEncoderKL;
 
 use crate::clip::ClipTextEncoder;
 use crate::pipeline::{Architecture, PipelineError};
 use crate::tokenizer::{END_OF_TEXT, START_OF_TEXT};
+use crate::unet::UNet;
 
 /// Creates every tensor a model asks for, with the initialisation it asks
 /// for, and keeps it.
 #[derive(Clone, Default)]
 struct Initialiser(Arc<Mutex<HashMap<String, Tensor>>>);
 
+/// SplitMix64, seeded from the tensor's name (FNV-1a).
+struct Draws(u64);
+
+impl Draws {
+    fn for_name(name: &str) -> Self {
+        let mut hash = 0xcbf2_9ce4_8422_2325u64;
+        for byte in name.bytes() {
+            hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
+        }
+        Self(hash)
+    }
+
+    /// Uniform in [0, 1).
+    fn next(&mut self) -> f64 {
+        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
+        let mut z = self.0;
+        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
+        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
+        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
+    }
+
+    fn uniform(&mut self, lo: f64, up: f64) -> f64 {
+        lo + (up - lo) * self.next()
+    }
+
+    /// Box-Muller.
+    fn normal(&mut self, mean: f64, stdev: f64) -> f64 {
+        let u = 1.0 - self.next();
+        let v = self.next();
+        mean + stdev * (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
+    }
+}
+
+/// A tensor drawn as `init` asks, from the draws of `name`.
+fn draw(shape: &Shape, name: &str, init: Init, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
+    let n = shape.elem_count();
+    let mut draws = Draws::for_name(name);
+    let values: Vec<f64> = match init {
+        Init::Const(c) => vec![c; n],
+        Init::Uniform { lo, up } => (0..n).map(|_| draws.uniform(lo, up)).collect(),
+        Init::Randn { mean, stdev } => (0..n).map(|_| draws.normal(mean, stdev)).collect(),
+        Init::Kaiming {
+            dist,
+            fan,
+            non_linearity,
+        } => {
+            let std = non_linearity.gain() / (fan.for_shape(shape) as f64).sqrt();
+            match dist {
+                NormalOrUniform::Uniform => {
+                    let bound = 3f64.sqrt() * std;
+                    (0..n).map(|_| draws.uniform(-bound, bound)).collect()
+                }
+                NormalOrUniform::Normal => (0..n).map(|_| draws.normal(0., std)).collect(),
+            }
+        }
+    };
+    Tensor::from_vec(values, shape.clone(), dev)?.to_dtype(dtype)
+}
+
 impl SimpleBackend for Initialiser {
     fn get(&self, s: Shape, name: &str, h: Init, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
-        let tensor = h.var(s, dtype, dev)?.as_tensor().clone();
+        let tensor = draw(&s, name, h, dtype, dev)?;
         self.0
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
@@ -75,7 +138,7 @@ pub fn write_tiny_weights(dir: &Path, arch: &Architecture) -> Result<(), Pipelin
         weights.save(dir, component, "model.safetensors")?;
     }
     let weights = Initialiser::default();
-    UNet2DConditionModel::new(weights.builder(), 4, 4, false, arch.unet.clone())?;
+    UNet::new(weights.builder(), &arch.unet, arch.text_time)?;
     weights.save(dir, "unet", "diffusion_pytorch_model.safetensors")?;
     let weights = Initialiser::default();
     AutoEncoderKL::new(weights.builder(), 3, 3, arch.vae.clone())?;

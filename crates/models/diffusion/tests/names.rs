@@ -13,10 +13,10 @@ use candle_core::{DType, Device, Result, Shape, Tensor};
 use candle_nn::var_builder::SimpleBackend;
 use candle_nn::{Init, VarBuilder};
 use candle_transformers::models::stable_diffusion::clip as candle_clip;
-use candle_transformers::models::stable_diffusion::unet_2d::UNet2DConditionModel;
 use candle_transformers::models::stable_diffusion::vae::AutoEncoderKL;
 use gantry_model_diffusion::clip::{ClipConfig, ClipTextEncoder};
 use gantry_model_diffusion::tiny::write_tiny_weights;
+use gantry_model_diffusion::unet::UNet;
 use gantry_model_diffusion::{Architecture, Variant};
 
 type Names = BTreeMap<String, Vec<usize>>;
@@ -51,7 +51,7 @@ fn record(build: impl FnOnce(VarBuilder<'static>) -> Result<()>) -> Names {
 }
 
 fn unet(arch: &Architecture) -> Names {
-    record(|vb| UNet2DConditionModel::new(vb, 4, 4, false, arch.unet.clone()).map(drop))
+    record(|vb| UNet::new(vb, &arch.unet, arch.text_time).map(drop))
 }
 
 fn vae(arch: &Architecture) -> Names {
@@ -93,7 +93,11 @@ fn the_text_encoders_read_what_candles_clip_reads() {
     assert_eq!(ours(&ClipConfig::vit_l14(true)), candles(&candle_clip::Config::v1_5()));
     assert_eq!(ours(&ClipConfig::vit_h14()), candles(&candle_clip::Config::v2_1()));
     assert_eq!(ours(&ClipConfig::vit_l14(false)), candles(&candle_clip::Config::sdxl()));
-    assert_eq!(ours(&ClipConfig::vit_bigg14()), candles(&candle_clip::Config::sdxl2()));
+    // SDXL's second encoder is a CLIPTextModelWithProjection: candle's
+    // transformer plus `text_projection` (1280 x 1280, no bias)
+    let mut bigg = ours(&ClipConfig::vit_bigg14());
+    assert_eq!(bigg.remove("text_projection.weight"), Some(vec![1280, 1280]));
+    assert_eq!(bigg, candles(&candle_clip::Config::sdxl2()));
     let names = ours(&ClipConfig::vit_l14(true));
     assert_eq!(names.len(), 2 + 12 * 16 + 2);
     assert_eq!(names["text_model.encoder.layers.0.self_attn.q_proj.weight"], [768, 768]);
@@ -150,6 +154,17 @@ fn full_size_unets_and_vaes_have_the_diffusers_names() {
 
     let xl = unet(&Architecture::full(Variant::Xl));
     assert!(!xl.contains_key("down_blocks.0.attentions.0.proj_in.weight"));
+    // the pooled text embedding (1280) and six time ids (6 x 256) join the
+    // time embedding through `add_embedding`
+    assert_eq!(xl["add_embedding.linear_1.weight"], [1280, 2816]);
+    assert_eq!(xl["add_embedding.linear_2.weight"], [1280, 1280]);
+    // 1680 tensors and 2 567 463 684 parameters in
+    // stabilityai/stable-diffusion-xl-base-1.0's unet/diffusion_pytorch_model.safetensors
+    assert_eq!(xl.len(), 1680);
+    assert_eq!(
+        xl.values().map(|s| s.iter().product::<usize>()).sum::<usize>(),
+        2_567_463_684
+    );
     assert_eq!(
         xl["down_blocks.2.attentions.1.transformer_blocks.9.attn2.to_k.weight"],
         [1280, 2048]
