@@ -6,8 +6,9 @@
 //! `vae/diffusion_pytorch_model.safetensors`. The prompt (and the negative
 //! prompt, for classifier-free guidance) is tokenised with CLIP's BPE
 //! ([`tokenizer`]), encoded by the CLIP text encoder(s) ([`clip`]), and the
-//! UNet denoises latents drawn from the seed with DDIM for the requested
-//! number of steps; the VAE decodes them to RGB ([`pipeline`]).
+//! UNet ([`unet`], with SDXL's extra conditioning) denoises latents drawn
+//! from the seed with DDIM ([`ddim`]) for the requested number of steps;
+//! the VAE decodes them to RGB ([`pipeline`]).
 //!
 //! The same seed gives the same bytes on the same machine: image `i` of a
 //! job with seed `s` starts from latents drawn from `s + i` with a portable
@@ -16,6 +17,7 @@
 
 pub mod clip;
 pub mod config;
+pub mod ddim;
 pub mod input;
 pub mod pipeline;
 pub mod tiny;

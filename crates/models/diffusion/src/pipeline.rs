@@ -6,14 +6,11 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use candle_transformers::models::stable_diffusion::ddim::DDIMSchedulerConfig;
-use candle_transformers::models::stable_diffusion::schedulers::{
-    PredictionType, Scheduler, SchedulerConfig, TimestepSpacing,
-};
 use candle_transformers::models::stable_diffusion::unet_2d::{BlockConfig, UNet2DConditionModelConfig};
 use candle_transformers::models::stable_diffusion::vae::{AutoEncoderKL, AutoEncoderKLConfig};
 
 use crate::clip::{ClipConfig, ClipTextEncoder};
+use crate::ddim::{Ddim, Spacing};
 use crate::tokenizer::Tokenizer;
 use crate::unet::{Conditioning, TextTime, UNet};
 
@@ -253,15 +250,12 @@ impl Architecture {
         if self.vae_upcast { DType::F32 } else { dtype }
     }
 
-    fn scheduler(&self) -> DDIMSchedulerConfig {
-        DDIMSchedulerConfig {
-            prediction_type: PredictionType::Epsilon,
-            timestep_spacing: match self.variant {
-                Variant::Turbo => TimestepSpacing::Trailing,
-                _ => TimestepSpacing::Leading,
-            },
-            ..Default::default()
-        }
+    fn scheduler(&self, steps: usize) -> Ddim {
+        let spacing = match self.variant {
+            Variant::Turbo => Spacing::Trailing,
+            Variant::V1_5 | Variant::Xl => Spacing::Leading,
+        };
+        Ddim::new(steps, spacing)
     }
 }
 
@@ -473,6 +467,26 @@ impl Pipeline {
     pub fn generate(
         &self,
         params: &Params,
+        progress: impl FnMut(usize, usize) -> ControlFlow<()>,
+    ) -> Result<Vec<RgbImage>, PipelineError> {
+        let values = 4 * (params.height as usize / 8) * (params.width as usize / 8);
+        let noise = (0..params.num_images.max(1) as u64)
+            .map(|i| {
+                let mut normal = gantry_model_image::Normal::new(params.seed.wrapping_add(i));
+                (0..values).map(|_| normal.next()).collect()
+            })
+            .collect::<Vec<_>>();
+        self.generate_from_noise(params, &noise, progress)
+    }
+
+    /// [`Self::generate`] from given starting noise rather than the seed's:
+    /// one image per entry of `noise`, each `4 × height/8 × width/8` values
+    /// (channel, row, column), `params.num_images` and `params.seed`
+    /// unused. What diffusers' pipelines do with `latents=`.
+    pub fn generate_from_noise(
+        &self,
+        params: &Params,
+        noise: &[Vec<f32>],
         mut progress: impl FnMut(usize, usize) -> ControlFlow<()>,
     ) -> Result<Vec<RgbImage>, PipelineError> {
         if !params.width.is_multiple_of(8)
@@ -484,7 +498,7 @@ impl Pipeline {
                 "width and height must be positive multiples of 8".into(),
             ));
         }
-        let n = params.num_images.max(1);
+        let n = noise.len();
         let guided = params.guidance_scale > 1.0;
         let (cond, cond_pooled) = self.embed(&params.prompt)?;
         let (context, pooled) = if guided {
@@ -511,45 +525,42 @@ impl Pipeline {
             None => None,
         };
         let (lh, lw) = (params.height as usize / 8, params.width as usize / 8);
+        if let Some(bad) = noise.iter().find(|n| n.len() != 4 * lh * lw) {
+            return Err(PipelineError::Load(format!(
+                "starting noise of {} values for latents of 4 x {lh} x {lw}",
+                bad.len()
+            )));
+        }
         let mut images = Vec::with_capacity(n);
         // One image at a time: image `i` is exactly the one-image result of
-        // seed `seed + i` (a batch would change the arithmetic slightly).
+        // its own noise (a batch would change the arithmetic slightly).
         let per_image = params.steps.max(1);
         let total = per_image * n;
-        for i in 0..n {
-            let latents = self.denoise(
-                params,
-                &context,
-                extra.as_ref(),
-                guided,
-                params.seed.wrapping_add(i as u64),
-                lh,
-                lw,
-                |k| progress(i * per_image + k, total),
-            )?;
+        for (i, noise) in noise.iter().enumerate() {
+            let noise = Tensor::from_slice(noise, (1, 4, lh, lw), &self.device)?;
+            let latents = self.denoise(params, &context, extra.as_ref(), guided, noise, |k| {
+                progress(i * per_image + k, total)
+            })?;
             images.push(self.decode(&latents)?);
         }
         Ok(images)
     }
 
-    /// The denoising loop for one image; `progress(k)` after step `k`.
-    #[allow(clippy::too_many_arguments)]
+    /// The denoising loop for one image from `noise` `(1, 4, h, w)`;
+    /// `progress(k)` after step `k`.
     fn denoise(
         &self,
         params: &Params,
         context: &Tensor,
         extra: Option<&(Tensor, Tensor)>,
         guided: bool,
-        seed: u64,
-        lh: usize,
-        lw: usize,
+        noise: Tensor,
         mut progress: impl FnMut(usize) -> ControlFlow<()>,
     ) -> Result<Tensor, PipelineError> {
-        let mut scheduler: Box<dyn Scheduler> = self.arch.scheduler().build(params.steps.max(1))?;
-        let mut normal = gantry_model_image::Normal::new(seed);
-        let noise: Vec<f32> = (0..4 * lh * lw).map(|_| normal.next()).collect();
-        let mut latents = (Tensor::from_vec(noise, (1, 4, lh, lw), &self.device)? * scheduler.init_noise_sigma())?
-            .to_dtype(self.dtype)?;
+        // DDIM starts from the noise itself (its initial sigma is 1) and
+        // does not scale the UNet's input.
+        let scheduler = self.arch.scheduler(params.steps.max(1));
+        let mut latents = noise.to_dtype(self.dtype)?;
         let timesteps = scheduler.timesteps().to_vec();
         for (k, &t) in timesteps.iter().enumerate() {
             let input = if guided {
@@ -557,7 +568,6 @@ impl Pipeline {
             } else {
                 latents.clone()
             };
-            let input = scheduler.scale_model_input(input, t)?;
             let conditioning = extra.map(|(text_embeds, time_ids)| Conditioning { text_embeds, time_ids });
             let predicted = self.unet.forward(&input, t as f64, context, conditioning)?;
             let predicted = if guided {

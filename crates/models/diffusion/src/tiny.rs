@@ -150,7 +150,12 @@ pub fn write_tiny_weights(dir: &Path, arch: &Architecture) -> Result<(), Pipelin
 fn write_tiny_tokenizer(folder: &Path) -> Result<(), PipelineError> {
     let io = |e: std::io::Error| PipelineError::Load(format!("cannot write the tokenizer: {e}"));
     std::fs::create_dir_all(folder).map_err(io)?;
+    // CLIP's order: the bytes that stand for themselves first (so `!` is
+    // id 0, the pad token of SD 2.x and SDXL), then the others.
+    let printable = |b: &u8| matches!(b, b'!'..=b'~' | 0xA1..=0xAC | 0xAE..=0xFF);
     let symbols: Vec<String> = (0u8..=255)
+        .filter(printable)
+        .chain((0u8..=255).filter(|b| !printable(b)))
         .map(|b| crate::tokenizer::byte_symbol(b).to_string())
         .collect();
     let mut vocab: BTreeMap<String, u32> = BTreeMap::new();

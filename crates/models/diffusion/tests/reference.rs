@@ -1,7 +1,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
-//! Every component of the three tiny pipelines against diffusers and
-//! transformers: the text encoders (last hidden state, the next-to-last one
+//! Every component of the three tiny pipelines, and each pipeline as a
+//! whole, against diffusers and transformers: the text encoders (last hidden state, the next-to-last one
 //! SDXL reads, and the projected pooled output), the UNet (batch of two,
 //! timestep 601, at a latent size the down path halves evenly and at one it
 //! does not; for SDXL with the pooled embedding and time ids through
@@ -11,6 +11,7 @@
 //! by tensor name); `tests/reference/regenerate.sh` rewrites them.
 
 use std::collections::HashMap;
+use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
@@ -19,7 +20,7 @@ use candle_transformers::models::stable_diffusion::vae::AutoEncoderKL;
 use gantry_model_diffusion::clip::ClipTextEncoder;
 use gantry_model_diffusion::tiny::write_tiny_weights;
 use gantry_model_diffusion::unet::{Conditioning, UNet};
-use gantry_model_diffusion::{Architecture, Variant};
+use gantry_model_diffusion::{Architecture, Params, Pipeline, Variant};
 
 fn weights(path: PathBuf) -> VarBuilder<'static> {
     VarBuilder::from_buffered_safetensors(std::fs::read(path).unwrap(), DType::F32, &Device::Cpu).unwrap()
@@ -136,6 +137,65 @@ fn check(variant: Variant) {
     )
     .unwrap();
     assert_close("vae", &vae.decode(&want["vae.latents"]).unwrap(), &want["vae.out"]);
+
+    // The whole pipeline from the same starting noise: tokenizer, encoders,
+    // guidance, DDIM's timesteps and steps, SDXL's time ids and zeros for
+    // an empty negative prompt, the VAE's scaling and the conversion to
+    // 8-bit pixels.
+    let pipeline = Pipeline::load_with(dir.path(), arch, &Device::Cpu, DType::F32).unwrap();
+    let params = pipeline_case(variant);
+    let noise = want["pipeline.noise"].flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let mut steps = Vec::new();
+    let images = pipeline
+        .generate_from_noise(&params, &[noise], |k, n| {
+            steps.push((k, n));
+            ControlFlow::Continue(())
+        })
+        .unwrap();
+    assert_eq!(
+        steps,
+        (1..=params.steps).map(|k| (k, params.steps)).collect::<Vec<_>>(),
+        "one UNet step per requested step"
+    );
+    let image = &images[0];
+    let reference = &want["pipeline.image"];
+    assert_eq!(
+        reference.dims(),
+        [params.height as usize, params.width as usize, 3],
+        "reference size"
+    );
+    assert_eq!((image.width, image.height), (params.width, params.height));
+    let expected = reference.flatten_all().unwrap().to_vec1::<f32>().unwrap();
+    let worst = image
+        .pixels
+        .iter()
+        .zip(&expected)
+        .map(|(&got, &want)| (f32::from(got) - want * 255.0).abs())
+        .fold(0f32, f32::max);
+    assert!(
+        worst <= 1.0,
+        "{}: the image differs from diffusers' by up to {worst} levels of 255",
+        variant.name()
+    );
+}
+
+/// What `reference.py` asked diffusers' pipeline for (its `PIPELINE_CASES`).
+fn pipeline_case(variant: Variant) -> Params {
+    let (prompt, negative, steps, guidance, height, width) = match variant {
+        Variant::V1_5 => ("the cat", "a dog", 4, 7.5, 64, 48),
+        Variant::Turbo => ("the cat", "", 3, 0.0, 64, 64),
+        Variant::Xl => ("the dog", "", 3, 5.0, 64, 56),
+    };
+    Params {
+        prompt: prompt.into(),
+        negative_prompt: negative.into(),
+        width,
+        height,
+        num_images: 1,
+        steps,
+        guidance_scale: guidance,
+        seed: 0,
+    }
 }
 
 #[test]

@@ -57,6 +57,63 @@ def encoder(directory, with_projection):
     return cls.from_pretrained(directory).eval()
 
 
+# What each variant's pipeline check asks for: SD 1.5 with guidance and a
+# negative prompt, SD-Turbo at three steps (trailing timesteps, no
+# guidance), SDXL with guidance and no negative prompt (zeros).
+PIPELINE_CASES = {
+    "sd-1.5": {"prompt": "the cat", "negative_prompt": "a dog", "steps": 4, "guidance_scale": 7.5, "height": 64, "width": 48},
+    "sd-turbo": {"prompt": "the cat", "negative_prompt": "", "steps": 3, "guidance_scale": 0.0, "height": 64, "width": 64},
+    "sdxl": {"prompt": "the dog", "negative_prompt": "", "steps": 3, "guidance_scale": 5.0, "height": 64, "width": 56},
+}
+
+
+def pipeline(variant, tiny, unet, vae):
+    from diffusers import DDIMScheduler, StableDiffusionPipeline, StableDiffusionXLPipeline
+    from transformers import CLIPTokenizer
+
+    scheduler = DDIMScheduler(
+        beta_start=0.00085,
+        beta_end=0.012,
+        beta_schedule="scaled_linear",
+        clip_sample=False,
+        set_alpha_to_one=False,
+        steps_offset=1,
+        prediction_type="epsilon",
+        timestep_spacing="trailing" if variant == "sd-turbo" else "leading",
+    )
+
+    def tokenizer(pad):
+        folder = tiny / "tokenizer"
+        return CLIPTokenizer(
+            str(folder / "vocab.json"), str(folder / "merges.txt"), pad_token=pad, model_max_length=77
+        )
+
+    # The pads of Gantry's tiny architectures (Architecture::tiny).
+    first = tokenizer("<|endoftext|>" if variant == "sd-1.5" else "!")
+    text_encoder = encoder(tiny / "text_encoder", False)
+    if variant == "sdxl":
+        return StableDiffusionXLPipeline(
+            vae=vae,
+            text_encoder=text_encoder,
+            text_encoder_2=encoder(tiny / "text_encoder_2", True),
+            tokenizer=first,
+            tokenizer_2=tokenizer("!"),
+            unet=unet,
+            scheduler=scheduler,
+            force_zeros_for_empty_prompt=True,
+        )
+    return StableDiffusionPipeline(
+        vae=vae,
+        text_encoder=text_encoder,
+        tokenizer=first,
+        unet=unet,
+        scheduler=scheduler,
+        safety_checker=None,
+        feature_extractor=None,
+        requires_safety_checker=False,
+    )
+
+
 def main():
     variant, tiny, out = sys.argv[1], Path(sys.argv[2]), sys.argv[3]
     import diffusers
@@ -125,8 +182,26 @@ def main():
     tensors["vae.latents"] = latents
     tensors["vae.out"] = decoded.numpy()
 
+    # The whole pipeline: diffusers' own, with DDIM configured as Gantry's,
+    # from given starting noise (Gantry draws its own from the seed).
+    case = PIPELINE_CASES[variant]
+    noise = rng.standard_normal((1, 4, case["height"] // 8, case["width"] // 8), dtype=np.float32)
+    image = pipeline(variant, tiny, unet, vae)(
+        prompt=case["prompt"],
+        negative_prompt=case["negative_prompt"] or None,
+        num_inference_steps=case["steps"],
+        guidance_scale=case["guidance_scale"],
+        height=case["height"],
+        width=case["width"],
+        latents=torch.from_numpy(noise),
+        output_type="np",
+    ).images[0]
+    tensors["pipeline.noise"] = noise
+    tensors["pipeline.image"] = np.asarray(image, dtype=np.float32)
+
     metadata = {
         "variant": variant,
+        "pipeline": json.dumps(case),
         "torch": torch.__version__,
         "diffusers": diffusers.__version__,
         "transformers": transformers.__version__,
