@@ -67,11 +67,11 @@ PIPELINE_CASES = {
 }
 
 
-def pipeline(variant, tiny, unet, vae):
-    from diffusers import DDIMScheduler, StableDiffusionPipeline, StableDiffusionXLPipeline
-    from transformers import CLIPTokenizer
+def ddim(variant):
+    """diffusers' DDIMScheduler configured as Gantry's DDIM (src/ddim.rs)."""
+    from diffusers import DDIMScheduler
 
-    scheduler = DDIMScheduler(
+    return DDIMScheduler(
         beta_start=0.00085,
         beta_end=0.012,
         beta_schedule="scaled_linear",
@@ -81,6 +81,13 @@ def pipeline(variant, tiny, unet, vae):
         prediction_type="epsilon",
         timestep_spacing="trailing" if variant == "sd-turbo" else "leading",
     )
+
+
+def pipeline(variant, tiny, unet, vae):
+    from diffusers import StableDiffusionPipeline, StableDiffusionXLPipeline
+    from transformers import CLIPTokenizer
+
+    scheduler = ddim(variant)
 
     def tokenizer(pad):
         folder = tiny / "tokenizer"

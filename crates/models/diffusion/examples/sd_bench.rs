@@ -1,0 +1,51 @@
+//! Times the Stable Diffusion pipeline alone (no HTTP, no job path):
+//! `cargo run --release -p gantry-model-diffusion --example sd_bench --
+//! <dir> <sd-1.5|sd-turbo|sdxl> <width> <height> <steps> <guidance> <runs>`.
+//! Every run starts from the same noise (seed 0); prints one line per run
+//! (load first) and the median, in milliseconds.
+
+use std::path::PathBuf;
+use std::time::Instant;
+
+use candle_core::{DType, Device};
+use gantry_model_diffusion::{Architecture, Params, Pipeline, Variant};
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let args: Vec<String> = std::env::args().skip(1).collect();
+    let usage = "usage: sd_bench <dir> <variant> <width> <height> <steps> <guidance> <runs>";
+    if args.len() != 7 {
+        return Err(usage.into());
+    }
+    let dir = PathBuf::from(&args[0]);
+    let variant = Variant::parse(&args[1]).ok_or(usage)?;
+    let (width, height): (u32, u32) = (args[2].parse()?, args[3].parse()?);
+    let steps: usize = args[4].parse()?;
+    let guidance: f64 = args[5].parse()?;
+    let runs: usize = args[6].parse()?;
+
+    let started = Instant::now();
+    let arch = Architecture::from_dir(&dir, variant)?;
+    let pipeline = Pipeline::load_with(&dir, arch, &Device::Cpu, DType::F32)?;
+    println!("load {:.0} ms", started.elapsed().as_secs_f64() * 1e3);
+    let params = Params {
+        prompt: "a lighthouse at dusk, oil painting".into(),
+        negative_prompt: String::new(),
+        width,
+        height,
+        num_images: 1,
+        steps,
+        guidance_scale: guidance,
+        seed: 0,
+    };
+    let mut times = Vec::with_capacity(runs);
+    for run in 0..runs {
+        let started = Instant::now();
+        let images = pipeline.generate(&params, |_, _| std::ops::ControlFlow::Continue(()))?;
+        let ms = started.elapsed().as_secs_f64() * 1e3;
+        println!("run {run} {ms:.0} ms ({}x{})", images[0].width, images[0].height);
+        times.push(ms);
+    }
+    times.sort_by(f64::total_cmp);
+    println!("median {:.0} ms", times[times.len() / 2]);
+    Ok(())
+}
