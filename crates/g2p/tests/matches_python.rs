@@ -80,6 +80,18 @@ fn g2p(british: bool) -> &'static G2p {
     cell.get_or_init(|| G2p::load(&assets(), british).expect("the G2P loads"))
 }
 
+/// Chunks whose reading of an unknown word sits at a near tie in the OOV
+/// model, so that ONNX Runtime's kernels for the CPU at hand decide it: the
+/// fixture's reading was made on another CPU. On an AMD EPYC (Zen 4,
+/// AVX-512), 2026-11-27, onnxruntime 1.32 in Python reads `snarfleberries`
+/// with `oov_gb.onnx` as `snˈɑːflbəɹiz`, as the port does, where the fixture
+/// has `snˈɑːfᵊlbəɹiz`. Either reading is accepted for these texts only.
+const CPU_DEPENDENT: &[(bool, &str, &str)] = &[(
+    true,
+    "We ate some snarfleberries with krumbletart.",
+    "wˌiː ˈAt sˌʌm snˈɑːflbəɹiz wɪð kɹˈʌmbᵊltˌɑːt.",
+)];
+
 /// Runs the whole corpus through one variant and reports every text that differs.
 fn check(british: bool, expected: &[Vec<String>]) {
     let fixture = fixture();
@@ -94,6 +106,7 @@ fn check(british: bool, expected: &[Vec<String>]) {
     for (text, want) in fixture.corpus.iter().zip(expected) {
         match g2p.chunks(text) {
             Ok(got) if &got == want => {}
+            Ok(got) if got.len() == 1 && CPU_DEPENDENT.contains(&(british, text.as_str(), got[0].as_str())) => {}
             Ok(got) => failures.push(format!("{text:?}\n   python: {want:?}\n     rust: {got:?}")),
             Err(e) => failures.push(format!("{text:?}\n   python: {want:?}\n     rust: error {e}")),
         }
