@@ -10,7 +10,8 @@
 //! PostgreSQL database. See `docs/scheduler.md` for the lifecycle, leases and
 //! billing rules.
 // Every module is public: `gantry-scheduler` (the loop) and `gantry-webhooks`
-// (the outbox) work on the store's tables, plans and hub parts directly. API
+// (the outbox) work on the store's tables and plans directly, and the loop
+// gets the parts it shares with the store as `store::SchedulerParts`. API
 // processes need only the re-exports below.
 pub mod config;
 pub mod credit;

@@ -11,6 +11,7 @@ use serde_json::Value;
 
 use crate::config::{SchedulerConfig, millis};
 use crate::db::{new_job_id, now_ms, plus, serialize_writes};
+use crate::engine::Engine;
 use crate::entity::{chunk, job, presence};
 use crate::lane::FastLane;
 use crate::live::{LiveJobs, LiveStream};
@@ -29,7 +30,9 @@ use job::Column as J;
 pub struct JobStore {
     pub db: DatabaseConnection,
     pub config: Arc<SchedulerConfig>,
-    pub hub: Arc<Hub>,
+    /// What this store shares with the schedulers of its process; they get
+    /// its parts by name ([`JobStore::scheduler_parts`]), never the hub.
+    hub: Arc<Hub>,
 }
 
 impl JobStore {
@@ -50,6 +53,18 @@ impl JobStore {
 
     pub fn config(&self) -> &SchedulerConfig {
         &self.config
+    }
+
+    /// The parts a scheduler of this process shares with this store.
+    pub fn scheduler_parts(&self) -> SchedulerParts {
+        SchedulerParts {
+            write_lock: Arc::clone(&self.hub.writes.lock),
+            engine: self.hub.writes.engine.clone(),
+            lane: Arc::clone(&self.hub.lane),
+            wakeups: Arc::clone(&self.hub.wakeups),
+            live: Arc::clone(&self.hub.live),
+            outcomes: Outcomes(Arc::clone(&self.hub)),
+        }
     }
 
     /// Sends and receives job wake-ups over Redis pub/sub on `channel`, so
@@ -686,10 +701,71 @@ pub fn retention_expr(config: &SchedulerConfig, now: i64) -> Expr {
     Expr::cust(format!("CASE WHEN sync THEN {sync} ELSE {async_} END"))
 }
 
+/// What a scheduler shares with the job store of its process, part by part
+/// (decision 0031): the scheduler holds these, not the store's hub.
+#[derive(Clone)]
+pub struct SchedulerParts {
+    /// Serializes this process's writes on SQLite (see `serialize_writes`).
+    pub write_lock: Arc<tokio::sync::Mutex<()>>,
+    /// The SQLite writer thread, when the database is a SQLite file.
+    pub engine: Option<Engine>,
+    /// Submits written already claimed for this process's scheduler, and
+    /// the `runsync` jobs it runs unwritten.
+    pub lane: Arc<FastLane>,
+    /// What this process's scheduler is woken for.
+    pub wakeups: Arc<Wakeups>,
+    /// Live output of the jobs this process's stream readers follow.
+    pub live: Arc<LiveJobs>,
+    /// Where finished, lost and live jobs are announced.
+    pub outcomes: Outcomes,
+}
+
+/// The rules that span the store's parts, as a scheduler uses them: a final
+/// result ends the live feed, wakes the waiters and is signalled to other
+/// processes; a job lost with its scheduler drops its waiters; a chunk
+/// reaches live readers here and elsewhere.
+#[derive(Clone)]
+pub struct Outcomes(Arc<Hub>);
+
+impl Outcomes {
+    /// Sends a signal to the other processes, if Redis is configured.
+    pub fn signal(&self, signal: Signal) {
+        self.0.signal(signal);
+    }
+
+    /// Unstored jobs that will never be written: their waiters are dropped.
+    pub fn lose(&self, job_ids: &[String]) {
+        self.0.lose(job_ids);
+    }
+
+    /// Every unstored job is lost (its scheduler died).
+    pub fn lose_all(&self) {
+        self.0.lose_all();
+    }
+
+    /// Hands final views to whoever waits on them (see [`Hub::finished`]).
+    pub fn finished(&self, views: &[JobView], announce: impl Fn(usize) -> bool) {
+        self.0.finished(views, announce);
+    }
+
+    /// What to call with each worker event as it arrives, to feed live
+    /// readers before the event is stored. It holds the store weakly: the
+    /// dispatcher that keeps it does not keep the store alive.
+    pub fn live_observer(&self) -> impl Fn(&Event) + Send + Sync + 'static {
+        let hub = Arc::downgrade(&self.0);
+        move |event: &Event| {
+            if let Some(hub) = hub.upgrade() {
+                hub.live_event(event);
+            }
+        }
+    }
+}
+
 /// What a store and the schedulers of its process share: named parts, each
-/// in its own module, and the few rules that span several of them.
+/// in its own module, and the few rules that span several of them. Private
+/// to this crate: a scheduler gets [`SchedulerParts`].
 #[derive(Default)]
-pub struct Hub {
+pub(crate) struct Hub {
     /// The `wait`s of this process, woken with final results.
     pub waiters: Arc<Waiters>,
     /// What this process's scheduler is woken for.
@@ -699,7 +775,7 @@ pub struct Hub {
     pub writes: Writes,
     /// Submits written already claimed for this process's scheduler, and
     /// the `runsync` jobs it runs unwritten.
-    pub lane: FastLane,
+    pub lane: Arc<FastLane>,
     /// Wake-ups to and from other processes over Redis, when configured.
     signals: OnceLock<Signals>,
     /// Live output of the jobs this process's stream readers follow.

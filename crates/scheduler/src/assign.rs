@@ -63,7 +63,7 @@ impl Core {
             .models
             .get(model)
             .map_or(0, |health| health.free_slots)
-            .saturating_sub(self.store.hub.lane.lane_taken(&self.instance, model));
+            .saturating_sub(self.parts.lane.lane_taken(&self.instance, model));
         if free == 0 {
             return 0;
         }
@@ -159,7 +159,7 @@ impl Core {
                 health.free_slots > 0 && self.drained.contains(model) && !self.ready.contains_key(model)
             })
             .map(|(model, health)| (model, health.free_slots));
-        self.store.hub.lane.set_credits(&self.instance, free);
+        self.parts.lane.set_credits(&self.instance, free);
     }
 
     /// Assigns jobs claimed by this instance to workers, lowest priority last.
@@ -249,11 +249,11 @@ impl Core {
             }
             match self.run_plan(plan).await {
                 Ok(settled) => {
-                    self.store.hub.lane.stored(&written);
+                    self.parts.lane.stored(&written);
                     self.publish(&settled.finals, |row| row.sync);
                 }
                 Err(error) => {
-                    self.store.hub.lose(&written);
+                    self.parts.outcomes.lose(&written);
                     return Err(error);
                 }
             }
@@ -297,7 +297,7 @@ impl Core {
             }
         }
         result?;
-        self.store.hub.lane.stored(&ids);
+        self.parts.lane.stored(&ids);
         Ok(())
     }
 
@@ -318,7 +318,7 @@ impl Core {
     /// Returns just-claimed jobs no worker took; the attempt was never sent,
     /// so it is not counted.
     pub(super) async fn put_back(&self, ids: &[String]) -> Result<(), DbErr> {
-        let _guard = serialize_writes(&self.store.hub.writes.lock, &self.db).await;
+        let _guard = serialize_writes(&self.parts.write_lock, &self.db).await;
         job::Entity::update_many()
             .col_expr(J::Status, Expr::value(JobStatus::InQueue.as_str()))
             .col_expr(J::Attempt, plus(J::Attempt, -1))
@@ -358,9 +358,9 @@ impl Core {
         self.ready.clear();
         if !plan.is_empty() {
             self.run_plan(plan).await?;
-            self.store.hub.lane.stored(&written);
+            self.parts.lane.stored(&written);
         }
-        let _guard = serialize_writes(&self.store.hub.writes.lock, &self.db).await;
+        let _guard = serialize_writes(&self.parts.write_lock, &self.db).await;
         job::Entity::update_many()
             .col_expr(J::Status, Expr::value(JobStatus::InQueue.as_str()))
             .col_expr(J::Owner, Expr::value(Option::<String>::None))
@@ -375,7 +375,7 @@ impl Core {
             .await?;
         // Back in the queue: the other processes' schedulers may take them now.
         for model in models {
-            self.store.hub.signal(Signal::Queued(model));
+            self.parts.outcomes.signal(Signal::Queued(model));
         }
         Ok(())
     }

@@ -27,8 +27,9 @@ use tokio::task::JoinHandle;
 use gantry_jobs::config::millis;
 use gantry_jobs::db::now_ms;
 use gantry_jobs::entity::job;
+use gantry_jobs::lane::FastLane;
 use gantry_jobs::plan::Settled;
-use gantry_jobs::store::{Hub, JobStore};
+use gantry_jobs::store::{JobStore, Outcomes, SchedulerParts};
 use gantry_jobs::types::SchedulerError;
 use gantry_jobs::wakeups::Attached;
 use gantry_webhooks as webhooks;
@@ -56,7 +57,8 @@ const ANALYZE_AFTER_FIRST: u64 = 1_000;
 /// are requeued by whichever scheduler sweeps after its lease lapses).
 pub struct Scheduler {
     instance_id: String,
-    hub: Arc<Hub>,
+    lane: Arc<FastLane>,
+    outcomes: Outcomes,
     stop: Option<oneshot::Sender<()>>,
     task: Option<JoinHandle<()>>,
     /// Tasks beside the loop: the sweeper of output files, the accrual of
@@ -75,9 +77,11 @@ impl Scheduler {
         events: mpsc::Receiver<Event>,
     ) -> Result<Scheduler, SchedulerError> {
         let instance_id = format!("sched-{:016x}", rand::rng().random::<u64>());
-        let webhooks = webhooks::Deliveries::new(&store.config, store.db.clone(), Arc::clone(&store.hub.writes.lock))?;
+        let parts = store.scheduler_parts();
+        let webhooks = webhooks::Deliveries::new(&store.config, store.db.clone(), Arc::clone(&parts.write_lock))?;
         let mut core = Core {
-            _attached: Attached::new(&store.hub.wakeups),
+            _attached: Attached::new(&parts.wakeups),
+            parts,
             db: store.db.clone(),
             store,
             catalog,
@@ -106,34 +110,27 @@ impl Scheduler {
         // Every submit may take the lane, on both backends. (Until the
         // PostgreSQL claim was fixed, `/run` jobs did not on PostgreSQL: see
         // "Claims" in docs/scheduler.md and docs/decisions/0021-fast-lane-run-on-postgres.md.)
-        core.fast_lane = core
-            .store
-            .hub
-            .lane
-            .open(&core.instance, millis(core.store.config.lease));
-        let hub = Arc::clone(&core.store.hub);
+        core.fast_lane = core.parts.lane.open(&core.instance, millis(core.store.config.lease));
         // Chunks and progress reach live readers as they arrive, before they
         // are stored (see live.rs).
-        let live = Arc::downgrade(&hub);
-        core.dispatcher.observe_live(Some(Arc::new(move |event: &Event| {
-            if let Some(hub) = live.upgrade() {
-                hub.live_event(event);
-            }
-        })));
+        core.dispatcher
+            .observe_live(Some(Arc::new(core.parts.outcomes.live_observer())));
         let mut background = Vec::new();
         if let Some(files) = core.store.config.files.clone() {
             background.push(tokio::spawn(gantry_jobs::files::sweep(
                 files,
                 core.db.clone(),
-                Arc::clone(&core.store.hub.writes.lock),
+                Arc::clone(&core.parts.write_lock),
             )));
         }
         background.push(tokio::spawn(accrue_storage(core.store.clone())));
         let (stop, stopped) = oneshot::channel();
+        let (lane, outcomes) = (Arc::clone(&core.parts.lane), core.parts.outcomes.clone());
         let task = tokio::spawn(core.run(events, stopped));
         Ok(Scheduler {
             instance_id,
-            hub,
+            lane,
+            outcomes,
             stop: Some(stop),
             task: Some(task),
             background,
@@ -170,8 +167,8 @@ impl Drop for Scheduler {
             // No more submits written as claimed by this instance; those
             // already written are requeued when its lease lapses, and those
             // it kept in memory are gone with it.
-            if self.hub.lane.close(&self.instance_id).is_some() {
-                self.hub.lose_all();
+            if self.lane.close(&self.instance_id).is_some() {
+                self.outcomes.lose_all();
             }
         }
     }
@@ -206,6 +203,8 @@ impl Running {
 
 struct Core {
     store: JobStore,
+    /// What this scheduler shares with `store`'s other users in the process.
+    parts: SchedulerParts,
     db: DatabaseConnection,
     catalog: Arc<ModelCatalog>,
     dispatcher: Dispatcher,
@@ -241,7 +240,7 @@ struct Core {
     /// Running jobs another process signalled cancelled: their rows are
     /// checked between settlements (see `recheck`).
     rechecks: HashSet<String>,
-    /// Counts this scheduler on the hub while the loop lives.
+    /// Counts this scheduler on the store's wake-ups while the loop lives.
     _attached: Attached,
 }
 
@@ -259,7 +258,7 @@ struct Outcome {
 
 impl Core {
     async fn run(mut self, mut events: mpsc::Receiver<Event>, mut stopped: oneshot::Receiver<()>) {
-        let hub = Arc::clone(&self.store.hub);
+        let wakeups = Arc::clone(&self.parts.wakeups);
         let mut tick = tokio::time::interval(self.store.config.sweep_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut events_open = true;
@@ -299,12 +298,12 @@ impl Core {
                         tokio::time::sleep(Duration::from_millis(100)).await;
                     }
                 }
-                () = hub.wakeups.notify.notified() => {
-                    let adopted = hub.lane.adopt(&self.instance);
+                () = wakeups.notify.notified() => {
+                    let adopted = self.parts.lane.adopt(&self.instance);
                     if !adopted.is_empty() {
                         self.adopt(adopted).await;
                     }
-                    let pending = hub.wakeups.take();
+                    let pending = wakeups.take();
                     if pending.refill_all {
                         self.fill_all_with_free_slots(&self.dispatcher.health());
                         if flight.is_some() {
@@ -390,7 +389,7 @@ impl Core {
         // Jobs handed over but not adopted are this instance's too: the
         // release below requeues them with the rest.
         let left = if self.fast_lane {
-            hub.lane.close(&self.instance).unwrap_or_default()
+            self.parts.lane.close(&self.instance).unwrap_or_default()
         } else {
             Vec::new()
         };
@@ -399,7 +398,7 @@ impl Core {
         }
         if self.fast_lane {
             // Any job still only in memory could not be written: gone.
-            hub.lose_all();
+            self.parts.outcomes.lose_all();
         }
         if let Err(error) = self.withdraw_presence().await {
             tracing::warn!(%error, "could not remove this scheduler's worker presence");

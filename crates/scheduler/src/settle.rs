@@ -33,9 +33,9 @@ impl Core {
             Box::pin(std::future::ready(Ok(Settled::default())))
         } else {
             let (engine, db, lock) = (
-                self.store.hub.writes.engine.clone(),
+                self.parts.engine.clone(),
                 self.db.clone(),
-                Arc::clone(&self.store.hub.writes.lock),
+                Arc::clone(&self.parts.write_lock),
             );
             // Its own task, so it makes progress while the loop is busy elsewhere.
             let task = tokio::spawn(async move {
@@ -82,7 +82,7 @@ impl Core {
                 outcome.claims = settled.claims;
                 // Chunks and progress are stored: readers of this process
                 // that were missing one (a gap) can read it now.
-                self.store.hub.live.stored(batch.iter().filter_map(stream_job));
+                self.parts.live.stored(batch.iter().filter_map(stream_job));
             }
             Err(error) => {
                 tracing::warn!(%error, "giving up on settling worker events");
@@ -97,7 +97,7 @@ impl Core {
                     self.running.remove(job_id);
                     self.pending_workers.remove(job_id);
                 }
-                self.store.hub.lose(&lost);
+                self.parts.outcomes.lose(&lost);
                 // Left IN_PROGRESS in the database: forget them here so their
                 // lease lapses and a sweep requeues them.
                 for event in &batch {
@@ -114,7 +114,7 @@ impl Core {
                 running.unstored = None;
             }
         }
-        self.store.hub.lane.stored(&outcome.stored);
+        self.parts.lane.stored(&outcome.stored);
         for job_id in batch.iter().filter_map(stream_job) {
             if let Some(running) = self.running.get_mut(job_id) {
                 running.streamed = true;
@@ -132,7 +132,7 @@ impl Core {
         }
         for model in outcome.refill {
             // Requeued: another process's scheduler may have a free slot first.
-            self.store.hub.signal(Signal::Queued(model.clone()));
+            self.parts.outcomes.signal(Signal::Queued(model.clone()));
             self.drained.remove(&model);
             self.to_fill.insert(model);
         }
@@ -453,7 +453,7 @@ impl Core {
             observed.job_finished(&row.model, delay, execution);
         }
         let views: Vec<JobView> = finals.iter().map(|row| JobView::of(row, now)).collect();
-        self.store.hub.finished(&views, |i| announce(&finals[i]));
+        self.parts.outcomes.finished(&views, |i| announce(&finals[i]));
         for (row, view) in finals.iter().zip(views) {
             if let Some(url) = row.webhook.clone() {
                 self.webhooks.send(url, row.user_id.clone(), view, row.completed_at_ms);
@@ -465,13 +465,7 @@ impl Core {
 
     /// Runs `plan` now, waiting for its commit (see [`execute`]).
     pub(super) async fn run_plan(&self, plan: Plan) -> Result<Settled, DbErr> {
-        execute(
-            self.store.hub.writes.engine.as_ref(),
-            &self.db,
-            &self.store.hub.writes.lock,
-            plan,
-        )
-        .await
+        execute(self.parts.engine.as_ref(), &self.db, &self.parts.write_lock, plan).await
     }
 }
 

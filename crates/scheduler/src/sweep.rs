@@ -79,7 +79,7 @@ impl Core {
     pub(super) async fn recheck(&mut self, ids: Vec<String>) -> Result<(), DbErr> {
         let lease_until = now_ms().saturating_add(millis(self.store.config.lease));
         let mut alive: HashSet<(String, i32)> = HashSet::new();
-        let lock = Arc::clone(&self.store.hub.writes.lock);
+        let lock = Arc::clone(&self.parts.write_lock);
         for part in ids.chunks(ID_CHUNK) {
             let _guard = serialize_writes(&lock, &self.db).await;
             let rows: Vec<(String, i32)> = job::Entity::update_many()
@@ -112,7 +112,7 @@ impl Core {
 
     /// Ends every running job (of any scheduler) past its execution timeout.
     pub(super) async fn time_out(&mut self) -> Result<(), DbErr> {
-        let lock = Arc::clone(&self.store.hub.writes.lock);
+        let lock = Arc::clone(&self.parts.write_lock);
         let guard = serialize_writes(&lock, &self.db).await;
         let now = now_ms();
         let rows = job::Entity::update_many()
@@ -148,7 +148,7 @@ impl Core {
     /// the database), or fails them once out of attempts; with `all`, every
     /// running job, leased or not (at the start of the database's sole owner).
     pub(super) async fn requeue_orphans(&mut self, all: bool) -> Result<(), DbErr> {
-        let lock = Arc::clone(&self.store.hub.writes.lock);
+        let lock = Arc::clone(&self.parts.write_lock);
         let guard = serialize_writes(&lock, &self.db).await;
         let now = now_ms();
         let until = Plan::new(now, &self.store.config, &self.instance);
@@ -171,7 +171,7 @@ impl Core {
             self.drained.remove(&row.model);
             self.to_fill.insert(row.model.clone());
             if row.status == JobStatus::InQueue.as_str() && requeued.insert(row.model.as_str()) {
-                self.store.hub.signal(Signal::Queued(row.model.clone()));
+                self.parts.outcomes.signal(Signal::Queued(row.model.clone()));
             }
         }
         let finals: Vec<job::Model> = rows.into_iter().filter(is_final).collect();
@@ -203,7 +203,7 @@ impl Core {
             .all(&self.db)
             .await?;
         let found = doomed.len() as u64;
-        let lock = Arc::clone(&self.store.hub.writes.lock);
+        let lock = Arc::clone(&self.parts.write_lock);
         for part in doomed.chunks(ID_CHUNK) {
             let _guard = serialize_writes(&lock, &self.db).await;
             let txn = self.db.begin().await?;

@@ -53,7 +53,7 @@ impl Core {
             .collect();
         let prune_before = now.saturating_sub(self.store.config.presence_window_ms().max(PRESENCE_PRUNE_MS));
         let prune = now.saturating_sub(self.presence_pruned_ms) >= PRESENCE_PRUNE_MS;
-        let lock = Arc::clone(&self.store.hub.writes.lock);
+        let lock = Arc::clone(&self.parts.write_lock);
         let guard = serialize_writes(&lock, &self.db).await;
         if !counts.is_empty() {
             let mut upsert = Query::insert();
@@ -165,7 +165,7 @@ impl Core {
     /// On shutdown: deletes this instance's `worker_presence` rows, so its
     /// workers stop counting at once.
     pub(super) async fn withdraw_presence(&mut self) -> Result<(), DbErr> {
-        let _guard = serialize_writes(&self.store.hub.writes.lock, &self.db).await;
+        let _guard = serialize_writes(&self.parts.write_lock, &self.db).await;
         worker_gpu::Entity::delete_many()
             .filter(worker_gpu::Column::SchedulerId.eq(self.instance.as_str()))
             .exec(&self.db)
@@ -198,7 +198,7 @@ impl Core {
                 by_worker.entry(worker_id).or_default().push(job_id);
             }
         }
-        let lock = Arc::clone(&self.store.hub.writes.lock);
+        let lock = Arc::clone(&self.parts.write_lock);
         for (worker_id, jobs) in by_worker {
             for part in jobs.chunks(ID_CHUNK) {
                 let _guard = serialize_writes(&lock, &self.db).await;
