@@ -17,19 +17,26 @@ use sha2::{Digest, Sha256};
 use crate::harness::{Backend, TestApp};
 
 const MODEL: &str = "sd15-tiny";
+const XL_MODEL: &str = "sdxl-tiny";
 
 gantry_testkit::on_both_backends!(
     an_operator_manifest_serves_stable_diffusion_billed_by_its_pixels,
     a_long_generation_shows_its_steps_and_a_cancel_costs_nothing,
+    an_sdxl_model_answers_with_its_extra_conditioning,
 );
 
-/// Writes tiny SD 1.5 weights under `dir/weights` and a manifest naming
-/// every file (relative `path:` sources) as `dir/models.toml`.
-fn operator_manifest(dir: &Path) -> std::path::PathBuf {
+/// Writes tiny weights of `variant` under `dir/weights` and a manifest
+/// naming every file (relative `path:` sources) as model `id` in
+/// `dir/models.toml`.
+fn operator_manifest(dir: &Path, variant: Variant, id: &str) -> std::path::PathBuf {
     let weights = dir.join("weights");
-    write_tiny_weights(&weights, &Architecture::tiny(Variant::V1_5)).unwrap();
+    write_tiny_weights(&weights, &Architecture::tiny(variant)).unwrap();
     let mut files = Vec::new();
-    for component in ["text_encoder", "unet", "vae", "tokenizer"] {
+    let mut components = vec!["text_encoder", "unet", "vae", "tokenizer"];
+    if variant == Variant::Xl {
+        components.push("text_encoder_2");
+    }
+    for component in components {
         let mut names: Vec<_> = std::fs::read_dir(weights.join(component))
             .unwrap()
             .map(|e| e.unwrap().file_name().into_string().unwrap())
@@ -49,16 +56,17 @@ fn operator_manifest(dir: &Path) -> std::path::PathBuf {
     }
     let manifest = format!(
         r#"[[models]]
-id = "{MODEL}"
+id = "{id}"
 category = "image"
 unit = "megapixels"
 price = {{ micro_usd = 20000, per = 1 }}
-description = "Stable Diffusion 1.5's pipeline on tiny random weights"
+description = "The {variant} pipeline on tiny random weights"
 license = "Apache-2.0"
-engine = {{ architecture = "stable-diffusion", variant = "sd-1.5" }}
+engine = {{ architecture = "stable-diffusion", variant = "{variant}" }}
 input_schema = '{{"type": "object", "required": ["prompt"]}}'
-{}"#,
-        files.join("")
+{files}"#,
+        variant = variant.name(),
+        files = files.join("")
     );
     let path = dir.join("models.toml");
     std::fs::write(&path, manifest).unwrap();
@@ -66,12 +74,16 @@ input_schema = '{{"type": "object", "required": ["prompt"]}}'
 }
 
 async fn diffusion_app(backend: Backend) -> (TestApp, tempfile::TempDir) {
+    diffusion_app_of(backend, Variant::V1_5, MODEL).await
+}
+
+async fn diffusion_app_of(backend: Backend, variant: Variant, id: &str) -> (TestApp, tempfile::TempDir) {
     let dir = tempfile::tempdir().unwrap();
-    let manifest = operator_manifest(dir.path());
+    let manifest = operator_manifest(dir.path(), variant, id);
     let models = dir.path().join("models");
     let app = TestApp::spawn_with(backend, |s| {
         s.manifest = Some(manifest);
-        s.scheduler.bundled_workers = vec![MODEL.into()];
+        s.scheduler.bundled_workers = vec![id.into()];
         s.models_dir = Some(models);
         s.pull_on_start = true;
     })
@@ -81,9 +93,13 @@ async fn diffusion_app(backend: Backend) -> (TestApp, tempfile::TempDir) {
 
 impl TestApp {
     async fn paint(&self, key: &str, input: Value) -> Value {
+        self.paint_with(MODEL, key, input).await
+    }
+
+    async fn paint_with(&self, model: &str, key: &str, input: Value) -> Value {
         self.public_ok_with(
             Method::POST,
-            &format!("/v2/{MODEL}/runsync"),
+            &format!("/v2/{model}/runsync"),
             key,
             json!({ "input": input }),
         )
@@ -240,4 +256,30 @@ async fn a_long_generation_shows_its_steps_and_a_cancel_costs_nothing(backend: B
         .await;
     assert_eq!(status["status"], "CANCELLED");
     assert_eq!(app.charges(&id).await, Vec::<i64>::new());
+}
+
+/// SDXL behind the public endpoint: two text encoders, the second one's
+/// pooled output and the image size through the UNet's `add_embedding`, and
+/// guidance whose negative side is zeros without a negative prompt.
+async fn an_sdxl_model_answers_with_its_extra_conditioning(backend: Backend) {
+    let (app, _dir) = diffusion_app_of(backend, Variant::Xl, XL_MODEL).await;
+    let (_, key) = app.user_with_key("endpoints:run").await;
+    let input = json!({"prompt": "a cat", "width": 64, "height": 72, "num_inference_steps": 3,
+                       "guidance_scale": 5, "seed": 3});
+    let job = app.paint_with(XL_MODEL, &key, input.clone()).await;
+    assert_eq!(job["status"], "COMPLETED", "{job}");
+    let bytes = app.png(job["output"]["image_url"].as_str().unwrap()).await;
+    assert_eq!(image::load_from_memory(&bytes).unwrap().to_rgb8().dimensions(), (64, 72));
+    // 4608 pixels at 0.02 USD per megapixel: 92.16 micro-USD.
+    assert_eq!(app.charges(job["id"].as_str().unwrap()).await, [92]);
+
+    // Same seed, same bytes; a negative prompt replaces the zeros, and the
+    // requested size enters the conditioning, so both change the image.
+    let again = app.paint_with(XL_MODEL, &key, input.clone()).await;
+    assert_eq!(app.png(again["output"]["image_url"].as_str().unwrap()).await, bytes);
+    let mut negative = input.clone();
+    negative["negative_prompt"] = json!("a dog");
+    let other = app.paint_with(XL_MODEL, &key, negative).await;
+    assert_eq!(other["status"], "COMPLETED", "{other}");
+    assert_ne!(app.png(other["output"]["image_url"].as_str().unwrap()).await, bytes);
 }
