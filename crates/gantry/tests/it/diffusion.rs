@@ -269,7 +269,10 @@ async fn an_sdxl_model_answers_with_its_extra_conditioning(backend: Backend) {
     let job = app.paint_with(XL_MODEL, &key, input.clone()).await;
     assert_eq!(job["status"], "COMPLETED", "{job}");
     let bytes = app.png(job["output"]["image_url"].as_str().unwrap()).await;
-    assert_eq!(image::load_from_memory(&bytes).unwrap().to_rgb8().dimensions(), (64, 72));
+    assert_eq!(
+        image::load_from_memory(&bytes).unwrap().to_rgb8().dimensions(),
+        (64, 72)
+    );
     // 4608 pixels at 0.02 USD per megapixel: 92.16 micro-USD.
     assert_eq!(app.charges(job["id"].as_str().unwrap()).await, [92]);
 
