@@ -743,7 +743,9 @@ impl Outcomes {
         self.0.lose_all();
     }
 
-    /// Hands final views to whoever waits on them (see [`Hub::finished`]).
+    /// Hands final views to whoever waits on them in this process, and
+    /// signals to other processes those for which `announce` holds and
+    /// that nobody here waited for.
     pub fn finished(&self, views: &[JobView], announce: impl Fn(usize) -> bool) {
         self.0.finished(views, announce);
     }

@@ -186,8 +186,8 @@ impl ClipTextEncoder {
         };
         let mask = causal_mask(ids.dim(1)?, ids.device(), penultimate.dtype())?;
         let last = match self.layers.last() {
-            Some(layer) if n > 0 => self.layer(layer, &penultimate, &mask)?,
-            _ => penultimate.clone(),
+            Some(layer) => self.layer(layer, &penultimate, &mask)?,
+            None => penultimate.clone(),
         };
         let last = self.final_layer_norm.forward(&last)?;
         // Each sequence's first end-of-text token: the first position of its

@@ -187,8 +187,9 @@ impl Architecture {
 
     /// A tiny model of the same structure (2-layer CLIP of width 32, UNet
     /// with blocks of 32 and 64 channels, 1 layer per block, attention heads
-    /// of 8, group norms of 32 groups as in the full models; a VAE of four blocks (16, 16, 32, 32 channels) so that it
-    /// upsamples by 8 like the real one), for tests.
+    /// of 8, group norms of 32 groups as in the full models; a VAE of four
+    /// blocks (16, 16, 32, 32 channels) so that it upsamples by 8 like the
+    /// real one), for tests.
     pub fn tiny(variant: Variant) -> Self {
         let clip = |pad_with_end, activation| ClipConfig {
             vocab_size: 49408,
@@ -448,14 +449,18 @@ impl Pipeline {
         Ok((Tensor::cat(&parts, 2)?, Some(pooled)))
     }
 
-    /// The negative side of classifier-free guidance. SDXL, like diffusers'
-    /// pipeline with `force_zeros_for_empty_prompt` (the SDXL base
-    /// default), uses zeros when there is no negative prompt.
-    fn embed_negative(&self, text: &str) -> Result<(Tensor, Option<Tensor>), PipelineError> {
+    /// The negative side of classifier-free guidance, given the prompt's
+    /// own embeddings. SDXL, like diffusers' pipeline with
+    /// `force_zeros_for_empty_prompt` (the SDXL base default), uses zeros of
+    /// their shapes when there is no negative prompt, and encodes nothing.
+    fn embed_negative(
+        &self,
+        text: &str,
+        cond: &Tensor,
+        cond_pooled: Option<&Tensor>,
+    ) -> Result<(Tensor, Option<Tensor>), PipelineError> {
         if self.arch.text_time.is_some() && text.is_empty() {
-            let (hidden, pooled) = self.embed("")?;
-            let zeros = |t: Tensor| t.zeros_like();
-            return Ok((zeros(hidden)?, pooled.map(zeros).transpose()?));
+            return Ok((cond.zeros_like()?, cond_pooled.map(Tensor::zeros_like).transpose()?));
         }
         self.embed(text)
     }
@@ -502,7 +507,7 @@ impl Pipeline {
         let guided = params.guidance_scale > 1.0;
         let (cond, cond_pooled) = self.embed(&params.prompt)?;
         let (context, pooled) = if guided {
-            let (uncond, uncond_pooled) = self.embed_negative(&params.negative_prompt)?;
+            let (uncond, uncond_pooled) = self.embed_negative(&params.negative_prompt, &cond, cond_pooled.as_ref())?;
             let pooled = match (uncond_pooled, cond_pooled) {
                 (Some(u), Some(c)) => Some(Tensor::cat(&[u, c], 0)?),
                 _ => None,

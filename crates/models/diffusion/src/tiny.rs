@@ -22,6 +22,8 @@ use candle_transformers::models::stable_diffusion::vae::AutoEncoderKL;
 
 use crate::clip::ClipTextEncoder;
 use crate::pipeline::{Architecture, PipelineError};
+use gantry_model_image::Normal;
+
 use crate::tokenizer::{END_OF_TEXT, START_OF_TEXT};
 use crate::unet::UNet;
 
@@ -30,47 +32,32 @@ use crate::unet::UNet;
 #[derive(Clone, Default)]
 struct Initialiser(Arc<Mutex<HashMap<String, Tensor>>>);
 
-/// SplitMix64, seeded from the tensor's name (FNV-1a).
-struct Draws(u64);
-
-impl Draws {
-    fn for_name(name: &str) -> Self {
-        let mut hash = 0xcbf2_9ce4_8422_2325u64;
-        for byte in name.bytes() {
-            hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
-        }
-        Self(hash)
+/// The portable generator of the latents (SplitMix64 and Box-Muller),
+/// seeded from the tensor's name (FNV-1a).
+fn draws_for(name: &str) -> Normal {
+    let mut hash = 0xcbf2_9ce4_8422_2325u64;
+    for byte in name.bytes() {
+        hash = (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3);
     }
+    Normal::new(hash)
+}
 
-    /// Uniform in [0, 1).
-    fn next(&mut self) -> f64 {
-        self.0 = self.0.wrapping_add(0x9e37_79b9_7f4a_7c15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
-        ((z ^ (z >> 31)) >> 11) as f64 / (1u64 << 53) as f64
-    }
+fn uniform(draws: &mut Normal, n: usize, lo: f64, up: f64) -> Vec<f64> {
+    (0..n).map(|_| lo + (up - lo) * draws.uniform()).collect()
+}
 
-    fn uniform(&mut self, lo: f64, up: f64) -> f64 {
-        lo + (up - lo) * self.next()
-    }
-
-    /// Box-Muller.
-    fn normal(&mut self, mean: f64, stdev: f64) -> f64 {
-        let u = 1.0 - self.next();
-        let v = self.next();
-        mean + stdev * (-2.0 * u.ln()).sqrt() * (std::f64::consts::TAU * v).cos()
-    }
+fn normal(draws: &mut Normal, n: usize, mean: f64, stdev: f64) -> Vec<f64> {
+    (0..n).map(|_| mean + stdev * f64::from(draws.next())).collect()
 }
 
 /// A tensor drawn as `init` asks, from the draws of `name`.
 fn draw(shape: &Shape, name: &str, init: Init, dtype: DType, dev: &Device) -> candle_core::Result<Tensor> {
     let n = shape.elem_count();
-    let mut draws = Draws::for_name(name);
+    let draws = &mut draws_for(name);
     let values: Vec<f64> = match init {
         Init::Const(c) => vec![c; n],
-        Init::Uniform { lo, up } => (0..n).map(|_| draws.uniform(lo, up)).collect(),
-        Init::Randn { mean, stdev } => (0..n).map(|_| draws.normal(mean, stdev)).collect(),
+        Init::Uniform { lo, up } => uniform(draws, n, lo, up),
+        Init::Randn { mean, stdev } => normal(draws, n, mean, stdev),
         Init::Kaiming {
             dist,
             fan,
@@ -80,9 +67,9 @@ fn draw(shape: &Shape, name: &str, init: Init, dtype: DType, dev: &Device) -> ca
             match dist {
                 NormalOrUniform::Uniform => {
                     let bound = 3f64.sqrt() * std;
-                    (0..n).map(|_| draws.uniform(-bound, bound)).collect()
+                    uniform(draws, n, -bound, bound)
                 }
-                NormalOrUniform::Normal => (0..n).map(|_| draws.normal(0., std)).collect(),
+                NormalOrUniform::Normal => normal(draws, n, 0., std),
             }
         }
     };

@@ -167,3 +167,21 @@ fn model_loads_through_the_worker_entry_point() {
         .unwrap();
     assert!(missing.to_string().contains("tokenizer"), "{missing}");
 }
+
+#[test]
+fn sdxl_in_half_precision_decodes_in_float32() {
+    // diffusers' `force_upcast`: on for SDXL (its VAE overflows float16),
+    // off for the others unless their vae/config.json says so.
+    assert_eq!(Architecture::full(Variant::Xl).vae_dtype(DType::F16), DType::F32);
+    assert_eq!(Architecture::full(Variant::V1_5).vae_dtype(DType::F16), DType::F16);
+    assert_eq!(Architecture::full(Variant::Xl).vae_dtype(DType::F32), DType::F32);
+    // The whole pipeline in half precision (here on the CPU): the UNet's
+    // float16 latents meet a float32 VAE.
+    let dir = tempfile::tempdir().unwrap();
+    write_tiny_weights(dir.path(), &Architecture::tiny(Variant::Xl)).unwrap();
+    let pipeline = Pipeline::load_with(dir.path(), Architecture::tiny(Variant::Xl), &Device::Cpu, DType::F16).unwrap();
+    let images = pipeline
+        .generate(&params(64, 72, 2, 5.0, 1), |_, _| ControlFlow::Continue(()))
+        .unwrap();
+    assert_eq!((images[0].width, images[0].height), (64, 72));
+}
