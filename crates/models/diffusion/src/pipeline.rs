@@ -7,12 +7,14 @@ use std::path::{Path, PathBuf};
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
 use candle_transformers::models::stable_diffusion::unet_2d::{BlockConfig, UNet2DConditionModelConfig};
-use candle_transformers::models::stable_diffusion::vae::{AutoEncoderKL, AutoEncoderKLConfig};
+use candle_transformers::models::stable_diffusion::vae::AutoEncoderKLConfig;
 
+use crate::blocks::Kernels;
 use crate::clip::{ClipConfig, ClipTextEncoder};
 use crate::ddim::{Ddim, Spacing};
 use crate::tokenizer::Tokenizer;
 use crate::unet::{Conditioning, TextTime, UNet};
+use crate::vae::VaeDecoder;
 
 /// Which Stable Diffusion family a directory holds.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -302,7 +304,7 @@ pub struct Pipeline {
     clip: ClipTextEncoder,
     clip2: Option<ClipTextEncoder>,
     unet: UNet,
-    vae: AutoEncoderKL,
+    vae: VaeDecoder,
     device: Device,
     dtype: DType,
 }
@@ -379,16 +381,18 @@ impl Pipeline {
             )?),
             None => None,
         };
+        // Float32 on the CPU runs the convolutions on the packed kernels;
+        // everything else on candle's.
         let unet = UNet::new(
             var_builder(&weights_file(dir, "unet")?, dtype, device)?,
             &arch.unet,
             arch.text_time,
+            Kernels::Packed,
         )?;
-        let vae = AutoEncoderKL::new(
+        let vae = VaeDecoder::new(
             var_builder(&weights_file(dir, "vae")?, arch.vae_dtype(dtype), device)?,
-            3,
-            3,
-            arch.vae.clone(),
+            &arch.vae,
+            Kernels::Packed,
         )?;
         Ok(Self {
             arch,

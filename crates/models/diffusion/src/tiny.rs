@@ -20,6 +20,7 @@ use candle_nn::var_builder::SimpleBackend;
 use candle_nn::{Init, VarBuilder};
 use candle_transformers::models::stable_diffusion::vae::AutoEncoderKL;
 
+use crate::blocks::Kernels;
 use crate::clip::ClipTextEncoder;
 use crate::pipeline::{Architecture, PipelineError};
 use gantry_model_image::Normal;
@@ -125,7 +126,7 @@ pub fn write_tiny_weights(dir: &Path, arch: &Architecture) -> Result<(), Pipelin
         weights.save(dir, component, "model.safetensors")?;
     }
     let weights = Initialiser::default();
-    UNet::new(weights.builder(), &arch.unet, arch.text_time)?;
+    UNet::new(weights.builder(), &arch.unet, arch.text_time, Kernels::Candle)?;
     weights.save(dir, "unet", "diffusion_pytorch_model.safetensors")?;
     let weights = Initialiser::default();
     AutoEncoderKL::new(weights.builder(), 3, 3, arch.vae.clone())?;

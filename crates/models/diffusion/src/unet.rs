@@ -1,27 +1,24 @@
-//! The denoising UNet, assembled here from candle's blocks.
+//! The denoising UNet, assembled here from [`crate::blocks`].
 //!
-//! candle-transformers ships the UNet's building blocks (resnets, spatial
-//! transformers, the down, mid and up blocks) and a `UNet2DConditionModel`
-//! that strings them together, but that model has no input for SDXL's
-//! second conditioning: diffusers' `addition_embed_type = "text_time"`,
-//! where the pooled output of the second text encoder and six "time ids"
-//! (original size, crop corner, target size) go through their own
+//! candle-transformers has a `UNet2DConditionModel`, but it has no input
+//! for SDXL's second conditioning: diffusers' `addition_embed_type =
+//! "text_time"`, where the pooled output of the second text encoder and six
+//! "time ids" (original size, crop corner, target size) go through their own
 //! sinusoidal projection and MLP (`add_embedding`) and are added to the
 //! timestep embedding that every resnet receives. Without it an SDXL UNet
 //! is conditioned on the prompt only through cross-attention and draws
-//! noticeably worse images. This module owns the top level (input
+//! noticeably worse images. Its blocks also run their convolutions on
+//! candle's CPU kernels only. This module owns the top level (input
 //! convolution, the two embeddings, the skip connections between the down
-//! and up paths, the output head) and reads the same tensor names as the
-//! diffusers checkpoints.
+//! and up paths, the output head), builds the blocks from this crate's, and
+//! reads the same tensor names as the diffusers checkpoints.
 
-use candle_core::{Result, Tensor};
-use candle_nn::{Conv2d, Conv2dConfig, GroupNorm, Module, VarBuilder};
+use candle_core::{Module, Result, Tensor};
+use candle_nn::VarBuilder;
 use candle_transformers::models::stable_diffusion::embeddings::{TimestepEmbedding, Timesteps};
-use candle_transformers::models::stable_diffusion::unet_2d::UNet2DConditionModelConfig;
-use candle_transformers::models::stable_diffusion::unet_2d_blocks::{
-    CrossAttnDownBlock2D, CrossAttnDownBlock2DConfig, CrossAttnUpBlock2D, CrossAttnUpBlock2DConfig, DownBlock2D,
-    DownBlock2DConfig, UNetMidBlock2DCrossAttn, UNetMidBlock2DCrossAttnConfig, UpBlock2D, UpBlock2DConfig,
-};
+use candle_transformers::models::stable_diffusion::unet_2d::{BlockConfig, UNet2DConditionModelConfig};
+
+use crate::blocks::{Conv, CrossAttention, DownBlock, Kernels, MidBlock, NormSilu, ResnetConfig, UpBlock};
 
 /// SDXL's extra conditioning (diffusers' `addition_embed_type =
 /// "text_time"`): how wide the sinusoidal projection of each time id is
@@ -55,36 +52,17 @@ pub struct Conditioning<'a> {
     pub time_ids: &'a Tensor,
 }
 
-enum Down {
-    Plain(DownBlock2D),
-    Attending(CrossAttnDownBlock2D),
-}
-
-enum Up {
-    Plain(UpBlock2D),
-    Attending(CrossAttnUpBlock2D),
-}
-
-impl Up {
-    fn skips(&self) -> usize {
-        match self {
-            Up::Plain(b) => b.resnets.len(),
-            Up::Attending(b) => b.upblock.resnets.len(),
-        }
-    }
-}
-
 /// A diffusers `UNet2DConditionModel` with 4-channel latents.
 pub struct UNet {
-    conv_in: Conv2d,
+    conv_in: Conv,
     time_proj: Timesteps,
     time_embedding: TimestepEmbedding,
     text_time: Option<(TextTime, Timesteps, TimestepEmbedding)>,
-    down: Vec<Down>,
-    mid: UNetMidBlock2DCrossAttn,
-    up: Vec<Up>,
-    norm_out: GroupNorm,
-    conv_out: Conv2d,
+    down: Vec<DownBlock>,
+    mid: MidBlock,
+    up: Vec<UpBlock>,
+    norm_out: NormSilu,
+    conv_out: Conv,
     center_input: bool,
 }
 
@@ -99,21 +77,35 @@ fn sliced(config: &UNet2DConditionModelConfig, heads: usize) -> Option<usize> {
     }
 }
 
+/// The attentions of a block with `depth` transformer layers each.
+fn cross(config: &UNet2DConditionModelConfig, block: &BlockConfig, depth: usize) -> CrossAttention {
+    CrossAttention {
+        depth,
+        heads: block.attention_head_dim,
+        context_dim: config.cross_attention_dim,
+        sliced: sliced(config, block.attention_head_dim),
+        linear_projection: config.use_linear_projection,
+        groups: config.norm_num_groups,
+    }
+}
+
 impl UNet {
     /// Reads the weights of a UNet of `config` (with SDXL's conditioning
-    /// when `text_time` is set) from `vb`, under the diffusers names.
-    pub fn new(vb: VarBuilder, config: &UNet2DConditionModelConfig, text_time: Option<TextTime>) -> Result<Self> {
+    /// when `text_time` is set) from `vb`, under the diffusers names; its
+    /// convolutions run on `kernels`.
+    pub fn new(
+        vb: VarBuilder,
+        config: &UNet2DConditionModelConfig,
+        text_time: Option<TextTime>,
+        kernels: Kernels,
+    ) -> Result<Self> {
         let blocks = &config.blocks;
         let (Some(first), Some(last)) = (blocks.first(), blocks.last()) else {
             candle_core::bail!("a UNet needs at least one block");
         };
         let base = first.out_channels;
         let time_dim = base * 4;
-        let padded = Conv2dConfig {
-            padding: 1,
-            ..Default::default()
-        };
-        let conv_in = candle_nn::conv2d(LATENT_CHANNELS, base, 3, padded, vb.pp("conv_in"))?;
+        let conv_in = Conv::new(vb.pp("conv_in"), (LATENT_CHANNELS, base), 3, 1, 1, kernels)?;
         let time_proj = Timesteps::new(base, config.flip_sin_to_cos, config.freq_shift);
         let time_embedding = TimestepEmbedding::new(vb.pp("time_embedding"), base, time_dim)?;
         let text_time = match text_time {
@@ -124,110 +116,74 @@ impl UNet {
             )),
             None => None,
         };
+        let resnet = ResnetConfig {
+            temb: Some(time_dim),
+            groups: config.norm_num_groups,
+            eps: config.norm_eps,
+            scale: 1.0,
+            kernels,
+        };
+        let attention = |block: &BlockConfig| block.use_cross_attn.map(|depth| cross(config, block, depth));
 
         let n = blocks.len();
-        let down_vb = vb.pp("down_blocks");
         let mut down = Vec::with_capacity(n);
         for (i, block) in blocks.iter().enumerate() {
             let input = if i == 0 { base } else { blocks[i - 1].out_channels };
-            let plain = DownBlock2DConfig {
-                num_layers: config.layers_per_block,
-                resnet_eps: config.norm_eps,
-                resnet_groups: config.norm_num_groups,
-                add_downsample: i + 1 < n,
-                downsample_padding: config.downsample_padding,
-                ..Default::default()
-            };
-            let vb = down_vb.pp(i.to_string());
-            down.push(match block.use_cross_attn {
-                None => Down::Plain(DownBlock2D::new(vb, input, block.out_channels, Some(time_dim), plain)?),
-                Some(layers) => Down::Attending(CrossAttnDownBlock2D::new(
-                    vb,
-                    input,
-                    block.out_channels,
-                    Some(time_dim),
-                    false,
-                    CrossAttnDownBlock2DConfig {
-                        downblock: plain,
-                        attn_num_head_channels: block.attention_head_dim,
-                        cross_attention_dim: config.cross_attention_dim,
-                        sliced_attention_size: sliced(config, block.attention_head_dim),
-                        use_linear_projection: config.use_linear_projection,
-                        transformer_layers_per_block: layers,
-                    },
-                )?),
-            });
+            down.push(DownBlock::new(
+                vb.pp("down_blocks").pp(i),
+                (input, block.out_channels),
+                config.layers_per_block,
+                resnet,
+                attention(block),
+                (i + 1 < n).then_some(config.downsample_padding),
+            )?);
         }
 
-        let mid = UNetMidBlock2DCrossAttn::new(
+        let mid_attention = cross(config, last, last.use_cross_attn.unwrap_or(1));
+        let mid = MidBlock::cross_attention(
             vb.pp("mid_block"),
             last.out_channels,
-            Some(time_dim),
-            false,
-            UNetMidBlock2DCrossAttnConfig {
-                resnet_eps: config.norm_eps,
-                output_scale_factor: config.mid_block_scale_factor,
-                cross_attn_dim: config.cross_attention_dim,
-                attn_num_head_channels: last.attention_head_dim,
-                resnet_groups: Some(config.norm_num_groups),
-                use_linear_projection: config.use_linear_projection,
-                transformer_layers_per_block: last.use_cross_attn.unwrap_or(1),
-                ..Default::default()
+            ResnetConfig {
+                scale: config.mid_block_scale_factor,
+                ..resnet
             },
+            mid_attention,
         )?;
 
         // The up path mirrors the down path: up block `i` belongs to down
         // block `n - 1 - i`, takes the output of the block below it and the
         // skips of its mirror (and the first skip of the next block up).
-        let up_vb = vb.pp("up_blocks");
         let mut up = Vec::with_capacity(n);
         for i in 0..n {
             let mirror = n - 1 - i;
-            let block = blocks[mirror];
+            let block = &blocks[mirror];
             let below = if i == 0 {
                 last.out_channels
             } else {
                 blocks[mirror + 1].out_channels
             };
-            let skip = blocks[mirror.saturating_sub(1)].out_channels;
-            let plain = UpBlock2DConfig {
-                num_layers: config.layers_per_block + 1,
-                resnet_eps: config.norm_eps,
-                resnet_groups: config.norm_num_groups,
-                add_upsample: i + 1 < n,
-                ..Default::default()
-            };
-            let vb = up_vb.pp(i.to_string());
-            up.push(match block.use_cross_attn {
-                None => Up::Plain(UpBlock2D::new(
-                    vb,
-                    skip,
-                    below,
-                    block.out_channels,
-                    Some(time_dim),
-                    plain,
-                )?),
-                Some(layers) => Up::Attending(CrossAttnUpBlock2D::new(
-                    vb,
-                    skip,
-                    below,
-                    block.out_channels,
-                    Some(time_dim),
-                    false,
-                    CrossAttnUpBlock2DConfig {
-                        upblock: plain,
-                        attn_num_head_channels: block.attention_head_dim,
-                        cross_attention_dim: config.cross_attention_dim,
-                        sliced_attention_size: sliced(config, block.attention_head_dim),
-                        use_linear_projection: config.use_linear_projection,
-                        transformer_layers_per_block: layers,
-                    },
-                )?),
-            });
+            let layers = config.layers_per_block + 1;
+            let mut skips = vec![block.out_channels; layers];
+            skips[layers - 1] = blocks[mirror.saturating_sub(1)].out_channels;
+            up.push(UpBlock::new(
+                vb.pp("up_blocks").pp(i),
+                (below, block.out_channels),
+                layers,
+                &skips,
+                resnet,
+                attention(block),
+                i + 1 < n,
+            )?);
         }
 
-        let norm_out = candle_nn::group_norm(config.norm_num_groups, base, config.norm_eps, vb.pp("conv_norm_out"))?;
-        let conv_out = candle_nn::conv2d(base, LATENT_CHANNELS, 3, padded, vb.pp("conv_out"))?;
+        let norm_out = NormSilu::new(
+            vb.pp("conv_norm_out"),
+            config.norm_num_groups,
+            base,
+            config.norm_eps,
+            kernels,
+        )?;
+        let conv_out = Conv::new(vb.pp("conv_out"), (base, LATENT_CHANNELS), 3, 1, 1, kernels)?;
         Ok(Self {
             conv_in,
             time_proj,
@@ -275,10 +231,7 @@ impl UNet {
         let mut xs = self.conv_in.forward(&xs)?;
         let mut skips = vec![xs.clone()];
         for block in &self.down {
-            let (next, states) = match block {
-                Down::Plain(b) => b.forward(&xs, Some(&emb))?,
-                Down::Attending(b) => b.forward(&xs, Some(&emb), Some(context))?,
-            };
+            let (next, states) = block.forward(&xs, Some(&emb), Some(context))?;
             skips.extend(states);
             xs = next;
         }
@@ -299,12 +252,8 @@ impl UNet {
                 }
                 _ => None,
             };
-            xs = match block {
-                Up::Plain(b) => b.forward(&xs, &mine, Some(&emb), size)?,
-                Up::Attending(b) => b.forward(&xs, &mine, Some(&emb), size, Some(context))?,
-            };
+            xs = block.forward(&xs, &mine, Some(&emb), size, Some(context))?;
         }
-        let xs = candle_nn::ops::silu(&self.norm_out.forward(&xs)?)?;
-        self.conv_out.forward(&xs)
+        self.conv_out.forward(&self.norm_out.forward(&xs)?)
     }
 }

@@ -14,9 +14,11 @@ use candle_nn::var_builder::SimpleBackend;
 use candle_nn::{Init, VarBuilder};
 use candle_transformers::models::stable_diffusion::clip as candle_clip;
 use candle_transformers::models::stable_diffusion::vae::AutoEncoderKL;
+use gantry_model_diffusion::blocks::Kernels;
 use gantry_model_diffusion::clip::{ClipConfig, ClipTextEncoder};
 use gantry_model_diffusion::tiny::write_tiny_weights;
 use gantry_model_diffusion::unet::UNet;
+use gantry_model_diffusion::vae::VaeDecoder;
 use gantry_model_diffusion::{Architecture, Variant};
 
 type Names = BTreeMap<String, Vec<usize>>;
@@ -51,11 +53,15 @@ fn record(build: impl FnOnce(VarBuilder<'static>) -> Result<()>) -> Names {
 }
 
 fn unet(arch: &Architecture) -> Names {
-    record(|vb| UNet::new(vb, &arch.unet, arch.text_time).map(drop))
+    record(|vb| UNet::new(vb, &arch.unet, arch.text_time, Kernels::Candle).map(drop))
 }
 
 fn vae(arch: &Architecture) -> Names {
     record(|vb| AutoEncoderKL::new(vb, 3, 3, arch.vae.clone()).map(drop))
+}
+
+fn decoder(arch: &Architecture) -> Names {
+    record(|vb| VaeDecoder::new(vb, &arch.vae, Kernels::Candle).map(drop))
 }
 
 fn ours(config: &ClipConfig) -> Names {
@@ -182,6 +188,10 @@ fn full_size_unets_and_vaes_have_the_diffusers_names() {
         assert_eq!(vae["decoder.mid_block.attentions.0.to_out.0.weight"], [512, 512]);
         assert_eq!(vae["quant_conv.weight"], [8, 8, 1, 1]);
         assert_eq!(vae["post_quant_conv.weight"], [4, 4, 1, 1]);
+        // the decoder reads every tensor of the file but the encoder's
+        let mut decoding = vae.clone();
+        decoding.retain(|name, _| !name.starts_with("encoder.") && !name.starts_with("quant_conv."));
+        assert_eq!(decoder(&Architecture::full(variant)), decoding);
         assert_eq!(
             vae.values().map(|s| s.iter().product::<usize>()).sum::<usize>(),
             83_653_863

@@ -16,10 +16,11 @@ use std::path::{Path, PathBuf};
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
-use candle_transformers::models::stable_diffusion::vae::AutoEncoderKL;
+use gantry_model_diffusion::blocks::Kernels;
 use gantry_model_diffusion::clip::ClipTextEncoder;
 use gantry_model_diffusion::tiny::write_tiny_weights;
 use gantry_model_diffusion::unet::{Conditioning, UNet};
+use gantry_model_diffusion::vae::VaeDecoder;
 use gantry_model_diffusion::{Architecture, Params, Pipeline, Variant};
 
 fn weights(path: PathBuf) -> VarBuilder<'static> {
@@ -100,43 +101,51 @@ fn check(variant: Variant) {
         }
     }
 
-    let unet = UNet::new(
-        weights(dir.path().join("unet/diffusion_pytorch_model.safetensors")),
-        &arch.unet,
-        arch.text_time,
-    )
-    .unwrap();
-    for label in ["even", "odd"] {
-        let get = |part: &str| want.get(&format!("unet.{label}.{part}"));
-        let extra = match (get("text_embeds"), get("time_ids")) {
-            (Some(text_embeds), Some(time_ids)) => Some(Conditioning { text_embeds, time_ids }),
-            _ => None,
-        };
-        assert_eq!(extra.is_some(), arch.text_time.is_some(), "{label}: conditioning");
-        let out = unet
-            .forward(get("latents").unwrap(), 601.0, get("context").unwrap(), extra)
-            .unwrap();
-        // candle's UNet feed-forward (GEGLU) uses the tanh approximation of
-        // GELU where diffusers' is exact: to float32 rounding against
-        // diffusers run with that approximation, and within 0.3 % of the
-        // largest value against diffusers as published (about 0.05 % is
-        // seen; a missing or misplaced conditioning is off by 100 %).
-        assert_close(
-            &format!("unet ({label}, tanh GELU)"),
-            &out,
-            get("out_tanh_gelu").unwrap(),
-        );
-        assert_within(&format!("unet ({label})"), &out, get("out").unwrap(), 3e-3);
-    }
+    // Both kernels: candle's convolutions and the packed ones the pipeline
+    // runs on the CPU.
+    for kernels in [Kernels::Candle, Kernels::Packed] {
+        let unet = UNet::new(
+            weights(dir.path().join("unet/diffusion_pytorch_model.safetensors")),
+            &arch.unet,
+            arch.text_time,
+            kernels,
+        )
+        .unwrap();
+        for label in ["even", "odd"] {
+            let get = |part: &str| want.get(&format!("unet.{label}.{part}"));
+            let extra = match (get("text_embeds"), get("time_ids")) {
+                (Some(text_embeds), Some(time_ids)) => Some(Conditioning { text_embeds, time_ids }),
+                _ => None,
+            };
+            assert_eq!(extra.is_some(), arch.text_time.is_some(), "{label}: conditioning");
+            let out = unet
+                .forward(get("latents").unwrap(), 601.0, get("context").unwrap(), extra)
+                .unwrap();
+            // candle's UNet feed-forward (GEGLU) uses the tanh approximation of
+            // GELU where diffusers' is exact: to float32 rounding against
+            // diffusers run with that approximation, and within 0.3 % of the
+            // largest value against diffusers as published (about 0.05 % is
+            // seen; a missing or misplaced conditioning is off by 100 %).
+            assert_close(
+                &format!("unet ({label}, {kernels:?}, tanh GELU)"),
+                &out,
+                get("out_tanh_gelu").unwrap(),
+            );
+            assert_within(&format!("unet ({label}, {kernels:?})"), &out, get("out").unwrap(), 3e-3);
+        }
 
-    let vae = AutoEncoderKL::new(
-        weights(dir.path().join("vae/diffusion_pytorch_model.safetensors")),
-        3,
-        3,
-        arch.vae.clone(),
-    )
-    .unwrap();
-    assert_close("vae", &vae.decode(&want["vae.latents"]).unwrap(), &want["vae.out"]);
+        let vae = VaeDecoder::new(
+            weights(dir.path().join("vae/diffusion_pytorch_model.safetensors")),
+            &arch.vae,
+            kernels,
+        )
+        .unwrap();
+        assert_close(
+            &format!("vae ({kernels:?})"),
+            &vae.decode(&want["vae.latents"]).unwrap(),
+            &want["vae.out"],
+        );
+    }
 
     // The whole pipeline from the same starting noise: tokenizer, encoders,
     // guidance, DDIM's timesteps and steps, SDXL's time ids and zeros for
@@ -222,6 +231,7 @@ fn an_sdxl_unet_refuses_to_run_without_its_conditioning() {
         weights(dir.path().join("unet/diffusion_pytorch_model.safetensors")),
         &arch.unet,
         arch.text_time,
+        Kernels::Packed,
     )
     .unwrap();
     let latents = Tensor::zeros((1, 4, 8, 8), DType::F32, &Device::Cpu).unwrap();

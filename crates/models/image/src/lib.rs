@@ -15,6 +15,7 @@
 //! Box-Muller transform), so a one-image job with seed `s + i` returns the
 //! same image. Usage is the delivered pixels, in megapixels.
 
+pub mod conv;
 mod gan;
 pub mod input;
 pub mod packed;

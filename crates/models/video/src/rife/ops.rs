@@ -6,20 +6,16 @@
 //! `align_corners=True`).
 //!
 //! Both convolutions are products with weights packed once at load
-//! ([`PackedWeights`]). A 3x3 convolution gathers the input taps of each
-//! chunk of output pixels ("im2col", `cin·9 × pixels`) straight into the
-//! layout the product streams (six pixels side by side per tap, copied six
-//! at a time from the zero-padded input, which a stride-2 convolution first
-//! splits into its four phases so that those six are neighbours there too),
-//! and the product writes each output channel's row, to which bias and PReLU
-//! are applied on the way to the output. The transposed convolution
-//! multiplies the input by the weights and scatter-adds each of the 16 taps
-//! into its output pixel ("col2im").
+//! ([`PackedWeights`]). The 3x3 ones are [`gantry_model_image::conv`]'s,
+//! with PReLU as their activation. The transposed convolution multiplies the
+//! input by the weights and scatter-adds each of the 16 taps into its output
+//! pixel ("col2im").
 
-use gantry_model_image::packed::{INPUT_BLOCK as NR, PackedWeights};
+use gantry_model_image::conv::{self, Activation, Conv2d};
+use gantry_model_image::packed::PackedWeights;
 
-/// Floats of gathered input taps per chunk of a convolution (256 KiB), which
-/// stays in the core's cache while the weights pass over it.
+/// Floats of product columns per chunk of a transposed convolution (256
+/// KiB), which stay in the core's cache while they are scattered.
 const CHUNK_FLOATS: usize = 1 << 16;
 
 /// Buffers the operations reuse from one call to the next while a frame is
@@ -27,180 +23,21 @@ const CHUNK_FLOATS: usize = 1 << 16;
 /// handful of them instead of several per convolution.
 #[derive(Debug, Default)]
 pub(crate) struct Scratch {
-    padded: Vec<f32>,
-    corner: Vec<usize>,
-    xp: Vec<f32>,
-    prod: Vec<f32>,
+    pub(crate) conv: conv::Scratch,
+    cols: Vec<f32>,
 }
 
 impl Scratch {
     /// Floats (and indices) held.
     pub(crate) fn floats(&self) -> usize {
-        self.padded.capacity() + self.corner.capacity() + self.xp.capacity() + self.prod.capacity()
+        self.conv.floats() + self.cols.capacity()
     }
-}
-
-/// The first `len` elements of `v`, grown (never shrunk) to hold them; what
-/// they hold is left from before.
-fn fit<T: Copy + Default>(v: &mut Vec<T>, len: usize) -> &mut [T] {
-    if v.len() < len {
-        v.resize(len, T::default());
-    }
-    &mut v[..len]
 }
 
 /// A 3x3 convolution with padding 1, stride 1 or 2, and bias, followed by a
 /// per-channel PReLU.
-#[derive(Debug)]
-pub(crate) struct Conv3 {
-    pub(crate) cin: usize,
-    pub(crate) cout: usize,
-    stride: usize,
-    /// `cout × (cin·9)` packed.
-    packed: PackedWeights,
-    bias: Vec<f32>,
-    /// PReLU slopes, one per output channel.
-    alpha: Vec<f32>,
-}
-
-impl Conv3 {
-    /// `weight` is PyTorch's `cout × cin × 3 × 3`.
-    pub(crate) fn new(weight: &[f32], cin: usize, cout: usize, stride: usize, bias: Vec<f32>, alpha: Vec<f32>) -> Self {
-        assert!(stride == 1 || stride == 2, "only strides 1 and 2 are supported");
-        let depth = cin * 9;
-        assert_eq!(weight.len(), cout * depth, "convolution weight has the wrong size");
-        assert_eq!(bias.len(), cout, "convolution bias has the wrong size");
-        assert_eq!(alpha.len(), cout, "PReLU slopes have the wrong size");
-        // The packer takes the transpose, `depth × cout`.
-        let mut transposed = vec![0.0f32; depth * cout];
-        for co in 0..cout {
-            for k in 0..depth {
-                transposed[k * cout + co] = weight[co * depth + k];
-            }
-        }
-        Self {
-            cin,
-            cout,
-            stride,
-            packed: PackedWeights::from_transposed(&transposed, depth, cout),
-            bias,
-            alpha,
-        }
-    }
-
-    /// Output side for an input side.
-    pub(crate) fn out_len(&self, len: usize) -> usize {
-        (len + 2 - 3) / self.stride + 1
-    }
-
-    /// `x` is `cin × h × w`; returns `cout × oh × ow`.
-    #[cfg(test)]
-    pub(crate) fn forward(&self, x: &[f32], h: usize, w: usize) -> Vec<f32> {
-        let mut out = Vec::new();
-        self.forward_into(x, h, w, &mut out, &mut Scratch::default());
-        out
-    }
-
-    /// [`Conv3::forward`] into `out` (resized to `cout × oh × ow`).
-    pub(crate) fn forward_into(&self, x: &[f32], h: usize, w: usize, out: &mut Vec<f32>, scratch: &mut Scratch) {
-        assert_eq!(x.len(), self.cin * h * w, "convolution input has the wrong size");
-        let (oh, ow) = (self.out_len(h), self.out_len(w));
-        let pixels = oh * ow;
-        let depth = self.cin * 9;
-        let s = self.stride;
-        // The input with its zero border, split by the stride into phases
-        // (for stride 2: even and odd rows times even and odd columns), so
-        // that neighbouring output pixels' taps are neighbours too: tap
-        // (kh, kw) of output pixel (oy, ox) is padded pixel (s·oy + kh, s·ox
-        // + kw), which is (oy + kh/s, ox + kw/s) of phase (kh%s, kw%s).
-        let (ph, pw) = ((h + 2).div_ceil(s), (w + 2).div_ceil(s));
-        let phase = ph * pw;
-        let plane = s * s * phase;
-        let padded = fit(&mut scratch.padded, self.cin * plane);
-        padded.fill(0.0);
-        for (src, dst) in x.chunks_exact(h * w).zip(padded.chunks_exact_mut(plane)) {
-            for (y, row) in src.chunks_exact(w).enumerate() {
-                let py = y + 1;
-                let start = (py % s) * s * phase + (py / s) * pw;
-                if s == 1 {
-                    dst[start + 1..][..w].copy_from_slice(row);
-                } else {
-                    // Column x is padded column x + 1: even x to the odd
-                    // phase at x/2, odd x to the even phase at (x + 1)/2.
-                    let (even, odd) = dst[start..].split_at_mut(phase);
-                    for (k, pair) in row.chunks(2).enumerate() {
-                        odd[k] = pair[0];
-                        if let Some(v) = pair.get(1) {
-                            even[k + 1] = *v;
-                        }
-                    }
-                }
-            }
-        }
-        // Where each output pixel's first tap lies, and each tap's offset
-        // from it.
-        let corner = &mut scratch.corner;
-        corner.clear();
-        corner.extend((0..oh).flat_map(|oy| (0..ow).map(move |ox| oy * pw + ox)));
-        let taps: [usize; 9] = std::array::from_fn(|t| {
-            let (kh, kw) = (t / 3, t % 3);
-            ((kh % s) * s + kw % s) * phase + (kh / s) * pw + kw / s
-        });
-        let chunk = (CHUNK_FLOATS / (depth * NR)).max(1) * NR;
-        let xp = fit(&mut scratch.xp, chunk.min(pixels).div_ceil(NR) * depth * NR);
-        let prod = fit(&mut scratch.prod, self.cout * chunk.min(pixels));
-        // Every value is written below.
-        out.truncate(self.cout * pixels);
-        out.resize(self.cout * pixels, 0.0);
-        let mut first = 0;
-        while first < pixels {
-            let n = chunk.min(pixels - first);
-            let blocks = n.div_ceil(NR);
-            let xp = &mut xp[..blocks * depth * NR];
-            // The input taps gathered straight into the product's packed
-            // layout: block b, row k = (ci, kh, kw), lane q holds tap k of
-            // pixel first + b·NR + q.
-            for (b, block) in xp.chunks_exact_mut(depth * NR).enumerate() {
-                let j0 = first + b * NR;
-                let len = NR.min(first + n - j0);
-                let (lanes, _) = block.as_chunks_mut::<NR>();
-                let c0 = corner[j0];
-                if len == NR && corner[j0 + NR - 1] == c0 + NR - 1 {
-                    // Six neighbours on one row: plain copies.
-                    for (ci, lanes) in lanes.chunks_exact_mut(9).enumerate() {
-                        let src = &padded[ci * plane + c0..];
-                        for (lane, off) in lanes.iter_mut().zip(taps) {
-                            if let Some(v) = src[off..].first_chunk::<NR>() {
-                                *lane = *v;
-                            }
-                        }
-                    }
-                } else {
-                    let corners = &corner[j0..j0 + len];
-                    for (ci, lanes) in lanes.chunks_exact_mut(9).enumerate() {
-                        let src = &padded[ci * plane..][..plane];
-                        for (lane, off) in lanes.iter_mut().zip(taps) {
-                            for (v, c) in lane.iter_mut().zip(corners) {
-                                *v = src[c + off];
-                            }
-                        }
-                    }
-                }
-            }
-            // The product by channel, into a buffer that stays in cache,
-            // then each channel's row to its plane with bias and PReLU.
-            let prod = &mut prod[..self.cout * n];
-            self.packed.matmul_packed_rows(xp, n, prod, n);
-            for (co, src) in prod.chunks_exact(n).enumerate() {
-                let (bias, alpha) = (self.bias[co], self.alpha[co]);
-                for (d, v) in out[co * pixels + first..][..n].iter_mut().zip(src) {
-                    let y = v + bias;
-                    *d = if y > 0.0 { y } else { alpha * y };
-                }
-            }
-            first += n;
-        }
-    }
+pub(crate) fn conv3(weight: &[f32], cin: usize, cout: usize, stride: usize, bias: Vec<f32>, alpha: Vec<f32>) -> Conv2d {
+    Conv2d::new(weight, cin, cout, 3, stride, bias, Activation::PRelu(alpha))
 }
 
 /// `ConvTranspose2d(cin, cout, 4, stride 2, padding 1)` with bias: doubles
@@ -253,7 +90,10 @@ impl Deconv4 {
         out.clear();
         out.resize(self.cout * oh * ow, 0.0);
         let chunk = (CHUNK_FLOATS / taps).clamp(1, positions);
-        let cols = fit(&mut scratch.prod, taps * chunk);
+        if scratch.cols.len() < taps * chunk {
+            scratch.cols.resize(taps * chunk, 0.0);
+        }
+        let cols = &mut scratch.cols[..taps * chunk];
         let mut first = 0;
         while first < positions {
             let len = chunk.min(positions - first);
@@ -439,73 +279,6 @@ mod tests {
         (0..n)
             .map(|i| (((i * 7919 + seed * 104_729) % 2003) as f32 / 2003.0 - 0.5) * 2.0)
             .collect()
-    }
-
-    /// The convolution as its definition reads.
-    #[allow(clippy::too_many_arguments)]
-    fn naive_conv(
-        x: &[f32],
-        cin: usize,
-        h: usize,
-        w: usize,
-        weight: &[f32],
-        cout: usize,
-        stride: usize,
-        bias: &[f32],
-        alpha: &[f32],
-    ) -> Vec<f32> {
-        let (oh, ow) = ((h - 1) / stride + 1, (w - 1) / stride + 1);
-        let mut out = vec![0.0; cout * oh * ow];
-        for co in 0..cout {
-            for oy in 0..oh {
-                for ox in 0..ow {
-                    let mut acc = bias[co];
-                    for ci in 0..cin {
-                        for kh in 0..3 {
-                            for kw in 0..3 {
-                                let iy = (oy * stride + kh) as isize - 1;
-                                let ix = (ox * stride + kw) as isize - 1;
-                                if iy < 0 || ix < 0 || iy >= h as isize || ix >= w as isize {
-                                    continue;
-                                }
-                                acc += x[(ci * h + iy as usize) * w + ix as usize]
-                                    * weight[((co * cin + ci) * 3 + kh) * 3 + kw];
-                            }
-                        }
-                    }
-                    out[(co * oh + oy) * ow + ox] = if acc > 0.0 { acc } else { alpha[co] * acc };
-                }
-            }
-        }
-        out
-    }
-
-    #[test]
-    fn the_convolution_matches_a_naive_loop() {
-        // The last two span several chunks of gathered taps.
-        for (cin, cout, h, w, stride) in [
-            (3, 5, 7, 9, 1),
-            (4, 17, 8, 6, 2),
-            (2, 3, 5, 5, 2),
-            (1, 16, 1, 3, 1),
-            (16, 20, 24, 25, 1),
-            (16, 7, 51, 50, 2),
-        ] {
-            let weight = pseudo(cout * cin * 9, 1);
-            let x = pseudo(cin * h * w, 2);
-            let bias = pseudo(cout, 3);
-            let alpha: Vec<f32> = (0..cout).map(|i| 0.1 * i as f32).collect();
-            let conv = Conv3::new(&weight, cin, cout, stride, bias.clone(), alpha.clone());
-            let got = conv.forward(&x, h, w);
-            let want = naive_conv(&x, cin, h, w, &weight, cout, stride, &bias, &alpha);
-            assert_eq!(got.len(), want.len());
-            for (i, (g, w)) in got.iter().zip(&want).enumerate() {
-                assert!(
-                    (g - w).abs() < 1e-4,
-                    "({cin},{cout},{h},{w},{stride}) [{i}]: {g} vs {w}"
-                );
-            }
-        }
     }
 
     #[test]

@@ -1,0 +1,63 @@
+//! Times one 3x3 convolution (padding 1) of Stable Diffusion's shapes on
+//! candle's `conv2d` and on the packed kernels, on the current rayon pool
+//! (`RAYON_NUM_THREADS`): `cargo run --release -p gantry-model-diffusion
+//! --example conv_bench -- [runs]`. Prints, per shape, the median time and
+//! the multiply-adds per second of each, and the largest difference between
+//! their outputs.
+
+use std::time::Instant;
+
+use candle_core::{DType, Device, Module, Tensor};
+use candle_nn::VarBuilder;
+use gantry_model_diffusion::blocks::{Conv, Kernels};
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+fn main() -> Result<(), Box<dyn std::error::Error>> {
+    let runs: usize = std::env::args().nth(1).map(|a| a.parse()).transpose()?.unwrap_or(5);
+    let device = Device::Cpu;
+    println!("threads {}", rayon::current_num_threads());
+    // (channels in, channels out, side, batch): the VAE decoder at 256x256
+    // output, and UNet layers at a 32x32 latent with guidance (batch 2).
+    for (cin, cout, side, batch) in [
+        (512, 512, 32, 1),
+        (512, 512, 64, 1),
+        (256, 256, 128, 1),
+        (128, 128, 256, 1),
+        (320, 320, 32, 2),
+        (640, 640, 16, 2),
+        (1280, 1280, 8, 2),
+        (1280, 1280, 4, 2),
+    ] {
+        let weight = (Tensor::randn(0f32, 0.05, (cout, cin, 3, 3), &device)?).contiguous()?;
+        let bias = Tensor::randn(0f32, 0.05, cout, &device)?;
+        let x = Tensor::randn(0f32, 1.0, (batch, cin, side, side), &device)?;
+        let tensors = [("weight".to_owned(), weight), ("bias".to_owned(), bias)]
+            .into_iter()
+            .collect();
+        let vb = VarBuilder::from_tensors(tensors, DType::F32, &device);
+        let candle = Conv::new(vb.clone(), (cin, cout), 3, 1, 1, Kernels::Candle)?;
+        let packed = Conv::new(vb, (cin, cout), 3, 1, 1, Kernels::Packed)?;
+        let macs = (batch * cout * cin * 9 * side * side) as f64;
+        let mut line = format!("{cin:>4}->{cout:<4} {side:>3}x{side:<3} batch {batch}:");
+        let mut outs = Vec::new();
+        for (name, conv) in [("candle", &candle), ("packed", &packed)] {
+            let mut times = Vec::with_capacity(runs);
+            let mut out = conv.forward(&x)?;
+            for _ in 0..runs {
+                let started = Instant::now();
+                out = conv.forward(&x)?;
+                times.push(started.elapsed().as_secs_f64());
+            }
+            let t = median(times);
+            line += &format!("  {name} {:7.1} ms {:5.1} GMAC/s", t * 1e3, macs / t / 1e9);
+            outs.push(out);
+        }
+        let diff = (&outs[0] - &outs[1])?.abs()?.max_all()?.to_scalar::<f32>()?;
+        println!("{line}  max |diff| {diff:.1e}");
+    }
+    Ok(())
+}
