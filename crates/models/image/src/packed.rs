@@ -8,7 +8,7 @@
 //!
 //! The kernel keeps an `MR × NR` block of the output in registers (as tiles,
 //! so that a wider instruction set could take other shapes) and walks the
-//! shared dimension in slices. It is compiled twice: for AVX2 with FMA
+//! shared dimension once per block. It is compiled twice: for AVX2 with FMA
 //! (picked at run time when the CPU has them) and for the baseline. An
 //! AVX-512 build with 32 x 12 tiles (24 of its 32 registers) was measured
 //! no faster on AMD Zen 4, which runs AVX-512 as two 256-bit halves.
@@ -21,15 +21,12 @@ const NR: usize = 6;
 pub const INPUT_BLOCK: usize = NR;
 /// Floats of packed input kept hot while the weight panels pass.
 const CACHE_FLOATS: usize = 32 * 1024;
-/// Depth of the slices the shared dimension is walked in.
-const KC: usize = 256;
 
-/// How many input columns a product should be handed at once so that every
-/// weight read from memory serves as many columns as the cache holds (the
-/// kernel's groups at this depth): callers that gather their input (a
-/// convolution's taps) size their chunks by it.
+/// How many input columns of a product of this depth the kernel keeps in
+/// cache at once (a group): callers that gather their input (a
+/// convolution's taps) hand it chunks of this many.
 pub fn columns_per_call(depth: usize) -> usize {
-    (CACHE_FLOATS / (KC.min(depth).max(1) * NR)).max(1) * NR
+    (CACHE_FLOATS / (depth.max(1) * NR)).max(1) * NR
 }
 
 /// `A` (`rows × depth`), packed for [`PackedWeights::matmul`].
@@ -216,40 +213,29 @@ fn kernel<const FUSED: bool, const BY_ROW: bool, const TR: usize, const TC: usiz
     }
     let (a_panels, _) = a.as_chunks::<MR>();
     let (x_blocks, _) = xp.as_chunks::<NR>();
-    // The shared dimension is walked in slices of `KC`, and the column
-    // blocks in groups whose slices (about 128 KiB) stay in the core's
-    // cache while every weight panel's slice passes over them: each weight
-    // read from memory then serves the whole group, however deep the
-    // product (a 3x3 convolution over 512 channels is 4608 deep). Partial
-    // sums are carried in the output between slices.
-    let kc = KC.min(depth);
-    let group = (CACHE_FLOATS / (kc * NR)).max(1);
+    // Column blocks are taken in groups of about 128 KiB of input, which stay
+    // in the core's cache while every weight panel passes over them.
+    let group = (CACHE_FLOATS / (depth * NR)).max(1);
     let blocks: Vec<&[[f32; NR]]> = x_blocks.chunks_exact(depth).collect();
     for (g, blocks) in blocks.chunks(group).enumerate() {
-        for k0 in (0..depth).step_by(kc) {
-            let k1 = (k0 + kc).min(depth);
-            for (p, panel) in a_panels.chunks_exact(depth).enumerate() {
-                let panel = &panel[k0..k1];
-                let start = p * MR;
-                let len = MR.min(rows - start);
-                for (i, block) in blocks.iter().enumerate() {
-                    let b = g * group + i;
-                    let cols = NR.min(n - b * NR);
-                    let at = Tile {
-                        row: start,
-                        col: b * NR,
-                        rows: len,
-                        cols,
-                        carry: k0 > 0,
-                    };
-                    let block = &block[k0..k1];
-                    for r0 in (0..len).step_by(TR) {
-                        if cols <= NARROW {
-                            tile::<FUSED, BY_ROW, TR, NARROW>(panel, block, &at, r0, 0, out, rows, stride);
-                        } else {
-                            for c0 in (0..cols).step_by(TC) {
-                                tile::<FUSED, BY_ROW, TR, TC>(panel, block, &at, r0, c0, out, rows, stride);
-                            }
+        for (p, panel) in a_panels.chunks_exact(depth).enumerate() {
+            let start = p * MR;
+            let len = MR.min(rows - start);
+            for (i, block) in blocks.iter().enumerate() {
+                let b = g * group + i;
+                let cols = NR.min(n - b * NR);
+                let at = Tile {
+                    row: start,
+                    col: b * NR,
+                    rows: len,
+                    cols,
+                };
+                for r0 in (0..len).step_by(TR) {
+                    if cols <= NARROW {
+                        tile::<FUSED, BY_ROW, TR, NARROW>(panel, block, &at, r0, 0, out, rows, stride);
+                    } else {
+                        for c0 in (0..cols).step_by(TC) {
+                            tile::<FUSED, BY_ROW, TR, TC>(panel, block, &at, r0, c0, out, rows, stride);
                         }
                     }
                 }
@@ -265,12 +251,10 @@ struct Tile {
     /// Rows and columns of it that exist.
     rows: usize,
     cols: usize,
-    /// Whether the output holds partial sums to add to.
-    carry: bool,
 }
 
-/// The `TR × TC` tile at `(r0, c0)` of a block: partial sums loaded (when
-/// carried), the slice of the shared dimension multiplied in, stored.
+/// The `TR × TC` tile at `(r0, c0)` of a block, over the whole shared
+/// dimension.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
 fn tile<const FUSED: bool, const BY_ROW: bool, const TR: usize, const TC: usize>(
@@ -286,18 +270,6 @@ fn tile<const FUSED: bool, const BY_ROW: bool, const TR: usize, const TC: usize>
     let rn = TR.min(at.rows - r0);
     let cn = TC.min(at.cols - c0);
     let mut acc = [[0.0f32; TR]; TC];
-    if at.carry {
-        for (q, column) in acc[..cn].iter_mut().enumerate() {
-            let j = at.col + c0 + q;
-            if BY_ROW {
-                for (r, v) in column[..rn].iter_mut().enumerate() {
-                    *v = out[(at.row + r0 + r) * stride + j];
-                }
-            } else {
-                column[..rn].copy_from_slice(&out[j * rows + at.row + r0..][..rn]);
-            }
-        }
-    }
     for (w, xs) in panel.iter().zip(block) {
         let w = &w.as_chunks::<TR>().0[r0 / TR];
         let xs = &xs[c0..][..TC];
@@ -328,8 +300,8 @@ fn tile<const FUSED: bool, const BY_ROW: bool, const TR: usize, const TC: usize>
 mod tests {
     use super::*;
 
-    /// (depth, rows, columns): ragged blocks and panels, and (the last
-    /// two) several slices of the shared dimension.
+    /// (depth, rows, columns): ragged blocks and panels, deep and wide
+    /// products (several groups of column blocks).
     const SIZES: [(usize, usize, usize); 7] = [
         (1, 1, 1),
         (3, 17, 7),
