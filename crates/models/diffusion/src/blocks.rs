@@ -15,10 +15,10 @@ use std::sync::Mutex;
 
 use candle_core::{D, DType, Module, Result, Tensor};
 use candle_nn::{Conv2dConfig, GroupNorm, Init, Linear, VarBuilder};
-use candle_transformers::models::stable_diffusion::attention::{
-    AttentionBlock, AttentionBlockConfig, SpatialTransformer, SpatialTransformerConfig,
-};
+use candle_transformers::models::stable_diffusion::attention::{AttentionBlock, AttentionBlockConfig};
 use gantry_model_image::conv::{Activation, Conv2d, Scratch};
+
+use crate::transformer::Transformer;
 use rayon::prelude::*;
 
 /// Which convolution kernels a model's blocks run on.
@@ -244,7 +244,7 @@ impl Resnet {
 /// The attention after a resnet: the UNet's spatial transformer (self- and
 /// cross-attention) or the VAE's single-head self-attention.
 pub(crate) enum Attention {
-    Spatial(SpatialTransformer),
+    Spatial(Box<Transformer>),
     Plain(AttentionBlock),
 }
 
@@ -257,7 +257,7 @@ impl Attention {
     }
 }
 
-/// How the attentions of a block are built.
+/// How the attentions (transformers) of a block are built.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct CrossAttention {
     /// Transformer layers per attention.
@@ -272,31 +272,25 @@ pub(crate) struct CrossAttention {
 impl CrossAttention {
     /// The `layers` attentions of a block of `channels` (none without
     /// cross-attention).
-    fn all(attention: Option<Self>, vb: &VarBuilder, layers: usize, channels: usize) -> Result<Vec<Attention>> {
+    fn all(
+        attention: Option<Self>,
+        vb: &VarBuilder,
+        layers: usize,
+        channels: usize,
+        kernels: Kernels,
+    ) -> Result<Vec<Attention>> {
         match attention {
             Some(a) => (0..layers)
-                .map(|i| a.build(vb.pp("attentions").pp(i), channels))
+                .map(|i| a.build(vb.pp("attentions").pp(i), channels, kernels))
                 .collect(),
             None => Ok(Vec::new()),
         }
     }
 
-    fn build(&self, vb: VarBuilder, channels: usize) -> Result<Attention> {
-        let config = SpatialTransformerConfig {
-            depth: self.depth,
-            num_groups: self.groups,
-            context_dim: Some(self.context_dim),
-            sliced_attention_size: self.sliced,
-            use_linear_projection: self.linear_projection,
-        };
-        Ok(Attention::Spatial(SpatialTransformer::new(
-            vb,
-            channels,
-            self.heads,
-            channels / self.heads,
-            false,
-            config,
-        )?))
+    fn build(&self, vb: VarBuilder, channels: usize, kernels: Kernels) -> Result<Attention> {
+        Ok(Attention::Spatial(Box::new(Transformer::new(
+            vb, channels, self, kernels,
+        )?)))
     }
 }
 
@@ -325,7 +319,7 @@ impl DownBlock {
         let resnets = (0..layers)
             .map(|i| Resnet::new(vb.pp("resnets").pp(i), if i == 0 { cin } else { cout }, cout, resnet))
             .collect::<Result<Vec<_>>>()?;
-        let attentions = CrossAttention::all(attention, &vb, layers, cout)?;
+        let attentions = CrossAttention::all(attention, &vb, layers, cout, resnet.kernels)?;
         let downsampler = match downsample_padding {
             Some(padding) => Some(Conv::new(
                 vb.pp("downsamplers.0.conv"),
@@ -402,7 +396,7 @@ impl UpBlock {
                 Resnet::new(vb.pp("resnets").pp(i), input + skip, cout, resnet)
             })
             .collect::<Result<Vec<_>>>()?;
-        let attentions = CrossAttention::all(attention, &vb, layers, cout)?;
+        let attentions = CrossAttention::all(attention, &vb, layers, cout, resnet.kernels)?;
         let upsampler = if upsample {
             Some(Conv::new(
                 vb.pp("upsamplers.0.conv"),
@@ -473,7 +467,7 @@ impl MidBlock {
         Ok(Self {
             first: Resnet::new(vb.pp("resnets.0"), channels, channels, resnet)?,
             rest: vec![(
-                attention.build(vb.pp("attentions.0"), channels)?,
+                attention.build(vb.pp("attentions.0"), channels, resnet.kernels)?,
                 Resnet::new(vb.pp("resnets.1"), channels, channels, resnet)?,
             )],
         })

@@ -23,6 +23,7 @@ pub mod input;
 pub mod pipeline;
 pub mod tiny;
 pub mod tokenizer;
+pub mod transformer;
 pub mod unet;
 pub mod vae;
 

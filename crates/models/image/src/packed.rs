@@ -58,6 +58,19 @@ impl PackedWeights {
         Self { data, rows, depth }
     }
 
+    /// Packs `A` given row-major (`rows × depth`: a dense layer's weight,
+    /// output features by input features).
+    pub fn from_rows(a: &[f32], rows: usize, depth: usize) -> Self {
+        assert_eq!(a.len(), rows * depth, "weights have the wrong size");
+        let mut t = vec![0.0f32; rows * depth];
+        for r in 0..rows {
+            for k in 0..depth {
+                t[k * rows + r] = a[r * depth + k];
+            }
+        }
+        Self::from_transposed(&t, depth, rows)
+    }
+
     /// `out = (A × x[:, cols])ᵀ`: `x` is `depth × stride`, row-major, of
     /// which the columns `cols` are used; `out` is `cols.len() × rows`,
     /// row-major (each input column's results side by side, which the
@@ -174,6 +187,23 @@ impl PackedWeights {
 }
 
 /// AVX2 with FMA: one 16 x 6 tile, 12 of the 16 registers.
+/// Rows `x[i]` (`n × depth`, row-major) laid out as the kernel's input
+/// blocks for [`PackedWeights::matmul_packed`]: block `b`, row `k`, lane
+/// `q` holds `x[b·INPUT_BLOCK + q][k]`.
+pub fn pack_rows(x: &[f32], n: usize, depth: usize, xp: &mut Vec<f32>) {
+    let blocks = n.div_ceil(NR);
+    xp.clear();
+    xp.resize(blocks * depth * NR, 0.0);
+    for i in 0..n {
+        let (b, q) = (i / NR, i % NR);
+        let row = &x[i * depth..(i + 1) * depth];
+        let block = &mut xp[b * depth * NR..(b + 1) * depth * NR];
+        for (k, v) in row.iter().enumerate() {
+            block[k * NR + q] = *v;
+        }
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 fn kernel_fma<const BY_ROW: bool>(

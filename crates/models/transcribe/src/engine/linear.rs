@@ -18,30 +18,10 @@ pub struct Linear {
 
 /// `A` (`rows × depth`, row-major) packed for the kernel.
 pub fn pack_matrix(a: &[f32], rows: usize, depth: usize) -> PackedWeights {
-    let mut t = vec![0.0f32; rows * depth];
-    for r in 0..rows {
-        for k in 0..depth {
-            t[k * rows + r] = a[r * depth + k];
-        }
-    }
-    PackedWeights::from_transposed(&t, depth, rows)
+    PackedWeights::from_rows(a, rows, depth)
 }
 
-/// Rows `x[i]` (`n × depth`, row-major) laid out as the kernel's input
-/// blocks: block `b`, row `k`, lane `q` holds `x[b·INPUT_BLOCK + q][k]`.
-pub fn pack_rows(x: &[f32], n: usize, depth: usize, xp: &mut Vec<f32>) {
-    let blocks = n.div_ceil(INPUT_BLOCK);
-    xp.clear();
-    xp.resize(blocks * depth * INPUT_BLOCK, 0.0);
-    for i in 0..n {
-        let (b, q) = (i / INPUT_BLOCK, i % INPUT_BLOCK);
-        let row = &x[i * depth..(i + 1) * depth];
-        let block = &mut xp[b * depth * INPUT_BLOCK..(b + 1) * depth * INPUT_BLOCK];
-        for (k, v) in row.iter().enumerate() {
-            block[k * INPUT_BLOCK + q] = *v;
-        }
-    }
-}
+pub use gantry_model_image::packed::pack_rows;
 
 impl Linear {
     /// From a weight of shape `(out, inp)`, row-major, and an optional bias.

@@ -1,0 +1,275 @@
+//! The UNet's transformer (diffusers' `Transformer2DModel`): group norm,
+//! projection in, transformer blocks of self-attention, cross-attention to
+//! the text and a GEGLU feed-forward, projection out, residual. The same
+//! arithmetic as candle-transformers' `SpatialTransformer` (its tanh GELU
+//! included), but every dense layer is a [`Dense`], which runs on the
+//! packed product of `gantry_model_image` when the weights are float32 on
+//! the CPU: the dense layers are most of the transformer's work (at a
+//! 32x32 latent about 1.3 G multiply-adds a block against 0.7 G for the
+//! attention itself).
+
+use candle_core::{D, DType, IndexOp, Module, Result, Tensor};
+use candle_nn::{GroupNorm, LayerNorm, VarBuilder};
+use gantry_model_image::packed::{INPUT_BLOCK, PackedWeights, pack_rows};
+use rayon::prelude::*;
+
+use crate::blocks::{Conv, CrossAttention, Kernels};
+
+/// A dense layer, `y = x·Wᵀ + b` over the last dimension.
+pub enum Dense {
+    Candle(candle_nn::Linear),
+    Packed {
+        w: PackedWeights,
+        bias: Option<Vec<f32>>,
+        inp: usize,
+        out: usize,
+    },
+}
+
+impl Dense {
+    /// Reads `weight` (`out × inp`) and, when `bias`, `bias` from `vb`.
+    pub fn new(vb: VarBuilder, inp: usize, out: usize, bias: bool, kernels: Kernels) -> Result<Self> {
+        if kernels == Kernels::Packed && vb.device().is_cpu() && vb.dtype() == DType::F32 {
+            let w = vb.get((out, inp), "weight")?.flatten_all()?.to_vec1::<f32>()?;
+            let bias = if bias {
+                Some(vb.get(out, "bias")?.to_vec1::<f32>()?)
+            } else {
+                None
+            };
+            return Ok(Self::Packed {
+                w: PackedWeights::from_rows(&w, out, inp),
+                bias,
+                inp,
+                out,
+            });
+        }
+        Ok(Self::Candle(if bias {
+            candle_nn::linear(inp, out, vb)?
+        } else {
+            candle_nn::linear_no_bias(inp, out, vb)?
+        }))
+    }
+}
+
+impl Module for Dense {
+    fn forward(&self, xs: &Tensor) -> Result<Tensor> {
+        let (w, bias, inp, out) = match self {
+            Self::Candle(linear) => return linear.forward(xs),
+            Self::Packed { w, bias, inp, out } => (w, bias, *inp, *out),
+        };
+        if xs.dim(D::Minus1)? != inp || xs.dtype() != DType::F32 {
+            candle_core::bail!(
+                "dense layer of {inp} float32 inputs given {:?} {:?}",
+                xs.dims(),
+                xs.dtype()
+            );
+        }
+        let x = xs.flatten_all()?.to_vec1::<f32>()?;
+        let n = x.len() / inp;
+        let mut y = vec![0.0f32; n * out];
+        // Rows split between the threads in whole input blocks.
+        let threads = rayon::current_num_threads().max(1);
+        let per = n.div_ceil(threads).div_ceil(INPUT_BLOCK).max(1) * INPUT_BLOCK;
+        if n > 0 && out > 0 {
+            y.par_chunks_mut(per * out)
+                .zip(x.par_chunks(per * inp))
+                .for_each(|(y, x)| {
+                    let m = x.len() / inp;
+                    let mut xp = Vec::new();
+                    pack_rows(x, m, inp, &mut xp);
+                    w.matmul_packed(&xp, m, y);
+                    if let Some(b) = bias {
+                        for row in y.chunks_exact_mut(out) {
+                            row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
+                        }
+                    }
+                });
+        }
+        let mut dims = xs.dims().to_vec();
+        if let Some(last) = dims.last_mut() {
+            *last = out;
+        }
+        Tensor::from_vec(y, dims, xs.device())
+    }
+}
+
+/// Multi-head attention of `xs` to itself or to a context.
+struct Attention {
+    to_q: Dense,
+    to_k: Dense,
+    to_v: Dense,
+    to_out: Dense,
+    heads: usize,
+    scale: f64,
+    sliced: Option<usize>,
+}
+
+impl Attention {
+    fn new(
+        vb: VarBuilder,
+        dim: usize,
+        context: usize,
+        heads: usize,
+        sliced: Option<usize>,
+        k: Kernels,
+    ) -> Result<Self> {
+        let head = dim / heads;
+        Ok(Self {
+            to_q: Dense::new(vb.pp("to_q"), dim, dim, false, k)?,
+            to_k: Dense::new(vb.pp("to_k"), context, dim, false, k)?,
+            to_v: Dense::new(vb.pp("to_v"), context, dim, false, k)?,
+            to_out: Dense::new(vb.pp("to_out.0"), dim, dim, true, k)?,
+            heads,
+            scale: 1.0 / (head as f64).sqrt(),
+            sliced,
+        })
+    }
+
+    /// `(batch, tokens, dim)` to `(batch · heads, tokens, dim / heads)`.
+    fn split(&self, xs: &Tensor) -> Result<Tensor> {
+        let (b, t, d) = xs.dims3()?;
+        xs.reshape((b, t, self.heads, d / self.heads))?
+            .transpose(1, 2)?
+            .reshape((b * self.heads, t, d / self.heads))
+    }
+
+    fn forward(&self, xs: &Tensor, context: Option<&Tensor>) -> Result<Tensor> {
+        let context = context.unwrap_or(xs).contiguous()?;
+        let q = self.split(&self.to_q.forward(xs)?)?.to_dtype(DType::F32)?;
+        let k = self.split(&self.to_k.forward(&context)?)?.to_dtype(DType::F32)?;
+        let v = self.split(&self.to_v.forward(&context)?)?.to_dtype(DType::F32)?;
+        let rows = q.dim(0)?;
+        let attend = |q: &Tensor, k: &Tensor, v: &Tensor| -> Result<Tensor> {
+            let scores = q.matmul(&(k.t()? * self.scale)?)?;
+            candle_nn::ops::softmax_last_dim(&scores)?.matmul(v)
+        };
+        let out = match self.sliced.filter(|&s| s > 0 && rows >= s) {
+            Some(s) => {
+                let parts = (0..rows / s)
+                    .map(|i| {
+                        attend(
+                            &q.i(i * s..(i + 1) * s)?,
+                            &k.i(i * s..(i + 1) * s)?,
+                            &v.i(i * s..(i + 1) * s)?,
+                        )
+                    })
+                    .collect::<Result<Vec<_>>>()?;
+                Tensor::cat(&parts, 0)?
+            }
+            None => attend(&q, &k, &v)?,
+        }
+        .to_dtype(xs.dtype())?;
+        let (bh, t, d) = out.dims3()?;
+        let out = out
+            .reshape((bh / self.heads, self.heads, t, d))?
+            .transpose(1, 2)?
+            .reshape((bh / self.heads, t, d * self.heads))?;
+        self.to_out.forward(&out)
+    }
+}
+
+/// Self-attention, cross-attention and the GEGLU feed-forward, each after a
+/// layer norm and added to its input.
+struct Block {
+    norm1: LayerNorm,
+    attn1: Attention,
+    norm2: LayerNorm,
+    attn2: Attention,
+    norm3: LayerNorm,
+    /// `dim → 2 · 4 · dim`: the hidden half and the gate half.
+    ff_in: Dense,
+    ff_out: Dense,
+}
+
+impl Block {
+    fn new(
+        vb: VarBuilder,
+        dim: usize,
+        heads: usize,
+        context: usize,
+        sliced: Option<usize>,
+        k: Kernels,
+    ) -> Result<Self> {
+        let inner = 4 * dim;
+        Ok(Self {
+            norm1: candle_nn::layer_norm(dim, 1e-5, vb.pp("norm1"))?,
+            attn1: Attention::new(vb.pp("attn1"), dim, dim, heads, sliced, k)?,
+            norm2: candle_nn::layer_norm(dim, 1e-5, vb.pp("norm2"))?,
+            attn2: Attention::new(vb.pp("attn2"), dim, context, heads, sliced, k)?,
+            norm3: candle_nn::layer_norm(dim, 1e-5, vb.pp("norm3"))?,
+            ff_in: Dense::new(vb.pp("ff.net.0.proj"), dim, 2 * inner, true, k)?,
+            ff_out: Dense::new(vb.pp("ff.net.2"), inner, dim, true, k)?,
+        })
+    }
+
+    fn forward(&self, xs: &Tensor, context: Option<&Tensor>) -> Result<Tensor> {
+        let xs = (self.attn1.forward(&self.norm1.forward(xs)?, None)? + xs)?;
+        let xs = (self.attn2.forward(&self.norm2.forward(&xs)?, context)? + xs)?;
+        let halves = self.ff_in.forward(&self.norm3.forward(&xs)?)?.chunk(2, D::Minus1)?;
+        // candle's GELU here is the tanh approximation (diffusers' is exact).
+        let gated = (&halves[0] * halves[1].gelu()?)?;
+        self.ff_out.forward(&gated)? + xs
+    }
+}
+
+enum Projection {
+    Conv(Conv),
+    Dense(Dense),
+}
+
+/// diffusers' `Transformer2DModel` over a `(batch, channels, h, w)` map.
+pub(crate) struct Transformer {
+    norm: GroupNorm,
+    proj_in: Projection,
+    blocks: Vec<Block>,
+    proj_out: Projection,
+}
+
+impl Transformer {
+    pub(crate) fn new(vb: VarBuilder, channels: usize, config: &CrossAttention, k: Kernels) -> Result<Self> {
+        let projection = |name: &str, inp: usize, out: usize| -> Result<Projection> {
+            Ok(if config.linear_projection {
+                Projection::Dense(Dense::new(vb.pp(name), inp, out, true, k)?)
+            } else {
+                Projection::Conv(Conv::new(vb.pp(name), (inp, out), 1, 1, 0, k)?)
+            })
+        };
+        Ok(Self {
+            norm: candle_nn::group_norm(config.groups, channels, 1e-6, vb.pp("norm"))?,
+            proj_in: projection("proj_in", channels, channels)?,
+            blocks: (0..config.depth)
+                .map(|i| {
+                    Block::new(
+                        vb.pp("transformer_blocks").pp(i),
+                        channels,
+                        config.heads,
+                        config.context_dim,
+                        config.sliced,
+                        k,
+                    )
+                })
+                .collect::<Result<Vec<_>>>()?,
+            proj_out: projection("proj_out", channels, channels)?,
+        })
+    }
+
+    pub(crate) fn forward(&self, xs: &Tensor, context: Option<&Tensor>) -> Result<Tensor> {
+        let (b, c, h, w) = xs.dims4()?;
+        let normed = self.norm.forward(xs)?;
+        // To tokens, `(batch, h · w, channels)`, before or after projecting.
+        let tokens = |t: &Tensor| t.flatten_from(2)?.transpose(1, 2)?.contiguous();
+        let mut hidden = match &self.proj_in {
+            Projection::Conv(conv) => tokens(&conv.forward(&normed)?)?,
+            Projection::Dense(dense) => dense.forward(&tokens(&normed)?)?,
+        };
+        for block in &self.blocks {
+            hidden = block.forward(&hidden, context)?;
+        }
+        let map = |t: &Tensor| t.transpose(1, 2)?.reshape((b, c, h, w));
+        let out = match &self.proj_out {
+            Projection::Conv(conv) => conv.forward(&map(&hidden)?.contiguous()?)?,
+            Projection::Dense(dense) => map(&dense.forward(&hidden)?)?,
+        };
+        out + xs
+    }
+}
