@@ -3,13 +3,15 @@
 //!
 //! candle-transformers has these blocks too, but their convolutions are
 //! candle's `conv2d`, which on the CPU is im2col plus a general matrix
-//! product and reaches about a third of what PyTorch's kernels do on the
-//! same cores. Here a convolution runs on the packed kernels of
-//! [`gantry_model_image::conv`] when its weights are float32 on the CPU
+//! product, 1.4–2.8x slower on Stable Diffusion's shapes than the packed
+//! kernels of [`gantry_model_image::conv`] (`docs/benchmarks.md`). Here a
+//! convolution runs on those when its weights are float32 on the CPU
 //! ([`Kernels::Packed`]), and on candle's everywhere else (CUDA, half
 //! precision). The blocks read the diffusers tensor names, honour the
 //! configured group-norm groups everywhere (candle's down and up blocks
-//! always use 32), and reuse candle's attention modules.
+//! always use 32), build the UNet's transformers from
+//! [`crate::transformer`], and reuse candle's single-head attention for
+//! the VAE.
 
 use std::sync::Mutex;
 
@@ -21,16 +23,24 @@ use gantry_model_image::conv::{Activation, Conv2d, Scratch};
 use crate::transformer::Transformer;
 use rayon::prelude::*;
 
-/// Which convolution kernels a model's blocks run on.
+/// Which kernels a model's convolutions, dense layers and group norms run
+/// on.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Kernels {
-    /// candle's `conv2d`, on every device and dtype.
+    /// candle's, on every device and dtype.
     Candle,
-    /// The packed kernels where the weights are float32 on the CPU (3x3
-    /// convolutions with padding 1 and stride 1 or 2, and 1x1), candle's
-    /// elsewhere. The weights are read once into the packed layout; no
-    /// second copy is kept.
+    /// The packed ones where the weights are float32 on the CPU (3x3
+    /// convolutions with padding 1 and stride 1 or 2, 1x1 convolutions,
+    /// dense layers, group norm with SiLU), candle's elsewhere. The weights
+    /// are read once into the packed layout; no second copy is kept.
     Packed,
+}
+
+impl Kernels {
+    /// Whether weights read from `vb` go to the packed kernels.
+    pub(crate) fn packs(self, vb: &VarBuilder) -> bool {
+        self == Self::Packed && vb.device().is_cpu() && vb.dtype() == DType::F32
+    }
 }
 
 /// A convolution with bias, on the kernels [`Conv::new`] was asked for.
@@ -56,7 +66,7 @@ impl Conv {
     ) -> Result<Self> {
         let supported = (kernel == 3 && padding == 1 && (stride == 1 || stride == 2))
             || (kernel == 1 && padding == 0 && stride == 1);
-        if kernels == Kernels::Packed && supported && vb.device().is_cpu() && vb.dtype() == DType::F32 {
+        if supported && kernels.packs(&vb) {
             let weight = vb.get((cout, cin, kernel, kernel), "weight")?;
             let bias = vb.get(cout, "bias")?;
             let conv = Conv2d::new(
@@ -121,8 +131,7 @@ pub(crate) struct NormSilu {
 
 impl NormSilu {
     pub(crate) fn new(vb: VarBuilder, groups: usize, channels: usize, eps: f64, kernels: Kernels) -> Result<Self> {
-        let packed = kernels == Kernels::Packed && vb.device().is_cpu() && vb.dtype() == DType::F32;
-        let affine = if packed {
+        let affine = if kernels.packs(&vb) {
             Some((
                 vb.get_with_hints(channels, "weight", Init::Const(1.0))?
                     .to_vec1::<f32>()?,

@@ -29,7 +29,7 @@ pub enum Dense {
 impl Dense {
     /// Reads `weight` (`out × inp`) and, when `bias`, `bias` from `vb`.
     pub fn new(vb: VarBuilder, inp: usize, out: usize, bias: bool, kernels: Kernels) -> Result<Self> {
-        if kernels == Kernels::Packed && vb.device().is_cpu() && vb.dtype() == DType::F32 {
+        if kernels.packs(&vb) {
             let w = vb.get((out, inp), "weight")?.flatten_all()?.to_vec1::<f32>()?;
             let bias = if bias {
                 Some(vb.get(out, "bias")?.to_vec1::<f32>()?)
@@ -143,15 +143,15 @@ impl Attention {
             let scores = q.matmul(&(k.t()? * self.scale)?)?;
             candle_nn::ops::softmax_last_dim(&scores)?.matmul(v)
         };
-        let out = match self.sliced.filter(|&s| s > 0 && rows >= s) {
+        // Sliced attention: `s` rows of heads at a time (the last slice may
+        // be shorter), which bounds the score matrices' memory.
+        let out = match self.sliced.filter(|&s| s > 0 && rows > s) {
             Some(s) => {
-                let parts = (0..rows / s)
-                    .map(|i| {
-                        attend(
-                            &q.i(i * s..(i + 1) * s)?,
-                            &k.i(i * s..(i + 1) * s)?,
-                            &v.i(i * s..(i + 1) * s)?,
-                        )
+                let parts = (0..rows)
+                    .step_by(s)
+                    .map(|start| {
+                        let r = start..(start + s).min(rows);
+                        attend(&q.i(r.clone())?, &k.i(r.clone())?, &v.i(r)?)
                     })
                     .collect::<Result<Vec<_>>>()?;
                 Tensor::cat(&parts, 0)?

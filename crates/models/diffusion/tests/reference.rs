@@ -239,3 +239,22 @@ fn an_sdxl_unet_refuses_to_run_without_its_conditioning() {
     let err = unet.forward(&latents, 1.0, &context, None).unwrap_err().to_string();
     assert!(err.contains("time ids"), "{err}");
 }
+
+#[test]
+fn sliced_attention_gives_the_unsliced_result() {
+    // 2 samples x 8 heads = 16 rows of attention, in slices of 5: the last
+    // slice holds one row.
+    let dir = tempfile::tempdir().unwrap();
+    let arch = Architecture::tiny(Variant::V1_5);
+    write_tiny_weights(dir.path(), &arch).unwrap();
+    let file = dir.path().join("unet/diffusion_pytorch_model.safetensors");
+    let mut sliced = arch.unet.clone();
+    sliced.sliced_attention_size = Some(5);
+    let whole = UNet::new(weights(file.clone()), &arch.unet, None, Kernels::Packed).unwrap();
+    let sliced = UNet::new(weights(file), &sliced, None, Kernels::Packed).unwrap();
+    let latents = Tensor::randn(0f32, 1.0, (2, 4, 8, 8), &Device::Cpu).unwrap();
+    let context = Tensor::randn(0f32, 1.0, (2, 16, arch.unet.cross_attention_dim), &Device::Cpu).unwrap();
+    let want = whole.forward(&latents, 500.0, &context, None).unwrap();
+    let got = sliced.forward(&latents, 500.0, &context, None).unwrap();
+    assert_close("sliced attention", &got, &want);
+}

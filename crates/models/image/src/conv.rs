@@ -117,19 +117,12 @@ impl Conv2d {
         if let Activation::PRelu(alpha) = &activation {
             assert_eq!(alpha.len(), cout, "PReLU slopes have the wrong size");
         }
-        // The packer takes the transpose, `depth × cout`.
-        let mut transposed = vec![0.0f32; depth * cout];
-        for co in 0..cout {
-            for k in 0..depth {
-                transposed[k * cout + co] = weight[co * depth + k];
-            }
-        }
         Self {
             cin,
             cout,
             kernel,
             stride,
-            packed: PackedWeights::from_transposed(&transposed, depth, cout),
+            packed: PackedWeights::from_rows(weight, cout, depth),
             bias,
             activation,
         }
@@ -164,9 +157,9 @@ impl Conv2d {
         self.image(x, h, w, out, scratch, 1);
     }
 
-    /// A batch (`x` is `batch × cin × h × w`), each image's products split
-    /// by output channels between the threads of the current rayon pool;
-    /// returns `batch × cout × oh × ow`.
+    /// A batch (`x` is `batch × cin × h × w`), each image split between the
+    /// threads of the current rayon pool, by output pixels or, on a map too
+    /// small for that, by output channels; returns `batch × cout × oh × ow`.
     pub fn forward_batch(&self, x: &[f32], batch: usize, h: usize, w: usize, scratch: &mut Scratch) -> Vec<f32> {
         assert_eq!(
             x.len(),
@@ -175,7 +168,7 @@ impl Conv2d {
         );
         let size = self.cout * self.out_len(h) * self.out_len(w);
         let mut out = vec![0.0f32; batch * size];
-        let parts = rayon::current_num_threads().min(self.packed.panels()).max(1);
+        let parts = rayon::current_num_threads().max(1);
         if size > 0 {
             for (x, out) in x.chunks_exact(self.cin * h * w).zip(out.chunks_exact_mut(size)) {
                 self.image(x, h, w, out, scratch, parts);
@@ -280,7 +273,9 @@ impl Conv2d {
                     self.run(padded, &layout, corners, 0..panels, planes, buffers);
                 });
         } else {
-            // Thread t computes the rows of panels ranges[t], all pixels.
+            // Thread t computes the rows of panels ranges[t], all pixels
+            // (no more threads than panels).
+            let parts = parts.min(panels);
             let ranges: Vec<Range<usize>> = (0..parts)
                 .map(|t| panels * t / parts..panels * (t + 1) / parts)
                 .collect();
@@ -467,7 +462,13 @@ mod tests {
         // A small map with many channels is split by channels, a large one
         // by pixels (more than three chunks of gathered taps).
         let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
-        for (cin, cout, h, w, stride) in [(12, 70, 9, 10, 1), (4, 20, 60, 50, 1), (3, 18, 241, 100, 2)] {
+        // The last has fewer output channels (one panel) than threads.
+        for (cin, cout, h, w, stride) in [
+            (12, 70, 9, 10, 1),
+            (4, 20, 60, 50, 1),
+            (3, 18, 241, 100, 2),
+            (5, 3, 70, 60, 1),
+        ] {
             let what = format!("({cin},{cout},{h},{w},s{stride})");
             let weight = pseudo(cout * cin * 9, 4);
             let conv = Conv2d::new(&weight, cin, cout, 3, stride, pseudo(cout, 5), Activation::Identity);

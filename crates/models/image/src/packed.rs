@@ -6,16 +6,15 @@
 //! weights on every call (as a general GEMM does) costs as much as the
 //! arithmetic.
 //!
-//! The kernel keeps an `MR × NR` block of the output in registers (as tiles,
-//! so that a wider instruction set could take other shapes) and walks the
-//! shared dimension once per block. It is compiled twice: for AVX2 with FMA
-//! (picked at run time when the CPU has them) and for the baseline. An
+//! The kernel keeps an `MR × NR` block of the output in registers and walks
+//! the shared dimension once per block. It is compiled twice: for AVX2 with
+//! FMA (picked at run time when the CPU has them) and for the baseline. An
 //! AVX-512 build with 32 x 12 tiles (24 of its 32 registers) was measured
 //! no faster on AMD Zen 4, which runs AVX-512 as two 256-bit halves.
 
 /// Rows of a weight panel (two AVX2 vectors).
 const MR: usize = 16;
-/// Input columns per block.
+/// Input columns per register block.
 const NR: usize = 6;
 /// Columns per block of the input [`PackedWeights::matmul_packed`] takes.
 pub const INPUT_BLOCK: usize = NR;
@@ -118,14 +117,6 @@ impl PackedWeights {
         Self::run::<false>(&self.data, self.depth, self.rows, xp, n, out, 0);
     }
 
-    /// [`PackedWeights::matmul_packed`] written the other way round, as `A ×
-    /// x`: row `r` of the product goes to `out[r·stride ..][..n]` (a
-    /// channel-major map whose planes are `stride` apart, of which these `n`
-    /// columns are written and the rest left alone).
-    pub fn matmul_packed_rows(&self, xp: &[f32], n: usize, out: &mut [f32], stride: usize) {
-        self.matmul_packed_rows_of(0..self.panels(), xp, n, out, stride);
-    }
-
     /// How many panels (of 16 rows each) the weights are packed in; a
     /// product can be split between threads by panels.
     pub fn panels(&self) -> usize {
@@ -137,9 +128,12 @@ impl PackedWeights {
         (panels.start * MR).min(self.rows)..(panels.end * MR).min(self.rows)
     }
 
-    /// [`PackedWeights::matmul_packed_rows`] for the rows of the panels
-    /// `panels` only: row `panel_rows(panels).start + r` goes to
-    /// `out[r·stride ..][..n]`.
+    /// [`PackedWeights::matmul_packed`] written the other way round, as `A ×
+    /// x`, for the rows of the panels `panels` only: row
+    /// `panel_rows(panels).start + r` of the product goes to
+    /// `out[r·stride ..][..n]` (a channel-major map whose planes are `stride`
+    /// apart, of which these `n` columns are written and the rest left
+    /// alone).
     pub fn matmul_packed_rows_of(
         &self,
         panels: std::ops::Range<usize>,
@@ -182,11 +176,10 @@ impl PackedWeights {
             }
             return;
         }
-        kernel::<false, BY_ROW, 16, 6, 6>(data, xp, depth, rows, n, out, stride);
+        kernel::<false, BY_ROW>(data, xp, depth, rows, n, out, stride);
     }
 }
 
-/// AVX2 with FMA: one 16 x 6 tile, 12 of the 16 registers.
 /// Rows `x[i]` (`n × depth`, row-major) laid out as the kernel's input
 /// blocks for [`PackedWeights::matmul_packed`]: block `b`, row `k`, lane
 /// `q` holds `x[b·INPUT_BLOCK + q][k]`.
@@ -215,14 +208,11 @@ fn kernel_fma<const BY_ROW: bool>(
     out: &mut [f32],
     stride: usize,
 ) {
-    kernel::<true, BY_ROW, 16, 6, 6>(a, xp, depth, rows, n, out, stride);
+    kernel::<true, BY_ROW>(a, xp, depth, rows, n, out, stride);
 }
 
-/// The product, panel by panel and block by block, each `MR × NR` block of
-/// the output computed as tiles of `TR` rows and `TC` columns held in
-/// registers (`NARROW` columns for a block with no more than that many).
 #[inline(always)]
-fn kernel<const FUSED: bool, const BY_ROW: bool, const TR: usize, const TC: usize, const NARROW: usize>(
+fn kernel<const FUSED: bool, const BY_ROW: bool>(
     a: &[f32],
     xp: &[f32],
     depth: usize,
@@ -249,79 +239,37 @@ fn kernel<const FUSED: bool, const BY_ROW: bool, const TR: usize, const TC: usiz
     let blocks: Vec<&[[f32; NR]]> = x_blocks.chunks_exact(depth).collect();
     for (g, blocks) in blocks.chunks(group).enumerate() {
         for (p, panel) in a_panels.chunks_exact(depth).enumerate() {
-            let start = p * MR;
-            let len = MR.min(rows - start);
             for (i, block) in blocks.iter().enumerate() {
                 let b = g * group + i;
-                let cols = NR.min(n - b * NR);
-                let at = Tile {
-                    row: start,
-                    col: b * NR,
-                    rows: len,
-                    cols,
-                };
-                for r0 in (0..len).step_by(TR) {
-                    if cols <= NARROW {
-                        tile::<FUSED, BY_ROW, TR, NARROW>(panel, block, &at, r0, 0, out, rows, stride);
-                    } else {
-                        for c0 in (0..cols).step_by(TC) {
-                            tile::<FUSED, BY_ROW, TR, TC>(panel, block, &at, r0, c0, out, rows, stride);
+                let mut acc = [[0.0f32; MR]; NR];
+                for (w, xs) in panel.iter().zip(block.iter()) {
+                    for q in 0..NR {
+                        let x = xs[q];
+                        for r in 0..MR {
+                            acc[q][r] = if FUSED {
+                                w[r].mul_add(x, acc[q][r])
+                            } else {
+                                acc[q][r] + w[r] * x
+                            };
                         }
                     }
                 }
+                for (q, column) in acc.iter().enumerate() {
+                    let j = b * NR + q;
+                    if j >= n {
+                        break;
+                    }
+                    let start = p * MR;
+                    let len = MR.min(rows - start);
+                    if BY_ROW {
+                        for (r, v) in column[..len].iter().enumerate() {
+                            out[(start + r) * stride + j] = *v;
+                        }
+                    } else {
+                        out[j * rows + start..][..len].copy_from_slice(&column[..len]);
+                    }
+                }
             }
-        }
-    }
-}
-
-/// Where a panel's block of the output lies.
-struct Tile {
-    row: usize,
-    col: usize,
-    /// Rows and columns of it that exist.
-    rows: usize,
-    cols: usize,
-}
-
-/// The `TR × TC` tile at `(r0, c0)` of a block, over the whole shared
-/// dimension.
-#[inline(always)]
-#[allow(clippy::too_many_arguments)]
-fn tile<const FUSED: bool, const BY_ROW: bool, const TR: usize, const TC: usize>(
-    panel: &[[f32; MR]],
-    block: &[[f32; NR]],
-    at: &Tile,
-    r0: usize,
-    c0: usize,
-    out: &mut [f32],
-    rows: usize,
-    stride: usize,
-) {
-    let rn = TR.min(at.rows - r0);
-    let cn = TC.min(at.cols - c0);
-    let mut acc = [[0.0f32; TR]; TC];
-    for (w, xs) in panel.iter().zip(block) {
-        let w = &w.as_chunks::<TR>().0[r0 / TR];
-        let xs = &xs[c0..][..TC];
-        for q in 0..TC {
-            let x = xs[q];
-            for r in 0..TR {
-                acc[q][r] = if FUSED {
-                    w[r].mul_add(x, acc[q][r])
-                } else {
-                    acc[q][r] + w[r] * x
-                };
-            }
-        }
-    }
-    for (q, column) in acc[..cn].iter().enumerate() {
-        let j = at.col + c0 + q;
-        if BY_ROW {
-            for (r, v) in column[..rn].iter().enumerate() {
-                out[(at.row + r0 + r) * stride + j] = *v;
-            }
-        } else {
-            out[j * rows + at.row + r0..][..rn].copy_from_slice(&column[..rn]);
         }
     }
 }
@@ -384,13 +332,24 @@ mod tests {
             // By row, into the middle of wider rows: the rest stays as it was.
             let stride = n + 3;
             let mut by_row = vec![-7.0f32; rows * stride];
-            packed.matmul_packed_rows(&xp, n, &mut by_row[1..], stride);
+            packed.matmul_packed_rows_of(0..packed.panels(), &xp, n, &mut by_row[1..], stride);
             for r in 0..rows {
                 for c in 0..stride {
                     let got = by_row[r * stride + c];
                     match c.checked_sub(1).filter(|j| *j < n) {
                         Some(j) => assert_eq!(got, want[j * rows + r], "[{r},{j}]"),
                         None => assert_eq!(got, -7.0, "[{r}] column {c} was written"),
+                    }
+                }
+            }
+            // The panels after the first alone: their rows only.
+            if packed.panels() > 1 {
+                let rows_of = packed.panel_rows(1..packed.panels());
+                let mut part = vec![f32::NAN; rows_of.len() * n];
+                packed.matmul_packed_rows_of(1..packed.panels(), &xp, n, &mut part, n);
+                for (i, r) in rows_of.enumerate() {
+                    for j in 0..n {
+                        assert_eq!(part[i * n + j], want[j * rows + r], "panels 1..: [{r},{j}]");
                     }
                 }
             }

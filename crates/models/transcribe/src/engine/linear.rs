@@ -16,18 +16,13 @@ pub struct Linear {
     pub inp: usize,
 }
 
-/// `A` (`rows × depth`, row-major) packed for the kernel.
-pub fn pack_matrix(a: &[f32], rows: usize, depth: usize) -> PackedWeights {
-    PackedWeights::from_rows(a, rows, depth)
-}
-
 pub use gantry_model_image::packed::pack_rows;
 
 impl Linear {
     /// From a weight of shape `(out, inp)`, row-major, and an optional bias.
     pub fn new(weight: &[f32], bias: Option<Vec<f32>>, out: usize, inp: usize) -> Self {
         Self {
-            w: pack_matrix(weight, out, inp),
+            w: PackedWeights::from_rows(weight, out, inp),
             rows: None,
             bias,
             out,
