@@ -10,6 +10,8 @@ use std::time::Instant;
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::VarBuilder;
 use gantry_model_diffusion::blocks::{Conv, Kernels};
+use gantry_model_image::conv::{Activation, Conv2d, Scratch};
+use gantry_model_image::winograd::Tile;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);
@@ -32,10 +34,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         (1280, 1280, 8, 2),
         (1280, 1280, 4, 2),
     ] {
+        // `CONV_BENCH_SIDE=256` times only the shapes of that side.
+        if std::env::var("CONV_BENCH_SIDE").is_ok_and(|s| s != side.to_string()) {
+            continue;
+        }
         let weight = (Tensor::randn(0f32, 0.05, (cout, cin, 3, 3), &device)?).contiguous()?;
         let bias = Tensor::randn(0f32, 0.05, cout, &device)?;
         let x = Tensor::randn(0f32, 1.0, (batch, cin, side, side), &device)?;
-        let tensors = [("weight".to_owned(), weight), ("bias".to_owned(), bias)]
+        let tensors = [("weight".to_owned(), weight.clone()), ("bias".to_owned(), bias.clone())]
             .into_iter()
             .collect();
         let vb = VarBuilder::from_tensors(tensors, DType::F32, &device);
@@ -57,7 +63,28 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             outs.push(out);
         }
         let diff = (&outs[0] - &outs[1])?.abs()?.max_all()?.to_scalar::<f32>()?;
-        println!("{line}  max |diff| {diff:.1e}");
+        line += &format!("  max |diff| {diff:.1e}");
+        // Winograd's algorithm (multiply-adds counted as the direct
+        // convolution's, so the rates compare times).
+        let w = weight.flatten_all()?.to_vec1::<f32>()?;
+        let b = bias.to_vec1::<f32>()?;
+        let xs = x.flatten_all()?.to_vec1::<f32>()?;
+        let want = outs[0].flatten_all()?.to_vec1::<f32>()?;
+        for tile in [Tile::F2, Tile::F4] {
+            let conv = Conv2d::winograd(&w, cin, cout, b.clone(), Activation::Identity, tile);
+            let mut scratch = Scratch::default();
+            let mut out = conv.forward_batch(&xs, batch, side, side, &mut scratch);
+            let mut times = Vec::with_capacity(runs);
+            for _ in 0..runs {
+                let started = Instant::now();
+                out = conv.forward_batch(&xs, batch, side, side, &mut scratch);
+                times.push(started.elapsed().as_secs_f64());
+            }
+            let t = median(times);
+            let diff = out.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+            line += &format!("  {tile:?} {:7.1} ms {:5.1} ({diff:.1e})", t * 1e3, macs / t / 1e9);
+        }
+        println!("{line}");
     }
     Ok(())
 }

@@ -2,7 +2,8 @@
 //! `cargo run --release -p gantry-model-diffusion --example sd_bench --
 //! <dir> <sd-1.5|sd-turbo|sdxl> <width> <height> <steps> <guidance> <runs>`.
 //! Every run starts from the same noise (seed 0); prints one line per run
-//! (load first) and the median, in milliseconds.
+//! (load first) and the median, in milliseconds, and on standard error where
+//! each run's time went (prompt, each denoising step, decoding).
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -23,6 +24,14 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let guidance: f64 = args[5].parse()?;
     let runs: usize = args[6].parse()?;
 
+    // Where each generation's time goes, on standard error.
+    tracing_subscriber::fmt()
+        .with_env_filter("gantry_model_diffusion=debug")
+        .with_writer(std::io::stderr)
+        .without_time()
+        .with_target(false)
+        .with_ansi(false)
+        .init();
     let started = Instant::now();
     let arch = Architecture::from_dir(&dir, variant)?;
     let pipeline = Pipeline::load_with(&dir, arch, &Device::Cpu, DType::F32)?;

@@ -19,6 +19,7 @@ use candle_core::{D, DType, Module, Result, Tensor};
 use candle_nn::{Conv2dConfig, GroupNorm, Init, Linear, VarBuilder};
 use candle_transformers::models::stable_diffusion::attention::{AttentionBlock, AttentionBlockConfig};
 use gantry_model_image::conv::{Activation, Conv2d, Scratch};
+use gantry_model_image::winograd::Tile;
 
 use crate::transformer::Transformer;
 use rayon::prelude::*;
@@ -69,15 +70,13 @@ impl Conv {
         if supported && kernels.packs(&vb) {
             let weight = vb.get((cout, cin, kernel, kernel), "weight")?;
             let bias = vb.get(cout, "bias")?;
-            let conv = Conv2d::new(
-                &weight.flatten_all()?.to_vec1::<f32>()?,
-                cin,
-                cout,
-                kernel,
-                stride,
-                bias.to_vec1::<f32>()?,
-                Activation::Identity,
-            );
+            let (weight, bias) = (weight.flatten_all()?.to_vec1::<f32>()?, bias.to_vec1::<f32>()?);
+            let conv = match winograd_tile(cin, cout) {
+                Some(tile) if kernel == 3 && stride == 1 => {
+                    Conv2d::winograd(&weight, cin, cout, bias, Activation::Identity, tile)
+                }
+                _ => Conv2d::new(&weight, cin, cout, kernel, stride, bias, Activation::Identity),
+            };
             return Ok(Self::Packed {
                 conv,
                 scratch: Mutex::new(Scratch::default()),
@@ -89,6 +88,25 @@ impl Conv {
             ..Default::default()
         };
         Ok(Self::Candle(candle_nn::conv2d(cin, cout, kernel, config, vb)?))
+    }
+}
+
+/// The Winograd tile a 3x3 stride-1 convolution of these channels runs
+/// with on the packed kernels, if any: F(4x4) up to 512 channels in and
+/// out (4x fewer multiplications for 4x the weights' memory), F(2x2) up to
+/// 1280 by 640 (2.25x fewer for 1.8x the memory), and the direct product
+/// for the wider layers of the UNet, whose weights are most of its memory,
+/// and for inputs of fewer than 16 channels (the models' first layers).
+/// The measured speeds are in `docs/benchmarks.md`.
+fn winograd_tile(cin: usize, cout: usize) -> Option<Tile> {
+    if cin < 16 || !cout.is_multiple_of(8) {
+        None
+    } else if cin * cout <= 512 * 512 {
+        Some(Tile::F4)
+    } else if cin * cout <= 1280 * 640 {
+        Some(Tile::F2)
+    } else {
+        None
     }
 }
 
@@ -105,16 +123,30 @@ impl Module for Conv {
                         xs.dtype()
                     );
                 }
-                let x = xs.flatten_all()?.to_vec1::<f32>()?;
-                let out = match scratch.try_lock() {
-                    Ok(mut scratch) => conv.forward_batch(&x, batch, h, w, &mut scratch),
-                    Err(_) => conv.forward_batch(&x, batch, h, w, &mut Scratch::default()),
-                };
+                let out = with_f32_slice(xs, |x| match scratch.try_lock() {
+                    Ok(mut scratch) => conv.forward_batch(x, batch, h, w, &mut scratch),
+                    Err(_) => conv.forward_batch(x, batch, h, w, &mut Scratch::default()),
+                })?;
                 let shape = (batch, conv.cout(), conv.out_len(h), conv.out_len(w));
                 Tensor::from_vec(out, shape, xs.device())
             }
         }
     }
+}
+
+/// `f` of a float32 CPU tensor's values in order, read in place when the
+/// tensor is contiguous (no copy of a map that can be tens of megabytes),
+/// copied otherwise.
+pub(crate) fn with_f32_slice<T>(xs: &Tensor, f: impl FnOnce(&[f32]) -> T) -> Result<T> {
+    if xs.is_contiguous() {
+        let (storage, layout) = xs.storage_and_layout();
+        if let candle_core::Storage::Cpu(cpu) = &*storage {
+            let all = cpu.as_slice::<f32>()?;
+            let start = layout.start_offset();
+            return Ok(f(&all[start..start + xs.elem_count()]));
+        }
+    }
+    Ok(f(&xs.flatten_all()?.to_vec1::<f32>()?))
 }
 
 /// A group norm followed by SiLU, the pair every resnet and both models'
@@ -161,30 +193,32 @@ impl NormSilu {
         if channels != gamma.len() {
             candle_core::bail!("group norm of {} channels given {channels}", gamma.len());
         }
-        let x = xs.flatten_all()?.to_vec1::<f32>()?;
-        let per_channel = h * w;
-        let group_len = channels / self.groups * per_channel;
-        let mut out = vec![0.0f32; x.len()];
-        if group_len > 0 {
-            out.par_chunks_mut(group_len)
-                .zip(x.par_chunks(group_len))
-                .enumerate()
-                .for_each(|(i, (out, x))| {
-                    let n = x.len() as f64;
-                    let mean = x.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
-                    let var = x.iter().map(|&v| (f64::from(v) - mean).powi(2)).sum::<f64>() / n;
-                    let inv = 1.0 / (var + self.eps).sqrt();
-                    let first = (i % self.groups) * (group_len / per_channel);
-                    for (c, (out, x)) in out.chunks_mut(per_channel).zip(x.chunks(per_channel)).enumerate() {
-                        let scale = (f64::from(gamma[first + c]) * inv) as f32;
-                        let shift = (f64::from(beta[first + c]) - mean * f64::from(gamma[first + c]) * inv) as f32;
-                        for (o, &v) in out.iter_mut().zip(x) {
-                            let y = v * scale + shift;
-                            *o = y / (1.0 + (-y).exp());
+        let out = with_f32_slice(xs, |x| {
+            let per_channel = h * w;
+            let group_len = channels / self.groups * per_channel;
+            let mut out = vec![0.0f32; x.len()];
+            if group_len > 0 {
+                out.par_chunks_mut(group_len)
+                    .zip(x.par_chunks(group_len))
+                    .enumerate()
+                    .for_each(|(i, (out, x))| {
+                        let n = x.len() as f64;
+                        let mean = x.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
+                        let var = x.iter().map(|&v| (f64::from(v) - mean).powi(2)).sum::<f64>() / n;
+                        let inv = 1.0 / (var + self.eps).sqrt();
+                        let first = (i % self.groups) * (group_len / per_channel);
+                        for (c, (out, x)) in out.chunks_mut(per_channel).zip(x.chunks(per_channel)).enumerate() {
+                            let scale = (f64::from(gamma[first + c]) * inv) as f32;
+                            let shift = (f64::from(beta[first + c]) - mean * f64::from(gamma[first + c]) * inv) as f32;
+                            for (o, &v) in out.iter_mut().zip(x) {
+                                let y = v * scale + shift;
+                                *o = y / (1.0 + (-y).exp());
+                            }
                         }
-                    }
-                });
-        }
+                    });
+            }
+            out
+        })?;
         Tensor::from_vec(out, (batch, channels, h, w), xs.device())
     }
 }

@@ -3,6 +3,7 @@
 
 use std::ops::ControlFlow;
 use std::path::{Path, PathBuf};
+use std::time::Instant;
 
 use candle_core::{DType, Device, Tensor};
 use candle_nn::VarBuilder;
@@ -509,6 +510,7 @@ impl Pipeline {
         }
         let n = noise.len();
         let guided = params.guidance_scale > 1.0;
+        let started = Instant::now();
         let (cond, cond_pooled) = self.embed(&params.prompt)?;
         let (context, pooled) = if guided {
             let (uncond, uncond_pooled) = self.embed_negative(&params.negative_prompt, &cond, cond_pooled.as_ref())?;
@@ -540,6 +542,7 @@ impl Pipeline {
                 bad.len()
             )));
         }
+        tracing::debug!(ms = ms(started), "prompt encoded");
         let mut images = Vec::with_capacity(n);
         // One image at a time: image `i` is exactly the one-image result of
         // its own noise (a batch would change the arithmetic slightly).
@@ -550,7 +553,9 @@ impl Pipeline {
             let latents = self.denoise(params, &context, extra.as_ref(), guided, noise, |k| {
                 progress(i * per_image + k, total)
             })?;
+            let started = Instant::now();
             images.push(self.decode(&latents)?);
+            tracing::debug!(ms = ms(started), image = i, "latents decoded");
         }
         Ok(images)
     }
@@ -572,6 +577,7 @@ impl Pipeline {
         let mut latents = noise.to_dtype(self.dtype)?;
         let timesteps = scheduler.timesteps().to_vec();
         for (k, &t) in timesteps.iter().enumerate() {
+            let started = Instant::now();
             let input = if guided {
                 Tensor::cat(&[&latents, &latents], 0)?
             } else {
@@ -587,6 +593,7 @@ impl Pipeline {
                 predicted
             };
             latents = scheduler.step(&predicted, t, &latents)?;
+            tracing::debug!(ms = ms(started), step = k + 1, "denoising step");
             if progress(k + 1).is_break() {
                 return Err(PipelineError::Cancelled);
             }
@@ -611,4 +618,10 @@ impl Pipeline {
             pixels: pixels.flatten_all()?.to_vec1::<u8>()?,
         })
     }
+}
+
+/// Milliseconds since `started`, for the debug log of where a generation's
+/// time goes (`RUST_LOG=gantry_model_diffusion=debug`).
+fn ms(started: Instant) -> u64 {
+    started.elapsed().as_millis() as u64
 }

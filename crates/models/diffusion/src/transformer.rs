@@ -64,27 +64,29 @@ impl Module for Dense {
                 xs.dtype()
             );
         }
-        let x = xs.flatten_all()?.to_vec1::<f32>()?;
-        let n = x.len() / inp;
-        let mut y = vec![0.0f32; n * out];
-        // Rows split between the threads in whole input blocks.
-        let threads = rayon::current_num_threads().max(1);
-        let per = n.div_ceil(threads).div_ceil(INPUT_BLOCK).max(1) * INPUT_BLOCK;
-        if n > 0 && out > 0 {
-            y.par_chunks_mut(per * out)
-                .zip(x.par_chunks(per * inp))
-                .for_each(|(y, x)| {
-                    let m = x.len() / inp;
-                    let mut xp = Vec::new();
-                    pack_rows(x, m, inp, &mut xp);
-                    w.matmul_packed(&xp, m, y);
-                    if let Some(b) = bias {
-                        for row in y.chunks_exact_mut(out) {
-                            row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
+        let y = crate::blocks::with_f32_slice(xs, |x| {
+            let n = x.len() / inp;
+            let mut y = vec![0.0f32; n * out];
+            // Rows split between the threads in whole input blocks.
+            let threads = rayon::current_num_threads().max(1);
+            let per = n.div_ceil(threads).div_ceil(INPUT_BLOCK).max(1) * INPUT_BLOCK;
+            if n > 0 && out > 0 {
+                y.par_chunks_mut(per * out)
+                    .zip(x.par_chunks(per * inp))
+                    .for_each(|(y, x)| {
+                        let m = x.len() / inp;
+                        let mut xp = Vec::new();
+                        pack_rows(x, m, inp, &mut xp);
+                        w.matmul_packed(&xp, m, y);
+                        if let Some(b) = bias {
+                            for row in y.chunks_exact_mut(out) {
+                                row.iter_mut().zip(b).for_each(|(v, b)| *v += b);
+                            }
                         }
-                    }
-                });
-        }
+                    });
+            }
+            y
+        })?;
         let mut dims = xs.dims().to_vec();
         if let Some(last) = dims.last_mut() {
             *last = out;

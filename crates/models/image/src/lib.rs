@@ -20,6 +20,7 @@ mod gan;
 pub mod input;
 pub mod packed;
 pub mod terrain;
+pub mod winograd;
 
 use std::io::Cursor;
 use std::path::Path;

@@ -14,8 +14,10 @@
 
 /// Rows of a weight panel (two AVX2 vectors).
 const MR: usize = 16;
-/// Input columns per register block.
+/// Input columns per register block (six broadcasts: the row-input kernel
+/// walks six rows by name).
 const NR: usize = 6;
+const _: () = assert!(NR == 6);
 /// Columns per block of the input [`PackedWeights::matmul_packed`] takes.
 pub const INPUT_BLOCK: usize = NR;
 /// Floats of packed input kept hot while the weight panels pass.
@@ -89,7 +91,7 @@ impl PackedWeights {
                 xp[(b * self.depth + k) * NR..][..len].copy_from_slice(src);
             }
         }
-        Self::run::<false>(&self.data, self.depth, self.rows, &xp, n, out, 0);
+        Self::run::<false, false>(&self.data, self.depth, self.rows, &xp, n, out, 0);
     }
 
     /// Rows of `A` (columns of each output row).
@@ -114,7 +116,17 @@ impl PackedWeights {
             "packed input has the wrong size"
         );
         assert_eq!(out.len(), self.rows * n, "output has the wrong size");
-        Self::run::<false>(&self.data, self.depth, self.rows, xp, n, out, 0);
+        Self::run::<false, false>(&self.data, self.depth, self.rows, xp, n, out, 0);
+    }
+
+    /// `out = (A × xᵀ)ᵀ` for `x` given as `n` rows of `depth` (row-major,
+    /// each column of the product contiguous): the input needs no packing,
+    /// the kernel broadcasts from six rows at a time. `out` is `n × rows`,
+    /// row-major.
+    pub fn matmul_rows(&self, x: &[f32], n: usize, out: &mut [f32]) {
+        assert_eq!(x.len(), n * self.depth, "input rows have the wrong size");
+        assert_eq!(out.len(), self.rows * n, "output has the wrong size");
+        Self::run::<false, true>(&self.data, self.depth, self.rows, x, n, out, 0);
     }
 
     /// How many panels (of 16 rows each) the weights are packed in; a
@@ -152,12 +164,14 @@ impl PackedWeights {
         assert!(n <= stride, "columns overlap the next row");
         assert!(rows == 0 || out.len() >= (rows - 1) * stride + n, "output is too short");
         let data = &self.data[panels.start * self.depth * MR..panels.end * self.depth * MR];
-        Self::run::<true>(data, self.depth, rows, xp, n, out, stride);
+        Self::run::<true, false>(data, self.depth, rows, xp, n, out, stride);
     }
 
-    /// The product of packed input, on the best kernel the CPU runs; by row
-    /// (`A × x`, rows `stride` apart) or by column (`(A × x)ᵀ`).
-    fn run<const BY_ROW: bool>(
+    /// The product of input packed in blocks or (`X_ROWS`) given as rows,
+    /// on the best kernel the CPU runs; by row (`A × x`, rows `stride`
+    /// apart) or by column (`(A × x)ᵀ`).
+    #[allow(clippy::too_many_arguments)]
+    fn run<const BY_ROW: bool, const X_ROWS: bool>(
         data: &[f32],
         depth: usize,
         rows: usize,
@@ -172,11 +186,11 @@ impl PackedWeights {
             // is compiled to use.
             #[allow(unsafe_code)]
             unsafe {
-                kernel_fma::<BY_ROW>(data, xp, depth, rows, n, out, stride);
+                kernel_fma::<BY_ROW, X_ROWS>(data, xp, depth, rows, n, out, stride);
             }
             return;
         }
-        kernel::<false, BY_ROW>(data, xp, depth, rows, n, out, stride);
+        kernel::<false, BY_ROW, X_ROWS>(data, xp, depth, rows, n, out, stride);
     }
 }
 
@@ -199,7 +213,7 @@ pub fn pack_rows(x: &[f32], n: usize, depth: usize, xp: &mut Vec<f32>) {
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
-fn kernel_fma<const BY_ROW: bool>(
+fn kernel_fma<const BY_ROW: bool, const X_ROWS: bool>(
     a: &[f32],
     xp: &[f32],
     depth: usize,
@@ -208,11 +222,11 @@ fn kernel_fma<const BY_ROW: bool>(
     out: &mut [f32],
     stride: usize,
 ) {
-    kernel::<true, BY_ROW>(a, xp, depth, rows, n, out, stride);
+    kernel::<true, BY_ROW, X_ROWS>(a, xp, depth, rows, n, out, stride);
 }
 
 #[inline(always)]
-fn kernel<const FUSED: bool, const BY_ROW: bool>(
+fn kernel<const FUSED: bool, const BY_ROW: bool, const X_ROWS: bool>(
     a: &[f32],
     xp: &[f32],
     depth: usize,
@@ -236,13 +250,18 @@ fn kernel<const FUSED: bool, const BY_ROW: bool>(
     // Column blocks are taken in groups of about 128 KiB of input, which stay
     // in the core's cache while every weight panel passes over them.
     let group = (CACHE_FLOATS / (depth * NR)).max(1);
-    let blocks: Vec<&[[f32; NR]]> = x_blocks.chunks_exact(depth).collect();
-    for (g, blocks) in blocks.chunks(group).enumerate() {
+    let blocks: Vec<&[[f32; NR]]> = if X_ROWS {
+        Vec::new()
+    } else {
+        x_blocks.chunks_exact(depth).collect()
+    };
+    let count = n.div_ceil(NR);
+    for g in 0..count.div_ceil(group) {
+        let first = g * group;
         for (p, panel) in a_panels.chunks_exact(depth).enumerate() {
-            for (i, block) in blocks.iter().enumerate() {
-                let b = g * group + i;
+            for b in first..count.min(first + group) {
                 let mut acc = [[0.0f32; MR]; NR];
-                for (w, xs) in panel.iter().zip(block.iter()) {
+                let mut step = |w: &[f32; MR], xs: [f32; NR]| {
                     for q in 0..NR {
                         let x = xs[q];
                         for r in 0..MR {
@@ -252,6 +271,19 @@ fn kernel<const FUSED: bool, const BY_ROW: bool>(
                                 acc[q][r] + w[r] * x
                             };
                         }
+                    }
+                };
+                if X_ROWS {
+                    // Six rows (the last repeated past `n`), walked together.
+                    let row = |q: usize| &xp[(b * NR + q).min(n - 1) * depth..][..depth];
+                    let (r0, r1, r2, r3, r4, r5) = (row(0), row(1), row(2), row(3), row(4), row(5));
+                    let lanes = r0.iter().zip(r1).zip(r2).zip(r3).zip(r4).zip(r5);
+                    for (w, (((((x0, x1), x2), x3), x4), x5)) in panel.iter().zip(lanes) {
+                        step(w, [*x0, *x1, *x2, *x3, *x4, *x5]);
+                    }
+                } else {
+                    for (w, xs) in panel.iter().zip(blocks[b].iter()) {
+                        step(w, *xs);
                     }
                 }
                 for (q, column) in acc.iter().enumerate() {
@@ -329,6 +361,12 @@ mod tests {
             let mut by_column = vec![f32::NAN; rows * n];
             packed.matmul_packed(&xp, n, &mut by_column);
             assert_eq!(by_column, want);
+            // The input as rows, unpacked (the last block's missing rows
+            // repeat the last one): the same sums in the same order.
+            let x_rows: Vec<f32> = (0..n * depth).map(|i| x[(i % depth) * n + i / depth]).collect();
+            let mut from_rows = vec![f32::NAN; rows * n];
+            packed.matmul_rows(&x_rows, n, &mut from_rows);
+            assert_eq!(from_rows, want, "({depth},{rows},{n}) from rows");
             // By row, into the middle of wider rows: the rest stays as it was.
             let stride = n + 3;
             let mut by_row = vec![-7.0f32; rows * stride];
