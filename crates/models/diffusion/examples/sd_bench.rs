@@ -3,7 +3,8 @@
 //! <dir> <sd-1.5|sd-turbo|sdxl> <width> <height> <steps> <guidance> <runs>`.
 //! Every run starts from the same noise (seed 0); prints one line per run
 //! (load first) and the median, in milliseconds, and on standard error where
-//! each run's time went (prompt, each denoising step, decoding).
+//! each run's time went (prompt, each denoising step, decoding); the
+//! resident memory after loading and at the end, with its peak.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -36,6 +37,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let arch = Architecture::from_dir(&dir, variant)?;
     let pipeline = Pipeline::load_with(&dir, arch, &Device::Cpu, DType::F32)?;
     println!("load {:.0} ms", started.elapsed().as_secs_f64() * 1e3);
+    println!("memory after load: {}", memory());
     let params = Params {
         prompt: "a lighthouse at dusk, oil painting".into(),
         negative_prompt: String::new(),
@@ -56,5 +58,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     }
     times.sort_by(f64::total_cmp);
     println!("median {:.0} ms", times[times.len() / 2]);
+    println!("memory at the end: {}", memory());
     Ok(())
+}
+
+/// The process's resident memory now and at its peak (Linux).
+fn memory() -> String {
+    let status = std::fs::read_to_string("/proc/self/status").unwrap_or_default();
+    let field = |name: &str| {
+        status
+            .lines()
+            .find_map(|l| l.strip_prefix(name))
+            .map(|v| v.trim().to_owned())
+            .unwrap_or_else(|| "?".into())
+    };
+    format!("resident {}, peak {}", field("VmRSS:"), field("VmHWM:"))
 }

@@ -19,6 +19,7 @@ use candle_core::{D, DType, Module, Result, Tensor};
 use candle_nn::{Conv2dConfig, GroupNorm, Init, Linear, VarBuilder};
 use candle_transformers::models::stable_diffusion::attention::{AttentionBlock, AttentionBlockConfig};
 use gantry_model_image::conv::{Activation, Conv2d, Scratch};
+use gantry_model_image::norm;
 use gantry_model_image::winograd::Tile;
 
 use crate::transformer::Transformer;
@@ -150,9 +151,10 @@ pub(crate) fn with_f32_slice<T>(xs: &Tensor, f: impl FnOnce(&[f32]) -> T) -> Res
 }
 
 /// A group norm followed by SiLU, the pair every resnet and both models'
-/// output heads begin with. On float32 CPU tensors it is one pass for the
-/// statistics and one for the output, the groups spread over the rayon
-/// pool; elsewhere candle's `GroupNorm` and `silu`.
+/// output heads begin with. On float32 CPU tensors it is two vectorised
+/// passes for the statistics and one for the output
+/// ([`gantry_model_image::norm`]), the groups spread over the rayon pool;
+/// elsewhere candle's `GroupNorm` and `silu`.
 pub(crate) struct NormSilu {
     norm: GroupNorm,
     groups: usize,
@@ -202,18 +204,13 @@ impl NormSilu {
                     .zip(x.par_chunks(group_len))
                     .enumerate()
                     .for_each(|(i, (out, x))| {
-                        let n = x.len() as f64;
-                        let mean = x.iter().map(|&v| f64::from(v)).sum::<f64>() / n;
-                        let var = x.iter().map(|&v| (f64::from(v) - mean).powi(2)).sum::<f64>() / n;
+                        let (mean, var) = norm::moments(x);
                         let inv = 1.0 / (var + self.eps).sqrt();
                         let first = (i % self.groups) * (group_len / per_channel);
                         for (c, (out, x)) in out.chunks_mut(per_channel).zip(x.chunks(per_channel)).enumerate() {
                             let scale = (f64::from(gamma[first + c]) * inv) as f32;
                             let shift = (f64::from(beta[first + c]) - mean * f64::from(gamma[first + c]) * inv) as f32;
-                            for (o, &v) in out.iter_mut().zip(x) {
-                                let y = v * scale + shift;
-                                *o = y / (1.0 + (-y).exp());
-                            }
+                            norm::affine_silu(x, scale, shift, out);
                         }
                     });
             }

@@ -4,9 +4,14 @@
 //! `stable_diffusion::clip::Config` has private fields, so a configuration of
 //! any size is expressed here; the names and shapes it reads are checked
 //! against candle's model for the full-size configurations in the tests.
+//! Its dense layers are [`Dense`]: on float32 CPU weights and
+//! [`Kernels::Packed`] they run on the packed product, as the UNet's do.
 
 use candle_core::{D, DType, Device, Module, Result, Tensor};
-use candle_nn::{Embedding, LayerNorm, Linear, VarBuilder};
+use candle_nn::{Embedding, LayerNorm, VarBuilder};
+
+use crate::blocks::Kernels;
+use crate::transformer::Dense;
 
 /// The MLP's activation.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -86,14 +91,14 @@ impl ClipConfig {
 }
 
 struct Layer {
-    q: Linear,
-    k: Linear,
-    v: Linear,
-    out: Linear,
+    q: Dense,
+    k: Dense,
+    v: Dense,
+    out: Dense,
     ln1: LayerNorm,
     ln2: LayerNorm,
-    fc1: Linear,
-    fc2: Linear,
+    fc1: Dense,
+    fc2: Dense,
 }
 
 /// A CLIP text transformer; `forward` gives the last hidden state after the
@@ -105,7 +110,7 @@ pub struct ClipTextEncoder {
     position_embedding: Embedding,
     layers: Vec<Layer>,
     final_layer_norm: LayerNorm,
-    text_projection: Option<Linear>,
+    text_projection: Option<Dense>,
 }
 
 /// What SDXL takes from a text encoder.
@@ -121,8 +126,10 @@ pub struct Encoded {
 
 impl ClipTextEncoder {
     /// Reads the weights under `text_model.` (and `text_projection.` when
-    /// the configuration has a projection).
-    pub fn new(vb: VarBuilder, config: &ClipConfig) -> Result<Self> {
+    /// the configuration has a projection), for the dense layers to run on
+    /// `kernels`.
+    pub fn new(vb: VarBuilder, config: &ClipConfig, kernels: Kernels) -> Result<Self> {
+        let dense = |vb: VarBuilder, inp, out| Dense::new(vb, inp, out, true, kernels);
         let root = vb.clone();
         let vb = vb.pp("text_model");
         let c = config;
@@ -136,20 +143,20 @@ impl ClipTextEncoder {
             let attn = l.pp("self_attn");
             let mlp = l.pp("mlp");
             layers.push(Layer {
-                q: candle_nn::linear(c.hidden, c.hidden, attn.pp("q_proj"))?,
-                k: candle_nn::linear(c.hidden, c.hidden, attn.pp("k_proj"))?,
-                v: candle_nn::linear(c.hidden, c.hidden, attn.pp("v_proj"))?,
-                out: candle_nn::linear(c.hidden, c.hidden, attn.pp("out_proj"))?,
+                q: dense(attn.pp("q_proj"), c.hidden, c.hidden)?,
+                k: dense(attn.pp("k_proj"), c.hidden, c.hidden)?,
+                v: dense(attn.pp("v_proj"), c.hidden, c.hidden)?,
+                out: dense(attn.pp("out_proj"), c.hidden, c.hidden)?,
                 ln1: candle_nn::layer_norm(c.hidden, 1e-5, l.pp("layer_norm1"))?,
                 ln2: candle_nn::layer_norm(c.hidden, 1e-5, l.pp("layer_norm2"))?,
-                fc1: candle_nn::linear(c.hidden, c.intermediate, mlp.pp("fc1"))?,
-                fc2: candle_nn::linear(c.intermediate, c.hidden, mlp.pp("fc2"))?,
+                fc1: dense(mlp.pp("fc1"), c.hidden, c.intermediate)?,
+                fc2: dense(mlp.pp("fc2"), c.intermediate, c.hidden)?,
             });
         }
         let final_layer_norm = candle_nn::layer_norm(c.hidden, 1e-5, vb.pp("final_layer_norm"))?;
         // `text_projection` sits beside `text_model`, not inside it.
         let text_projection = match c.projection {
-            Some(width) => Some(candle_nn::linear_no_bias(c.hidden, width, root.pp("text_projection"))?),
+            Some(width) => Some(Dense::new(root.pp("text_projection"), c.hidden, width, false, kernels)?),
             None => None,
         };
         Ok(Self {

@@ -374,11 +374,13 @@ impl Pipeline {
         let clip = ClipTextEncoder::new(
             var_builder(&weights_file(dir, "text_encoder")?, dtype, device)?,
             &arch.clip,
+            Kernels::Packed,
         )?;
         let clip2 = match &arch.clip2 {
             Some(config) => Some(ClipTextEncoder::new(
                 var_builder(&weights_file(dir, "text_encoder_2")?, dtype, device)?,
                 config,
+                Kernels::Packed,
             )?),
             None => None,
         };

@@ -122,7 +122,7 @@ pub fn write_tiny_weights(dir: &Path, arch: &Architecture) -> Result<(), Pipelin
         std::iter::once(("text_encoder", &arch.clip)).chain(arch.clip2.as_ref().map(|c| ("text_encoder_2", c)));
     for (component, config) in encoders {
         let weights = Initialiser::default();
-        ClipTextEncoder::new(weights.builder(), config)?;
+        ClipTextEncoder::new(weights.builder(), config, Kernels::Candle)?;
         weights.save(dir, component, "model.safetensors")?;
     }
     let weights = Initialiser::default();

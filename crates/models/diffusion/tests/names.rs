@@ -65,7 +65,7 @@ fn decoder(arch: &Architecture) -> Names {
 }
 
 fn ours(config: &ClipConfig) -> Names {
-    record(|vb| ClipTextEncoder::new(vb, config).map(drop))
+    record(|vb| ClipTextEncoder::new(vb, config, Kernels::Candle).map(drop))
 }
 
 fn candles(config: &candle_clip::Config) -> Names {

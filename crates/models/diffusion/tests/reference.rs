@@ -76,22 +76,24 @@ fn check(variant: Variant) {
 
     let encoders = std::iter::once(("text_encoder", "clip", &arch.clip))
         .chain(arch.clip2.as_ref().map(|c| ("text_encoder_2", "clip2", c)));
-    for (folder, name, config) in encoders {
-        let encoder = ClipTextEncoder::new(weights(dir.path().join(folder).join("model.safetensors")), config).unwrap();
+    for ((folder, name, config), kernels) in encoders.flat_map(|e| [(e, Kernels::Candle), (e, Kernels::Packed)]) {
+        let file = weights(dir.path().join(folder).join("model.safetensors"));
+        let encoder = ClipTextEncoder::new(file, config, kernels).unwrap();
+        let what = format!("{name} ({kernels:?})");
         let ids = &want[&format!("{name}.ids")];
         assert_close(
-            &format!("{name} last"),
+            &format!("{what} last"),
             &encoder.forward(ids).unwrap(),
             &want[&format!("{name}.last")],
         );
         let encoded = encoder.encode(ids).unwrap();
         assert_close(
-            &format!("{name} penultimate"),
+            &format!("{what} penultimate"),
             &encoded.penultimate,
             &want[&format!("{name}.penultimate")],
         );
         match (encoded.pooled, want.get(&format!("{name}.pooled"))) {
-            (Some(got), Some(expected)) => assert_close(&format!("{name} pooled"), &got, expected),
+            (Some(got), Some(expected)) => assert_close(&format!("{what} pooled"), &got, expected),
             (None, None) => {}
             (got, expected) => panic!(
                 "{name}: pooled output {} but the reference {}",

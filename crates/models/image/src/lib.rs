@@ -18,6 +18,7 @@
 pub mod conv;
 mod gan;
 pub mod input;
+pub mod norm;
 pub mod packed;
 pub mod terrain;
 pub mod winograd;
