@@ -10,6 +10,7 @@
 
 use candle_core::{D, DType, IndexOp, Module, Result, Tensor};
 use candle_nn::{GroupNorm, LayerNorm, VarBuilder};
+use gantry_model_image::norm;
 use gantry_model_image::packed::{INPUT_BLOCK, PackedWeights, pack_rows};
 use rayon::prelude::*;
 
@@ -207,11 +208,35 @@ impl Block {
     fn forward(&self, xs: &Tensor, context: Option<&Tensor>) -> Result<Tensor> {
         let xs = (self.attn1.forward(&self.norm1.forward(xs)?, None)? + xs)?;
         let xs = (self.attn2.forward(&self.norm2.forward(&xs)?, context)? + xs)?;
-        let halves = self.ff_in.forward(&self.norm3.forward(&xs)?)?.chunk(2, D::Minus1)?;
-        // candle's GELU here is the tanh approximation (diffusers' is exact).
-        let gated = (&halves[0] * halves[1].gelu()?)?;
+        let gated = geglu(&self.ff_in.forward(&self.norm3.forward(&xs)?)?)?;
         self.ff_out.forward(&gated)? + xs
     }
+}
+
+/// The feed-forward's gate: the last dimension's first half times GELU of
+/// its second half, with candle's GELU (the tanh approximation, where
+/// diffusers' is exact); one vectorised pass over float32 CPU tensors, the
+/// rows split between the threads, candle's operations elsewhere.
+fn geglu(x: &Tensor) -> Result<Tensor> {
+    let mut dims = x.dims().to_vec();
+    let last = dims.last().copied().unwrap_or(0);
+    if x.dtype() != DType::F32 || !x.device().is_cpu() || last == 0 || last % 2 != 0 {
+        let halves = x.chunk(2, D::Minus1)?;
+        return &halves[0] * halves[1].gelu()?;
+    }
+    let inner = last / 2;
+    let out = crate::blocks::with_f32_slice(x, |x| {
+        let mut out = vec![0.0f32; x.len() / 2];
+        let rows = (x.len() / last).div_ceil(rayon::current_num_threads().max(1)).max(1);
+        out.par_chunks_mut(rows * inner)
+            .zip(x.par_chunks(rows * last))
+            .for_each(|(out, x)| norm::geglu_tanh(x, inner, out));
+        out
+    })?;
+    if let Some(d) = dims.last_mut() {
+        *d = inner;
+    }
+    Tensor::from_vec(out, dims, x.device())
 }
 
 enum Projection {
