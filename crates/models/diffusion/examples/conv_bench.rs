@@ -1,15 +1,17 @@
 //! Times one 3x3 convolution (padding 1) of Stable Diffusion's shapes on
-//! candle's `conv2d` and on the packed kernels, on the current rayon pool
+//! candle's `conv2d` and on the packed kernels (the direct product and
+//! Winograd's F(2x2) and F(4x4)), on the current rayon pool
 //! (`RAYON_NUM_THREADS`): `cargo run --release -p gantry-model-diffusion
-//! --example conv_bench -- [runs]`. Prints, per shape, the median time and
-//! the multiply-adds per second of each, and the largest difference between
-//! their outputs.
+//! --example conv_bench -- [runs]`. Prints, per shape, the median time of
+//! each and its rate in the direct convolution's multiply-adds per second,
+//! the largest difference from candle's output, and which one the pipeline
+//! runs.
 
 use std::time::Instant;
 
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::VarBuilder;
-use gantry_model_diffusion::blocks::{Conv, Kernels};
+use gantry_model_diffusion::blocks::{Conv, Kernels, winograd_tile};
 use gantry_model_image::conv::{Activation, Conv2d, Scratch};
 use gantry_model_image::winograd::Tile;
 
@@ -45,33 +47,40 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             .into_iter()
             .collect();
         let vb = VarBuilder::from_tensors(tensors, DType::F32, &device);
-        let candle = Conv::new(vb.clone(), (cin, cout), 3, 1, 1, Kernels::Candle)?;
-        let packed = Conv::new(vb, (cin, cout), 3, 1, 1, Kernels::Packed)?;
+        let candle = Conv::new(vb, (cin, cout), 3, 1, 1, Kernels::Candle)?;
         let macs = (batch * cout * cin * 9 * side * side) as f64;
         let mut line = format!("{cin:>4}->{cout:<4} {side:>3}x{side:<3} batch {batch}:");
-        let mut outs = Vec::new();
-        for (name, conv) in [("candle", &candle), ("packed", &packed)] {
-            let mut times = Vec::with_capacity(runs);
-            let mut out = conv.forward(&x)?;
-            for _ in 0..runs {
-                let started = Instant::now();
-                out = conv.forward(&x)?;
-                times.push(started.elapsed().as_secs_f64());
-            }
-            let t = median(times);
-            line += &format!("  {name} {:7.1} ms {:5.1} GMAC/s", t * 1e3, macs / t / 1e9);
-            outs.push(out);
+        let mut times = Vec::with_capacity(runs);
+        let mut out = candle.forward(&x)?;
+        for _ in 0..runs {
+            let started = Instant::now();
+            out = candle.forward(&x)?;
+            times.push(started.elapsed().as_secs_f64());
         }
-        let diff = (&outs[0] - &outs[1])?.abs()?.max_all()?.to_scalar::<f32>()?;
-        line += &format!("  max |diff| {diff:.1e}");
-        // Winograd's algorithm (multiply-adds counted as the direct
-        // convolution's, so the rates compare times).
+        let t = median(times);
+        line += &format!("  candle {:6.1} ms {:5.1}", t * 1e3, macs / t / 1e9);
+        // The packed kernels: the direct product, and Winograd's algorithm
+        // (multiply-adds counted as the direct convolution's, so that the
+        // rates compare times), each against candle's output.
         let w = weight.flatten_all()?.to_vec1::<f32>()?;
         let b = bias.to_vec1::<f32>()?;
         let xs = x.flatten_all()?.to_vec1::<f32>()?;
-        let want = outs[0].flatten_all()?.to_vec1::<f32>()?;
-        for tile in [Tile::F2, Tile::F4] {
-            let conv = Conv2d::winograd(&w, cin, cout, b.clone(), Activation::Identity, tile);
+        let want = out.flatten_all()?.to_vec1::<f32>()?;
+        let kinds = [
+            (
+                "direct",
+                Conv2d::new(&w, cin, cout, 3, 1, b.clone(), Activation::Identity),
+            ),
+            (
+                "F2",
+                Conv2d::winograd(&w, cin, cout, b.clone(), Activation::Identity, Tile::F2),
+            ),
+            (
+                "F4",
+                Conv2d::winograd(&w, cin, cout, b.clone(), Activation::Identity, Tile::F4),
+            ),
+        ];
+        for (name, conv) in kinds {
             let mut scratch = Scratch::default();
             let mut out = conv.forward_batch(&xs, batch, side, side, &mut scratch);
             let mut times = Vec::with_capacity(runs);
@@ -82,8 +91,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             }
             let t = median(times);
             let diff = out.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
-            line += &format!("  {tile:?} {:7.1} ms {:5.1} ({diff:.1e})", t * 1e3, macs / t / 1e9);
+            line += &format!("  {name} {:6.1} ms {:5.1} ({diff:.0e})", t * 1e3, macs / t / 1e9);
         }
+        let chosen = winograd_tile(cin, cout).map_or("direct".to_owned(), |t| format!("{t:?}"));
+        line += &format!("  pipeline: {chosen}");
         println!("{line}");
     }
     Ok(())

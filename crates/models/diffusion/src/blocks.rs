@@ -99,7 +99,7 @@ impl Conv {
 /// for the wider layers of the UNet, whose weights are most of its memory,
 /// and for inputs of fewer than 16 channels (the models' first layers).
 /// The measured speeds are in `docs/benchmarks.md`.
-fn winograd_tile(cin: usize, cout: usize) -> Option<Tile> {
+pub fn winograd_tile(cin: usize, cout: usize) -> Option<Tile> {
     if cin < 16 || !cout.is_multiple_of(8) {
         None
     } else if cin * cout <= 512 * 512 {
