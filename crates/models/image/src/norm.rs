@@ -4,9 +4,9 @@
 //! (Cephes' range reduction and polynomial, within a few float32 ulps of
 //! libm's), so that eight values take a handful of vector instructions
 //! instead of eight calls to `expf`; and, with the same exponential, the
-//! gated GELU of Stable Diffusion's feed-forward layers. Compiled for AVX2
-//! with FMA (picked at run time when the CPU has them) and for the
-//! baseline.
+//! gated GELU of Stable Diffusion's feed-forward layers and the softmax of
+//! its attention. Compiled for AVX2 with FMA (picked at run time when the
+//! CPU has them) and for the baseline.
 
 const LANES: usize = 8;
 /// Values summed in float32 lanes before the sum joins the f64 total.
@@ -74,6 +74,49 @@ fn geglu_tanh_any(x: &[f32], inner: usize, out: &mut [f32]) {
             let one_plus_tanh = 2.0 - 2.0 / (exp(2.0 * u) + 1.0);
             *o = h * (0.5 * g * one_plus_tanh);
         }
+    }
+}
+
+/// Softmax of each row of `scores` (`cols` values a row) after scaling by
+/// `scale`, in place: `e^(scale·(s - max)) / Σ`.
+pub fn softmax_rows(scores: &mut [f32], cols: usize, scale: f32) {
+    #[cfg(target_arch = "x86_64")]
+    if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+        // SAFETY: as in `moments`.
+        #[allow(unsafe_code)]
+        unsafe {
+            softmax_rows_avx2(scores, cols, scale);
+        }
+        return;
+    }
+    softmax_rows_any(scores, cols, scale);
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+fn softmax_rows_avx2(scores: &mut [f32], cols: usize, scale: f32) {
+    softmax_rows_any(scores, cols, scale);
+}
+
+#[inline(always)]
+fn softmax_rows_any(scores: &mut [f32], cols: usize, scale: f32) {
+    for row in scores.chunks_exact_mut(cols.max(1)) {
+        let max = row.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+        let mut lanes = [0.0f32; LANES];
+        let (blocks, rest) = row.as_chunks_mut::<LANES>();
+        for block in blocks {
+            for (v, l) in block.iter_mut().zip(lanes.iter_mut()) {
+                *v = exp(scale * (*v - max));
+                *l += *v;
+            }
+        }
+        let mut total: f32 = lanes.iter().sum();
+        for v in rest {
+            *v = exp(scale * (*v - max));
+            total += *v;
+        }
+        let inv = 1.0 / total;
+        row.iter_mut().for_each(|v| *v *= inv);
     }
 }
 
@@ -184,6 +227,22 @@ mod tests {
         assert!(worst < 4e-7, "largest relative difference {worst}");
         assert_eq!(exp(-200.0), exp(-87.0));
         assert!(exp(-200.0) > 0.0 && exp(200.0).is_finite());
+    }
+
+    #[test]
+    fn softmax_rows_sum_to_one_in_the_right_proportions() {
+        let cols = 21;
+        let mut scores: Vec<f32> = (0..3 * cols).map(|i| ((i * 29 % 43) as f32 - 21.0) / 2.0).collect();
+        let original = scores.clone();
+        softmax_rows(&mut scores, cols, 0.125);
+        for (got, x) in scores.chunks(cols).zip(original.chunks(cols)) {
+            let max = x.iter().fold(f32::NEG_INFINITY, |m, &v| m.max(v));
+            let e: Vec<f64> = x.iter().map(|&v| (0.125 * f64::from(v - max)).exp()).collect();
+            let total: f64 = e.iter().sum();
+            for (g, e) in got.iter().zip(&e) {
+                assert!((f64::from(*g) - e / total).abs() < 1e-6, "{g} vs {}", e / total);
+            }
+        }
     }
 
     #[test]
