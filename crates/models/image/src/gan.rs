@@ -6,20 +6,42 @@
 //!
 //! Batch normalisation in inference mode is an affine map per channel, so it
 //! is folded into the preceding convolution's weights and a bias when the
-//! model loads. A transposed convolution is computed as one matrix product
-//! (the weights, transposed, times the input's channels × positions) followed
-//! by a scatter-add of each kernel tap into the output ("col2im"). Activations
-//! are kept channel-major (`C × N × H × W`) so that a batch of images is one
-//! product per layer.
+//! model loads. Activations are kept channels-innermost (`N × H × W × C`)
+//! with a border of one zero pixel, so that the windows a layer reads are
+//! runs of contiguous floats, and a batch of images is one set of products
+//! per layer:
+//!
+//! - the first layer (a 1x1 input) is one product whose rows are the 4x4
+//!   output's pixels and channels;
+//! - a 4x4, stride-2 transposed convolution gives each output pixel of one
+//!   parity (even or odd row, even or odd column) from a 2x2 window of the
+//!   input and four of the kernel's sixteen taps. Each of the four parities
+//!   is a product of depth `4 · cin` whose columns read their window in place
+//!   ([`PackedWeights::matmul_gathered`]: two runs of two pixels) and write
+//!   their output pixel directly, with the bias and ReLU applied on the way.
+//!   Nothing is scattered and nothing is added twice;
+//! - a layer with fewer than 16 output channels (the RGB output) would waste
+//!   most of a 16-row weight panel that way, so it computes every tap of
+//!   each input pixel (rows `cout · 16`) and adds them into the output
+//!   ("col2im").
 
 use std::collections::BTreeMap;
 
 use gantry_manifest::torch::Tensor;
 
-use crate::packed::PackedWeights;
+use crate::norm;
+use crate::packed::{Columns, Epilogue, PackedWeights, Runs};
 
 /// Floats of kernel taps computed per chunk of input pixels (4 MiB).
 const CHUNK_FLOATS: usize = 1 << 20;
+
+/// Floats of the largest map a layer makes at once (8 MiB); larger batches
+/// go through the later layers a few images at a time.
+const MAP_FLOATS: usize = 2 << 20;
+
+/// Output channels from which a strided layer runs as four sub-pixel
+/// products (one weight panel's rows).
+const SUB_PIXEL_CHANNELS: usize = 16;
 
 /// Epsilon of PyTorch's `BatchNorm2d` default.
 const BN_EPS: f32 = 1e-5;
@@ -45,13 +67,111 @@ struct Layer {
     k: usize,
     stride: usize,
     pad: usize,
-    /// `cin × (cout·k·k)`, row-major, batch norm folded in; emptied once
-    /// packed.
+    /// `cin × cout × k × k` (PyTorch's layout), batch norm folded in;
+    /// emptied once packed.
     weight: Vec<f32>,
-    /// The weights, transposed and packed for the product.
-    packed: Option<PackedWeights>,
+    /// The weights, packed for the products the layer runs.
+    packed: Option<Plan>,
     bias: Vec<f32>,
     activation: Activation,
+}
+
+/// How a layer computes, with its packed weights.
+#[derive(Debug)]
+enum Plan {
+    /// A 1x1 input: rows are the output's `(kh, kw, co)`.
+    First(PackedWeights),
+    /// Stride 2: one product per output parity `(a, b)`, rows `co`, depth
+    /// the window's `(row, column, ci)`.
+    SubPixel(Box<[PackedWeights; 4]>),
+    /// Stride 2, few output channels: rows are every tap `(co, kh, kw)`.
+    Scatter(PackedWeights),
+}
+
+/// A batch of maps, channels innermost, with a border of one zero pixel:
+/// `n × (side + 2) × (side + 2) × channels`.
+#[derive(Debug)]
+struct Map {
+    data: Vec<f32>,
+    n: usize,
+    side: usize,
+    channels: usize,
+}
+
+/// Some consecutive images of a [`Map`].
+#[derive(Debug, Clone, Copy)]
+struct View<'a> {
+    data: &'a [f32],
+    side: usize,
+    channels: usize,
+}
+
+impl View<'_> {
+    /// As [`Map::at`].
+    fn at(&self, b: usize, y: usize, x: usize) -> usize {
+        let padded = self.side + 2;
+        ((b * padded + y) * padded + x) * self.channels
+    }
+}
+
+impl Map {
+    fn zeros(n: usize, side: usize, channels: usize) -> Self {
+        let padded = side + 2;
+        Self {
+            data: vec![0.0; n * padded * padded * channels],
+            n,
+            side,
+            channels,
+        }
+    }
+
+    /// Offset of pixel `(y, x)` of image `b`, in padded coordinates (the
+    /// first real pixel is `(1, 1)`).
+    fn at(&self, b: usize, y: usize, x: usize) -> usize {
+        let padded = self.side + 2;
+        ((b * padded + y) * padded + x) * self.channels
+    }
+
+    /// Images `images` of the batch, borrowed.
+    fn images(&self, images: std::ops::Range<usize>) -> View<'_> {
+        let per_image = (self.side + 2) * (self.side + 2) * self.channels;
+        View {
+            data: &self.data[images.start * per_image..images.end * per_image],
+            side: self.side,
+            channels: self.channels,
+        }
+    }
+
+    /// Applies `f(value, channel)` to every real pixel, leaving the border.
+    fn map_interior(&mut self, f: impl Fn(f32, usize) -> f32) {
+        for b in 0..self.n {
+            for y in 1..=self.side {
+                let start = self.at(b, y, 1);
+                let row = &mut self.data[start..start + self.side * self.channels];
+                for pixel in row.chunks_exact_mut(self.channels) {
+                    for (c, v) in pixel.iter_mut().enumerate() {
+                        *v = f(*v, c);
+                    }
+                }
+            }
+        }
+    }
+
+    /// Zeroes the border (after a scatter wrote into it).
+    fn clear_border(&mut self) {
+        let (padded, c) = (self.side + 2, self.channels);
+        for b in 0..self.n {
+            for y in 0..padded {
+                let row = self.at(b, y, 0);
+                if y == 0 || y == padded - 1 {
+                    self.data[row..row + padded * c].fill(0.0);
+                } else {
+                    self.data[row..row + c].fill(0.0);
+                    self.data[row + (padded - 1) * c..row + padded * c].fill(0.0);
+                }
+            }
+        }
+    }
 }
 
 /// A loaded generator.
@@ -61,6 +181,8 @@ pub struct Generator {
     layers: Vec<Layer>,
     side: usize,
     channels: usize,
+    /// [`MAP_FLOATS`], lowered by tests.
+    map_floats: usize,
 }
 
 impl Generator {
@@ -161,6 +283,7 @@ impl Generator {
             layers,
             side,
             channels,
+            map_floats: MAP_FLOATS,
         })
     }
 
@@ -197,20 +320,56 @@ impl Generator {
     /// values in [-1, 1] (channel-major), and the side.
     pub fn forward(&self, inputs: &[f32], n: usize) -> (Vec<f32>, usize) {
         assert_eq!(inputs.len(), n * self.input, "input vectors have the wrong length");
-        // Channel-major: x[c][b] for a 1x1 map.
-        let mut x = vec![0.0f32; self.input * n];
-        for b in 0..n {
-            for c in 0..self.input {
-                x[c * n + b] = inputs[b * self.input + c];
+        let plane = self.side * self.side;
+        let mut out = vec![0.0f32; self.channels * n * plane];
+        let first = self.layers[0].forward(Source::Latent(inputs), n);
+        self.finish(0, first, 0, n, &mut out);
+        let last = &self.layers[self.layers.len() - 1];
+        if !last.applies() {
+            match last.activation {
+                Activation::Tanh => norm::tanh(&mut out),
+                Activation::Relu => out.iter_mut().for_each(|v| *v = v.max(0.0)),
             }
         }
-        let mut side = 1;
-        for layer in &self.layers {
-            let (out, out_side) = layer.forward(&x, n, side);
-            x = out;
-            side = out_side;
+        (out, self.side)
+    }
+
+    /// Takes layer `i`'s output `map` (images `first ..` of a batch of
+    /// `total`) through the layers after it, in slices of images small
+    /// enough that no map outgrows [`MAP_FLOATS`] (the maps of the last
+    /// layers, tens of megabytes for a batch, would otherwise be mapped
+    /// and faulted in afresh on every call), and writes the last layer's
+    /// output into `out`, channel-major, with its bias (its activation is
+    /// left to the caller, to run over whole planes).
+    fn finish(&self, i: usize, mut map: Map, first: usize, total: usize, out: &mut [f32]) {
+        let layer = &self.layers[i];
+        let Some(next) = self.layers.get(i + 1) else {
+            let (side, plane) = (map.side, map.side * map.side);
+            for c in 0..self.channels {
+                let bias = if layer.applies() { 0.0 } else { layer.bias[c] };
+                for b in 0..map.n {
+                    let dst = &mut out[(c * total + first + b) * plane..][..plane];
+                    for (y, row) in dst.chunks_exact_mut(side).enumerate() {
+                        let start = map.at(b, y + 1, 1) + c;
+                        for (d, v) in row.iter_mut().zip(map.data[start..].iter().step_by(self.channels)) {
+                            *d = v + bias;
+                        }
+                    }
+                }
+            }
+            return;
+        };
+        if !layer.applies() {
+            map.map_interior(|v, c| layer.activation.apply(v + layer.bias[c]));
         }
-        (x, side)
+        let out_side = (map.side - 1) * next.stride + next.k - 2 * next.pad;
+        let per_image = (out_side + 2) * (out_side + 2) * next.cout;
+        let chunk = (self.map_floats / per_image).max(1);
+        for start in (0..map.n).step_by(chunk) {
+            let len = chunk.min(map.n - start);
+            let slice = next.forward(Source::Map(map.images(start..start + len)), len);
+            self.finish(i + 1, slice, first + start, total, out);
+        }
     }
 
     /// Channels of the output (3: RGB).
@@ -219,73 +378,200 @@ impl Generator {
     }
 }
 
-impl Layer {
-    /// Packs the (folded) weights for the product, keeping one copy.
-    fn pack(&mut self) {
-        let taps = self.cout * self.k * self.k;
-        self.packed = Some(PackedWeights::from_transposed(&self.weight, self.cin, taps));
-        self.weight = Vec::new();
+impl Activation {
+    fn apply(self, v: f32) -> f32 {
+        match self {
+            Activation::Relu => v.max(0.0),
+            Activation::Tanh => v.tanh(),
+        }
     }
+}
 
-    /// `x` is `cin × n × side × side`; returns `cout × n × out × out` and `out`.
-    fn forward(&self, x: &[f32], n: usize, side: usize) -> (Vec<f32>, usize) {
-        let positions = n * side * side;
-        let taps = self.cout * self.k * self.k;
-        let packed = self
-            .packed
-            .as_ref()
-            .unwrap_or_else(|| unreachable!("layers are packed when the model loads"));
-        let out_side = (side - 1) * self.stride + self.k - 2 * self.pad;
-        let out_plane = out_side * out_side;
-        let mut out = vec![0.0f32; self.cout * n * out_plane];
-        // The input pixels in chunks whose kernel taps stay within a few
-        // megabytes: for each chunk, one product gives every tap of every
-        // pixel, cols[(b,ih,iw)][(co,kh,kw)] = Σ_ci weight[ci][(co,kh,kw)] ·
-        // x[ci][(b,ih,iw)], and a scatter-add ("col2im") puts each tap into
-        // its output pixel while the chunk is still in cache.
-        let chunk = (CHUNK_FLOATS / taps).max(1);
-        let mut cols = vec![0.0f32; taps * chunk.min(positions)];
-        let mut first = 0;
-        while first < positions {
-            let len = chunk.min(positions - first);
-            let cols = &mut cols[..taps * len];
-            packed.matmul(x, positions, first..first + len, cols);
-            for (offset, src) in cols.chunks_exact(taps).enumerate() {
-                let pixel = first + offset;
-                let (b, ih, iw) = (pixel / (side * side), pixel / side % side, pixel % side);
-                for co in 0..self.cout {
-                    let plane = &mut out[(co * n + b) * out_plane..][..out_plane];
-                    for kh in 0..self.k {
-                        let Some(oh) = (ih * self.stride + kh)
-                            .checked_sub(self.pad)
-                            .filter(|oh| *oh < out_side)
-                        else {
-                            continue;
-                        };
-                        let row = &mut plane[oh * out_side..][..out_side];
-                        let tap = &src[(co * self.k + kh) * self.k..][..self.k];
-                        for (kw, v) in tap.iter().enumerate() {
-                            if let Some(ow) = (iw * self.stride + kw)
-                                .checked_sub(self.pad)
-                                .filter(|ow| *ow < out_side)
-                            {
-                                row[ow] += v;
-                            }
+/// What a layer reads: the input vectors (`n × cin`) or the map before it.
+enum Source<'a> {
+    Latent(&'a [f32]),
+    Map(View<'a>),
+}
+
+impl Layer {
+    /// Packs the (folded) weights for the products the layer runs, keeping
+    /// one copy.
+    fn pack(&mut self) {
+        let (cin, cout, k) = (self.cin, self.cout, self.k);
+        let w = |ci: usize, co: usize, kh: usize, kw: usize| self.weight[((ci * cout + co) * k + kh) * k + kw];
+        let plan = if self.stride == 1 {
+            // Rows (kh, kw, co): the product of one input vector is its 4x4
+            // output, channels innermost.
+            let mut t = vec![0.0f32; cin * k * k * cout];
+            for ci in 0..cin {
+                for kh in 0..k {
+                    for kw in 0..k {
+                        for co in 0..cout {
+                            t[((ci * k + kh) * k + kw) * cout + co] = w(ci, co, kh, kw);
                         }
                     }
                 }
             }
-            first += len;
-        }
-        for co in 0..self.cout {
-            let bias = self.bias[co];
-            let channel = &mut out[co * n * out_plane..(co + 1) * n * out_plane];
-            match self.activation {
-                Activation::Relu => channel.iter_mut().for_each(|v| *v = (*v + bias).max(0.0)),
-                Activation::Tanh => channel.iter_mut().for_each(|v| *v = (*v + bias).tanh()),
+            Plan::First(PackedWeights::from_transposed(&t, cin, k * k * cout))
+        } else if cout >= SUB_PIXEL_CHANNELS {
+            // Output row 2m + a takes input rows m - 1 + a + t (t = 0, 1)
+            // through kernel row 3 - a - 2t; columns alike. In the padded
+            // map those input rows are m + a + t.
+            let parity = |a: usize, b: usize| {
+                let mut rows = vec![0.0f32; cout * 4 * cin];
+                for co in 0..cout {
+                    for t in 0..2 {
+                        for u in 0..2 {
+                            for ci in 0..cin {
+                                rows[(co * 4 + t * 2 + u) * cin + ci] = w(ci, co, 3 - a - 2 * t, 3 - b - 2 * u);
+                            }
+                        }
+                    }
+                }
+                PackedWeights::from_rows(&rows, cout, 4 * cin)
+            };
+            Plan::SubPixel(Box::new([parity(0, 0), parity(0, 1), parity(1, 0), parity(1, 1)]))
+        } else {
+            Plan::Scatter(PackedWeights::from_transposed(&self.weight, cin, cout * k * k))
+        };
+        self.packed = Some(plan);
+        self.weight = Vec::new();
+    }
+
+    /// Whether [`Layer::forward`] applies the bias and activation itself
+    /// (otherwise its map holds the bare sums).
+    fn applies(&self) -> bool {
+        self.activation == Activation::Relu && !matches!(self.packed, Some(Plan::Scatter(_)))
+    }
+
+    /// Runs the layer on `n` images; the output map has a zero border, and
+    /// the bias and activation applied where [`Layer::applies`].
+    fn forward(&self, source: Source<'_>, n: usize) -> Map {
+        let plan = self
+            .packed
+            .as_ref()
+            .unwrap_or_else(|| unreachable!("layers are packed when the model loads"));
+        let (cin, cout, k) = (self.cin, self.cout, self.k);
+        let relu = self.activation == Activation::Relu;
+        match (plan, source) {
+            (Plan::First(packed), Source::Latent(z)) => {
+                let rows = k * k * cout;
+                let mut taps = vec![0.0f32; n * rows];
+                let inputs: Vec<usize> = (0..n).map(|b| b * cin).collect();
+                let outputs: Vec<usize> = (0..n).map(|b| b * rows).collect();
+                let runs = Runs {
+                    count: 1,
+                    len: cin,
+                    stride: 0,
+                };
+                let columns = Columns {
+                    inputs: &inputs,
+                    outputs: &outputs,
+                };
+                packed.matmul_gathered(z, runs, columns, &mut taps, Epilogue::Plain);
+                let mut out = Map::zeros(n, k, cout);
+                for b in 0..n {
+                    for kh in 0..k {
+                        let start = out.at(b, kh + 1, 1);
+                        let dst = &mut out.data[start..start + k * cout];
+                        let src = &taps[(b * k + kh) * k * cout..][..k * cout];
+                        if relu {
+                            for ((d, v), bias) in dst.iter_mut().zip(src).zip(self.bias.iter().cycle()) {
+                                *d = (v + bias).max(0.0);
+                            }
+                        } else {
+                            dst.copy_from_slice(src);
+                        }
+                    }
+                }
+                out
             }
+            (Plan::SubPixel(parities), Source::Map(x)) => {
+                let side = x.side;
+                let mut out = Map::zeros(n, 2 * side, cout);
+                let mut inputs = Vec::with_capacity(n * side * side);
+                let mut outputs = Vec::with_capacity(n * side * side);
+                let runs = Runs {
+                    count: 2,
+                    len: 2 * cin,
+                    stride: (side + 2) * cin,
+                };
+                let epilogue = if relu {
+                    Epilogue::BiasRelu(&self.bias)
+                } else {
+                    Epilogue::Plain
+                };
+                for (i, packed) in parities.iter().enumerate() {
+                    let (a, c) = (i / 2, i % 2);
+                    inputs.clear();
+                    outputs.clear();
+                    for b in 0..n {
+                        for m in 0..side {
+                            for j in 0..side {
+                                inputs.push(x.at(b, m + a, j + c));
+                                outputs.push(out.at(b, 2 * m + a + 1, 2 * j + c + 1));
+                            }
+                        }
+                    }
+                    let columns = Columns {
+                        inputs: &inputs,
+                        outputs: &outputs,
+                    };
+                    packed.matmul_gathered(x.data, runs, columns, &mut out.data, epilogue);
+                }
+                out
+            }
+            (Plan::Scatter(packed), Source::Map(x)) => {
+                let side = x.side;
+                let mut out = Map::zeros(n, 2 * side, cout);
+                let rows = cout * k * k;
+                let positions = n * side * side;
+                // The input pixels in chunks whose taps stay within a few
+                // megabytes: one product gives every tap of every pixel of
+                // the chunk, then each is added into its output pixel while
+                // the chunk is in cache. In padded coordinates input pixel
+                // (ih, iw)'s tap (kh, kw) lands on (2·ih + kh, 2·iw + kw),
+                // inside the map or on its border (cleared afterwards).
+                let chunk = (CHUNK_FLOATS / rows).max(1).min(positions);
+                let mut taps = vec![0.0f32; rows * chunk];
+                let outputs: Vec<usize> = (0..chunk).map(|j| j * rows).collect();
+                let mut inputs = Vec::with_capacity(chunk);
+                let runs = Runs {
+                    count: 1,
+                    len: cin,
+                    stride: 0,
+                };
+                for first in (0..positions).step_by(chunk) {
+                    let len = chunk.min(positions - first);
+                    let pixel = |p: usize| (p / (side * side), p / side % side, p % side);
+                    inputs.clear();
+                    inputs.extend((first..first + len).map(|p| {
+                        let (b, ih, iw) = pixel(p);
+                        x.at(b, ih + 1, iw + 1)
+                    }));
+                    let columns = Columns {
+                        inputs: &inputs,
+                        outputs: &outputs[..len],
+                    };
+                    packed.matmul_gathered(x.data, runs, columns, &mut taps, Epilogue::Plain);
+                    for (offset, src) in taps[..len * rows].chunks_exact(rows).enumerate() {
+                        let (b, ih, iw) = pixel(first + offset);
+                        for kh in 0..k {
+                            for kw in 0..k {
+                                let at = out.at(b, 2 * ih + kh, 2 * iw + kw);
+                                let dst = &mut out.data[at..at + cout];
+                                for (co, d) in dst.iter_mut().enumerate() {
+                                    *d += src[(co * k + kh) * k + kw];
+                                }
+                            }
+                        }
+                    }
+                }
+                out.clear_border();
+                out
+            }
+            _ => unreachable!("the first layer reads the input vectors and only it"),
         }
-        (out, out_side)
     }
 }
 
@@ -330,35 +616,105 @@ mod tests {
         out
     }
 
+    /// Runs one strided layer on a batch of channel-major maps and returns
+    /// its activated output, channel-major per image.
+    fn run_layer(layer: &Layer, images: &[Vec<f32>], side: usize) -> Vec<Vec<f32>> {
+        let mut map = Map::zeros(images.len(), side, layer.cin);
+        for (b, x) in images.iter().enumerate() {
+            for c in 0..layer.cin {
+                for y in 0..side {
+                    for i in 0..side {
+                        let at = map.at(b, y + 1, i + 1) + c;
+                        map.data[at] = x[(c * side + y) * side + i];
+                    }
+                }
+            }
+        }
+        let out = layer.forward(Source::Map(map.images(0..images.len())), images.len());
+        let applied = layer.applies();
+        let out_side = 2 * side;
+        assert_eq!(out.side, out_side);
+        // The border stays zero for the next layer.
+        let padded = out_side + 2;
+        for b in 0..images.len() {
+            for y in 0..padded {
+                for i in 0..padded {
+                    if y == 0 || i == 0 || y == padded - 1 || i == padded - 1 {
+                        let at = out.at(b, y, i);
+                        assert!(
+                            out.data[at..at + layer.cout].iter().all(|v| *v == 0.0),
+                            "border at ({y},{i})"
+                        );
+                    }
+                }
+            }
+        }
+        (0..images.len())
+            .map(|b| {
+                let mut chw = vec![0.0; layer.cout * out_side * out_side];
+                for c in 0..layer.cout {
+                    for y in 0..out_side {
+                        for i in 0..out_side {
+                            let v = out.data[out.at(b, y + 1, i + 1) + c];
+                            chw[(c * out_side + y) * out_side + i] = if applied {
+                                v
+                            } else {
+                                layer.activation.apply(v + layer.bias[c])
+                            };
+                        }
+                    }
+                }
+                chw
+            })
+            .collect()
+    }
+
     #[test]
-    fn a_strided_layer_matches_the_definition() {
-        let (cin, cout, side) = (3, 2, 5);
-        let w: Vec<f32> = (0..cin * cout * 16)
-            .map(|i| ((i * 7 % 11) as f32 - 5.0) / 10.0)
-            .collect();
-        let x: Vec<f32> = (0..cin * side * side)
-            .map(|i| ((i * 5 % 13) as f32 - 6.0) / 7.0)
-            .collect();
-        let mut layer = Layer {
-            cin,
-            cout,
-            k: 4,
-            stride: 2,
-            pad: 1,
-            weight: w.clone(),
-            packed: None,
-            bias: vec![0.0; cout],
-            activation: Activation::Tanh,
-        };
-        layer.pack();
-        let (got, out_side) = layer.forward(&x, 1, side);
-        assert_eq!(out_side, 10);
-        let want: Vec<f32> = reference(&x, cin, side, &w, cout, 2, 1)
-            .iter()
-            .map(|v| v.tanh())
-            .collect();
-        for (g, w) in got.iter().zip(&want) {
-            assert!((g - w).abs() < 1e-5, "{g} vs {w}");
+    fn strided_layers_match_the_definition_by_scatter_and_by_sub_pixel() {
+        // 2 and 3 output channels take the scatter, 16 and 17 the four
+        // sub-pixel products (17: a ragged weight panel); sides 1 and 5.
+        for (cin, cout, side, activation) in [
+            (3, 2, 5, Activation::Tanh),
+            (5, 3, 1, Activation::Relu),
+            (3, 16, 5, Activation::Relu),
+            (7, 17, 3, Activation::Relu),
+            (4, 17, 1, Activation::Tanh),
+        ] {
+            let w: Vec<f32> = (0..cin * cout * 16)
+                .map(|i| ((i * 7 % 11) as f32 - 5.0) / 10.0)
+                .collect();
+            let images: Vec<Vec<f32>> = (0..2)
+                .map(|b| {
+                    (0..cin * side * side)
+                        .map(|i| (((i + 3 * b) * 5 % 13) as f32 - 6.0) / 7.0)
+                        .collect()
+                })
+                .collect();
+            let bias: Vec<f32> = (0..cout).map(|c| c as f32 / 10.0 - 0.5).collect();
+            let mut layer = Layer {
+                cin,
+                cout,
+                k: 4,
+                stride: 2,
+                pad: 1,
+                weight: w.clone(),
+                packed: None,
+                bias: bias.clone(),
+                activation,
+            };
+            layer.pack();
+            let got = run_layer(&layer, &images, side);
+            for (b, x) in images.iter().enumerate() {
+                let want = reference(x, cin, side, &w, cout, 2, 1);
+                for (i, (g, v)) in got[b].iter().zip(&want).enumerate() {
+                    let plane = 4 * side * side;
+                    let v = activation.apply(v + bias[i / plane]);
+                    assert!(
+                        (g - v).abs() < 1e-5,
+                        "({cin},{cout},{side}) image {b} [{i}]: {g} vs {v}"
+                    );
+                }
+            }
         }
     }
 
@@ -418,6 +774,11 @@ mod tests {
         let batch = g.generate(&z, 2);
         let single = g.generate(&z[..6], 1);
         assert_eq!(batch[0], single[0], "an image does not depend on its batch");
+        // Nor on the slices a batch goes through the later layers in.
+        let whole = g.forward(&z, 2);
+        let mut sliced = g;
+        sliced.map_floats = 1;
+        assert_eq!(sliced.forward(&z, 2), whole);
         let close = batch[0].iter().zip(&want).all(|(a, b)| a.abs_diff(*b) <= 1);
         assert!(close, "{:?}\nvs\n{:?}", &batch[0][..24], &want[..24]);
         assert_ne!(batch[0], batch[1]);
