@@ -380,8 +380,10 @@ fn step<const FUSED: bool>(acc: &mut [[f32; MR]; NR], w: &[f32; MR], xs: [f32; N
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]
 #[allow(unsafe_code)]
-fn walk_rows_fma(acc: &mut [[f32; MR]; NR], w: &[[f32; MR]], x: [&[f32]; NR]) {
-    use std::arch::x86_64::{__m256, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_set1_ps, _mm256_storeu_ps};
+fn walk_rows_fma(acc: &mut [[f32; MR]; NR], w: &[[f32; MR]], x: [&[f32]; NR], next: Option<&[[f32; MR]]>) {
+    use std::arch::x86_64::{
+        __m256, _MM_HINT_T1, _mm_prefetch, _mm256_fmadd_ps, _mm256_loadu_ps, _mm256_set1_ps, _mm256_storeu_ps,
+    };
     let halves = |v: &[f32; MR]| {
         // SAFETY: `v` holds sixteen floats, read as two vectors of eight.
         unsafe { [_mm256_loadu_ps(v.as_ptr()), _mm256_loadu_ps(v.as_ptr().add(8))] }
@@ -396,12 +398,27 @@ fn walk_rows_fma(acc: &mut [[f32; MR]; NR], w: &[[f32; MR]], x: [&[f32]; NR]) {
     ];
     let [r0, r1, r2, r3, r4, r5] = x;
     let lanes = r0.iter().zip(r1).zip(r2).zip(r3).zip(r4).zip(r5);
-    for (w, (((((x0, x1), x2), x3), x4), x5)) in w.iter().zip(lanes) {
+    let mut step = |w: &[f32; MR], xs: [&f32; NR]| {
         let [a0, a1] = halves(w);
-        for (c, x) in c.iter_mut().zip([x0, x1, x2, x3, x4, x5]) {
+        for (c, x) in c.iter_mut().zip(xs) {
             let b = _mm256_set1_ps(*x);
             c[0] = _mm256_fmadd_ps(a0, b, c[0]);
             c[1] = _mm256_fmadd_ps(a1, b, c[1]);
+        }
+    };
+    match next {
+        // Each step asks for the same line of the next panel, into L2, so
+        // that streaming weights from memory overlaps the arithmetic.
+        Some(next) => {
+            for ((w, ahead), (((((x0, x1), x2), x3), x4), x5)) in w.iter().zip(next).zip(lanes) {
+                _mm_prefetch::<_MM_HINT_T1>(ahead.as_ptr().cast());
+                step(w, [x0, x1, x2, x3, x4, x5]);
+            }
+        }
+        None => {
+            for (w, (((((x0, x1), x2), x3), x4), x5)) in w.iter().zip(lanes) {
+                step(w, [x0, x1, x2, x3, x4, x5]);
+            }
         }
     }
     for (column, [lo, hi]) in acc.iter_mut().zip(c) {
@@ -458,8 +475,12 @@ fn gathered<const FUSED: bool>(
         (GATHER_FLOATS / (depth.max(1) * NR)).max(1)
     };
     for first in (0..count).step_by(group) {
-        for p in 0..rows.div_ceil(MR) {
+        let panels = rows.div_ceil(MR);
+        for p in 0..panels {
             let panel = &a_panels[p * depth..(p + 1) * depth];
+            // Streaming the weights (one group), the next panel is fetched
+            // while this one works.
+            let next = (group == count && p + 1 < panels).then(|| &a_panels[(p + 1) * depth..(p + 2) * depth]);
             let start = p * MR;
             let len = MR.min(rows - start);
             for b in first..count.min(first + group) {
@@ -478,7 +499,8 @@ fn gathered<const FUSED: bool>(
                         // `gathered_fma`, on a CPU with AVX2 and FMA.
                         #[allow(unsafe_code)]
                         unsafe {
-                            walk_rows_fma(&mut acc, w, rows);
+                            let ahead = next.map(|next| &next[s * runs.len..(s + 1) * runs.len]);
+                            walk_rows_fma(&mut acc, w, rows, ahead);
                         }
                         continue;
                     }

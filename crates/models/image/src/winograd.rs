@@ -474,6 +474,217 @@ impl Winograd {
     }
 }
 
+/// A 4x4, stride-2, padding-1 transposed convolution (a generator's
+/// upsampling layer) by F(4×4, 3×3). Output pixel `(2m + a, 2n + b)` is a
+/// 2x2 window of the input at `(m - 1 + a, n - 1 + b)` through four of the
+/// kernel's taps, so the whole layer is one 3x3 convolution of the input
+/// (padded by one) with `4 · cout` outputs per pixel, one set per parity
+/// `(a, b)`, each of which uses four of the nine taps. F(4×4) computes that
+/// with 36 products per 4x4 tile instead of the 64 the four parities take
+/// directly (1.78x fewer multiply-adds), for 9x the weights.
+///
+/// Maps are `n` images of `side × side` pixels, channels innermost, with a
+/// border of one zero pixel (`n × (side + 2) × (side + 2) × channels`).
+#[derive(Debug)]
+pub(crate) struct Upsample {
+    cin: usize,
+    cout: usize,
+    /// `U[ξ]`, `4·cout × cin` (rows: parity, then output channel).
+    weights: Vec<PackedWeights>,
+}
+
+impl Upsample {
+    /// Whether a layer of this shape, on maps of this side, can run here:
+    /// whole vectors of channels and whole tiles.
+    pub(crate) fn fits(cin: usize, cout: usize, side: usize) -> bool {
+        cin.is_multiple_of(LANES) && cout.is_multiple_of(LANES) && side.is_multiple_of(4) && side > 0
+    }
+
+    /// Floats of transformed weights a layer of this shape holds.
+    pub(crate) fn weight_floats(cin: usize, cout: usize) -> usize {
+        36 * 4 * cout * cin
+    }
+
+    /// `weight` is PyTorch's `cin × cout × 4 × 4` of a transposed
+    /// convolution.
+    pub(crate) fn new(weight: &[f32], cin: usize, cout: usize) -> Self {
+        assert_eq!(
+            weight.len(),
+            cin * cout * 16,
+            "transposed convolution weight has the wrong size"
+        );
+        let rows = 4 * cout;
+        let mut u = vec![vec![0.0f32; rows * cin]; 36];
+        for ci in 0..cin {
+            for co in 0..cout {
+                let w = &weight[(ci * cout + co) * 16..][..16];
+                for p in 0..4 {
+                    let (a, b) = (p / 2, p % 2);
+                    // The 3x3 filter of parity (a, b): window row a + t is
+                    // kernel row 3 - a - 2t, column b + u kernel column
+                    // 3 - b - 2u; the other taps are zero.
+                    let mut g = [[0.0f64; 3]; 3];
+                    for t in 0..2 {
+                        for v in 0..2 {
+                            g[a + t][b + v] = f64::from(w[(3 - a - 2 * t) * 4 + 3 - b - 2 * v]);
+                        }
+                    }
+                    for i in 0..6 {
+                        for j in 0..6 {
+                            let mut sum = 0.0f64;
+                            for (r, g) in g.iter().enumerate() {
+                                for (c, g) in g.iter().enumerate() {
+                                    sum += G4[i][r] * g * G4[j][c];
+                                }
+                            }
+                            u[i * 6 + j][(p * cout + co) * cin + ci] = sum as f32;
+                        }
+                    }
+                }
+            }
+        }
+        let weights = u.iter().map(|u| PackedWeights::from_rows(u, rows, cin)).collect();
+        Self { cin, cout, weights }
+    }
+
+    /// The layer on `n` images of `side` (see [`Upsample::fits`]): `x` in,
+    /// `out` (side `2·side`, its border left as it is) with `bias` added and,
+    /// if `relu`, ReLU applied.
+    pub(crate) fn forward(&self, x: &[f32], n: usize, side: usize, out: &mut [f32], bias: &[f32], relu: bool) {
+        assert!(Self::fits(self.cin, self.cout, side), "no whole tiles");
+        assert_eq!(
+            x.len(),
+            n * (side + 2) * (side + 2) * self.cin,
+            "input has the wrong size"
+        );
+        assert_eq!(
+            out.len(),
+            n * (2 * side + 2) * (2 * side + 2) * self.cout,
+            "output has the wrong size"
+        );
+        assert_eq!(bias.len(), self.cout, "bias has the wrong size");
+        #[cfg(target_arch = "x86_64")]
+        if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
+            // SAFETY: the CPU has AVX2 and FMA, which is all
+            // `forward_avx2` is compiled to use.
+            #[allow(unsafe_code)]
+            unsafe {
+                self.forward_avx2(x, n, side, out, bias, relu);
+            }
+            return;
+        }
+        self.forward_any(x, n, side, out, bias, relu);
+    }
+
+    #[cfg(target_arch = "x86_64")]
+    #[target_feature(enable = "avx2,fma")]
+    fn forward_avx2(&self, x: &[f32], n: usize, side: usize, out: &mut [f32], bias: &[f32], relu: bool) {
+        self.forward_any(x, n, side, out, bias, relu);
+    }
+
+    #[inline(always)]
+    fn forward_any(&self, x: &[f32], n: usize, side: usize, out: &mut [f32], bias: &[f32], relu: bool) {
+        let (cin, cout, rows) = (self.cin, self.cout, 4 * self.cout);
+        let (tw, pw, ow) = (side / 4, side + 2, 2 * side + 2);
+        let tiles = n * tw * tw;
+        let chunk = (CHUNK_FLOATS / (36 * (cin + rows))).clamp(32, MAX_TILES).min(tiles);
+        let mut v = vec![0.0f32; 36 * chunk * cin];
+        let mut prod = vec![0.0f32; 36 * chunk * rows];
+        for first in (0..tiles).step_by(chunk) {
+            let len = chunk.min(tiles - first);
+            // (image, row of tiles, column of tiles)
+            let tile = |j: usize| {
+                let t = first + j;
+                (t / (tw * tw), t / tw % tw, t % tw)
+            };
+            for j in 0..len {
+                let (img, ty, tx) = tile(j);
+                let corner = ((img * pw + 4 * ty) * pw + 4 * tx) * cin;
+                for c0 in (0..cin).step_by(LANES) {
+                    let mut d = [[V8::default(); 6]; 6];
+                    for (r, line) in d.iter_mut().enumerate() {
+                        let row = corner + r * pw * cin + c0;
+                        for (c, value) in line.iter_mut().enumerate() {
+                            *value = V8::load(&x[row + c * cin..]);
+                        }
+                    }
+                    for (r, line) in f4_input(&d).iter().enumerate() {
+                        for (c, value) in line.iter().enumerate() {
+                            value.store(&mut v[((r * 6 + c) * len + j) * cin + c0..]);
+                        }
+                    }
+                }
+            }
+            for (k, weights) in self.weights.iter().enumerate() {
+                let v = &v[k * len * cin..][..len * cin];
+                weights.matmul_rows(v, len, &mut prod[k * len * rows..][..len * rows]);
+            }
+            for j in 0..len {
+                let (img, ty, tx) = tile(j);
+                for o0 in (0..rows).step_by(LANES) {
+                    let (p, co) = (o0 / cout, o0 % cout);
+                    let (a, b) = (p / 2, p % 2);
+                    let mut m = [[V8::default(); 6]; 6];
+                    for (r, line) in m.iter_mut().enumerate() {
+                        for (c, value) in line.iter_mut().enumerate() {
+                            *value = V8::load(&prod[((r * 6 + c) * len + j) * rows + o0..]);
+                        }
+                    }
+                    let add = V8::load(&bias[co..]);
+                    let y = f4_output(&m);
+                    for (i, line) in y.iter().enumerate() {
+                        // Output row 2(4·ty + i) + a, in padded coordinates.
+                        let row = (img * ow + 2 * (4 * ty + i) + a + 1) * ow;
+                        for (c, value) in line.iter().enumerate() {
+                            let mut value = *value + add;
+                            if relu {
+                                value = value.map2(value, |v, _| v.max(0.0));
+                            }
+                            value.store(&mut out[(row + 2 * (4 * tx + c) + b + 1) * cout + co..]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// F(4×4)'s `Bᵀ d B` on a tile held as rows, written with plain loops:
+/// the generic [`Kind::input`] and array maps left calls and copies in the
+/// upsampling loop.
+#[inline(always)]
+fn f4_input(d: &[[V8; 6]; 6]) -> [[V8; 6]; 6] {
+    let mut t = [[V8::default(); 6]; 6];
+    for c in 0..6 {
+        let line = F4::input_line([d[0][c], d[1][c], d[2][c], d[3][c], d[4][c], d[5][c]]);
+        for r in 0..6 {
+            t[r][c] = line[r];
+        }
+    }
+    let mut v = [[V8::default(); 6]; 6];
+    for r in 0..6 {
+        v[r] = F4::input_line(t[r]);
+    }
+    v
+}
+
+/// F(4×4)'s `Aᵀ m A` on a tile held as rows.
+#[inline(always)]
+fn f4_output(m: &[[V8; 6]; 6]) -> [[V8; 4]; 4] {
+    let mut t = [[V8::default(); 6]; 4];
+    for c in 0..6 {
+        let line = F4::output_line([m[0][c], m[1][c], m[2][c], m[3][c], m[4][c], m[5][c]]);
+        for r in 0..4 {
+            t[r][c] = line[r];
+        }
+    }
+    let mut y = [[V8::default(); 4]; 4];
+    for r in 0..4 {
+        y[r] = F4::output_line(t[r]);
+    }
+    y
+}
+
 /// `V = Bᵀ d B` of every tile at `at` and every channel, into the rows of
 /// each position's product: position ξ, tile j, channel ci at
 /// `v[(ξ·n + j)·depth + ci]`.
