@@ -55,10 +55,20 @@ impl TerrainSpec {
     }
 
     /// Metres of a value of the model's normalised space.
+    #[cfg(test)]
     fn height_of(&self, value: f32) -> f32 {
-        let unit = ((value + 1.0) * 0.5).clamp(0.0, 1.0);
-        let top = (self.height_range / self.asinh_scale).asinh();
-        (self.asinh_scale * (unit * top).sinh()).clamp(0.0, self.height_range)
+        self.metres()(value)
+    }
+
+    /// The map from the model's normalised space to metres (its constant
+    /// computed once, not per pixel).
+    fn metres(&self) -> impl Fn(f32) -> f32 + use<> {
+        let (scale, range) = (self.asinh_scale, self.height_range);
+        let top = (range / scale).asinh();
+        move |value| {
+            let unit = ((value + 1.0) * 0.5).clamp(0.0, 1.0);
+            (scale * (unit * top).sinh()).clamp(0.0, range)
+        }
     }
 }
 
@@ -118,10 +128,11 @@ impl Terrain {
                 n * plane
             ));
         }
+        let metres = spec.metres();
         Ok(denoised
             .chunks_exact(plane)
             .map(|values| {
-                let mut heights: Vec<f32> = values.iter().map(|v| spec.height_of(*v)).collect();
+                let mut heights: Vec<f32> = values.iter().map(|v| metres(*v)).collect();
                 let floor = heights.iter().copied().fold(f32::INFINITY, f32::min);
                 heights.iter_mut().for_each(|h| *h -= floor);
                 heights
