@@ -150,24 +150,28 @@ trait Kind {
     /// `Aᵀ v` of one line of `A` products, `M` values out.
     fn output_line(m: [V8; 6]) -> [V8; 4];
 
-    /// `Bᵀ d B`, `d` and the result `A × A` row-major.
+    /// `Bᵀ d B`, `d` and the result `A × A` row-major. (Lines are
+    /// gathered with plain loops: built with `array::from_fn`, they
+    /// compiled to calls that were not inlined into the AVX2 loops.)
     #[inline(always)]
     fn input(d: &[V8; 36]) -> [V8; 36] {
         let a = Self::A;
         let mut t = [V8::default(); 36];
         for c in 0..a {
-            let line = Self::input_line(std::array::from_fn(
-                |r| if r < a { d[r * a + c] } else { V8::default() },
-            ));
+            let mut line = [V8::default(); 6];
+            for r in 0..a {
+                line[r] = d[r * a + c];
+            }
+            let line = Self::input_line(line);
             for r in 0..a {
                 t[r * a + c] = line[r];
             }
         }
         let mut v = [V8::default(); 36];
         for r in 0..a {
-            let line = Self::input_line(std::array::from_fn(
-                |c| if c < a { t[r * a + c] } else { V8::default() },
-            ));
+            let mut line = [V8::default(); 6];
+            line[..a].copy_from_slice(&t[r * a..][..a]);
+            let line = Self::input_line(line);
             v[r * a..][..a].copy_from_slice(&line[..a]);
         }
         v
@@ -179,18 +183,20 @@ trait Kind {
         let (a, o) = (Self::A, Self::M);
         let mut t = [V8::default(); 36];
         for c in 0..a {
-            let line = Self::output_line(std::array::from_fn(
-                |r| if r < a { m[r * a + c] } else { V8::default() },
-            ));
+            let mut line = [V8::default(); 6];
+            for r in 0..a {
+                line[r] = m[r * a + c];
+            }
+            let line = Self::output_line(line);
             for r in 0..o {
                 t[r * a + c] = line[r];
             }
         }
         let mut y = [V8::default(); 16];
         for r in 0..o {
-            let line = Self::output_line(std::array::from_fn(
-                |c| if c < a { t[r * a + c] } else { V8::default() },
-            ));
+            let mut line = [V8::default(); 6];
+            line[..a].copy_from_slice(&t[r * a..][..a]);
+            let line = Self::output_line(line);
             y[r * o..][..o].copy_from_slice(&line[..o]);
         }
         y
