@@ -122,9 +122,16 @@ struct View<'a> {
 impl View<'_> {
     /// As [`Map::at`].
     fn at(&self, b: usize, y: usize, x: usize) -> usize {
-        let padded = self.side + 2;
-        ((b * padded + y) * padded + x) * self.channels
+        offset(self.side, self.channels, b, y, x)
     }
+}
+
+/// Offset of pixel `(y, x)` of image `b` in a padded map of `side` pixels
+/// and `channels` channels, in padded coordinates (the first real pixel is
+/// `(1, 1)`).
+fn offset(side: usize, channels: usize, b: usize, y: usize, x: usize) -> usize {
+    let padded = side + 2;
+    ((b * padded + y) * padded + x) * channels
 }
 
 impl Map {
@@ -138,11 +145,9 @@ impl Map {
         }
     }
 
-    /// Offset of pixel `(y, x)` of image `b`, in padded coordinates (the
-    /// first real pixel is `(1, 1)`).
+    /// Offset of pixel `(y, x)` of image `b` ([`offset`]).
     fn at(&self, b: usize, y: usize, x: usize) -> usize {
-        let padded = self.side + 2;
-        ((b * padded + y) * padded + x) * self.channels
+        offset(self.side, self.channels, b, y, x)
     }
 
     /// Images `images` of the batch, borrowed.
@@ -290,9 +295,8 @@ impl Generator {
         let mut side = 1;
         for layer in &mut layers {
             layer.pack(side);
-            side = (side - 1) * layer.stride + layer.k - 2 * layer.pad;
+            side = layer.out_side(side);
         }
-        let side = layers.iter().fold(1, |side, l| (side - 1) * l.stride + l.k - 2 * l.pad);
         Ok(Self {
             input: layers[0].cin,
             layers,
@@ -377,7 +381,7 @@ impl Generator {
         if !layer.applies() {
             map.map_interior(|v, c| layer.activation.apply(v + layer.bias[c]));
         }
-        let out_side = (map.side - 1) * next.stride + next.k - 2 * next.pad;
+        let out_side = next.out_side(map.side);
         let per_image = (out_side + 2) * (out_side + 2) * next.cout;
         let chunk = (self.map_floats / per_image).max(1);
         for start in (0..map.n).step_by(chunk) {
@@ -409,6 +413,11 @@ enum Source<'a> {
 }
 
 impl Layer {
+    /// Side of the output of a map of `side` pixels.
+    fn out_side(&self, side: usize) -> usize {
+        (side - 1) * self.stride + self.k - 2 * self.pad
+    }
+
     /// Packs the (folded) weights for the products the layer runs on maps
     /// of `side` pixels, keeping one copy.
     fn pack(&mut self, side: usize) {
@@ -475,20 +484,8 @@ impl Layer {
         let relu = self.activation == Activation::Relu;
         match (plan, source) {
             (Plan::First(packed), Source::Latent(z)) => {
-                let rows = k * k * cout;
-                let mut taps = vec![0.0f32; n * rows];
-                let inputs: Vec<usize> = (0..n).map(|b| b * cin).collect();
-                let outputs: Vec<usize> = (0..n).map(|b| b * rows).collect();
-                let runs = Runs {
-                    count: 1,
-                    len: cin,
-                    stride: 0,
-                };
-                let columns = Columns {
-                    inputs: &inputs,
-                    outputs: &outputs,
-                };
-                packed.matmul_gathered(z, runs, columns, &mut taps, Epilogue::Plain);
+                let mut taps = vec![0.0f32; n * k * k * cout];
+                packed.matmul_rows(z, n, &mut taps);
                 let mut out = Map::zeros(n, k, cout);
                 for b in 0..n {
                     for kh in 0..k {

@@ -643,8 +643,18 @@ mod tests {
     fn gathered_columns_read_their_runs_and_land_where_told() {
         // A map of 7 "pixels" of `len` floats a row, columns reading two runs
         // each (a pixel and the one `stride` floats on), in any order,
-        // overlapping, some twice; outputs scattered with gaps between.
-        for (len, rows, n) in [(3, 5, 1), (4, 16, 7), (10, 33, 13), (1, 40, 6), (37, 20, 20)] {
+        // overlapping, some twice; outputs scattered with gaps between. More
+        // rows than columns streams the weights (33 rows: with the next panel
+        // prefetched); (600, 5, 80) takes groups of columns past the panels,
+        // several groups.
+        for (len, rows, n) in [
+            (3, 5, 1),
+            (4, 16, 7),
+            (10, 33, 13),
+            (1, 40, 6),
+            (37, 20, 20),
+            (600, 5, 80),
+        ] {
             let runs = Runs {
                 count: 2,
                 len,

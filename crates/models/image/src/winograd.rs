@@ -152,7 +152,8 @@ trait Kind {
 
     /// `Bᵀ d B`, `d` and the result `A × A` row-major. (Lines are
     /// gathered with plain loops: built with `array::from_fn`, they
-    /// compiled to calls that were not inlined into the AVX2 loops.)
+    /// compiled to calls that were not inlined into the AVX2 loops, at a
+    /// cost measured on the VAE decoder and the generators.)
     #[inline(always)]
     fn input(d: &[V8; 36]) -> [V8; 36] {
         let a = Self::A;
@@ -307,17 +308,9 @@ impl Winograd {
         let mut u = vec![vec![0.0f32; cout * depth]; a * a];
         for (k, filter) in weight.chunks_exact(9).enumerate() {
             let (co, ci) = (k / cin, k % cin);
-            // (G g Gᵀ)[i][j] = Σ_r Σ_c G[i][r] g[r][c] G[j][c], in f64.
-            for i in 0..a {
-                for j in 0..a {
-                    let mut s = 0.0f64;
-                    for r in 0..3 {
-                        for c in 0..3 {
-                            s += g[i][r] * f64::from(filter[r * 3 + c]) * g[j][c];
-                        }
-                    }
-                    u[i * a + j][co * depth + ci] = s as f32;
-                }
+            let filter: [[f64; 3]; 3] = std::array::from_fn(|r| std::array::from_fn(|c| f64::from(filter[r * 3 + c])));
+            for (xi, u) in u.iter_mut().enumerate() {
+                u[co * depth + ci] = filter_transform(g, &filter, xi / a, xi % a);
             }
         }
         let weights = u.iter().map(|u| PackedWeights::from_rows(u, cout, depth)).collect();
@@ -480,6 +473,18 @@ impl Winograd {
     }
 }
 
+/// `(G g Gᵀ)[i][j] = Σ_r Σ_c G[i][r] g[r][c] G[j][c]` of a 3x3 filter, in
+/// f64.
+fn filter_transform(gm: &[[f64; 3]], filter: &[[f64; 3]; 3], i: usize, j: usize) -> f32 {
+    let mut sum = 0.0f64;
+    for (r, row) in filter.iter().enumerate() {
+        for (c, value) in row.iter().enumerate() {
+            sum += gm[i][r] * value * gm[j][c];
+        }
+    }
+    sum as f32
+}
+
 /// A 4x4, stride-2, padding-1 transposed convolution (a generator's
 /// upsampling layer) by F(4×4, 3×3). Output pixel `(2m + a, 2n + b)` is a
 /// 2x2 window of the input at `(m - 1 + a, n - 1 + b)` through four of the
@@ -535,16 +540,8 @@ impl Upsample {
                             g[a + t][b + v] = f64::from(w[(3 - a - 2 * t) * 4 + 3 - b - 2 * v]);
                         }
                     }
-                    for i in 0..6 {
-                        for j in 0..6 {
-                            let mut sum = 0.0f64;
-                            for (r, g) in g.iter().enumerate() {
-                                for (c, g) in g.iter().enumerate() {
-                                    sum += G4[i][r] * g * G4[j][c];
-                                }
-                            }
-                            u[i * 6 + j][(p * cout + co) * cin + ci] = sum as f32;
-                        }
+                    for (xi, u) in u.iter_mut().enumerate() {
+                        u[(p * cout + co) * cin + ci] = filter_transform(&G4, &g, xi / 6, xi % 6);
                     }
                 }
             }
@@ -607,17 +604,12 @@ impl Upsample {
                 let (img, ty, tx) = tile(j);
                 let corner = ((img * pw + 4 * ty) * pw + 4 * tx) * cin;
                 for c0 in (0..cin).step_by(LANES) {
-                    let mut d = [[V8::default(); 6]; 6];
-                    for (r, line) in d.iter_mut().enumerate() {
-                        let row = corner + r * pw * cin + c0;
-                        for (c, value) in line.iter_mut().enumerate() {
-                            *value = V8::load(&x[row + c * cin..]);
-                        }
+                    let mut d = [V8::default(); 36];
+                    for (k, value) in d.iter_mut().enumerate() {
+                        *value = V8::load(&x[corner + ((k / 6) * pw + k % 6) * cin + c0..]);
                     }
-                    for (r, line) in f4_input(&d).iter().enumerate() {
-                        for (c, value) in line.iter().enumerate() {
-                            value.store(&mut v[((r * 6 + c) * len + j) * cin + c0..]);
-                        }
+                    for (k, value) in F4::input(&d).iter().enumerate() {
+                        value.store(&mut v[(k * len + j) * cin + c0..]);
                     }
                 }
             }
@@ -630,15 +622,13 @@ impl Upsample {
                 for o0 in (0..rows).step_by(LANES) {
                     let (p, co) = (o0 / cout, o0 % cout);
                     let (a, b) = (p / 2, p % 2);
-                    let mut m = [[V8::default(); 6]; 6];
-                    for (r, line) in m.iter_mut().enumerate() {
-                        for (c, value) in line.iter_mut().enumerate() {
-                            *value = V8::load(&prod[((r * 6 + c) * len + j) * rows + o0..]);
-                        }
+                    let mut m = [V8::default(); 36];
+                    for (k, value) in m.iter_mut().enumerate() {
+                        *value = V8::load(&prod[(k * len + j) * rows + o0..]);
                     }
                     let add = V8::load(&bias[co..]);
-                    let y = f4_output(&m);
-                    for (i, line) in y.iter().enumerate() {
+                    let y = F4::output(&m);
+                    for (i, line) in y.chunks_exact(4).enumerate() {
                         // Output row 2(4·ty + i) + a, in padded coordinates.
                         let row = (img * ow + 2 * (4 * ty + i) + a + 1) * ow;
                         for (c, value) in line.iter().enumerate() {
@@ -653,42 +643,6 @@ impl Upsample {
             }
         }
     }
-}
-
-/// F(4×4)'s `Bᵀ d B` on a tile held as rows, written with plain loops:
-/// the generic [`Kind::input`] and array maps left calls and copies in the
-/// upsampling loop.
-#[inline(always)]
-fn f4_input(d: &[[V8; 6]; 6]) -> [[V8; 6]; 6] {
-    let mut t = [[V8::default(); 6]; 6];
-    for c in 0..6 {
-        let line = F4::input_line([d[0][c], d[1][c], d[2][c], d[3][c], d[4][c], d[5][c]]);
-        for r in 0..6 {
-            t[r][c] = line[r];
-        }
-    }
-    let mut v = [[V8::default(); 6]; 6];
-    for r in 0..6 {
-        v[r] = F4::input_line(t[r]);
-    }
-    v
-}
-
-/// F(4×4)'s `Aᵀ m A` on a tile held as rows.
-#[inline(always)]
-fn f4_output(m: &[[V8; 6]; 6]) -> [[V8; 4]; 4] {
-    let mut t = [[V8::default(); 6]; 4];
-    for c in 0..6 {
-        let line = F4::output_line([m[0][c], m[1][c], m[2][c], m[3][c], m[4][c], m[5][c]]);
-        for r in 0..4 {
-            t[r][c] = line[r];
-        }
-    }
-    let mut y = [[V8::default(); 4]; 4];
-    for r in 0..4 {
-        y[r] = F4::output_line(t[r]);
-    }
-    y
 }
 
 /// `V = Bᵀ d B` of every tile at `at` and every channel, into the rows of
