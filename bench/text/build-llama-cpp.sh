@@ -11,14 +11,16 @@
 # llama-bench, which is why those two programs exist. If a later crate version
 # ships them, this script says so.
 #
-# Two builds, CPU only, Release, no curl:
+# Builds, CPU only, Release, no curl (the first two by default):
 #   native  llama.cpp's defaults on this machine (GGML_NATIVE=ON, OpenMP):
 #           what a llama.cpp user who builds it here gets
 #   gantry  the flags llama-cpp-sys-2's build.rs gives the gantry binary
 #           (GGML_NATIVE=OFF, -march=x86-64 with ggml's AVX/AVX2/FMA/F16C/
 #           BMI2/SSE4.2 defaults, no AVX-512, no OpenMP): same kernels as ours
+#   omp     gantry's flags with OpenMP (decode threads kept between graphs)
+#   avx512  gantry's flags plus ggml's AVX-512 (F, VBMI, VNNI, BF16) kernels
 #
-#   bench/text/build-llama-cpp.sh            # both, skips what is built
+#   bench/text/build-llama-cpp.sh            # native and gantry, skips what is built
 #   GANTRY_LLAMA_CPP_VARIANTS=native bench/text/build-llama-cpp.sh
 #   GANTRY_LLAMA_CPP_BUILD=/some/dir ...     # default ~/.cache/gantry/llama.cpp-build
 #   GANTRY_LLAMA_CPP_JOBS=1 ...              # parallel compile jobs (default nproc)
@@ -95,7 +97,19 @@ for variant in $variants; do
             base="-ffunction-sections -fdata-sections -fPIC -m64 -march=x86-64"
             flags=(-DGGML_NATIVE=OFF -DGGML_OPENMP=OFF "-DCMAKE_C_FLAGS=$base" "-DCMAKE_CXX_FLAGS=$base")
             ;;
-        *) log "unknown variant $variant (native, gantry)"; exit 1 ;;
+        omp)
+            # the gantry flags with OpenMP: decode threads that persist between graphs
+            base="-ffunction-sections -fdata-sections -fPIC -m64 -march=x86-64"
+            flags=(-DGGML_NATIVE=OFF -DGGML_OPENMP=ON "-DCMAKE_C_FLAGS=$base" "-DCMAKE_CXX_FLAGS=$base")
+            ;;
+        avx512)
+            # the gantry flags plus ggml's AVX-512 kernels (GGML_AVX512* environment
+            # variables at cargo build time give the gantry binary the same)
+            base="-ffunction-sections -fdata-sections -fPIC -m64 -march=x86-64"
+            flags=(-DGGML_NATIVE=OFF -DGGML_OPENMP=OFF "-DCMAKE_C_FLAGS=$base" "-DCMAKE_CXX_FLAGS=$base"
+                -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON)
+            ;;
+        *) log "unknown variant $variant (native, gantry, omp, avx512)"; exit 1 ;;
     esac
     dir="$build_root/$variant"
     stamp="$dir/.gantry-stamp"

@@ -2,7 +2,8 @@
 """Load client of bench/text/run.sh: Gantry's text model as a user sees it.
 
     client.py measure --url http://127.0.0.1:18081 --key gk_... --pid PID [options] > result.json
-    client.py combine --meta cpu=... result.json native=llama-bench-native.json ... > latest.json
+    client.py pairs --key gk_... --bench-cmd "gantry-llama-bench -m F -p 0 -n 128 -r 1 -o json" > pairs.json
+    client.py combine --meta cpu=... [--pairs pairs.json] result.json native=llama-bench-native.json ... > latest.json
     client.py report latest.json                             # Markdown tables
 
 `measure` sends OpenAI chat completions with `stream: true` to
@@ -20,12 +21,23 @@ and per round the aggregate generation rate, sum(completion_tokens - 1) over
 (latest last content chunk - earliest first content chunk), plus the
 end-to-end rate, sum(completion_tokens) / round wall time. Token counts are
 the server's `usage` (stream_options.include_usage). The server's VmRSS is
-sampled every 50 ms; VmHWM is read at the end. Standard library only.
+sampled every 50 ms; VmHWM is read at the end. With each paired runsync
+request it also reads the server's CPU time from /proc, the text engine's
+threads apart from the rest, so streaming's cost on the server is known
+without this client's own CPU in it.
+
+`pairs` alternates one streamed request with one llama.cpp run of the same
+number of generated tokens while the server idles, for a single-stream
+ratio that the machine's drift over minutes does not decide. Standard
+library only.
 """
 
 import argparse
 import http.client
 import json
+import os
+import shlex
+import subprocess
 import statistics
 import sys
 import threading
@@ -58,6 +70,45 @@ def proc_status(pid):
     except OSError:
         pass
     return out
+
+
+TICKS = os.sysconf("SC_CLK_TCK")
+
+
+def server_cpu(pid):
+    """CPU seconds of the server: the whole process (exited threads included)
+    and, by thread id, its live threads that are not the text engine's. The
+    engine thread is named text-engine-<model> and the decode threads llama.cpp
+    starts inherit that name, so total minus the rest is the engine's share."""
+    def ticks(stat):
+        fields = stat[stat.rindex(")") + 2:].split()
+        return int(fields[11]) + int(fields[12])  # utime, stime
+
+    total, others = None, {}
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            total = ticks(f.read()) / TICKS
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                with open(f"/proc/{pid}/task/{tid}/comm") as f:
+                    if f.read().startswith("text-engine"):
+                        continue
+                with open(f"/proc/{pid}/task/{tid}/stat") as f:
+                    others[tid] = ticks(f.read()) / TICKS
+            except OSError:
+                pass  # the thread ended meanwhile
+    except OSError:
+        return None
+    return {"total": total, "others": others}
+
+
+def server_cpu_delta(before, after):
+    """(whole process, everything but the engine) CPU seconds between two
+    server_cpu snapshots; a thread that ended in between counts as engine."""
+    if not before or not after:
+        return None
+    rest = sum(t - before["others"].get(tid, 0.0) for tid, t in after["others"].items())
+    return {"total": after["total"] - before["total"], "platform": rest}
 
 
 class RssSampler:
@@ -351,14 +402,19 @@ def measure(args):
             try:
                 # Each runsync request right after one streamed request, so the
                 # two meet the same machine (its speed drifts over minutes).
-                cpu0 = time.process_time()
+                srv0, cpu0 = server_cpu(args.pid), time.process_time()
                 paired = per_request_metrics(stream_once(args, time.perf_counter() + args.timeout))
-                cpu1 = time.process_time()
+                srv1, cpu1 = server_cpu(args.pid), time.process_time()
                 sync.append(runsync_once(args))
+                srv2 = server_cpu(args.pid)
                 sync[-1]["paired_stream_total"] = paired["total_s"]
+                sync[-1]["paired_stream_tokens"] = paired["completion_tokens"]
                 # This client's own CPU time for each (it shares the cores with the server).
                 sync[-1]["paired_stream_client_cpu"] = cpu1 - cpu0
                 sync[-1]["client_cpu"] = time.process_time() - cpu1
+                # The server's CPU time for each, the text engine's apart.
+                sync[-1]["paired_stream_server_cpu"] = server_cpu_delta(srv0, srv1)
+                sync[-1]["server_cpu"] = server_cpu_delta(srv1, srv2)
             except (Failure, OSError) as e:
                 out["skipped"].append(f"runsync request {k + 1}: {e}")
                 break
@@ -400,10 +456,62 @@ def runsync_summary(out, sync, stream1, reference_text, rss_peak_kib):
         diff = summary(paired)["median"] - sync_total["median"]
         out["runsync"]["sse_overhead_s"] = diff
         out["runsync"]["sse_overhead_ms_per_token"] = 1000 * diff / sync_tokens["median"]
+        server_cpu_summary(out["runsync"], sync)
     elif stream1:
         diff = stream1["total_s"]["median"] - sync_total["median"]
         out["runsync"]["sse_overhead_s"] = diff
         out["runsync"]["sse_overhead_ms_per_token"] = 1000 * diff / sync_tokens["median"]
+
+
+def server_cpu_summary(rs, sync):
+    """The server's CPU per generated token outside the text engine, streamed
+    and runsync, and the difference as a share of a token's decode time."""
+    pairs = [s for s in sync if s.get("paired_stream_server_cpu") and s.get("server_cpu")
+             and s.get("paired_stream_tokens") and s.get("completion_tokens")]
+    if not pairs:
+        return
+    stream_ms = [1000 * s["paired_stream_server_cpu"]["platform"] / s["paired_stream_tokens"] for s in pairs]
+    sync_ms = [1000 * s["server_cpu"]["platform"] / s["completion_tokens"] for s in pairs]
+    engine_ms = [1000 * (s["server_cpu"]["total"] - s["server_cpu"]["platform"]) / s["completion_tokens"]
+                 for s in pairs]
+    token_ms = [1000 * s["t_total"] / s["completion_tokens"] for s in pairs]
+    extra = [a - b for a, b in zip(stream_ms, sync_ms)]
+    rs["server_cpu"] = {
+        "platform_ms_per_token_stream": summary(stream_ms),
+        "platform_ms_per_token_runsync": summary(sync_ms),
+        "engine_ms_per_token_runsync": summary(engine_ms),
+        "wall_ms_per_token_runsync": summary(token_ms),
+        "stream_extra_ms_per_token": summary(extra),
+        # CPU the server spends on streaming a token, over the wall time of a token
+        "stream_extra_over_token_time": summary([e / t for e, t in zip(extra, token_ms)]),
+        "platform_stream_over_token_time": summary([p / t for p, t in zip(stream_ms, token_ms)]),
+    }
+
+
+def pairs(args):
+    """One streamed request and one llama.cpp generation run, alternately
+    (which goes first alternates too), so that both meet the same machine:
+    this VM's speed drifts over minutes, more than the difference measured."""
+    cmd = shlex.split(args.bench_cmd)
+    rows = []
+    for k in range(args.pairs):
+        row = {}
+        for side in ("gantry", "llama") if k % 2 == 0 else ("llama", "gantry"):
+            if side == "gantry":
+                r = per_request_metrics(stream_once(args, time.perf_counter() + args.timeout))
+                row["gantry_gen_tps"], row["gantry_tokens"] = r["gen_tps"], r["completion_tokens"]
+            else:
+                proc = subprocess.run(cmd, capture_output=True, text=True, timeout=90, check=True)
+                row["llama_tg_tps"] = next(x["avg_ts"] for x in json.loads(proc.stdout) if x.get("n_gen"))
+        row["ratio"] = row["gantry_gen_tps"] / row["llama_tg_tps"]
+        rows.append(row)
+        print(f"client: pair {k + 1}: gantry {row['gantry_gen_tps']:.1f} tok/s, llama.cpp {row['llama_tg_tps']:.1f} "
+              f"tok/s, ratio {row['ratio']:.2f}", file=sys.stderr)
+    json.dump({"bench_cmd": args.bench_cmd, "pairs": rows,
+               "gantry_gen_tps": summary([r["gantry_gen_tps"] for r in rows]),
+               "llama_tg_tps": summary([r["llama_tg_tps"] for r in rows]),
+               "ratio": summary([r["ratio"] for r in rows])}, sys.stdout, indent=2)
+    print()
 
 
 # ---------------------------------------------------------------- report
@@ -455,6 +563,11 @@ def combine(args):
             continue
         bench[label] = {"summary": llama_bench_summary(rows), "rows": rows}
     doc["llama_bench"] = bench
+    if args.pairs:
+        try:
+            doc["pairs"] = json.load(open(args.pairs))
+        except (OSError, ValueError) as e:
+            print(f"client: cannot read {args.pairs}: {e}", file=sys.stderr)
     g = doc["gantry"]
     s1 = next((lvl for lvl in g["streaming"] if lvl["concurrency"] == 1), None)
     agg = {lvl["concurrency"]: med(lvl, "aggregate_gen_tps") for lvl in g["streaming"]}
@@ -526,6 +639,16 @@ def report(args):
             if rs.get("paired_stream_client_cpu_s"):
                 add(f"This client's own CPU time per request (it shares the cores with the server): streamed "
                     f"{med(rs, 'paired_stream_client_cpu_s') * 1000:.1f} ms, runsync {med(rs, 'client_cpu_s') * 1000:.1f} ms")
+            sc = rs.get("server_cpu")
+            if sc:
+                add(f"The server's own CPU time per generated token outside the text engine (threads not named "
+                    f"text-engine-*): streamed {med(sc, 'platform_ms_per_token_stream'):.3f} ms, runsync "
+                    f"{med(sc, 'platform_ms_per_token_runsync'):.3f} ms; streaming adds "
+                    f"{med(sc, 'stream_extra_ms_per_token'):.3f} ms per token = "
+                    f"{100 * med(sc, 'stream_extra_over_token_time'):.2f} % of a token's time "
+                    f"({med(sc, 'wall_ms_per_token_runsync'):.2f} ms); all of the platform's CPU while streaming is "
+                    f"{100 * med(sc, 'platform_stream_over_token_time'):.2f} % of it. The engine's threads used "
+                    f"{med(sc, 'engine_ms_per_token_runsync'):.2f} ms of CPU per token.")
     add("")
     for note in res.get("skipped") or []:
         add(f"Not measured: {note}")
@@ -546,6 +669,12 @@ def report(args):
                 f"| {sm.get('tg_test', 'tg')}: {fmt(sm.get('tg'))} ± {fmt(sm.get('tg_stddev'))} "
                 f"| {fmt(ratios.get(f'single_stream_gen_over_llama_bench_tg_{label}'), 2)} "
                 f"| {fmt(ratios.get(f'single_stream_prompt_tps_over_llama_bench_pp_{label}'), 2)} |")
+    pr = doc.get("pairs")
+    if pr and pr.get("pairs"):
+        add("")
+        add(f"Single stream against llama.cpp, alternating (one streamed request, then `{pr['bench_cmd']}` "
+            f"with the server idle, {len(pr['pairs'])} pairs): gantry {spread(pr, 'gantry_gen_tps')} tok/s, llama.cpp "
+            f"{spread(pr, 'llama_tg_tps')} tok/s, ratio per pair {spread(pr, 'ratio', 2)} (median, min–max)")
     agg_ratios = [(k, v) for k, v in ratios.items() if k.startswith("aggregate_gen_at_") and k.endswith("_over_single")]
     if agg_ratios:
         add("")
@@ -585,7 +714,17 @@ def main():
     m.add_argument("--budget", type=float, default=300.0,
                    help="seconds; no new round starts after this (one runsync request always runs)")
     m.add_argument("--prompt", default=PROMPT)
+    pa = sub.add_parser("pairs")
+    pa.add_argument("--url", default="http://127.0.0.1:18081")
+    pa.add_argument("--key", required=True)
+    pa.add_argument("--model", default="smollm2-135m-instruct")
+    pa.add_argument("--pairs", type=int, default=6)
+    pa.add_argument("--max-tokens", type=int, default=128)
+    pa.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
+    pa.add_argument("--prompt", default=PROMPT)
+    pa.add_argument("--bench-cmd", required=True, help="a llama-bench command line with -o json (one tg test)")
     c = sub.add_parser("combine")
+    c.add_argument("--pairs", help="the pairs subcommand's output")
     c.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE")
     c.add_argument("client", help="measure's output")
     c.add_argument("llama_bench", nargs="*", metavar="LABEL=FILE", help="llama-bench -o json outputs")
@@ -593,7 +732,7 @@ def main():
     r.add_argument("result", help="combine's output")
     args = ap.parse_args()
     try:
-        {"measure": measure, "combine": combine, "report": report}[args.cmd](args)
+        {"measure": measure, "pairs": pairs, "combine": combine, "report": report}[args.cmd](args)
     except Failure as e:
         print(f"client: {e}", file=sys.stderr)
         sys.exit(1)

@@ -23,6 +23,7 @@
 #include "ggml-cpu.h"
 #include "llama.h"
 
+#include <algorithm>
 #include <chrono>
 #include <cmath>
 #include <cstdio>
@@ -105,13 +106,16 @@ struct result {
 static void usage() {
     fprintf(stderr,
             "usage: gantry-llama-bench -m MODEL.gguf [-t 2] [-p 100] [-n 128] [-r 3] [-b 2048] [-ub 512]\n"
-            "                          [--poll 50] [--no-threadpool] [--npl 4,16] [-o json|md]\n");
+            "                          [--poll 50] [--no-threadpool] [--npl 4,16] [-c N] [--seq-max N] [-o json|md]\n"
+            "  -c and --seq-max give every context that many KV cells and sequences (default: just\n"
+            "  enough for the test), to decode in the geometry a serving context has\n");
     exit(2);
 }
 
 int main(int argc, char ** argv) {
     std::string model_path, output = "md";
     int threads = 2, n_prompt = 100, n_gen = 128, reps = 3, n_batch = 2048, n_ubatch = 512, poll = 50;
+    int n_ctx_all = 0, n_seq_all = 0;
     bool use_threadpool = true;
     std::vector<int> parallel;  // extra tg tests with this many sequences decoded together
     for (int i = 1; i < argc; i++) {
@@ -138,6 +142,10 @@ int main(int argc, char ** argv) {
             n_ubatch = atoi(val());
         } else if (a == "--poll") {
             poll = atoi(val());
+        } else if (a == "-c") {
+            n_ctx_all = atoi(val());
+        } else if (a == "--seq-max") {
+            n_seq_all = atoi(val());
         } else if (a == "--no-threadpool") {
             use_threadpool = false;
         } else if (a == "--npl") {
@@ -194,8 +202,8 @@ int main(int argc, char ** argv) {
             continue;
         }
         llama_context_params cparams = llama_context_default_params();
-        cparams.n_ctx                = (p + g) * par;
-        cparams.n_seq_max            = par;
+        cparams.n_ctx                = std::max(n_ctx_all, (p + g) * par);
+        cparams.n_seq_max            = std::max(n_seq_all, par);
         cparams.kv_unified           = true;
         cparams.n_batch              = n_batch;
         cparams.n_ubatch             = n_ubatch;

@@ -10,6 +10,7 @@
 # Environment (defaults):
 #   THREADS=2            GANTRY_TEXT__THREADS and llama-bench -t
 #   CONCURRENCY=1,4,16   stream counts; ROUNDS=3 rounds of each
+#   PAIRS=6              single-stream requests alternated with llama.cpp runs (0: none)
 #   MAX_TOKENS=128       REQUEST_TIMEOUT=60 (s, per request)
 #   BUDGET=300           s of client time after which no new round starts
 #   OUT_DIR=/tmp/gantry-bench-text   latest.json, latest.md, serve.log, llama-bench-*.json
@@ -30,6 +31,7 @@ repo="$(cd "$here/../.." && pwd)"
 THREADS="${THREADS:-2}"
 CONCURRENCY="${CONCURRENCY:-1,4,16}"
 ROUNDS="${ROUNDS:-3}"
+PAIRS="${PAIRS:-6}"
 MAX_TOKENS="${MAX_TOKENS:-128}"
 REQUEST_TIMEOUT="${REQUEST_TIMEOUT:-60}"
 BUDGET="${BUDGET:-300}"
@@ -148,6 +150,22 @@ client_rc=0
 timeout "$((BUDGET + 4 * REQUEST_TIMEOUT))" python3 "$here/client.py" measure --url "http://$PUBLIC_ADDR" \
     --key "$KEY" --model "$MODEL_ID" --pid "$SERVER_PID" --concurrency "$CONCURRENCY" --rounds "$ROUNDS" \
     --max-tokens "$MAX_TOKENS" --timeout "$REQUEST_TIMEOUT" --budget "$BUDGET" >"$OUT_DIR/client.json" || client_rc=$?
+
+# Single stream and llama.cpp alternately, the server idle during llama.cpp's
+# turns (the first variant's build; PAIRS=0 skips this).
+pairs_args=()
+first_variant="${LLAMA_VARIANTS%% *}"
+pair_tool="$LLAMA_BUILD/$first_variant/bin/gantry-llama-bench"
+if [ "$client_rc" = 0 ] && [ "$PAIRS" -gt 0 ] && [ -x "$pair_tool" ]; then
+    log "single stream and llama.cpp ($first_variant) alternately, $PAIRS pairs"
+    if timeout "$((PAIRS * (REQUEST_TIMEOUT + 90)))" python3 "$here/client.py" pairs --url "http://$PUBLIC_ADDR" \
+        --key "$KEY" --model "$MODEL_ID" --pairs "$PAIRS" --max-tokens "$MAX_TOKENS" --timeout "$REQUEST_TIMEOUT" \
+        --bench-cmd "$pair_tool -m $GGUF -t $THREADS -p 0 -n $MAX_TOKENS -r 1 -o json" >"$OUT_DIR/pairs.json"; then
+        pairs_args=(--pairs "$OUT_DIR/pairs.json")
+    else
+        log "the alternating phase failed; the report leaves it out"
+    fi
+fi
 stop_server
 if [ "$client_rc" != 0 ]; then
     log "the client failed (exit $client_rc); see $OUT_DIR/serve.log"
@@ -182,6 +200,6 @@ python3 "$here/client.py" combine \
     --meta "startup_ms=$(((t_ready - t_launch) / 1000000))" \
     --meta "first_job_ms=$(((t_first_job - t_launch) / 1000000))" \
     --meta "date=$(date -u +%FT%TZ)" \
-    "$OUT_DIR/client.json" "${bench_args[@]}" >"$OUT_DIR/latest.json"
+    "${pairs_args[@]}" "$OUT_DIR/client.json" "${bench_args[@]}" >"$OUT_DIR/latest.json"
 python3 "$here/client.py" report "$OUT_DIR/latest.json" | tee "$OUT_DIR/latest.md"
 log "wrote $OUT_DIR/latest.json and latest.md"

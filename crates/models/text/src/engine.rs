@@ -479,10 +479,13 @@ fn finish_sequence(mut sequence: Sequence, reason: FinishReason) {
 }
 
 /// The sampler chain for `sampling`. Temperature 0 is plain argmax, exactly
-/// like llama.cpp's greedy decoding.
+/// like llama.cpp's greedy decoding. Greedy is a chain of one too: a chain
+/// keeps its vocabulary-sized candidate buffer between tokens, where a lone
+/// sampler gets a fresh one (600 KB for SmolLM2, freshly mapped and
+/// page-faulted) on every token.
 pub fn sampler(sampling: &Sampling) -> LlamaSampler {
     if sampling.is_greedy() {
-        return LlamaSampler::greedy();
+        return LlamaSampler::chain([LlamaSampler::greedy()], true);
     }
     let mut chain = Vec::with_capacity(4);
     if sampling.top_k > 0 {
