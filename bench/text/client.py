@@ -75,6 +75,19 @@ def proc_status(pid):
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
+def thread_cpu(pid, tid):
+    """CPU seconds of one thread: schedstat's nanoseconds where the kernel has
+    them (stat's clock ticks are 10 ms, too coarse for one request)."""
+    try:
+        with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
+            return int(f.read().split()[0]) / 1e9
+    except (OSError, ValueError, IndexError):
+        with open(f"/proc/{pid}/task/{tid}/stat") as f:
+            stat = f.read()
+        fields = stat[stat.rindex(")") + 2:].split()
+        return (int(fields[11]) + int(fields[12])) / TICKS
+
+
 def server_cpu(pid):
     """CPU seconds of the server: the whole process (exited threads included)
     and, by thread id, its live threads that are not the text engine's. The
@@ -93,8 +106,7 @@ def server_cpu(pid):
                 with open(f"/proc/{pid}/task/{tid}/comm") as f:
                     if f.read().startswith("text-engine"):
                         continue
-                with open(f"/proc/{pid}/task/{tid}/stat") as f:
-                    others[tid] = ticks(f.read()) / TICKS
+                others[tid] = thread_cpu(pid, tid)
             except OSError:
                 pass  # the thread ended meanwhile
     except OSError:
