@@ -90,22 +90,21 @@ done
 
 # --- builds -----------------------------------------------------------------
 own_hash="$(cat "$here/llama/CMakeLists.txt" "$here/greedy_ref.cpp" "$here/llama_bench.cpp" | sha256sum | cut -c1-16)"
+# llama-cpp-sys-2's C/C++ flags for a gantry binary (x86-64 baseline, no -march=native)
+base="-ffunction-sections -fdata-sections -fPIC -m64 -march=x86-64"
 for variant in $variants; do
     case "$variant" in
         native) flags=(-DGGML_NATIVE=ON) ;;
         gantry)
-            base="-ffunction-sections -fdata-sections -fPIC -m64 -march=x86-64"
             flags=(-DGGML_NATIVE=OFF -DGGML_OPENMP=OFF "-DCMAKE_C_FLAGS=$base" "-DCMAKE_CXX_FLAGS=$base")
             ;;
         omp)
             # the gantry flags with OpenMP: decode threads that persist between graphs
-            base="-ffunction-sections -fdata-sections -fPIC -m64 -march=x86-64"
             flags=(-DGGML_NATIVE=OFF -DGGML_OPENMP=ON "-DCMAKE_C_FLAGS=$base" "-DCMAKE_CXX_FLAGS=$base")
             ;;
         avx512)
             # the gantry flags plus ggml's AVX-512 kernels (GGML_AVX512* environment
             # variables at cargo build time give the gantry binary the same)
-            base="-ffunction-sections -fdata-sections -fPIC -m64 -march=x86-64"
             flags=(-DGGML_NATIVE=OFF -DGGML_OPENMP=OFF "-DCMAKE_C_FLAGS=$base" "-DCMAKE_CXX_FLAGS=$base"
                 -DGGML_AVX512=ON -DGGML_AVX512_VBMI=ON -DGGML_AVX512_VNNI=ON -DGGML_AVX512_BF16=ON -DGGML_AVX_VNNI=ON)
             ;;
