@@ -75,32 +75,35 @@ def proc_status(pid):
 TICKS = os.sysconf("SC_CLK_TCK")
 
 
+def stat_cpu(path):
+    """utime + stime of a /proc stat file, in seconds (clock ticks, 10 ms)."""
+    with open(path) as f:
+        stat = f.read()
+    fields = stat[stat.rindex(")") + 2:].split()
+    return (int(fields[11]) + int(fields[12])) / TICKS
+
+
 def thread_cpu(pid, tid):
     """CPU seconds of one thread: schedstat's nanoseconds where the kernel has
-    them (stat's clock ticks are 10 ms, too coarse for one request)."""
+    them (stat's clock ticks are too coarse for one request)."""
     try:
         with open(f"/proc/{pid}/task/{tid}/schedstat") as f:
             return int(f.read().split()[0]) / 1e9
     except (OSError, ValueError, IndexError):
-        with open(f"/proc/{pid}/task/{tid}/stat") as f:
-            stat = f.read()
-        fields = stat[stat.rindex(")") + 2:].split()
-        return (int(fields[11]) + int(fields[12])) / TICKS
+        return stat_cpu(f"/proc/{pid}/task/{tid}/stat")
 
 
 def server_cpu(pid):
     """CPU seconds of the server: the whole process (exited threads included)
     and, by thread id, its live threads that are not the text engine's. The
     engine thread is named text-engine-<model> and the decode threads llama.cpp
-    starts inherit that name, so total minus the rest is the engine's share."""
-    def ticks(stat):
-        fields = stat[stat.rindex(")") + 2:].split()
-        return int(fields[11]) + int(fields[12])  # utime, stime
-
+    starts inherit that name, so total minus the rest is the engine's share.
+    Only the process total includes the decode threads that already ended, and
+    the kernel keeps it in clock ticks: the engine's share is good to 10 ms per
+    reading, the rest to the nanosecond."""
     total, others = None, {}
     try:
-        with open(f"/proc/{pid}/stat") as f:
-            total = ticks(f.read()) / TICKS
+        total = stat_cpu(f"/proc/{pid}/stat")
         for tid in os.listdir(f"/proc/{pid}/task"):
             try:
                 with open(f"/proc/{pid}/task/{tid}/comm") as f:
