@@ -506,8 +506,12 @@ def server_cpu_summary(rs, sync):
 def pairs(args):
     """One streamed request and one llama.cpp generation run, alternately
     (which goes first alternates too), so that both meet the same machine:
-    this VM's speed drifts over minutes, more than the difference measured."""
+    this VM's speed drifts over minutes, more than the difference measured.
+    Unless --depth is given, llama.cpp generates after as many prompt tokens
+    (-d) as the streamed request had, so both attend to the same cells."""
     cmd = shlex.split(args.bench_cmd)
+    if args.depth is not None:
+        cmd += ["-d", str(args.depth)]
     rows = []
     for k in range(args.pairs):
         row = {}
@@ -515,6 +519,8 @@ def pairs(args):
             if side == "gantry":
                 r = per_request_metrics(stream_once(args, time.perf_counter() + args.timeout))
                 row["gantry_gen_tps"], row["gantry_tokens"] = r["gen_tps"], r["completion_tokens"]
+                if args.depth is None and "-d" not in cmd:
+                    cmd += ["-d", str(r["prompt_tokens"])]
             else:
                 proc = subprocess.run(cmd, capture_output=True, text=True, timeout=90, check=True)
                 row["llama_tg_tps"] = next(x["avg_ts"] for x in json.loads(proc.stdout) if x.get("n_gen"))
@@ -522,7 +528,7 @@ def pairs(args):
         rows.append(row)
         print(f"client: pair {k + 1}: gantry {row['gantry_gen_tps']:.1f} tok/s, llama.cpp {row['llama_tg_tps']:.1f} "
               f"tok/s, ratio {row['ratio']:.2f}", file=sys.stderr)
-    json.dump({"bench_cmd": args.bench_cmd, "pairs": rows,
+    json.dump({"bench_cmd": shlex.join(cmd), "pairs": rows,
                "gantry_gen_tps": summary([r["gantry_gen_tps"] for r in rows]),
                "llama_tg_tps": summary([r["llama_tg_tps"] for r in rows]),
                "ratio": summary([r["ratio"] for r in rows])}, sys.stdout, indent=2)
@@ -738,6 +744,8 @@ def main():
     pa.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
     pa.add_argument("--prompt", default=PROMPT)
     pa.add_argument("--bench-cmd", required=True, help="a llama-bench command line with -o json (one tg test)")
+    pa.add_argument("--depth", type=int,
+                    help="llama.cpp's -d (default: the streamed request's prompt tokens)")
     c = sub.add_parser("combine")
     c.add_argument("--pairs", help="the pairs subcommand's output")
     c.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE")

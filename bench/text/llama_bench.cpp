@@ -4,13 +4,16 @@
 // vendored in llama-cpp-sys-2 does not).
 //
 //   gantry-llama-bench -m MODEL.gguf [-t 2] [-p 100] [-n 128] [-r 3]
-//                      [-b 2048] [-ub 512] [--poll 50] [--no-threadpool] [-o json|md]
+//                      [-d 0] [-b 2048] [-ub 512] [--poll 50] [--no-threadpool] [-o json|md]
 //
 // Method (as upstream): two tests, pp<p> and tg<n>, each in a fresh context of
 // p+n cells. pp decodes p random tokens (BOS first where the model adds one)
 // in batches of b; tg decodes n single tokens, one llama_decode each, from an
-// empty cache. One untimed warm-up run per test, then r timed runs, each after
-// clearing the cache; tokens/s = tokens / wall time of the run. Threads run in
+// empty cache, or, with -d D, after D prompt tokens (decoded untimed before
+// each run, as upstream's -d does), so that generation attends to as many
+// cells as a served request's does after its prompt. One untimed warm-up run
+// per test, then r timed runs, each after clearing the cache; tokens/s =
+// tokens / wall time of the run. Threads run in
 // a ggml threadpool attached to the context with the given polling level, as
 // upstream does (--no-threadpool leaves ggml to make one per graph, as a
 // llama.cpp user that attaches none gets).
@@ -98,15 +101,16 @@ static bool decode_gen_parallel(llama_context * ctx, const llama_vocab * vocab, 
 
 struct result {
     std::string name;
-    int n_prompt, n_gen, n_par;
+    int n_prompt, n_gen, n_par, n_depth;
     std::vector<double> ts;  // tokens per second, one per run
     std::vector<double> ns;  // run wall time
 };
 
 static void usage() {
     fprintf(stderr,
-            "usage: gantry-llama-bench -m MODEL.gguf [-t 2] [-p 100] [-n 128] [-r 3] [-b 2048] [-ub 512]\n"
+            "usage: gantry-llama-bench -m MODEL.gguf [-t 2] [-p 100] [-n 128] [-r 3] [-d 0] [-b 2048] [-ub 512]\n"
             "                          [--poll 50] [--no-threadpool] [--npl 4,16] [-c N] [--seq-max N] [-o json|md]\n"
+            "  -d decodes that many prompt tokens (untimed) before each tg run\n"
             "  -c and --seq-max give every context that many KV cells and sequences (default: just\n"
             "  enough for the test), to decode in the geometry a serving context has\n");
     exit(2);
@@ -115,7 +119,7 @@ static void usage() {
 int main(int argc, char ** argv) {
     std::string model_path, output = "md";
     int threads = 2, n_prompt = 100, n_gen = 128, reps = 3, n_batch = 2048, n_ubatch = 512, poll = 50;
-    int n_ctx_all = 0, n_seq_all = 0;
+    int n_ctx_all = 0, n_seq_all = 0, depth = 0;
     bool use_threadpool = true;
     std::vector<int> parallel;  // extra tg tests with this many sequences decoded together
     for (int i = 1; i < argc; i++) {
@@ -136,6 +140,8 @@ int main(int argc, char ** argv) {
             n_gen = atoi(val());
         } else if (a == "-r") {
             reps = atoi(val());
+        } else if (a == "-d") {
+            depth = atoi(val());
         } else if (a == "-b") {
             n_batch = atoi(val());
         } else if (a == "-ub") {
@@ -165,7 +171,7 @@ int main(int argc, char ** argv) {
             usage();
         }
     }
-    if (model_path.empty() || threads <= 0 || reps <= 0 || n_prompt < 0 || n_gen < 0) {
+    if (model_path.empty() || threads <= 0 || reps <= 0 || n_prompt < 0 || n_gen < 0 || depth < 0) {
         usage();
     }
 
@@ -198,11 +204,12 @@ int main(int argc, char ** argv) {
         const int p   = test == 0 ? n_prompt : 0;
         const int g   = test == 0 ? 0 : n_gen;
         const int par = test < 2 ? 1 : parallel[test - 2];
+        const int d   = test == 1 ? depth : 0;  // depth for the single-sequence tg test
         if (p + g == 0) {
             continue;
         }
         llama_context_params cparams = llama_context_default_params();
-        cparams.n_ctx                = std::max(n_ctx_all, (p + g) * par);
+        cparams.n_ctx                = std::max(n_ctx_all, (p + g + d) * par);
         cparams.n_seq_max            = std::max(n_seq_all, par);
         cparams.kv_unified           = true;
         cparams.n_batch              = n_batch;
@@ -230,9 +237,16 @@ int main(int argc, char ** argv) {
         if (par > 1) {
             name += "@npl" + std::to_string(par);
         }
-        result r{ name, p, g, par, {}, {} };
+        if (d > 0) {
+            name += "@d" + std::to_string(d);
+        }
+        result r{ name, p, g, par, d, {}, {} };
         for (int rep = 0; ok && rep < reps; rep++) {
             llama_memory_clear(mem, false);
+            ok = d == 0 || decode_prompt(ctx, vocab, d, n_batch);
+            if (!ok) {
+                break;
+            }
             auto t0 = std::chrono::steady_clock::now();
             ok      = run(g);
             double ns = std::chrono::duration<double, std::nano>(std::chrono::steady_clock::now() - t0).count();
@@ -272,11 +286,11 @@ int main(int argc, char ** argv) {
             printf("  {\"tool\": \"gantry-llama-bench\", \"llama_cpp_source\": \"%s\", \"model_desc\": \"%s\", "
                    "\"model_size\": %llu, \"model_n_params\": %llu, \"n_threads\": %d, \"threadpool\": %s, "
                    "\"poll\": %d, \"n_batch\": %d, \"n_ubatch\": %d, \"test\": \"%s\", \"n_prompt\": %d, "
-                   "\"n_gen\": %d, \"n_parallel\": %d, \"avg_ns\": %.0f, \"stddev_ns\": %.0f, \"avg_ts\": %.3f, \"stddev_ts\": %.3f, "
+                   "\"n_gen\": %d, \"n_parallel\": %d, \"n_depth\": %d, \"avg_ns\": %.0f, \"stddev_ns\": %.0f, \"avg_ts\": %.3f, \"stddev_ts\": %.3f, "
                    "\"samples_ts\": [",
                    GANTRY_LLAMA_SOURCE_ID, desc, (unsigned long long) llama_model_size(model),
                    (unsigned long long) llama_model_n_params(model), threads, pool ? "true" : "false", poll, n_batch,
-                   n_ubatch, r.name.c_str(), r.n_prompt, r.n_gen, r.n_par, mean(r.ns), stdev(r.ns), mean(r.ts), stdev(r.ts));
+                   n_ubatch, r.name.c_str(), r.n_prompt, r.n_gen, r.n_par, r.n_depth, mean(r.ns), stdev(r.ns), mean(r.ts), stdev(r.ts));
             for (size_t k = 0; k < r.ts.size(); k++) {
                 printf("%s%.3f", k ? ", " : "", r.ts[k]);
             }

@@ -353,7 +353,7 @@ impl Default for Settings {
             database_url: None,
             database_max_connections: None,
             redis_url: None,
-            log: "info,llama-cpp-2=warn".into(),
+            log: "info,llama_cpp=warn".into(),
             log_format: "text".into(),
             runtime_threads: None,
             http: HttpSettings::default(),

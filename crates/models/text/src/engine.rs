@@ -16,24 +16,18 @@
 use std::collections::VecDeque;
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
-use std::num::NonZeroU32;
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
 use std::sync::mpsc as std_mpsc;
 use std::time::Instant;
 
 use gantry_worker_sdk::{CancellationToken, JobError};
-use llama_cpp_2::context::LlamaContext;
-use llama_cpp_2::context::params::LlamaContextParams;
-use llama_cpp_2::llama_batch::LlamaBatch;
-use llama_cpp_2::model::LlamaModel;
-use llama_cpp_2::sampling::LlamaSampler;
-use llama_cpp_2::token::LlamaToken;
 use tokio::sync::mpsc;
 
+use crate::LoadError;
 use crate::input::Sampling;
+use crate::llama::{Batch, BatchFull, Context, ContextSettings, Sampler, Stage, Token, Weights};
 use crate::stream::TextStream;
-use crate::{LoadError, backend};
 
 /// Why generation ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -56,7 +50,7 @@ impl FinishReason {
 /// A generation request, already tokenized and checked against the context.
 #[derive(Debug)]
 pub struct Request {
-    pub prompt: Vec<LlamaToken>,
+    pub prompt: Vec<Token>,
     pub max_tokens: u32,
     pub sampling: Sampling,
     pub stop: Vec<String>,
@@ -112,18 +106,17 @@ pub struct EngineConfig {
 }
 
 impl EngineConfig {
-    fn context_params(&self) -> LlamaContextParams {
-        LlamaContextParams::default()
-            .with_n_ctx(NonZeroU32::new(self.context_tokens))
-            .with_n_batch(self.batch_tokens)
-            .with_n_ubatch(self.batch_tokens.min(512))
-            .with_n_seq_max(self.max_sequences)
+    fn context_settings(&self) -> ContextSettings {
+        ContextSettings {
+            n_ctx: self.context_tokens,
+            n_batch: self.batch_tokens,
+            n_ubatch: self.batch_tokens.min(512),
+            n_seq_max: self.max_sequences,
             // One pool of KV cells shared by all sequences, so the budget is
             // shared too (otherwise each sequence gets n_ctx / n_seq_max).
-            .with_kv_unified(true)
-            .with_n_threads(self.threads)
-            .with_n_threads_batch(self.threads)
-            .with_no_perf(true)
+            unified_kv: true,
+            threads: self.threads,
+        }
     }
 }
 
@@ -136,7 +129,7 @@ pub struct EngineHandle {
 impl EngineHandle {
     /// Starts the engine thread for `model` and waits until its context
     /// exists.
-    pub fn start(model: Arc<LlamaModel>, config: EngineConfig, name: &str) -> Result<Self, LoadError> {
+    pub fn start(model: Arc<Weights>, config: EngineConfig, name: &str) -> Result<Self, LoadError> {
         let (inbox, requests) = std_mpsc::channel();
         let (ready_tx, ready_rx) = std_mpsc::sync_channel(1);
         std::thread::Builder::new()
@@ -172,17 +165,12 @@ impl EngineHandle {
 }
 
 fn engine_thread(
-    model: &LlamaModel,
+    model: &Weights,
     config: EngineConfig,
     requests: &std_mpsc::Receiver<Job>,
     ready: &std_mpsc::SyncSender<Result<(), LoadError>>,
 ) {
-    let context = backend().and_then(|backend| {
-        model
-            .new_context(backend, config.context_params())
-            .map_err(|e| LoadError::Context(e.to_string()))
-    });
-    let context = match context {
+    let context = match Context::new(model, config.context_settings()).map_err(LoadError::Context) {
         Ok(context) => context,
         Err(error) => {
             let _ = ready.send(Err(error));
@@ -193,6 +181,7 @@ fn engine_thread(
         n_ctx = context.n_ctx(),
         n_batch = context.n_batch(),
         n_ubatch = context.n_ubatch(),
+        threadpool = context.has_threadpool(),
         "text engine context ready"
     );
     let _ = ready.send(Ok(()));
@@ -203,13 +192,13 @@ fn engine_thread(
 struct Sequence {
     id: i32,
     job: Job,
-    sampler: LlamaSampler,
+    sampler: Sampler,
     /// Prompt tokens already in the batch of some decode.
     prefilled: usize,
     /// Tokens of this sequence in the KV cache (= next position).
     position: i32,
     /// Sampled token to feed in the next decode.
-    next_input: Option<LlamaToken>,
+    next_input: Option<Token>,
     /// Index in the current batch whose logits this sequence samples from.
     logits_at: Option<i32>,
     generated: Vec<i32>,
@@ -224,9 +213,11 @@ impl Sequence {
 }
 
 struct Engine<'m> {
-    model: &'m LlamaModel,
-    context: LlamaContext<'m>,
-    batch: LlamaBatch<'static>,
+    model: &'m Weights,
+    context: Context<'m>,
+    batch: Batch,
+    /// The text of the token being sampled (reused).
+    piece: Vec<u8>,
     batch_tokens: usize,
     budget: u64,
     reserved: u64,
@@ -234,16 +225,17 @@ struct Engine<'m> {
     waiting: VecDeque<Job>,
     active: Vec<Sequence>,
     /// End-of-turn tokens the GGUF does not mark as end of generation.
-    extra_eog: Vec<LlamaToken>,
+    extra_eog: Vec<Token>,
 }
 
 impl<'m> Engine<'m> {
-    fn new(model: &'m LlamaModel, context: LlamaContext<'m>, config: EngineConfig) -> Self {
+    fn new(model: &'m Weights, context: Context<'m>, config: EngineConfig) -> Self {
         let max_sequences = i32::try_from(config.max_sequences).unwrap_or(i32::MAX);
         Self {
             model,
             context,
-            batch: LlamaBatch::new(config.batch_tokens as usize, 1),
+            batch: Batch::new(config.batch_tokens as usize),
+            piece: Vec::new(),
             batch_tokens: config.batch_tokens as usize,
             budget: u64::from(config.context_tokens),
             reserved: 0,
@@ -275,7 +267,7 @@ impl<'m> Engine<'m> {
                 let stepped = std::panic::catch_unwind(AssertUnwindSafe(|| self.step()));
                 if stepped.is_err() {
                     self.fail_all("the text engine panicked");
-                    self.context.clear_kv_cache();
+                    self.context.clear();
                 }
             }
         }
@@ -343,8 +335,7 @@ impl<'m> Engine<'m> {
     /// Removes sequence `i`, freeing its KV cells, id and reservation.
     fn retire(&mut self, i: usize) -> Sequence {
         let sequence = self.active.remove(i);
-        let id = u32::try_from(sequence.id).ok();
-        if let Err(error) = self.context.clear_kv_cache_seq(id, None, None) {
+        if let Err(error) = self.context.remove_sequence(sequence.id) {
             tracing::error!(seq = sequence.id, %error, "cannot free the KV cells of a sequence");
         }
         self.free_ids.push(sequence.id);
@@ -358,47 +349,44 @@ impl<'m> Engine<'m> {
             self.fail_all(&format!("cannot build the batch: {error}"));
             return;
         }
-        if self.batch.n_tokens() == 0 {
+        if self.batch.is_empty() {
             return;
         }
-        if let Err(error) = self.context.decode(&mut self.batch) {
+        if let Err(error) = self.context.decode(&self.batch) {
             self.fail_all(&format!("llama.cpp decode failed: {error}"));
             return;
         }
         self.sample_all();
     }
 
-    fn fill_batch(&mut self) -> Result<(), llama_cpp_2::llama_batch::BatchAddError> {
+    fn fill_batch(&mut self) -> Result<(), BatchFull> {
         self.batch.clear();
-        let mut n = 0usize;
         // generating sequences first: one token each
         for sequence in &mut self.active {
             sequence.logits_at = None;
             if let Some(token) = sequence.next_input.take() {
-                self.batch.add(token, sequence.position, &[sequence.id], true)?;
-                sequence.logits_at = Some(n as i32);
+                sequence.logits_at = Some(self.batch.push(token, sequence.position, sequence.id, true)?);
                 sequence.position += 1;
-                n += 1;
             }
         }
         // then prompts, in admission order, in the room left
         for sequence in &mut self.active {
-            if n >= self.batch_tokens {
+            let room = self.batch_tokens.saturating_sub(self.batch.len());
+            if room == 0 {
                 break;
             }
             let prompt = &sequence.job.request.prompt;
             if sequence.prefilled >= prompt.len() {
                 continue;
             }
-            let take = (prompt.len() - sequence.prefilled).min(self.batch_tokens - n);
+            let take = (prompt.len() - sequence.prefilled).min(room);
             for (offset, &token) in prompt[sequence.prefilled..sequence.prefilled + take].iter().enumerate() {
                 let is_last = sequence.prefilled + offset + 1 == prompt.len();
-                self.batch.add(token, sequence.position, &[sequence.id], is_last)?;
+                let index = self.batch.push(token, sequence.position, sequence.id, is_last)?;
                 if is_last {
-                    sequence.logits_at = Some(n as i32);
+                    sequence.logits_at = Some(index);
                 }
                 sequence.position += 1;
-                n += 1;
             }
             sequence.prefilled += take;
         }
@@ -407,7 +395,6 @@ impl<'m> Engine<'m> {
 
     fn sample_all(&mut self) {
         let model = self.model;
-        let vocab = model.vocab();
         let mut i = 0;
         while i < self.active.len() {
             let sequence = &mut self.active[i];
@@ -417,12 +404,13 @@ impl<'m> Engine<'m> {
             };
             let token = sequence.sampler.sample(&self.context, index);
             let mut finish = None;
-            if vocab.is_eog(token) || self.extra_eog.contains(&token) {
+            if model.is_end_of_generation(token) || self.extra_eog.contains(&token) {
                 finish = Some(FinishReason::Stop);
             } else {
-                sequence.generated.push(token.0);
-                let bytes = vocab.token_to_piece(token, false, None);
-                let released = sequence.text.push(&bytes);
+                sequence.generated.push(token);
+                self.piece.clear();
+                model.piece(token, false, &mut self.piece);
+                let released = sequence.text.push(&self.piece);
                 // a closed channel is noticed before the next step
                 if !released.piece.is_empty() {
                     sequence.send(Event::Piece(released.piece));
@@ -483,20 +471,20 @@ fn finish_sequence(mut sequence: Sequence, reason: FinishReason) {
 /// keeps its vocabulary-sized candidate buffer between tokens, where a lone
 /// sampler gets a fresh one (600 KB for SmolLM2, freshly mapped and
 /// page-faulted) on every token.
-pub fn sampler(sampling: &Sampling) -> LlamaSampler {
+pub fn sampler(sampling: &Sampling) -> Sampler {
     if sampling.is_greedy() {
-        return LlamaSampler::chain([LlamaSampler::greedy()], true);
+        return Sampler::chain(&[Stage::Greedy]);
     }
     let mut chain = Vec::with_capacity(4);
     if sampling.top_k > 0 {
-        chain.push(LlamaSampler::top_k(i32::try_from(sampling.top_k).unwrap_or(i32::MAX)));
+        chain.push(Stage::TopK(i32::try_from(sampling.top_k).unwrap_or(i32::MAX)));
     }
     if sampling.top_p < 1.0 {
-        chain.push(LlamaSampler::top_p(sampling.top_p, 1));
+        chain.push(Stage::TopP(sampling.top_p));
     }
-    chain.push(LlamaSampler::temp(sampling.temperature));
-    chain.push(LlamaSampler::dist(seed32(sampling.seed.unwrap_or_else(random_seed))));
-    LlamaSampler::chain(chain, true)
+    chain.push(Stage::Temperature(sampling.temperature));
+    chain.push(Stage::Draw(seed32(sampling.seed.unwrap_or_else(random_seed))));
+    Sampler::chain(&chain)
 }
 
 /// Folds a 64-bit seed into llama.cpp's 32 bits, avoiding `u32::MAX`, which

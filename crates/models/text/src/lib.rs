@@ -66,35 +66,28 @@
 //!
 //! # Logging
 //!
-//! llama.cpp's own log goes to `tracing` under the target `llama-cpp-2`; it
-//! is chatty at INFO while loading (filter with `llama-cpp-2=warn`).
+//! llama.cpp's own log goes to `tracing` under the target `llama_cpp`; it
+//! is chatty at INFO while loading (filter with `llama_cpp=warn`).
 
 mod engine;
 mod input;
+mod llama;
 mod stream;
 #[cfg(test)]
 mod tests;
 
 use std::fmt;
 use std::future::Future;
-use std::num::NonZeroU32;
 use std::path::{Path, PathBuf};
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Instant;
 
 use gantry_worker_sdk::{CancellationToken, JobContext, JobError, Model, Output, Usage, WorkerConfig, WorkerRuntime};
-use llama_cpp_2::context::params::LlamaContextParams;
-use llama_cpp_2::llama_backend::LlamaBackend;
-use llama_cpp_2::llama_batch::LlamaBatch;
-use llama_cpp_2::model::params::LlamaModelParams;
-use llama_cpp_2::model::{LlamaChatMessage, LlamaChatTemplate, LlamaModel};
-use llama_cpp_2::sampling::LlamaSampler;
-use llama_cpp_2::token::LlamaToken;
-use llama_cpp_2::{LogOptions, send_logs_to_tracing};
 use serde_json::{Value, json};
 
 use crate::engine::{EngineConfig, EngineHandle, Event, Finished, Request};
 use crate::input::{DEFAULT_MAX_TOKENS, Params, Prompt};
+use crate::llama::{Batch, ChatTemplate, Context, ContextSettings, Sampler, Stage, Token, Weights};
 
 /// How the engine uses the machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -171,9 +164,6 @@ pub enum LoadError {
     /// The [`EngineOptions`] are unusable.
     #[error("invalid engine options: {0}")]
     Options(String),
-    /// llama.cpp could not be initialised.
-    #[error("cannot initialise llama.cpp: {0}")]
-    Backend(String),
     /// The GGUF file is missing or unreadable.
     #[error("cannot load model weights from {}: {reason}", path.display())]
     Model { path: PathBuf, reason: String },
@@ -185,20 +175,7 @@ pub enum LoadError {
     Decode(String),
 }
 
-/// The llama.cpp backend: initialised once per process, never freed.
-pub(crate) fn backend() -> Result<&'static LlamaBackend, LoadError> {
-    static BACKEND: OnceLock<Result<LlamaBackend, String>> = OnceLock::new();
-    BACKEND
-        .get_or_init(|| {
-            send_logs_to_tracing(LogOptions::default());
-            LlamaBackend::init().map_err(|e| e.to_string())
-        })
-        .as_ref()
-        .map_err(|e| LoadError::Backend(e.clone()))
-}
-
-fn load_weights(gguf: &Path, gpu_layers: u32) -> Result<LlamaModel, LoadError> {
-    let backend = backend()?;
+fn load_weights(gguf: &Path, gpu_layers: u32) -> Result<Weights, LoadError> {
     let error = |reason: String| LoadError::Model {
         path: gguf.to_owned(),
         reason,
@@ -206,15 +183,14 @@ fn load_weights(gguf: &Path, gpu_layers: u32) -> Result<LlamaModel, LoadError> {
     if !gguf.is_file() {
         return Err(error("no such file".into()));
     }
-    let params = LlamaModelParams::default().with_n_gpu_layers(gpu_layers);
-    LlamaModel::load_from_file(backend, gguf, &params).map_err(|e| error(e.to_string()))
+    Weights::load(gguf, gpu_layers).map_err(error)
 }
 
 /// What jobs share: the weights and how to build prompts.
 struct Shared {
-    model: Arc<LlamaModel>,
+    model: Arc<Weights>,
     /// `None` when the GGUF has no chat template llama.cpp understands.
-    template: Option<LlamaChatTemplate>,
+    template: Option<ChatTemplate>,
     /// Most tokens (prompt + output) one request may use.
     context_length: u32,
 }
@@ -366,7 +342,10 @@ impl Shared {
         };
         // BOS as the model wants it; special tokens in the text are parsed
         // (llama.cpp's own tools do the same).
-        let prompt = self.model.vocab().tokenize(text.as_bytes(), true, true);
+        let prompt = self
+            .model
+            .tokenize(text.as_bytes(), true, true)
+            .map_err(JobError::bad_input)?;
         if prompt.is_empty() {
             return Err(JobError::bad_input("the prompt is empty"));
         }
@@ -402,33 +381,32 @@ impl Shared {
                 "this model has no chat template; send `prompt` with `raw: true`",
             ));
         };
-        // `Params::parse` refused NUL characters, the only failure here.
-        let chat = messages
+        // `Params::parse` refused NUL characters, the only bad input here.
+        let chat: Vec<(&str, &str)> = messages
             .iter()
-            .map(|message| LlamaChatMessage::new(message.role.as_str().to_owned(), message.content.clone()))
-            .collect::<Result<Vec<_>, _>>()
-            .map_err(JobError::bad_input)?;
-        self.model
-            .apply_chat_template(template, &chat, true)
+            .map(|message| (message.role.as_str(), message.content.as_str()))
+            .collect();
+        template
+            .apply(&chat, true)
             .map_err(|e| JobError::internal(format!("cannot apply the chat template: {e}")))
     }
 }
 
-fn is_gemma(model: &LlamaModel) -> bool {
+fn is_gemma(model: &Weights) -> bool {
     model
-        .meta_val_str("general.architecture")
-        .is_ok_and(|family| family.starts_with("gemma"))
+        .meta("general.architecture")
+        .is_some_and(|family| family.starts_with("gemma"))
 }
 
 /// Tokens that end a turn in the model's chat format but that the GGUF may
 /// not mark as end of generation: Gemma's `<end_of_turn>` (without it, a
 /// Gemma answer runs on into a new turn).
-pub(crate) fn family_end_of_turn(model: &LlamaModel) -> Vec<LlamaToken> {
+pub(crate) fn family_end_of_turn(model: &Weights) -> Vec<Token> {
     if !is_gemma(model) {
         return Vec::new();
     }
-    match model.vocab().tokenize(b"<end_of_turn>", false, true).as_slice() {
-        [token] => vec![*token],
+    match model.tokenize(b"<end_of_turn>", false, true).as_deref() {
+        Ok([token]) => vec![*token],
         _ => Vec::new(),
     }
 }
@@ -437,22 +415,18 @@ pub(crate) fn family_end_of_turn(model: &LlamaModel) -> Vec<LlamaToken> {
 /// carries none, llama.cpp's built-in template of its model family where
 /// the family has exactly one (Gemma's `<start_of_turn>` turns: some Gemma 3
 /// conversions ship without `tokenizer.chat_template`).
-fn usable_template(model: &LlamaModel) -> Option<LlamaChatTemplate> {
-    let applies = |template: &LlamaChatTemplate| {
-        LlamaChatMessage::new("user".into(), "hi".into())
-            .ok()
-            .is_some_and(|probe| model.apply_chat_template(template, &[probe], true).is_ok())
-    };
-    if let Some(template) = model.chat_template(None).ok().filter(|t| applies(t)) {
+fn usable_template(model: &Weights) -> Option<ChatTemplate> {
+    let applies = |template: &ChatTemplate| template.apply(&[("user", "hi")], true).is_ok();
+    if let Some(template) = model.chat_template().filter(applies) {
         return Some(template);
     }
-    let family = model.meta_val_str("general.architecture").ok()?;
+    let family = model.meta("general.architecture")?;
     let builtin = if family.starts_with("gemma") {
         "gemma"
     } else {
         return None;
     };
-    let template = LlamaChatTemplate::new(builtin).ok()?;
+    let template = ChatTemplate::named(builtin)?;
     applies(&template).then(|| {
         tracing::info!(%family, builtin, "the GGUF has no chat template: using llama.cpp's built-in one");
         template
@@ -487,51 +461,54 @@ pub fn runtime(model: TextModel, config: WorkerConfig) -> WorkerRuntime<TextMode
 pub fn greedy_tokens(gguf: &Path, prompt: &str, n: usize) -> Result<Vec<i32>, LoadError> {
     let options = EngineOptions::default();
     let model = load_weights(gguf, options.gpu_layers)?;
-    let vocab = model.vocab();
-    let tokens: Vec<LlamaToken> = vocab.tokenize(prompt.as_bytes(), true, true);
+    let tokens = model
+        .tokenize(prompt.as_bytes(), true, true)
+        .map_err(LoadError::Decode)?;
     if tokens.is_empty() {
         return Err(LoadError::Decode("the prompt is empty".into()));
     }
     let n_ctx = u32::try_from(tokens.len() + n + 1).map_err(|_| LoadError::Decode("prompt too long".into()))?;
-    let batch_size = 512usize;
-    let threads = resolve_threads(options.threads);
-    let params = LlamaContextParams::default()
-        .with_n_ctx(NonZeroU32::new(n_ctx))
-        .with_n_batch(batch_size as u32)
-        .with_n_threads(threads)
-        .with_n_threads_batch(threads);
-    let mut context = model
-        .new_context(backend()?, params)
-        .map_err(|e| LoadError::Context(e.to_string()))?;
+    let batch_size = 512u32;
+    let mut context = Context::new(
+        &model,
+        ContextSettings {
+            n_ctx,
+            n_batch: batch_size,
+            n_ubatch: batch_size,
+            n_seq_max: 1,
+            unified_kv: false,
+            threads: resolve_threads(options.threads),
+        },
+    )
+    .map_err(LoadError::Context)?;
     let decode_error = |e: &dyn fmt::Display| LoadError::Decode(e.to_string());
-    let mut batch = LlamaBatch::new(batch_size, 1);
+    let mut batch = Batch::new(batch_size as usize);
     let mut position = 0i32;
-    for chunk in tokens.chunks(batch_size) {
+    let mut last = 0;
+    for chunk in tokens.chunks(batch_size as usize) {
         batch.clear();
         for &token in chunk {
             let is_last = position as usize + 1 == tokens.len();
-            batch
-                .add(token, position, &[0], is_last)
-                .map_err(|e| decode_error(&e))?;
+            last = batch.push(token, position, 0, is_last).map_err(|e| decode_error(&e))?;
             position += 1;
         }
-        context.decode(&mut batch).map_err(|e| decode_error(&e))?;
+        context.decode(&batch).map_err(|e| decode_error(&e))?;
     }
-    let mut sampler = LlamaSampler::greedy();
+    let mut sampler = Sampler::chain(&[Stage::Greedy]);
     let mut output = Vec::with_capacity(n);
     while output.len() < n {
-        let token = sampler.sample(&context, batch.n_tokens() - 1);
-        if vocab.is_eog(token) {
+        let token = sampler.sample(&context, last);
+        if model.is_end_of_generation(token) {
             break;
         }
-        output.push(token.0);
+        output.push(token);
         if output.len() == n {
             break;
         }
         batch.clear();
-        batch.add(token, position, &[0], true).map_err(|e| decode_error(&e))?;
+        last = batch.push(token, position, 0, true).map_err(|e| decode_error(&e))?;
         position += 1;
-        context.decode(&mut batch).map_err(|e| decode_error(&e))?;
+        context.decode(&batch).map_err(|e| decode_error(&e))?;
     }
     Ok(output)
 }

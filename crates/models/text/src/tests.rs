@@ -100,11 +100,94 @@ async fn model_metadata() {
     assert_eq!(model.context_length(), 8192);
     let params = Params::parse(&json!({"prompt": "Hi"}), 8192).unwrap();
     let request = model.shared.request(params).unwrap();
-    let vocab = model.shared.model.vocab();
-    let prompt = vocab.detokenize(&request.prompt, false, true);
+    let mut prompt = Vec::new();
+    for &token in &request.prompt {
+        model.shared.model.piece(token, true, &mut prompt);
+    }
     let prompt = String::from_utf8(prompt).unwrap();
     assert!(prompt.contains("<|im_start|>user\nHi<|im_end|>"), "{prompt}");
     assert!(prompt.ends_with("<|im_start|>assistant\n"), "{prompt}");
+}
+
+#[test]
+fn the_c_api_wrapper_reads_the_gguf() {
+    let model = crate::llama::Weights::load(&weights(), 0).unwrap();
+    assert_eq!(model.meta("general.architecture").as_deref(), Some("llama"));
+    assert_eq!(model.meta("no.such.key"), None);
+    assert_eq!(model.n_ctx_train(), 8192);
+    assert!(
+        (130_000_000..140_000_000).contains(&model.n_params()),
+        "{}",
+        model.n_params()
+    );
+    // longer than the first buffer `meta` tries
+    let template = model.meta("tokenizer.chat_template").unwrap();
+    assert!(template.len() > 128 && template.contains("<|im_start|>"), "{template}");
+    assert_eq!(model.chat_template(), crate::llama::ChatTemplate::named(&template));
+    // text -> tokens -> text
+    let text = "Grüße aus Zürich: 3.14 🚀";
+    let tokens = model.tokenize(text.as_bytes(), false, false).unwrap();
+    assert!(tokens.len() > 5);
+    let mut bytes = Vec::new();
+    for &token in &tokens {
+        model.piece(token, false, &mut bytes);
+    }
+    assert_eq!(String::from_utf8(bytes).unwrap(), text);
+    // special tokens: parsed only when asked, rendered only when asked
+    let special = model.tokenize(b"<|im_end|>", false, true).unwrap();
+    assert_eq!(special.len(), 1);
+    assert!(model.is_end_of_generation(special[0]));
+    assert!(model.tokenize(b"<|im_end|>", false, false).unwrap().len() > 1);
+    let (mut shown, mut hidden) = (Vec::new(), Vec::new());
+    model.piece(special[0], true, &mut shown);
+    model.piece(special[0], false, &mut hidden);
+    assert_eq!((shown.as_slice(), hidden.as_slice()), (&b"<|im_end|>"[..], &b""[..]));
+}
+
+#[test]
+fn the_engine_context_decodes_on_its_own_threadpool() {
+    let model = crate::llama::Weights::load(&weights(), 0).unwrap();
+    let settings = crate::llama::ContextSettings {
+        n_ctx: 256,
+        n_batch: 64,
+        n_ubatch: 64,
+        n_seq_max: 2,
+        unified_kv: true,
+        threads: 2,
+    };
+    let mut context = crate::llama::Context::new(&model, settings).unwrap();
+    assert!(context.has_threadpool());
+    assert_eq!((context.n_ctx(), context.n_batch(), context.n_ubatch()), (256, 64, 64));
+    let tokens = model.tokenize(b"The quick brown fox", true, false).unwrap();
+    let mut batch = crate::llama::Batch::new(64);
+    let mut last = 0;
+    for (position, &token) in tokens.iter().enumerate() {
+        last = batch
+            .push(token, position as i32, 1, position + 1 == tokens.len())
+            .unwrap();
+    }
+    context.decode(&batch).unwrap();
+    let mut sampler = crate::llama::Sampler::chain(&[crate::llama::Stage::Greedy]);
+    let first = sampler.sample(&context, last);
+    let reference = greedy_tokens(&weights(), "The quick brown fox", 1).unwrap();
+    assert_eq!(vec![first], reference);
+    // a sequence's cells can be freed and the cache emptied
+    context.remove_sequence(1).unwrap();
+    context.clear();
+    // four batches of 64 fill the 256 cells; a fifth finds no room
+    let mut block = crate::llama::Batch::new(64);
+    for start in (0..320).step_by(64) {
+        block.clear();
+        for position in start..start + 64 {
+            block.push(tokens[0], position, 0, false).unwrap();
+        }
+        let decoded = context.decode(&block);
+        if start < 256 {
+            decoded.unwrap();
+        } else {
+            assert_eq!(decoded, Err("no room in the KV cache for the batch".to_owned()));
+        }
+    }
 }
 
 #[tokio::test]
