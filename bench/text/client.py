@@ -2,6 +2,7 @@
 """Load client of bench/text/run.sh: Gantry's text model as a user sees it.
 
     client.py measure --url http://127.0.0.1:18081 --key gk_... --pid PID [options] > result.json
+    client.py cost --key gk_... --pid PID [--rounds 6] [--lengths 16,128] > cost.json
     client.py pairs --key gk_... --bench-cmd "gantry-llama-bench -m F -p 0 -n 128 -r 1 -o json" > pairs.json
     client.py combine --meta cpu=... [--pairs pairs.json] result.json native=llama-bench-native.json ... > latest.json
     client.py report latest.json                             # Markdown tables
@@ -25,6 +26,11 @@ sampled every 50 ms; VmHWM is read at the end. With each paired runsync
 request it also reads the server's CPU time from /proc, the text engine's
 threads apart from the rest, so streaming's cost on the server is known
 without this client's own CPU in it.
+
+`cost` splits the server's CPU outside the text engine into a part per
+request and a part per token, streamed and `runsync`: it alternates both
+kinds of request at two lengths (--lengths 16,128) and fits a line through
+the medians.
 
 `pairs` alternates one streamed request with one llama.cpp run of the same
 number of generated tokens while the server idles, for a single-stream
@@ -535,6 +541,45 @@ def pairs(args):
     print()
 
 
+def cost(args):
+    """The platform's (non-engine threads') CPU per request and per token,
+    streamed and runsync, from requests of two lengths."""
+    short, long_ = (int(x) for x in args.lengths.split(","))
+    samples = {}
+    for k in range(args.rounds):
+        for n in (short, long_):
+            args.max_tokens = n
+            for mode in ("stream", "runsync") if k % 2 == 0 else ("runsync", "stream"):
+                before = server_cpu(args.pid)
+                if mode == "stream":
+                    r = stream_once(args, time.perf_counter() + args.timeout)
+                else:
+                    r = runsync_once(args)
+                # the engine's threads spin a moment after the last decode,
+                # and the settlement lands just after the answer
+                time.sleep(args.settle)
+                d = server_cpu_delta(before, server_cpu(args.pid))
+                if d is None:
+                    raise Failure("the server's /proc entries are gone")
+                samples.setdefault(f"{mode}@{n}", []).append(
+                    {"platform_ms": d["platform"] * 1000, "tokens": r["completion_tokens"]})
+    fits = {}
+    for mode in ("stream", "runsync"):
+        a, b = samples[f"{mode}@{short}"], samples[f"{mode}@{long_}"]
+        cpu_a = statistics.median(x["platform_ms"] for x in a)
+        cpu_b = statistics.median(x["platform_ms"] for x in b)
+        tok_a = statistics.median(x["tokens"] for x in a)
+        tok_b = statistics.median(x["tokens"] for x in b)
+        if tok_b <= tok_a:
+            raise Failure(f"{mode}: the long requests ended as early as the short ones ({tok_a} tokens)")
+        per_token = (cpu_b - cpu_a) / (tok_b - tok_a)
+        fits[mode] = {"per_token_ms": per_token, "per_request_ms": cpu_a - per_token * tok_a}
+        print(f"client: {mode}: {per_token * 1000:.0f} us per token, {fits[mode]['per_request_ms']:.1f} ms per request "
+              f"(platform CPU, medians of {len(a)} at {tok_a:.0f} and {tok_b:.0f} tokens)", file=sys.stderr)
+    json.dump({"samples": samples, "fits": fits}, sys.stdout, indent=2)
+    print()
+
+
 # ---------------------------------------------------------------- report
 
 
@@ -746,6 +791,16 @@ def main():
     pa.add_argument("--bench-cmd", required=True, help="a llama-bench command line with -o json (one tg test)")
     pa.add_argument("--depth", type=int,
                     help="llama.cpp's -d (default: the streamed request's prompt tokens)")
+    co = sub.add_parser("cost")
+    co.add_argument("--url", default="http://127.0.0.1:18081")
+    co.add_argument("--key", required=True)
+    co.add_argument("--model", default="smollm2-135m-instruct")
+    co.add_argument("--pid", type=int, required=True, help="the server's pid, for its CPU time")
+    co.add_argument("--rounds", type=int, default=6)
+    co.add_argument("--lengths", default="16,128", help="two max_tokens values")
+    co.add_argument("--settle", type=float, default=0.3, help="seconds to wait after each request")
+    co.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
+    co.add_argument("--prompt", default=PROMPT)
     c = sub.add_parser("combine")
     c.add_argument("--pairs", help="the pairs subcommand's output")
     c.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE")
@@ -755,7 +810,7 @@ def main():
     r.add_argument("result", help="combine's output")
     args = ap.parse_args()
     try:
-        {"measure": measure, "pairs": pairs, "combine": combine, "report": report}[args.cmd](args)
+        {"measure": measure, "cost": cost, "pairs": pairs, "combine": combine, "report": report}[args.cmd](args)
     except Failure as e:
         print(f"client: {e}", file=sys.stderr)
         sys.exit(1)
