@@ -102,8 +102,9 @@ def thread_cpu(pid, tid):
 def server_cpu(pid):
     """CPU seconds of the server: the whole process (exited threads included)
     and, by thread id, its live threads that are not the text engine's. The
-    engine thread is named text-engine-<model> and the decode threads llama.cpp
-    starts inherit that name, so total minus the rest is the engine's share.
+    engine thread is named text-engine-<model> and the threads of its ggml
+    threadpool, started from it, inherit that name, so total minus the rest is
+    the engine's share.
     Only the process total includes the decode threads that already ended, and
     the kernel keeps it in clock ticks: the engine's share is good to 10 ms per
     reading, the rest to the nanosecond."""
@@ -767,40 +768,31 @@ def report(args):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="cmd", required=True)
-    m = sub.add_parser("measure")
-    m.add_argument("--url", default="http://127.0.0.1:18081")
-    m.add_argument("--key", required=True)
-    m.add_argument("--model", default="smollm2-135m-instruct")
-    m.add_argument("--pid", type=int, required=True, help="the server's pid, for its memory")
+    # what every subcommand that sends requests takes
+    server = argparse.ArgumentParser(add_help=False)
+    server.add_argument("--url", default="http://127.0.0.1:18081")
+    server.add_argument("--key", required=True)
+    server.add_argument("--model", default="smollm2-135m-instruct")
+    server.add_argument("--max-tokens", type=int, default=128)
+    server.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
+    server.add_argument("--prompt", default=PROMPT)
+    m = sub.add_parser("measure", parents=[server])
+    m.add_argument("--pid", type=int, required=True, help="the server's pid, for its memory and CPU time")
     m.add_argument("--concurrency", default="1,4,16")
     m.add_argument("--rounds", type=int, default=3)
     m.add_argument("--warmup", type=int, default=1)
-    m.add_argument("--max-tokens", type=int, default=128)
-    m.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
     m.add_argument("--budget", type=float, default=300.0,
                    help="seconds; no new round starts after this (one runsync request always runs)")
-    m.add_argument("--prompt", default=PROMPT)
-    pa = sub.add_parser("pairs")
-    pa.add_argument("--url", default="http://127.0.0.1:18081")
-    pa.add_argument("--key", required=True)
-    pa.add_argument("--model", default="smollm2-135m-instruct")
+    pa = sub.add_parser("pairs", parents=[server])
     pa.add_argument("--pairs", type=int, default=6)
-    pa.add_argument("--max-tokens", type=int, default=128)
-    pa.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
-    pa.add_argument("--prompt", default=PROMPT)
     pa.add_argument("--bench-cmd", required=True, help="a llama-bench command line with -o json (one tg test)")
     pa.add_argument("--depth", type=int,
                     help="llama.cpp's -d (default: the streamed request's prompt tokens)")
-    co = sub.add_parser("cost")
-    co.add_argument("--url", default="http://127.0.0.1:18081")
-    co.add_argument("--key", required=True)
-    co.add_argument("--model", default="smollm2-135m-instruct")
+    co = sub.add_parser("cost", parents=[server])
     co.add_argument("--pid", type=int, required=True, help="the server's pid, for its CPU time")
     co.add_argument("--rounds", type=int, default=6)
-    co.add_argument("--lengths", default="16,128", help="two max_tokens values")
+    co.add_argument("--lengths", default="16,128", help="two max_tokens values (they replace --max-tokens)")
     co.add_argument("--settle", type=float, default=0.3, help="seconds to wait after each request")
-    co.add_argument("--timeout", type=float, default=60.0, help="seconds per request")
-    co.add_argument("--prompt", default=PROMPT)
     c = sub.add_parser("combine")
     c.add_argument("--pairs", help="the pairs subcommand's output")
     c.add_argument("--meta", action="append", default=[], metavar="KEY=VALUE")

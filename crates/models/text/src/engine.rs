@@ -218,7 +218,6 @@ struct Engine<'m> {
     batch: Batch,
     /// The text of the token being sampled (reused).
     piece: Vec<u8>,
-    batch_tokens: usize,
     budget: u64,
     reserved: u64,
     free_ids: Vec<i32>,
@@ -236,7 +235,6 @@ impl<'m> Engine<'m> {
             context,
             batch: Batch::new(config.batch_tokens as usize),
             piece: Vec::new(),
-            batch_tokens: config.batch_tokens as usize,
             budget: u64::from(config.context_tokens),
             reserved: 0,
             // popped from the end: hand out 0, 1, 2, ... first
@@ -371,7 +369,7 @@ impl<'m> Engine<'m> {
         }
         // then prompts, in admission order, in the room left
         for sequence in &mut self.active {
-            let room = self.batch_tokens.saturating_sub(self.batch.len());
+            let room = self.batch.room();
             if room == 0 {
                 break;
             }

@@ -495,6 +495,11 @@ impl Batch {
         usize::try_from(self.raw.n_tokens).unwrap_or(0)
     }
 
+    /// Tokens that still fit.
+    pub fn room(&self) -> usize {
+        self.capacity.saturating_sub(self.len())
+    }
+
     /// Whether the batch holds no token.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
@@ -625,10 +630,11 @@ mod tests {
     fn a_batch_refuses_tokens_beyond_its_room() {
         let mut batch = Batch::new(2);
         assert!(batch.is_empty());
+        assert_eq!(batch.room(), 2);
         assert_eq!(batch.push(1, 0, 0, false), Ok(0));
         assert_eq!(batch.push(2, 1, 0, true), Ok(1));
         assert_eq!(batch.push(3, 2, 0, true), Err(BatchFull(2)));
-        assert_eq!(batch.len(), 2);
+        assert_eq!((batch.len(), batch.room()), (2, 0));
         batch.clear();
         assert!(batch.is_empty());
         assert_eq!(batch.push(3, 0, 1, true), Ok(0));

@@ -111,7 +111,7 @@ async fn model_metadata() {
 
 #[test]
 fn the_c_api_wrapper_reads_the_gguf() {
-    let model = crate::llama::Weights::load(&weights(), 0).unwrap();
+    let model = Weights::load(&weights(), 0).unwrap();
     assert_eq!(model.meta("general.architecture").as_deref(), Some("llama"));
     assert_eq!(model.meta("no.such.key"), None);
     assert_eq!(model.n_ctx_train(), 8192);
@@ -123,7 +123,7 @@ fn the_c_api_wrapper_reads_the_gguf() {
     // longer than the first buffer `meta` tries
     let template = model.meta("tokenizer.chat_template").unwrap();
     assert!(template.len() > 128 && template.contains("<|im_start|>"), "{template}");
-    assert_eq!(model.chat_template(), crate::llama::ChatTemplate::named(&template));
+    assert_eq!(model.chat_template(), ChatTemplate::named(&template));
     // text -> tokens -> text
     let text = "Grüße aus Zürich: 3.14 🚀";
     let tokens = model.tokenize(text.as_bytes(), false, false).unwrap();
@@ -146,8 +146,8 @@ fn the_c_api_wrapper_reads_the_gguf() {
 
 #[test]
 fn the_engine_context_decodes_on_its_own_threadpool() {
-    let model = crate::llama::Weights::load(&weights(), 0).unwrap();
-    let settings = crate::llama::ContextSettings {
+    let model = Weights::load(&weights(), 0).unwrap();
+    let settings = ContextSettings {
         n_ctx: 256,
         n_batch: 64,
         n_ubatch: 64,
@@ -155,11 +155,11 @@ fn the_engine_context_decodes_on_its_own_threadpool() {
         unified_kv: true,
         threads: 2,
     };
-    let mut context = crate::llama::Context::new(&model, settings).unwrap();
+    let mut context = Context::new(&model, settings).unwrap();
     assert!(context.has_threadpool());
     assert_eq!((context.n_ctx(), context.n_batch(), context.n_ubatch()), (256, 64, 64));
     let tokens = model.tokenize(b"The quick brown fox", true, false).unwrap();
-    let mut batch = crate::llama::Batch::new(64);
+    let mut batch = Batch::new(64);
     let mut last = 0;
     for (position, &token) in tokens.iter().enumerate() {
         last = batch
@@ -167,7 +167,7 @@ fn the_engine_context_decodes_on_its_own_threadpool() {
             .unwrap();
     }
     context.decode(&batch).unwrap();
-    let mut sampler = crate::llama::Sampler::chain(&[crate::llama::Stage::Greedy]);
+    let mut sampler = Sampler::chain(&[Stage::Greedy]);
     let first = sampler.sample(&context, last);
     let reference = greedy_tokens(&weights(), "The quick brown fox", 1).unwrap();
     assert_eq!(vec![first], reference);
@@ -175,7 +175,7 @@ fn the_engine_context_decodes_on_its_own_threadpool() {
     context.remove_sequence(1).unwrap();
     context.clear();
     // four batches of 64 fill the 256 cells; a fifth finds no room
-    let mut block = crate::llama::Batch::new(64);
+    let mut block = Batch::new(64);
     for start in (0..320).step_by(64) {
         block.clear();
         for position in start..start + 64 {
