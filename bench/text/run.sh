@@ -15,6 +15,7 @@
 #   BUDGET=300           s of client time after which no new round starts
 #   OUT_DIR=/tmp/gantry-bench-text   latest.json, latest.md, serve.log, llama-bench-*.json
 #   GANTRY_BIN           a gantry binary to use instead of building target/release/gantry
+#   GANTRY_TEXT__STREAM_INTERVAL_MS  passed to the server like any setting (0: a chunk per token)
 #   LLAMA_VARIANTS="gantry native"   llama.cpp builds to compare (see build-llama-cpp.sh)
 #   MANAGEMENT_ADDR=127.0.0.1:18080 PUBLIC_ADDR=127.0.0.1:18081 SCHEDULER_ADDR=127.0.0.1:15051
 #
@@ -194,6 +195,7 @@ done
 cpu="$(lscpu | sed -n 's/^Model name: *//p' | head -n1)"
 python3 "$here/client.py" combine \
     --meta "cpu=$cpu" --meta "cores=$(nproc)" --meta "threads=$THREADS" \
+    --meta "stream_interval_ms=${GANTRY_TEXT__STREAM_INTERVAL_MS:-default (50)}" \
     --meta "binary=$BIN" --meta "binary_mtime=$(date -r "$BIN" -u +%FT%TZ)" \
     --meta "git_head=$(git -C "$repo" rev-parse --short HEAD 2>/dev/null || echo ?)" \
     --meta "git_dirty=$(git -C "$repo" status --porcelain 2>/dev/null | wc -l) files" \

@@ -102,6 +102,10 @@ pub struct TextSettings {
     pub context_tokens: Option<u32>,
     /// Layers offloaded to the GPU in a CUDA build (0: none; large: all).
     pub gpu_layers: u32,
+    /// Milliseconds a streamed token may wait to travel in one chunk with
+    /// the tokens after it (a request's first token never waits); 0 sends
+    /// every token as its own chunk.
+    pub stream_interval_ms: u64,
 }
 
 impl Default for TextSettings {
@@ -111,6 +115,7 @@ impl Default for TextSettings {
             max_sequences: 16,
             context_tokens: None,
             gpu_layers: 0,
+            stream_interval_ms: gantry_model_text::DEFAULT_STREAM_INTERVAL.as_millis() as u64,
         }
     }
 }

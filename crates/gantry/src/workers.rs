@@ -374,6 +374,7 @@ fn load_text_model(settings: &Settings, model: &str) -> Result<gantry_model_text
         threads: settings.text.threads,
         max_sequences: settings.text.max_sequences.max(1),
         gpu_layers: settings.text.gpu_layers,
+        stream_interval: std::time::Duration::from_millis(settings.text.stream_interval_ms),
         ..Default::default()
     };
     let from_manifest = entry

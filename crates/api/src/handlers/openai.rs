@@ -592,8 +592,11 @@ fn stream_renderer(
         let data = |value: &Value| live::event(None, None, &value.to_string());
         match frame {
             Frame::Chunk { output, .. } => {
-                let token = output["token"].as_str().unwrap_or_default();
-                let text = data(&chunk(piece(token, Value::Null, first)));
+                // A text model's chunk holds the pieces made since its last
+                // one: they become one delta.
+                let pieces = output["tokens"].as_array().map(Vec::as_slice).unwrap_or_default();
+                let joined: String = pieces.iter().filter_map(Value::as_str).collect();
+                let text = data(&chunk(piece(&joined, Value::Null, first)));
                 first = false;
                 Some(text)
             }

@@ -29,14 +29,27 @@ pub fn models_dir() -> PathBuf {
 /// An app serving the text model (and echo), fetching its weights on the
 /// first run on a machine.
 pub async fn text_app(backend: Backend) -> TestApp {
+    text_app_streaming_every(backend, None).await
+}
+
+/// [`text_app`] with `text.stream_interval_ms` set (`None`: the default).
+async fn text_app_streaming_every(backend: Backend, interval_ms: Option<u64>) -> TestApp {
     TestApp::spawn_with(backend, |s| {
         s.scheduler.bundled_workers = vec!["gantry-echo".into(), MODEL.into()];
         s.models_dir = Some(models_dir());
         s.pull_on_start = true;
         s.text.threads = 1;
         s.text.context_tokens = Some(4096);
+        if let Some(ms) = interval_ms {
+            s.text.stream_interval_ms = ms;
+        }
     })
     .await
+}
+
+/// The pieces of a text chunk's output (`{"tokens": [...]}`).
+fn chunk_pieces(output: &Value) -> Vec<String> {
+    serde_json::from_value(output["tokens"].clone()).unwrap_or_else(|e| panic!("{output}: {e}"))
 }
 
 impl TestApp {
@@ -195,7 +208,8 @@ async fn bad_input_fails_and_costs_nothing(backend: Backend) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn tokens_stream_over_sse_once_in_order_and_resume_after_last_event_id() {
-    let app = text_app(Backend::Sqlite).await;
+    // Every token its own chunk, so that there are many to resume between.
+    let app = text_app_streaming_every(Backend::Sqlite, Some(0)).await;
     let (_, key) = app.user_with_key("endpoints:run").await;
     let res = app
         .text(
@@ -216,14 +230,16 @@ async fn tokens_stream_over_sse_once_in_order_and_resume_after_last_event_id() {
         (0..chunks.len() as i64).collect::<Vec<_>>(),
         "every chunk once, in order"
     );
-    let streamed: String = chunks
+    let streamed: Vec<String> = chunks
         .iter()
-        .map(|(_, name, data)| {
+        .flat_map(|(_, name, data)| {
             assert_eq!(name, "chunk");
-            data["output"]["token"].as_str().unwrap().to_string()
+            let pieces = chunk_pieces(&data["output"]);
+            assert_eq!(pieces.len(), 1, "one piece per chunk with an interval of 0");
+            pieces
         })
         .collect();
-    assert_eq!(streamed, final_text, "the streamed text is the text");
+    assert_eq!(streamed.concat(), final_text, "the streamed text is the text");
     assert_eq!(
         chunks.len() as u64,
         last.2["output"]["usage"]["output"].as_u64().unwrap()
@@ -254,6 +270,64 @@ async fn tokens_stream_over_sse_once_in_order_and_resume_after_last_event_id() {
         .await
         .unwrap();
     assert_eq!(bad.status(), 400);
+}
+
+/// With a stream interval, a request's first token is a chunk of its own
+/// and the tokens made within the interval after a chunk travel together in
+/// the next: an interval longer than the request holds all the rest for the
+/// end. The JSON stream, the SSE stream and the OpenAI stream carry the same
+/// pieces as the output, once and in order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn tokens_made_within_the_stream_interval_travel_in_one_chunk() {
+    let app = text_app_streaming_every(Backend::Sqlite, Some(3_600_000)).await;
+    let (_, key) = app.user_with_key("endpoints:run").await;
+    let input = json!({"prompt": "Write a short poem about the sea.", "max_tokens": 24, "temperature": 0});
+    let res = app.text("run", &key, json!({ "input": input })).await;
+    let id = res.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_string();
+    let events = app.sse(&key, &id, None).await;
+    let (last, chunks) = events.split_last().unwrap();
+    assert_eq!(last.2["status"], "COMPLETED");
+    let tokens: Vec<String> = serde_json::from_value(last.2["output"]["choices"][0]["tokens"].clone()).unwrap();
+    assert!(tokens.len() > 2, "{tokens:?}");
+    let groups: Vec<Vec<String>> = chunks
+        .iter()
+        .map(|(_, _, data)| chunk_pieces(&data["output"]))
+        .collect();
+    assert_eq!(groups.len(), 2, "the first token, then the rest at the end: {groups:?}");
+    assert_eq!(groups[0], tokens[..1]);
+    assert_eq!(groups.concat(), tokens, "every piece once, in order");
+    assert_eq!(chunks.iter().map(|(id, _, _)| id.unwrap()).collect::<Vec<_>>(), [0, 1]);
+
+    // The JSON stream of the finished job holds the same two chunks.
+    let stream: Value = app
+        .public_ok(Method::GET, &format!("/v2/{MODEL}/stream/{id}"), &key)
+        .await;
+    let json_groups: Vec<Vec<String>> = stream["stream"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|item| chunk_pieces(&item["output"]))
+        .collect();
+    assert_eq!(json_groups, groups);
+
+    // OpenAI streaming: the role and first token, then one delta with the rest.
+    let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "Write a short poem about the sea."}],
+        "max_tokens": 24, "temperature": 0, "stream": true});
+    let res = app
+        .public(Method::POST, &format!("/v2/{MODEL}/openai/v1/chat/completions"), &key)
+        .json(&body)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    let events = parse_sse(&res.text().await.unwrap());
+    let deltas: Vec<&str> = events
+        .iter()
+        .filter_map(|e| e.2["choices"][0]["delta"]["content"].as_str())
+        .filter(|content| !content.is_empty())
+        .collect();
+    assert_eq!(deltas.len(), 2, "{deltas:?}");
+    assert_eq!(deltas.concat(), tokens.concat());
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

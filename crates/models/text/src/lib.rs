@@ -34,11 +34,21 @@
 //!  "usage": {"input": 12, "output": 2}}
 //! ```
 //!
-//! `tokens` are the streamed pieces, in order, equal to the job's chunks
-//! `{"token": "<piece>"}`; they concatenate to `text` exactly. A piece is
-//! usually one token's text, but bytes of a character split across tokens,
-//! and text that might begin a stop string, are held back and released with
-//! a later piece, so pieces are never empty and always valid UTF-8.
+//! `tokens` are the streamed pieces, in order; they concatenate to `text`
+//! exactly. A piece is usually one token's text, but bytes of a character
+//! split across tokens, and text that might begin a stop string, are held
+//! back and released with a later piece, so pieces are never empty and
+//! always valid UTF-8.
+//!
+//! # Streaming
+//!
+//! The job's chunks are `{"tokens": ["<piece>", ...]}`: the pieces again,
+//! in order, so the chunks' lists joined are `tokens`. The first piece is
+//! sent alone as soon as it exists; after that, pieces produced within
+//! [`EngineOptions::stream_interval`] of the last chunk travel together in
+//! the next one, so no piece waits longer than the interval and a fast
+//! stream costs the job path one chunk per interval rather than one per
+//! token. With an interval of zero every piece is its own chunk.
 //! `finish_reason` is `"stop"` (end-of-generation token or stop string) or
 //! `"length"` (`max_tokens` reached). `usage.input` counts prompt tokens,
 //! `usage.output` generated tokens (the end-of-generation token is not
@@ -80,7 +90,7 @@ use std::fmt;
 use std::future::Future;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-use std::time::Instant;
+use std::time::{Duration, Instant};
 
 use gantry_worker_sdk::{CancellationToken, JobContext, JobError, Model, Output, Usage, WorkerConfig, WorkerRuntime};
 use serde_json::{Value, json};
@@ -88,6 +98,9 @@ use serde_json::{Value, json};
 use crate::engine::{EngineConfig, EngineHandle, Event, Finished, Request};
 use crate::input::{DEFAULT_MAX_TOKENS, Params, Prompt};
 use crate::llama::{Batch, ChatTemplate, Context, ContextSettings, Sampler, Stage, Token, Weights};
+
+/// The default [`EngineOptions::stream_interval`].
+pub const DEFAULT_STREAM_INTERVAL: Duration = Duration::from_millis(50);
 
 /// How the engine uses the machine.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -104,6 +117,11 @@ pub struct EngineOptions {
     pub batch_tokens: u32,
     /// Layers offloaded to the GPU: 0 on CPU, `u32::MAX` = all.
     pub gpu_layers: u32,
+    /// How long a streamed piece may wait to be sent together with the
+    /// pieces after it. A request's first piece goes out at once; later ones
+    /// at most this long after they are produced, joined into one chunk.
+    /// Zero sends every piece as its own chunk.
+    pub stream_interval: Duration,
 }
 
 impl Default for EngineOptions {
@@ -114,6 +132,7 @@ impl Default for EngineOptions {
             max_sequences: 16,
             batch_tokens: 512,
             gpu_layers: if cfg!(feature = "cuda") { u32::MAX } else { 0 },
+            stream_interval: DEFAULT_STREAM_INTERVAL,
         }
     }
 }
@@ -200,6 +219,7 @@ pub struct TextModel {
     id: String,
     shared: Arc<Shared>,
     engine: EngineHandle,
+    stream_interval: Duration,
 }
 
 impl fmt::Debug for TextModel {
@@ -208,6 +228,7 @@ impl fmt::Debug for TextModel {
             .field("id", &self.id)
             .field("context_length", &self.shared.context_length)
             .field("chat_template", &self.shared.template.is_some())
+            .field("stream_interval", &self.stream_interval)
             .finish_non_exhaustive()
     }
 }
@@ -238,6 +259,7 @@ impl TextModel {
             batch_tokens = config.batch_tokens,
             threads = config.threads,
             gpu_layers = options.gpu_layers,
+            stream_interval_ms = options.stream_interval.as_millis() as u64,
             load_ms = started.elapsed().as_millis() as u64,
             "text model loaded"
         );
@@ -249,6 +271,7 @@ impl TextModel {
                 context_length,
             }),
             engine,
+            stream_interval: options.stream_interval,
         })
     }
 
@@ -259,20 +282,21 @@ impl TextModel {
     }
 
     /// Runs one request: `input` is the job's JSON (see the crate docs),
-    /// `on_piece` receives each streamed piece in order (its error ends the
+    /// `on_pieces` receives the streamed pieces in order, in groups as
+    /// [`EngineOptions::stream_interval`] gathers them (its error ends the
     /// request), `cancel` stops it at the next token with
     /// [`JobError::Cancelled`]. [`Model::run`] is this with the job's context.
     pub async fn generate<F, Fut>(
         &self,
         input: Value,
         cancel: CancellationToken,
-        on_piece: F,
+        on_pieces: F,
     ) -> Result<Output, JobError>
     where
-        F: FnMut(String) -> Fut + Send,
+        F: FnMut(Vec<String>) -> Fut + Send,
         Fut: Future<Output = Result<(), JobError>> + Send,
     {
-        let (pieces, finished) = self.complete(input, cancel, on_piece).await?;
+        let (pieces, finished) = self.complete(input, cancel, on_pieces).await?;
         let input_tokens = finished.prompt_tokens as u64;
         let output_tokens = finished.tokens.len() as u64;
         let output = json!({
@@ -295,10 +319,10 @@ impl TextModel {
         &self,
         input: Value,
         cancel: CancellationToken,
-        mut on_piece: F,
+        mut on_pieces: F,
     ) -> Result<(Vec<String>, Finished), JobError>
     where
-        F: FnMut(String) -> Fut + Send,
+        F: FnMut(Vec<String>) -> Fut + Send,
         Fut: Future<Output = Result<(), JobError>> + Send,
     {
         let params = Params::parse(&input, self.shared.context_length).map_err(JobError::BadInput)?;
@@ -312,21 +336,46 @@ impl TextModel {
         let _stop_when_dropped = job_cancel.clone().drop_guard();
         let mut events = self.engine.submit(request, job_cancel);
         let mut pieces = Vec::new();
+        // Pieces not sent yet, and when the last group went out: a piece
+        // waits until `stream_interval` after that send, so that pieces made
+        // in between travel together (one chunk through the job path instead
+        // of one per token), and the first piece goes out at once.
+        let mut pending = Vec::new();
+        let mut last_sent: Option<tokio::time::Instant> = None;
         loop {
+            let due = last_sent.map(|sent| sent + self.stream_interval);
             // A cancel wins at once, even over pieces already queued: the
             // engine drops the sequence at its next step (`job_cancel` is a
             // child of `cancel`).
             let event = tokio::select! {
                 biased;
                 () = cancel.cancelled() => return Err(JobError::Cancelled),
+                () = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)),
+                    if !pending.is_empty() =>
+                {
+                    on_pieces(std::mem::take(&mut pending)).await?;
+                    last_sent = Some(tokio::time::Instant::now());
+                    continue;
+                }
                 event = events.recv() => event,
             };
             match event {
                 Some(Event::Piece(piece)) => {
                     pieces.push(piece.clone());
-                    on_piece(piece).await?;
+                    pending.push(piece);
+                    let now = tokio::time::Instant::now();
+                    if due.is_none_or(|due| now >= due) {
+                        on_pieces(std::mem::take(&mut pending)).await?;
+                        last_sent = Some(now);
+                    }
                 }
-                Some(Event::Done(result)) => return result.map(|finished| (pieces, finished)),
+                Some(Event::Done(result)) => {
+                    let finished = result?;
+                    if !pending.is_empty() {
+                        on_pieces(pending).await?;
+                    }
+                    return Ok((pieces, finished));
+                }
                 None => return Err(JobError::internal("the text engine stopped unexpectedly")),
             }
         }
@@ -440,9 +489,9 @@ impl Model for TextModel {
 
     async fn run(&self, input: Value, ctx: JobContext) -> Result<Output, JobError> {
         let cancel = ctx.cancellation_token();
-        self.generate(input, cancel, |piece| {
+        self.generate(input, cancel, |pieces| {
             let ctx = ctx.clone();
-            async move { ctx.chunk(json!({ "token": piece })).await }
+            async move { ctx.chunk(json!({ "tokens": pieces })).await }
         })
         .await
     }

@@ -40,6 +40,7 @@ const TEST_OPTIONS: EngineOptions = EngineOptions {
     max_sequences: 16,
     batch_tokens: 512,
     gpu_layers: 0,
+    stream_interval: Duration::ZERO,
 };
 
 /// One model shared by the tests that do not need special options, with a
@@ -56,18 +57,25 @@ fn load(options: EngineOptions) -> TextModel {
     TextModel::load("smollm2", &weights(), options).unwrap()
 }
 
-/// Runs `input`, collecting the streamed pieces.
-async fn run_collect(model: &TextModel, input: Value) -> (Result<Output, JobError>, Vec<String>) {
-    let pieces = Arc::new(Mutex::new(Vec::new()));
-    let sink = Arc::clone(&pieces);
+/// Runs `input`, collecting the streamed groups of pieces.
+async fn run_groups(model: &TextModel, input: Value) -> (Result<Output, JobError>, Vec<Vec<String>>) {
+    let groups = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&groups);
     let result = model
-        .generate(input, CancellationToken::new(), move |piece| {
-            sink.lock().unwrap().push(piece);
+        .generate(input, CancellationToken::new(), move |pieces| {
+            sink.lock().unwrap().push(pieces);
             async { Ok(()) }
         })
         .await;
-    let pieces = pieces.lock().unwrap().clone();
-    (result, pieces)
+    let groups = groups.lock().unwrap().clone();
+    (result, groups)
+}
+
+/// Runs `input` on a model that streams every piece alone, collecting them.
+async fn run_collect(model: &TextModel, input: Value) -> (Result<Output, JobError>, Vec<String>) {
+    let (result, groups) = run_groups(model, input).await;
+    assert!(groups.iter().all(|group| group.len() == 1), "{groups:?}");
+    (result, groups.concat())
 }
 
 async fn run_ok(model: &TextModel, input: Value) -> (Value, Vec<String>) {
@@ -422,9 +430,9 @@ async fn cancellation_stops_generation_and_frees_the_budget() {
     let seen = Arc::clone(&count);
     let trigger = cancel.clone();
     let result = model
-        .generate(whole_budget(), cancel, move |_| {
+        .generate(whole_budget(), cancel, move |pieces| {
             let mut seen = seen.lock().unwrap();
-            *seen += 1;
+            *seen += pieces.len();
             if *seen == 3 {
                 trigger.cancel();
             }
@@ -449,6 +457,40 @@ async fn cancellation_stops_generation_and_frees_the_budget() {
         .await
         .expect("the budget was not released");
     assert!(result.is_ok(), "{result:?}");
+}
+
+/// The pieces of a streamed request, grouped by the stream interval: the
+/// first alone, the rest in non-empty groups that join to the output's
+/// `tokens`; a long interval holds everything after the first piece for the
+/// end of the request.
+#[tokio::test]
+async fn pieces_are_grouped_by_the_stream_interval() {
+    let input = json!({"prompt": "Numbers: 1, 2, 3, 4,", "raw": true, "temperature": 0, "max_tokens": 24});
+    let fresh = |stream_interval| {
+        load(EngineOptions {
+            context_tokens: 512,
+            stream_interval,
+            ..TEST_OPTIONS
+        })
+    };
+    let (reference, _) = run_ok(&fresh(Duration::ZERO), input.clone()).await;
+    for interval in [Duration::from_millis(20), Duration::from_secs(3600)] {
+        let model = fresh(interval);
+        let (result, groups) = run_groups(&model, input.clone()).await;
+        let output = result.unwrap().output;
+        assert_eq!(
+            output, reference,
+            "{interval:?}: the output does not depend on the grouping"
+        );
+        let tokens: Vec<String> = serde_json::from_value(output["choices"][0]["tokens"].clone()).unwrap();
+        assert!(tokens.len() > 2, "{tokens:?}");
+        assert_eq!(groups.concat(), tokens, "{interval:?}: every piece once, in order");
+        assert_eq!(groups[0].len(), 1, "{interval:?}: the first piece goes out alone");
+        assert!(groups.iter().all(|group| !group.is_empty()), "{interval:?}: {groups:?}");
+        if interval == Duration::from_secs(3600) {
+            assert_eq!(groups.len(), 2, "the rest waits for the end: {groups:?}");
+        }
+    }
 }
 
 #[tokio::test]
