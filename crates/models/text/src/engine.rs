@@ -22,7 +22,7 @@ use std::sync::mpsc as std_mpsc;
 use std::time::Instant;
 
 use gantry_worker_sdk::{CancellationToken, JobError};
-use tokio::sync::mpsc;
+use tokio::sync::{mpsc, oneshot};
 
 use crate::LoadError;
 use crate::input::Sampling;
@@ -73,26 +73,36 @@ pub struct Finished {
     pub finish_reason: FinishReason,
 }
 
-/// What the engine tells a request's owner.
+/// What the engine tells a request's owner, on two channels: the pieces
+/// of text in order, and then the end. Sending a piece wakes the owner only
+/// if it is waiting for one, so an owner that gathers pieces over an interval
+/// sleeps through them (see `TextModel::complete`); the end always wakes it.
 #[derive(Debug)]
-pub enum Event {
-    /// The next piece of text (never empty).
-    Piece(String),
-    /// The end; nothing follows.
-    Done(Result<Finished, JobError>),
+pub struct Submission {
+    /// The pieces of text, in order (never empty); all are sent before
+    /// `done` resolves.
+    pub pieces: mpsc::UnboundedReceiver<String>,
+    /// The result. An error to receive means the engine died.
+    pub done: oneshot::Receiver<Result<Finished, JobError>>,
 }
 
 struct Job {
     request: Request,
     cancel: CancellationToken,
-    events: mpsc::UnboundedSender<Event>,
+    pieces: mpsc::UnboundedSender<String>,
+    done: oneshot::Sender<Result<Finished, JobError>>,
     queued_at: Instant,
 }
 
 impl Job {
     /// Cancelled, or nobody is listening any more.
     fn is_abandoned(&self) -> bool {
-        self.cancel.is_cancelled() || self.events.is_closed()
+        self.cancel.is_cancelled() || self.done.is_closed()
+    }
+
+    /// Tells the owner how the request ended.
+    fn end(self, result: Result<Finished, JobError>) {
+        let _ = self.done.send(result);
     }
 }
 
@@ -143,24 +153,26 @@ impl EngineHandle {
         }
     }
 
-    /// Queues `request`. Events arrive on the returned receiver; the last one
-    /// is always [`Event::Done`] (unless the engine died, then the channel
-    /// just closes). Cancelling `cancel` or dropping the receiver stops the
-    /// sequence at its next token.
-    pub fn submit(&self, request: Request, cancel: CancellationToken) -> mpsc::UnboundedReceiver<Event> {
-        let (events, receiver) = mpsc::unbounded_channel();
+    /// Queues `request`; its pieces and its end arrive on the returned
+    /// [`Submission`]. Cancelling `cancel` or dropping the submission's `done`
+    /// stops the sequence at its next token.
+    pub fn submit(&self, request: Request, cancel: CancellationToken) -> Submission {
+        let (pieces, pieces_rx) = mpsc::unbounded_channel();
+        let (done, done_rx) = oneshot::channel();
         let job = Job {
             request,
             cancel,
-            events,
+            pieces,
+            done,
             queued_at: Instant::now(),
         };
         if let Err(std_mpsc::SendError(job)) = self.inbox.send(job) {
-            let _ = job
-                .events
-                .send(Event::Done(Err(JobError::internal("the text engine is not running"))));
+            job.end(Err(JobError::internal("the text engine is not running")));
         }
-        receiver
+        Submission {
+            pieces: pieces_rx,
+            done: done_rx,
+        }
     }
 }
 
@@ -207,8 +219,9 @@ struct Sequence {
 }
 
 impl Sequence {
-    fn send(&self, event: Event) -> bool {
-        self.job.events.send(event).is_ok()
+    fn send(&self, piece: String) {
+        // a closed channel is noticed before the next step (`is_abandoned`)
+        let _ = self.job.pieces.send(piece);
     }
 }
 
@@ -274,14 +287,13 @@ impl<'m> Engine<'m> {
 
     /// Ends cancelled requests, waiting or running.
     fn drop_abandoned(&mut self) {
-        self.waiting.retain(|job| {
+        for job in std::mem::take(&mut self.waiting) {
             if job.is_abandoned() {
-                let _ = job.events.send(Event::Done(Err(JobError::Cancelled)));
-                false
+                job.end(Err(JobError::Cancelled));
             } else {
-                true
+                self.waiting.push_back(job);
             }
-        });
+        }
         let mut i = 0;
         while i < self.active.len() {
             if self.active[i].job.is_abandoned() {
@@ -291,7 +303,7 @@ impl<'m> Engine<'m> {
                     generated = sequence.generated.len(),
                     "sequence cancelled"
                 );
-                sequence.send(Event::Done(Err(JobError::Cancelled)));
+                sequence.job.end(Err(JobError::Cancelled));
             } else {
                 i += 1;
             }
@@ -409,9 +421,8 @@ impl<'m> Engine<'m> {
                 self.piece.clear();
                 model.piece(token, false, &mut self.piece);
                 let released = sequence.text.push(&self.piece);
-                // a closed channel is noticed before the next step
                 if !released.piece.is_empty() {
-                    sequence.send(Event::Piece(released.piece));
+                    sequence.send(released.piece);
                 }
                 if released.stopped {
                     finish = Some(FinishReason::Stop);
@@ -435,7 +446,7 @@ impl<'m> Engine<'m> {
         tracing::error!(sequences = self.active.len(), "{message}");
         while !self.active.is_empty() {
             let sequence = self.retire(0);
-            sequence.send(Event::Done(Err(JobError::internal(message))));
+            sequence.job.end(Err(JobError::internal(message)));
         }
     }
 }
@@ -443,7 +454,7 @@ impl<'m> Engine<'m> {
 fn finish_sequence(mut sequence: Sequence, reason: FinishReason) {
     let last = sequence.text.finish();
     if !last.is_empty() {
-        sequence.send(Event::Piece(last));
+        sequence.send(last);
     }
     let elapsed = sequence.started_at.elapsed();
     let generated = sequence.generated.len();
@@ -461,7 +472,7 @@ fn finish_sequence(mut sequence: Sequence, reason: FinishReason) {
         tokens: std::mem::take(&mut sequence.generated),
         finish_reason: reason,
     };
-    sequence.send(Event::Done(Ok(finished)));
+    sequence.job.end(Ok(finished));
 }
 
 /// The sampler chain for `sampling`. Temperature 0 is plain argmax, exactly

@@ -95,7 +95,7 @@ use std::time::{Duration, Instant};
 use gantry_worker_sdk::{CancellationToken, JobContext, JobError, Model, Output, Usage, WorkerConfig, WorkerRuntime};
 use serde_json::{Value, json};
 
-use crate::engine::{EngineConfig, EngineHandle, Event, Finished, Request};
+use crate::engine::{EngineConfig, EngineHandle, Finished, Request, Submission};
 use crate::input::{DEFAULT_MAX_TOKENS, Params, Prompt};
 use crate::llama::{Batch, ChatTemplate, Context, ContextSettings, Sampler, Stage, Token, Weights};
 
@@ -334,52 +334,77 @@ impl TextModel {
         // Stops the sequence when this future is dropped, too.
         let job_cancel = cancel.child_token();
         let _stop_when_dropped = job_cancel.clone().drop_guard();
-        let mut events = self.engine.submit(request, job_cancel);
-        let mut pieces = Vec::new();
-        // Pieces not sent yet, and when the last group went out: a piece
-        // waits until `stream_interval` after that send, so that pieces made
-        // in between travel together (one chunk through the job path instead
-        // of one per token), and the first piece goes out at once.
-        let mut pending = Vec::new();
+        let Submission { mut pieces, mut done } = self.engine.submit(request, job_cancel);
+        let interval = self.stream_interval;
+        let mut sent = Vec::new();
+        // When the last group of pieces went out. Until `interval` after it,
+        // this task sleeps: the engine queues the pieces it makes meanwhile
+        // without waking it, and they go out together when it wakes. Past
+        // that time it waits for the next piece, which goes out at once (so
+        // does a request's first).
         let mut last_sent: Option<tokio::time::Instant> = None;
         loop {
-            let due = last_sent.map(|sent| sent + self.stream_interval);
+            let due = last_sent
+                .map(|sent| sent + interval)
+                .filter(|due| *due > tokio::time::Instant::now());
             // A cancel wins at once, even over pieces already queued: the
             // engine drops the sequence at its next step (`job_cancel` is a
             // child of `cancel`).
-            let event = tokio::select! {
-                biased;
-                () = cancel.cancelled() => return Err(JobError::Cancelled),
-                () = tokio::time::sleep_until(due.unwrap_or_else(tokio::time::Instant::now)),
-                    if !pending.is_empty() =>
-                {
-                    on_pieces(std::mem::take(&mut pending)).await?;
-                    last_sent = Some(tokio::time::Instant::now());
-                    continue;
-                }
-                event = events.recv() => event,
+            let mut group = match due {
+                Some(due) => tokio::select! {
+                    biased;
+                    () = cancel.cancelled() => return Err(JobError::Cancelled),
+                    end = &mut done => return end_of(end, &mut pieces, sent, &mut on_pieces).await,
+                    () = tokio::time::sleep_until(due) => Vec::new(),
+                },
+                None => tokio::select! {
+                    biased;
+                    () = cancel.cancelled() => return Err(JobError::Cancelled),
+                    piece = pieces.recv() => match piece {
+                        Some(piece) => vec![piece],
+                        // The engine let go of the request: its end says why.
+                        None => return end_of((&mut done).await, &mut pieces, sent, &mut on_pieces).await,
+                    },
+                    end = &mut done => return end_of(end, &mut pieces, sent, &mut on_pieces).await,
+                },
             };
-            match event {
-                Some(Event::Piece(piece)) => {
-                    pieces.push(piece.clone());
-                    pending.push(piece);
-                    let now = tokio::time::Instant::now();
-                    if due.is_none_or(|due| now >= due) {
-                        on_pieces(std::mem::take(&mut pending)).await?;
-                        last_sent = Some(now);
-                    }
+            if !interval.is_zero() {
+                while let Ok(piece) = pieces.try_recv() {
+                    group.push(piece);
                 }
-                Some(Event::Done(result)) => {
-                    let finished = result?;
-                    if !pending.is_empty() {
-                        on_pieces(pending).await?;
-                    }
-                    return Ok((pieces, finished));
-                }
-                None => return Err(JobError::internal("the text engine stopped unexpectedly")),
+            }
+            if !group.is_empty() {
+                last_sent = Some(tokio::time::Instant::now());
+                sent.extend_from_slice(&group);
+                on_pieces(group).await?;
             }
         }
     }
+}
+
+/// How [`TextModel::complete`] ends once the engine has: the pieces still
+/// queued go out as one last group, then the result.
+async fn end_of<F, Fut>(
+    end: Result<Result<Finished, JobError>, tokio::sync::oneshot::error::RecvError>,
+    pieces: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
+    mut sent: Vec<String>,
+    on_pieces: &mut F,
+) -> Result<(Vec<String>, Finished), JobError>
+where
+    F: FnMut(Vec<String>) -> Fut + Send,
+    Fut: Future<Output = Result<(), JobError>> + Send,
+{
+    let finished = end.map_err(|_| JobError::internal("the text engine stopped unexpectedly"))??;
+    // Every piece was sent before the end.
+    let mut rest = Vec::new();
+    while let Ok(piece) = pieces.try_recv() {
+        rest.push(piece);
+    }
+    if !rest.is_empty() {
+        sent.extend_from_slice(&rest);
+        on_pieces(rest).await?;
+    }
+    Ok((sent, finished))
 }
 
 impl Shared {

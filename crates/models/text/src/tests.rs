@@ -9,7 +9,7 @@ use gantry_worker_sdk::{CancellationToken, JobError, Output};
 use serde_json::{Value, json};
 
 use super::*;
-use crate::engine::{Event, Finished, Request};
+use crate::engine::{Finished, Request, Submission};
 
 const MODEL_DIR: &str = "smollm2-135m-instruct";
 const MODEL_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
@@ -232,16 +232,16 @@ fn request(model: &TextModel, input: &Value) -> Request {
     model.shared.request(params).unwrap()
 }
 
-/// Drains one submission's events: the pieces and the result.
-async fn drain(mut events: tokio::sync::mpsc::UnboundedReceiver<Event>) -> (Vec<String>, Result<Finished, JobError>) {
-    let mut pieces = Vec::new();
-    while let Some(event) = events.recv().await {
-        match event {
-            Event::Piece(piece) => pieces.push(piece),
-            Event::Done(result) => return (pieces, result),
-        }
+/// Waits for one submission's end: its pieces and the result.
+async fn drain(submission: Submission) -> (Vec<String>, Result<Finished, JobError>) {
+    let Submission { mut pieces, done } = submission;
+    let result = done.await.expect("the engine stopped");
+    let mut all = Vec::new();
+    // every piece is queued before the end
+    while let Ok(piece) = pieces.try_recv() {
+        all.push(piece);
     }
-    panic!("the engine stopped");
+    (all, result)
 }
 
 /// Sequences decoded in one batch give exactly the tokens each gives alone.
