@@ -61,6 +61,15 @@ impl TestApp {
             .unwrap()
     }
 
+    /// POSTs `body` to the model's OpenAI chat completions route.
+    pub async fn chat_completions(&self, key: &str, body: &Value) -> Response {
+        self.public(Method::POST, &format!("/v2/{MODEL}/openai/v1/chat/completions"), key)
+            .json(body)
+            .send()
+            .await
+            .unwrap()
+    }
+
     /// The micro-USD charged for `job_id` (one entry per charge).
     pub async fn charges(&self, job_id: &str) -> Vec<i64> {
         let db = Database::connect(&self.database_url).await.unwrap();
@@ -313,12 +322,7 @@ async fn tokens_made_within_the_stream_interval_travel_in_one_chunk() {
     // OpenAI streaming: the role and first token, then one delta with the rest.
     let body = json!({"model": MODEL, "messages": [{"role": "user", "content": "Write a short poem about the sea."}],
         "max_tokens": 24, "temperature": 0, "stream": true});
-    let res = app
-        .public(Method::POST, &format!("/v2/{MODEL}/openai/v1/chat/completions"), &key)
-        .json(&body)
-        .send()
-        .await
-        .unwrap();
+    let res = app.chat_completions(&key, &body).await;
     assert_eq!(res.status(), 200);
     let events = parse_sse(&res.text().await.unwrap());
     let deltas: Vec<&str> = events
@@ -399,12 +403,7 @@ async fn openai_routes_answer_in_openai_shapes() {
     let base = format!("/v2/{MODEL}/openai/v1");
     let chat = json!({"model": MODEL, "messages": [{"role": "user", "content": "What is the capital of France?"}],
         "max_tokens": 16, "temperature": 0});
-    let res = app
-        .public(Method::POST, &format!("{base}/chat/completions"), &key)
-        .json(&chat)
-        .send()
-        .await
-        .unwrap();
+    let res = app.chat_completions(&key, &chat).await;
     assert_eq!(res.status(), 200);
     let answer: Value = res.json().await.unwrap();
     assert_eq!(answer["object"], "chat.completion");
@@ -427,12 +426,7 @@ async fn openai_routes_answer_in_openai_shapes() {
     let mut streaming = chat.clone();
     streaming["stream"] = json!(true);
     streaming["stream_options"] = json!({"include_usage": true});
-    let res = app
-        .public(Method::POST, &format!("{base}/chat/completions"), &key)
-        .json(&streaming)
-        .send()
-        .await
-        .unwrap();
+    let res = app.chat_completions(&key, &streaming).await;
     assert_eq!(res.status(), 200);
     let events = parse_sse(&res.text().await.unwrap());
     assert_eq!(events.last().unwrap().2, Value::String("[DONE]".into()));
@@ -478,14 +472,7 @@ async fn openai_routes_answer_in_openai_shapes() {
                 .unwrap(),
             401,
         ),
-        (
-            app.public(Method::POST, &format!("{base}/chat/completions"), &key)
-                .json(&json!({"messages": [], "n": 2}))
-                .send()
-                .await
-                .unwrap(),
-            400,
-        ),
+        (app.chat_completions(&key, &json!({"messages": [], "n": 2})).await, 400),
         (
             app.public(Method::POST, "/v2/gantry-echo/openai/v1/chat/completions", &key)
                 .json(&chat)
@@ -509,12 +496,7 @@ async fn openai_routes_answer_in_openai_shapes() {
     let mut bad = chat.clone();
     bad["frobnicate"] = json!(1);
     bad["temperature"] = json!(2.5);
-    let res = app
-        .public(Method::POST, &format!("{base}/chat/completions"), &key)
-        .json(&bad)
-        .send()
-        .await
-        .unwrap();
+    let res = app.chat_completions(&key, &bad).await;
     assert_eq!(res.status().as_u16(), 400);
     let message = res.json::<Value>().await.unwrap()["error"]["message"]
         .as_str()

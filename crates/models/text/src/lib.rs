@@ -39,6 +39,10 @@
 //! split across tokens, and text that might begin a stop string, are held
 //! back and released with a later piece, so pieces are never empty and
 //! always valid UTF-8.
+//! `finish_reason` is `"stop"` (end-of-generation token or stop string) or
+//! `"length"` (`max_tokens` reached). `usage.input` counts prompt tokens,
+//! `usage.output` generated tokens (the end-of-generation token is not
+//! counted); the job bills `input + output` `tokens`.
 //!
 //! # Streaming
 //!
@@ -49,10 +53,6 @@
 //! the next one, so no piece waits longer than the interval and a fast
 //! stream costs the job path one chunk per interval rather than one per
 //! token. With an interval of zero every piece is its own chunk.
-//! `finish_reason` is `"stop"` (end-of-generation token or stop string) or
-//! `"length"` (`max_tokens` reached). `usage.input` counts prompt tokens,
-//! `usage.output` generated tokens (the end-of-generation token is not
-//! counted); the job bills `input + output` `tokens`.
 //!
 //! # Chat templates
 //!
@@ -354,7 +354,7 @@ impl TextModel {
                 Some(due) => tokio::select! {
                     biased;
                     () = cancel.cancelled() => return Err(JobError::Cancelled),
-                    end = &mut done => return end_of(end, &mut pieces, sent, &mut on_pieces).await,
+                    end = &mut done => return end_of(end, &mut pieces, sent, interval, &mut on_pieces).await,
                     () = tokio::time::sleep_until(due) => Vec::new(),
                 },
                 None => tokio::select! {
@@ -363,15 +363,13 @@ impl TextModel {
                     piece = pieces.recv() => match piece {
                         Some(piece) => vec![piece],
                         // The engine let go of the request: its end says why.
-                        None => return end_of((&mut done).await, &mut pieces, sent, &mut on_pieces).await,
+                        None => return end_of((&mut done).await, &mut pieces, sent, interval, &mut on_pieces).await,
                     },
-                    end = &mut done => return end_of(end, &mut pieces, sent, &mut on_pieces).await,
+                    end = &mut done => return end_of(end, &mut pieces, sent, interval, &mut on_pieces).await,
                 },
             };
             if !interval.is_zero() {
-                while let Ok(piece) = pieces.try_recv() {
-                    group.push(piece);
-                }
+                take_queued(&mut pieces, &mut group);
             }
             if !group.is_empty() {
                 last_sent = Some(tokio::time::Instant::now());
@@ -382,12 +380,21 @@ impl TextModel {
     }
 }
 
+/// Moves the pieces the engine has queued so far into `group`.
+fn take_queued(pieces: &mut tokio::sync::mpsc::UnboundedReceiver<String>, group: &mut Vec<String>) {
+    while let Ok(piece) = pieces.try_recv() {
+        group.push(piece);
+    }
+}
+
 /// How [`TextModel::complete`] ends once the engine has: the pieces still
-/// queued go out as one last group, then the result.
+/// queued go out as one last group (each alone with an interval of zero),
+/// then the result.
 async fn end_of<F, Fut>(
     end: Result<Result<Finished, JobError>, tokio::sync::oneshot::error::RecvError>,
     pieces: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
     mut sent: Vec<String>,
+    interval: Duration,
     on_pieces: &mut F,
 ) -> Result<(Vec<String>, Finished), JobError>
 where
@@ -395,14 +402,13 @@ where
     Fut: Future<Output = Result<(), JobError>> + Send,
 {
     let finished = end.map_err(|_| JobError::internal("the text engine stopped unexpectedly"))??;
-    // Every piece was sent before the end.
+    // Every piece was queued before the end.
     let mut rest = Vec::new();
-    while let Ok(piece) = pieces.try_recv() {
-        rest.push(piece);
-    }
-    if !rest.is_empty() {
-        sent.extend_from_slice(&rest);
-        on_pieces(rest).await?;
+    take_queued(pieces, &mut rest);
+    let group_size = if interval.is_zero() { 1 } else { rest.len().max(1) };
+    for group in rest.chunks(group_size) {
+        sent.extend_from_slice(group);
+        on_pieces(group.to_vec()).await?;
     }
     Ok((sent, finished))
 }
