@@ -218,6 +218,7 @@ fn serve(
             let app = App::new()
                 .app_data(state.clone())
                 .app_data(surface)
+                .wrap(actix_web::middleware::from_fn(crate::middleware::refuse_nul_in_path))
                 .wrap(ErrorHandlers::new().default_handler(ensure_problem))
                 .wrap(actix_web::middleware::from_fn(crate::middleware::observe))
                 .configure(move |cfg| routes::register(cfg, &endpoints))

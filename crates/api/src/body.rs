@@ -298,6 +298,28 @@ where
     T::deserialize(deserializer).map(Some)
 }
 
+/// [`present`] for a nested struct: only a JSON object, never an array read
+/// field by field in declaration order (which serde's derived structs accept).
+pub fn present_object<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
+where
+    D: serde::Deserializer<'de>,
+    T: serde::Deserialize<'de>,
+{
+    struct Object<T>(std::marker::PhantomData<T>);
+    impl<'de, T: serde::Deserialize<'de>> serde::de::Visitor<'de> for Object<T> {
+        type Value = T;
+
+        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+            f.write_str("an object")
+        }
+
+        fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
+            T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
+        }
+    }
+    deserializer.deserialize_map(Object(std::marker::PhantomData)).map(Some)
+}
+
 fn kind(value: &Value) -> &'static str {
     match value {
         Value::Null => "null",

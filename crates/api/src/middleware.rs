@@ -12,6 +12,20 @@ use gantry_ratelimit::{Decision, FailMode, Outcome, Policy};
 use crate::app::{AppState, Surface};
 use crate::problem::{ApiError, PROBLEM_JSON, problem_response};
 
+/// Answers `404` for a path with a percent-encoded NUL (`%00`): no resource
+/// has one in its name, and PostgreSQL's text cannot hold it, so it never
+/// reaches a query.
+pub async fn refuse_nul_in_path<B: MessageBody + 'static>(
+    req: ServiceRequest,
+    next: Next<B>,
+) -> Result<ServiceResponse<EitherBody<B>>, actix_web::Error> {
+    if req.path().contains("%00") {
+        let err = ApiError::NotFound(format!("no resource at {}", req.path()));
+        return Ok(req.into_response(err.error_response()).map_into_right_body());
+    }
+    Ok(next.call(req).await?.map_into_left_body())
+}
+
 /// Authenticates the bearer key of every request to a protected resource,
 /// applies the caller's rate limit, and leaves the `Principal` in the request
 /// extensions. Every response after authentication carries the limit headers.
@@ -23,6 +37,14 @@ pub async fn authenticate<B: MessageBody + 'static>(
         .app_data::<web::Data<AppState>>()
         .cloned()
         .ok_or_else(|| ApiError::internal("authenticate", &"application state missing"))?;
+    // Two keys are no key: which one would the caller mean?
+    if req.headers().get_all(header::AUTHORIZATION).nth(1).is_some() {
+        let err = ApiError::BadRequest {
+            detail: "invalid headers".into(),
+            errors: vec!["Authorization: give one header, not several".into()],
+        };
+        return Ok(req.into_response(err.error_response()).map_into_right_body());
+    }
     let header = match req.headers().get(header::AUTHORIZATION) {
         None => None,
         Some(value) => Some(

@@ -327,6 +327,13 @@ fn decorate(op: &mut Operation, endpoint: &Endpoint) {
         if endpoint.path.contains("/retry/") {
             add("409", "The job is not FAILED or TIMED_OUT: only those can be retried.");
         }
+        if openai && endpoint.path.ends_with("/completions") {
+            add(
+                "409",
+                "The generation's job was cancelled (through the job routes) before it finished.",
+            );
+            add("504", "The generation ran past its execution timeout.");
+        }
         if endpoint.path.starts_with("/v2/{model_id}/") && queues {
             add(
                 "402",

@@ -44,6 +44,38 @@ pub trait FileSink: Send + Sync + 'static {
     /// Deletes files that will not be part of any result (best effort: the
     /// store's sweeper deletes what this misses).
     async fn discard(&self, files: Vec<StoredFile>);
+
+    /// The most bytes one file, and all the files of one attempt, may have.
+    fn limits(&self) -> FileLimits {
+        FileLimits::default()
+    }
+}
+
+/// Bounds on what one attempt may store; a file past them fails its job for
+/// good (the same input would make the same file again) and nothing of it is
+/// kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FileLimits {
+    pub file_bytes: u64,
+    pub attempt_bytes: u64,
+}
+
+impl Default for FileLimits {
+    fn default() -> Self {
+        Self {
+            file_bytes: u64::MAX,
+            attempt_bytes: u64::MAX,
+        }
+    }
+}
+
+/// Why the files of an attempt cannot be used.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Refused {
+    pub(crate) error: String,
+    /// Whether another attempt may do better (a store that failed), or the
+    /// job fails for good (a file over the limits).
+    pub(crate) retryable: bool,
 }
 
 /// One file being stored.
@@ -69,7 +101,9 @@ pub(crate) struct Assembly {
     open: HashMap<(String, u32, u32), Open>,
     done: HashMap<Attempt, HashMap<u32, StoredFile>>,
     /// Attempts whose files cannot be trusted any more, and why.
-    broken: HashMap<Attempt, String>,
+    broken: HashMap<Attempt, Refused>,
+    /// Bytes each attempt has sent, over all its files.
+    sent: HashMap<Attempt, u64>,
 }
 
 impl Assembly {
@@ -79,6 +113,7 @@ impl Assembly {
             open: HashMap::new(),
             done: HashMap::new(),
             broken: HashMap::new(),
+            sent: HashMap::new(),
         }
     }
 
@@ -104,10 +139,17 @@ impl Assembly {
                 self.break_attempt(attempt, error).await;
                 return;
             }
-            let media_type = if chunk.media_type.is_empty() {
-                "application/octet-stream"
-            } else {
+            // Stored as text in every database and signed into the URL: a
+            // type that is not one (a control character, a NUL, no subtype)
+            // is stored as plain bytes.
+            let media_type = if is_media_type(&chunk.media_type) {
                 chunk.media_type.as_str()
+            } else {
+                if !chunk.media_type.is_empty() {
+                    tracing::warn!(job_id = %chunk.job_id, media_type = ?chunk.media_type,
+                        "a worker's file has an invalid media type; stored as application/octet-stream");
+                }
+                OCTET_STREAM
             };
             match sink
                 .begin(&chunk.job_id, chunk.attempt, chunk.file_id, media_type)
@@ -138,6 +180,27 @@ impl Assembly {
             return;
         }
         open.next_offset += chunk.data.len() as u64;
+        let limits = sink.limits();
+        let sent = self.sent.entry(attempt.clone()).or_default();
+        *sent = sent.saturating_add(chunk.data.len() as u64);
+        let over = if open.next_offset > limits.file_bytes {
+            Some(format!(
+                "output file {} is larger than {} bytes, the most one file may have",
+                chunk.file_id, limits.file_bytes
+            ))
+        } else if *sent > limits.attempt_bytes {
+            Some(format!(
+                "the output files are larger than {} bytes, the most one job may store",
+                limits.attempt_bytes
+            ))
+        } else {
+            None
+        };
+        if let Some(error) = over {
+            open.upload.abort().await;
+            self.refuse(attempt, error, false).await;
+            return;
+        }
         if let Err(error) = open.upload.write(chunk.data).await {
             open.upload.abort().await;
             self.break_attempt(attempt, format!("storing an output file failed: {error}"))
@@ -167,12 +230,17 @@ impl Assembly {
         job_id: &str,
         attempt: u32,
         listed: &[OutputFile],
-    ) -> Result<Vec<StoredFile>, String> {
+    ) -> Result<Vec<StoredFile>, Refused> {
         let id = (job_id.to_owned(), attempt);
         let mut done = self.done.remove(&id).unwrap_or_default();
-        let broken = self.broken.remove(&id);
+        self.sent.remove(&id);
+        if let Some(refused) = self.broken.remove(&id) {
+            self.abort_open(&id).await;
+            self.discard(done.into_values().collect()).await;
+            return Err(refused);
+        }
         let unfinished = self.abort_open(&id).await;
-        let mut error = broken;
+        let mut error = None;
         let mut files = Vec::with_capacity(listed.len());
         for file in listed {
             if error.is_some() {
@@ -200,7 +268,7 @@ impl Assembly {
         let outcome = match error {
             Some(error) => {
                 unused.append(&mut files);
-                Err(error)
+                Err(Refused { error, retryable: true })
             }
             None => Ok(files),
         };
@@ -212,6 +280,7 @@ impl Assembly {
     pub(crate) async fn ended(&mut self, job_id: &str, attempt: u32) {
         let id = (job_id.to_owned(), attempt);
         self.broken.remove(&id);
+        self.sent.remove(&id);
         self.abort_open(&id).await;
         if let Some(done) = self.done.remove(&id) {
             self.discard(done.into_values().collect()).await;
@@ -225,16 +294,22 @@ impl Assembly {
         }
         let done: Vec<StoredFile> = self.done.drain().flat_map(|(_, files)| files.into_values()).collect();
         self.broken.clear();
+        self.sent.clear();
         self.discard(done).await;
     }
 
+    /// The attempt's files cannot be used (another attempt may do better).
     async fn break_attempt(&mut self, attempt: Attempt, error: String) {
+        self.refuse(attempt, error, true).await;
+    }
+
+    async fn refuse(&mut self, attempt: Attempt, error: String, retryable: bool) {
         tracing::warn!(job_id = %attempt.0, attempt = attempt.1, %error, "output file refused");
         self.abort_open(&attempt).await;
         if let Some(done) = self.done.remove(&attempt) {
             self.discard(done.into_values().collect()).await;
         }
-        self.broken.insert(attempt, error);
+        self.broken.insert(attempt, Refused { error, retryable });
     }
 
     /// Aborts the unfinished files of an attempt; returns their ids.
@@ -262,6 +337,38 @@ impl Assembly {
     }
 }
 
+/// The media type of bytes of no known type.
+pub const OCTET_STREAM: &str = "application/octet-stream";
+
+/// Whether `text` is a media type as RFC 6838 and RFC 9110 spell one:
+/// `type/subtype` of restricted-name characters, then `; name=value`
+/// parameters of visible ASCII, at most 255 bytes in all. Nothing else is
+/// stored, so a stored type is always safe in a header and in any database.
+pub fn is_media_type(text: &str) -> bool {
+    fn restricted_name(name: &str) -> bool {
+        let mut chars = name.chars();
+        chars.next().is_some_and(|c| c.is_ascii_alphanumeric())
+            && name.len() <= 127
+            && chars.all(|c| c.is_ascii_alphanumeric() || "!#$&-^_.+".contains(c))
+    }
+    if text.len() > 255 || !text.bytes().all(|b| b == b' ' || b.is_ascii_graphic()) {
+        return false;
+    }
+    let mut parts = text.split(';');
+    let essence = parts.next().unwrap_or_default();
+    let Some((kind, subtype)) = essence.split_once('/') else {
+        return false;
+    };
+    restricted_name(kind)
+        && restricted_name(subtype)
+        && parts.all(|parameter| {
+            parameter
+                .trim()
+                .split_once('=')
+                .is_some_and(|(name, value)| restricted_name(name) && !value.is_empty())
+        })
+}
+
 /// An RFC 6901 pointer below the root: `/` followed by tokens where `~` is
 /// only ever `~0` or `~1`.
 fn valid_pointer(pointer: &str) -> bool {
@@ -280,7 +387,34 @@ fn valid_pointer(pointer: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
-    use super::valid_pointer;
+    use super::{is_media_type, valid_pointer};
+
+    #[test]
+    fn media_types() {
+        for good in [
+            "image/png",
+            "audio/ogg; codecs=opus",
+            "text/plain;charset=utf-8",
+            "application/vnd.a+json",
+        ] {
+            assert!(is_media_type(good), "{good}");
+        }
+        for bad in [
+            "",
+            "a\u{0}",
+            "image/png\u{0}",
+            "text/html\r\nx-evil: 1",
+            "image",
+            "/png",
+            "image/",
+            "image/png; =x",
+            "image/png; a=",
+            "ïmage/png",
+            &format!("image/{}", "a".repeat(300)),
+        ] {
+            assert!(!is_media_type(bad), "{bad:?}");
+        }
+    }
 
     #[test]
     fn pointers() {

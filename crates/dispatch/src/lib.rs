@@ -38,7 +38,7 @@ use std::time::{Duration, SystemTime};
 use serde_json::Value;
 use tokio::sync::mpsc;
 
-pub use files::{FileSink, FileUpload, StoredFile};
+pub use files::{FileLimits, FileSink, FileUpload, OCTET_STREAM, StoredFile, is_media_type};
 pub use gantry_proto::DEADLINE_EXCEEDED;
 pub use gantry_proto::v1::{Timings, Usage};
 pub use service::GatewayService;

@@ -15,7 +15,7 @@ use tokio_util::sync::CancellationToken;
 use tonic::Status;
 
 use crate::LiveObserver;
-use crate::files::StoredFile;
+use crate::files::{Refused, StoredFile};
 use crate::status::StreamError;
 use crate::{AssignError, Assignment, DispatchConfig, Event, Health, ModelHealth, WorkerId, WorkerInfo};
 
@@ -161,7 +161,7 @@ impl Inner {
         worker_id: &str,
         conn: u64,
         message: WorkerMessage,
-        files: Result<Vec<StoredFile>, String>,
+        files: Result<Vec<StoredFile>, Refused>,
     ) -> Vec<StoredFile> {
         let outcome = {
             let mut state = self.state();
@@ -467,7 +467,7 @@ fn storable(text: String) -> String {
 
 /// The event for a job message accepted by [`Registry::apply`], and the files
 /// it does not carry.
-fn job_event(worker_id: &str, kind: Kind, files: Result<Vec<StoredFile>, String>) -> (Option<Event>, Vec<StoredFile>) {
+fn job_event(worker_id: &str, kind: Kind, files: Result<Vec<StoredFile>, Refused>) -> (Option<Event>, Vec<StoredFile>) {
     let worker_id = worker_id.to_owned();
     let event = match kind {
         Kind::Progress(progress) => Event::Progress {
@@ -507,13 +507,13 @@ fn job_event(worker_id: &str, kind: Kind, files: Result<Vec<StoredFile>, String>
                     },
                     files.unwrap_or_default(),
                 ),
-                (Ok(_), Err(error)) => (
+                (Ok(_), Err(refused)) => (
                     Event::Failed {
                         job_id: result.job_id,
                         attempt: result.attempt,
                         worker_id,
-                        error: storable(error),
-                        retryable: true,
+                        error: storable(refused.error),
+                        retryable: refused.retryable,
                     },
                     Vec::new(),
                 ),

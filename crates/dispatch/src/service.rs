@@ -128,6 +128,12 @@ fn check_hello(hello: &Hello, claims: &auth::WorkerClaims) -> Result<(), StreamE
     if hello.worker_id.is_empty() {
         return Err(StreamError::BadHello("worker_id is empty"));
     }
+    // Stored with each job it runs, as text in every database.
+    if hello.worker_id.len() > 128 || hello.worker_id.chars().any(char::is_control) {
+        return Err(StreamError::BadHello(
+            "worker_id must be at most 128 bytes, without control characters",
+        ));
+    }
     if hello.models.is_empty() {
         return Err(StreamError::BadHello("models is empty"));
     }

@@ -27,6 +27,11 @@ pub struct FilesConfig {
     /// acknowledged, a crash between storing and settling) are deleted once
     /// they are this old, in seconds.
     pub orphan_grace_secs: u64,
+    /// The most bytes one output file may have; a job whose worker sends a
+    /// larger one fails (for good, never charged) and nothing of it is kept.
+    pub max_file_bytes: u64,
+    /// The most bytes all the output files of one job may have together.
+    pub max_job_bytes: u64,
     pub s3: S3Config,
 }
 
@@ -39,6 +44,8 @@ impl Default for FilesConfig {
             signing_key: None,
             public_url: None,
             orphan_grace_secs: 3600,
+            max_file_bytes: 64 << 20,
+            max_job_bytes: 256 << 20,
             s3: S3Config::default(),
         }
     }

@@ -66,6 +66,7 @@ struct Inner {
     /// Whether `public_url` was configured (else it follows the listener).
     public_url_configured: bool,
     orphan_grace: Duration,
+    limits: gantry_dispatch::FileLimits,
     backend: Backend,
 }
 
@@ -129,6 +130,10 @@ impl Files {
                 public_url: std::sync::RwLock::new(public_url),
                 public_url_configured,
                 orphan_grace: Duration::from_secs(config.orphan_grace_secs),
+                limits: gantry_dispatch::FileLimits {
+                    file_bytes: config.max_file_bytes,
+                    attempt_bytes: config.max_job_bytes,
+                },
                 backend: config.backend,
             }),
         })
@@ -370,7 +375,9 @@ impl RangeRequest {
                 let end = last.map_or(size, |last| last.saturating_add(1).min(size));
                 Some(first..end)
             }
+            // No suffix of an empty file can be sent (RFC 9110, 14.1.1).
             Self::Suffix(0) => None,
+            Self::Suffix(_) if size == 0 => None,
             Self::Suffix(n) => Some(size.saturating_sub(n)..size),
         }
     }
@@ -431,6 +438,15 @@ pub(crate) fn object_key(job_id: &str, attempt: u32, file_id: u32, media_type: &
 
 /// A file name extension for a media type (for people and download tools;
 /// the served `Content-Type` is the signed media type itself).
+/// Whether a file of `media_type` is served as that type, to be shown in a
+/// browser: the types the models make and a few plain ones, none of which
+/// runs script. Every other type is served as `application/octet-stream`, as
+/// an attachment, so no caller-chosen type (`text/html`, `image/svg+xml`)
+/// renders on the platform's origin.
+pub fn served_inline(media_type: &str) -> bool {
+    gantry_dispatch::is_media_type(media_type) && extension(media_type) != "bin"
+}
+
 fn extension(media_type: &str) -> &'static str {
     let essence = media_type.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
     match essence.as_str() {
@@ -510,6 +526,8 @@ mod tests {
         );
         assert_eq!(RangeRequest::parse("bytes=100-").map(|r| r.resolve(100)), Some(None));
         assert_eq!(RangeRequest::parse("bytes=-0").map(|r| r.resolve(100)), Some(None));
+        assert_eq!(RangeRequest::parse("bytes=-5").map(|r| r.resolve(0)), Some(None));
+        assert_eq!(RangeRequest::parse("bytes=0-").map(|r| r.resolve(0)), Some(None));
         assert_eq!(RangeRequest::parse("bytes=5-1"), None);
         assert_eq!(RangeRequest::parse("bytes=0-1,5-9"), None);
         assert_eq!(RangeRequest::parse("items=0-1"), None);

@@ -36,6 +36,10 @@ impl gantry_dispatch::FileSink for Sink {
         }))
     }
 
+    fn limits(&self) -> gantry_dispatch::FileLimits {
+        self.files.inner.limits
+    }
+
     async fn discard(&self, files: Vec<StoredFile>) {
         let keys: Vec<String> = files.into_iter().map(|f| f.key).collect();
         if let Err(error) = self.files.delete(&keys).await {

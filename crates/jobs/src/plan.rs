@@ -73,6 +73,23 @@ pub enum Step {
     },
 }
 
+/// One write of a plan, while [`Plan::split_by_job`] sorts them.
+enum Item<'a> {
+    Store(&'a Store),
+    Chunk(&'a (String, i64, String)),
+    Progress(&'a (String, i32, String)),
+    Step(&'a Step),
+}
+
+impl Step {
+    /// The job the step is about.
+    pub fn job_id(&self) -> &str {
+        match self {
+            Step::Complete { job_id, .. } | Step::Finish { job_id, .. } | Step::Requeue { job_id, .. } => job_id,
+        }
+    }
+}
+
 /// The first write of a job the fast lane kept in memory (a `runsync` job of
 /// this process, see `store::Lane`): its whole row, in whatever state it
 /// reached, and its charge when it is `COMPLETED` (in the same transaction).
@@ -225,6 +242,106 @@ impl Plan {
         row.worker_id = worker_id;
         row.lease_until_ms = Some(self.lease_until);
         row
+    }
+
+    /// The plan cut in one plan per job (its row, chunks, progress and
+    /// steps) and, last, one with the claims alone: what a settlement runs
+    /// when the whole plan would not commit, so that one job whose writes the
+    /// database refuses fails alone and the others still settle.
+    pub fn split_by_job(&self) -> Vec<(Option<String>, Plan)> {
+        let mut split: Vec<(Option<String>, Plan)> = Vec::new();
+        let mut at: HashMap<String, usize> = HashMap::new();
+        let mut part = |job_id: &str| -> usize {
+            *at.entry(job_id.to_owned()).or_insert_with(|| {
+                split.push((Some(job_id.to_owned()), self.clone_empty()));
+                split.len() - 1
+            })
+        };
+        let mut parts = Vec::new();
+        for store in &self.stores {
+            parts.push((part(&store.row.id), Item::Store(store)));
+        }
+        for chunk in &self.chunks {
+            parts.push((part(&chunk.0), Item::Chunk(chunk)));
+        }
+        for progress in &self.progress {
+            parts.push((part(&progress.0), Item::Progress(progress)));
+        }
+        for step in &self.steps {
+            parts.push((part(step.job_id()), Item::Step(step)));
+        }
+        for (i, item) in parts {
+            let plan = &mut split[i].1;
+            match item {
+                Item::Store(store) => plan.stores.push(store.clone()),
+                Item::Chunk(chunk) => plan.chunks.push(chunk.clone()),
+                Item::Progress(progress) => plan.progress.push(progress.clone()),
+                Item::Step(step) => plan.steps.push(step.clone()),
+            }
+        }
+        if !self.claims.is_empty() {
+            let mut claims = self.clone_empty();
+            claims.claims = self.claims.clone();
+            split.push((None, claims));
+        }
+        split
+    }
+
+    /// What to write instead of this one job's plan when the database refused
+    /// it: the job `FAILED` with `error` (no output, no files, no charge), its
+    /// chunks and progress left out.
+    pub fn failed_instead(&self, error: &str) -> Plan {
+        let error = error.replace('\0', "\\u0000");
+        let mut plan = self.clone_empty();
+        plan.stores = self
+            .stores
+            .iter()
+            .map(|store| {
+                let mut row = store.row.clone();
+                row.output = None;
+                row.files = None;
+                row.cost_micro_usd = None;
+                row.usage_unit = None;
+                row.usage_quantity_micros = None;
+                Store {
+                    row: self.finished(row, JobStatus::Failed, Some(error.clone()), None),
+                    charge: None,
+                }
+            })
+            .collect();
+        plan.steps = self
+            .steps
+            .iter()
+            .map(|step| {
+                let (Step::Complete { attempt, .. } | Step::Finish { attempt, .. } | Step::Requeue { attempt, .. }) =
+                    step;
+                Step::Finish {
+                    job_id: step.job_id().to_owned(),
+                    attempt: *attempt,
+                    status: JobStatus::Failed,
+                    error: Some(error.clone()),
+                    worker_id: None,
+                }
+            })
+            .collect();
+        plan
+    }
+
+    /// This plan's times and settings, with nothing to write.
+    fn clone_empty(&self) -> Plan {
+        Plan {
+            now: self.now,
+            sync_until: self.sync_until,
+            async_until: self.async_until,
+            stores: Vec::new(),
+            chunks: Vec::new(),
+            progress: Vec::new(),
+            steps: Vec::new(),
+            claims: Vec::new(),
+            instance: self.instance.clone(),
+            lease_until: self.lease_until,
+            file_lifetime_ms: self.file_lifetime_ms,
+        }
     }
 
     pub fn is_empty(&self) -> bool {

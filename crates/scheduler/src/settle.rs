@@ -48,7 +48,7 @@ impl Core {
                             tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
                             attempt += 1;
                         }
-                        Err(error) => return Err(error),
+                        Err(error) => return settle_each(engine.as_ref(), &db, &lock, &plan, error).await,
                     }
                 }
             });
@@ -467,6 +467,47 @@ impl Core {
     pub(super) async fn run_plan(&self, plan: Plan) -> Result<Settled, DbErr> {
         execute(self.parts.engine.as_ref(), &self.db, &self.parts.write_lock, plan).await
     }
+}
+
+/// Settles `plan` job by job, after it failed whole with `error`: a job whose
+/// own writes the database refuses (a value it cannot store) is written
+/// `FAILED` instead, alone, and every other job of the batch settles as
+/// planned. Fails with `error` only when nothing could be written (the
+/// database is unreachable): the batch is then given up as before.
+async fn settle_each(
+    engine: Option<&Engine>,
+    db: &DatabaseConnection,
+    lock: &tokio::sync::Mutex<()>,
+    plan: &Plan,
+    error: DbErr,
+) -> Result<Settled, DbErr> {
+    let mut settled = Settled::default();
+    let mut committed = false;
+    for (job_id, part) in plan.split_by_job() {
+        let refused = match execute(engine, db, lock, part.clone()).await {
+            Ok(done) => {
+                committed = true;
+                settled.finals.extend(done.finals);
+                settled.claims.extend(done.claims);
+                continue;
+            }
+            Err(refused) => refused,
+        };
+        let Some(job_id) = job_id else {
+            tracing::warn!(error = %refused, "claiming jobs failed");
+            continue;
+        };
+        tracing::error!(%job_id, error = %refused, "the database refused a job's result; the job fails alone");
+        let instead = part.failed_instead(&format!("the job's result could not be stored: {refused}"));
+        match execute(engine, db, lock, instead).await {
+            Ok(done) => {
+                committed = true;
+                settled.finals.extend(done.finals);
+            }
+            Err(again) => tracing::warn!(%job_id, error = %again, "failing the job failed too"),
+        }
+    }
+    if committed { Ok(settled) } else { Err(error) }
 }
 
 /// Runs `plan` as one transaction: on the SQLite writer thread, or (on

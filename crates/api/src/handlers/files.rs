@@ -3,7 +3,10 @@
 //! signature covers the key, the media type and the expiry, and is checked
 //! in constant time; a tampered or expired URL is `403`. Single byte ranges
 //! are honoured (`206`, or `416` past the end) so that audio and video can
-//! be seeked.
+//! be seeked. Only the media types of `gantry_files::served_inline` are
+//! served as themselves; any other is `application/octet-stream` with
+//! `Content-Disposition: attachment`. Every file carries `nosniff` and a
+//! `sandbox` content security policy.
 use std::collections::HashMap;
 
 use actix_web::http::{Method, StatusCode, header};
@@ -94,11 +97,20 @@ pub async fn get(
         HttpResponse::Ok()
     };
     let left = (expires - chrono_now()).max(0);
+    if gantry_files::served_inline(media_type) {
+        response.insert_header((header::CONTENT_TYPE, media_type.as_str()));
+    } else {
+        response
+            .insert_header((header::CONTENT_TYPE, gantry_dispatch::OCTET_STREAM))
+            .insert_header((header::CONTENT_DISPOSITION, "attachment"));
+    }
     response
-        .insert_header((header::CONTENT_TYPE, media_type.as_str()))
         .insert_header((header::ACCEPT_RANGES, "bytes"))
         .insert_header((header::CACHE_CONTROL, format!("private, max-age={left}")))
-        .insert_header(("X-Content-Type-Options", "nosniff"));
+        .insert_header(("X-Content-Type-Options", "nosniff"))
+        // Opened on its own, a file is a sandboxed document: no script, no
+        // access to the platform's origin.
+        .insert_header((header::CONTENT_SECURITY_POLICY, "sandbox"));
     if partial {
         response.insert_header((
             header::CONTENT_RANGE,

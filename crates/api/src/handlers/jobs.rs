@@ -11,7 +11,7 @@ use serde_json::{Map, Value, json};
 use utoipa::ToSchema;
 
 use crate::app::AppState;
-use crate::body::{Failures, RequestBody, present, read_body};
+use crate::body::{Failures, RequestBody, present, present_object, read_body};
 use crate::handlers::live;
 use crate::middleware::Caller;
 use crate::problem::ApiError;
@@ -37,10 +37,22 @@ impl From<JobError> for ApiError {
 }
 
 /// `{id, status}`: what `/run` answers, and `/runsync` when the job is not done in time.
+/// Exactly these two members (`additionalProperties: false`), so that a
+/// finished job, which has more, is never read as one.
 #[derive(Serialize, ToSchema)]
+#[serde(deny_unknown_fields)]
 pub struct JobRef {
     pub id: String,
     pub status: JobStatus,
+}
+
+/// What `/runsync` answers: the finished job, or `{id, status}` when it is
+/// not finished within the wait.
+#[derive(ToSchema)]
+#[allow(dead_code)] // the document's `oneOf`; the handler writes either shape itself
+pub enum RunSyncReply {
+    Finished(JobView),
+    Waiting(JobRef),
 }
 
 /// A job request.
@@ -54,7 +66,7 @@ pub struct RunRequest {
     #[serde(default, deserialize_with = "present")]
     #[schema(value_type = String, nullable = false, max_length = 2048)]
     webhook: Option<WebhookUrl>,
-    #[serde(default, deserialize_with = "present")]
+    #[serde(default, deserialize_with = "present_object")]
     #[schema(nullable = false)]
     policy: Option<RunPolicy>,
 }
@@ -222,7 +234,7 @@ pub async fn run(
     params(("model_id" = String, Path, description = "Model identifier", example = "gantry-echo"),
         ("wait" = Option<u64>, Query, description = "Longest wait in ms, 1000 to 300000", minimum = 1000, maximum = 300000)),
     request_body = RunRequest,
-    responses((status = 200, description = "The finished job, or `{id, status}`", body = JobView)))]
+    responses((status = 200, description = "The finished job, or `{id, status}`", body = RunSyncReply)))]
 pub async fn runsync(
     state: web::Data<AppState>,
     caller: Caller,

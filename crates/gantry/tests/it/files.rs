@@ -73,7 +73,7 @@ fn with_param(url: &str, name: &str, value: &str) -> String {
 }
 
 async fn a_file_url_works_until_it_expires_and_refuses_tampering(backend: Backend) {
-    let app = TestApp::spawn_with(backend, |s| s.files.lifetime_secs = 4).await;
+    let app = TestApp::spawn_with(backend, |s| s.files.lifetime_secs = 10).await;
     let (_, key) = app.user_with_key("endpoints:run").await;
     let body = app
         .echo_file(

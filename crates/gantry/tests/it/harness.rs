@@ -55,9 +55,10 @@ impl TestApp {
         settings.http.workers = Some(1);
         settings.database_max_connections = Some(8);
         settings.scheduler.addr = "127.0.0.1:0".into();
-        // A worker is lost after 1.2 s of silence: short enough for the
-        // tests, long enough that a loaded machine does not reap a live one.
-        settings.scheduler.heartbeat_interval_ms = 400;
+        // A worker is lost after 6 s of silence. No test waits for that (a
+        // killed worker's stream closes, which reports it at once), and a
+        // starved machine must never reap a live worker and run its job twice.
+        settings.scheduler.heartbeat_interval_ms = 2000;
         settings.scheduler.sweep_interval_ms = 100;
         // The echo model only; the text model tests add theirs.
         settings.scheduler.bundled_workers = vec!["gantry-echo".into()];

@@ -117,8 +117,10 @@ struct FileOption {
     media_type: String,
 }
 
-/// Largest echo file (text × repeat), in bytes.
-const MAX_FILE_BYTES: u64 = 256 << 20;
+/// Largest echo file (text × repeat), in bytes: the file is made whole in
+/// memory before it is sent. The platform's own bound on output files
+/// (`files.max_file_bytes`) applies on top.
+const MAX_FILE_BYTES: u64 = 16 << 20;
 
 impl FileOption {
     fn parse(value: &Value) -> Result<Option<Self>, JobError> {

@@ -54,6 +54,9 @@ pub struct Request {
     pub max_tokens: u32,
     pub sampling: Sampling,
     pub stop: Vec<String>,
+    /// Never sample an end-of-generation token: only `max_tokens`, a stop
+    /// string or a cancel ends the answer.
+    pub ignore_eos: bool,
 }
 
 impl Request {
@@ -238,11 +241,19 @@ struct Engine<'m> {
     active: Vec<Sequence>,
     /// End-of-turn tokens the GGUF does not mark as end of generation.
     extra_eog: Vec<Token>,
+    /// Every token that ends generation (the GGUF's and `extra_eog`): what
+    /// `ignore_eos` bans from sampling.
+    all_eog: Vec<Token>,
 }
 
 impl<'m> Engine<'m> {
     fn new(model: &'m Weights, context: Context<'m>, config: EngineConfig) -> Self {
         let max_sequences = i32::try_from(config.max_sequences).unwrap_or(i32::MAX);
+        let extra_eog = crate::family_end_of_turn(model);
+        let mut all_eog = model.end_of_generation_tokens();
+        all_eog.extend(&extra_eog);
+        all_eog.sort_unstable();
+        all_eog.dedup();
         Self {
             model,
             context,
@@ -254,7 +265,8 @@ impl<'m> Engine<'m> {
             free_ids: (0..max_sequences).rev().collect(),
             waiting: VecDeque::new(),
             active: Vec::new(),
-            extra_eog: crate::family_end_of_turn(model),
+            extra_eog,
+            all_eog,
         }
     }
 
@@ -329,7 +341,12 @@ impl<'m> Engine<'m> {
             );
             self.active.push(Sequence {
                 id,
-                sampler: sampler(&job.request.sampling),
+                sampler: sampler(
+                    &job.request.sampling,
+                    job.request
+                        .ignore_eos
+                        .then(|| (self.all_eog.as_slice(), self.model.n_vocab())),
+                ),
                 text: TextStream::new(job.request.stop.clone()),
                 job,
                 prefilled: 0,
@@ -480,11 +497,18 @@ fn finish_sequence(mut sequence: Sequence, reason: FinishReason) {
 /// keeps its vocabulary-sized candidate buffer between tokens, where a lone
 /// sampler gets a fresh one (600 KB for SmolLM2, freshly mapped and
 /// page-faulted) on every token.
-pub fn sampler(sampling: &Sampling) -> Sampler {
-    if sampling.is_greedy() {
-        return Sampler::chain(&[Stage::Greedy]);
+///
+/// `ban` (the end-of-generation tokens and the vocabulary's size, for
+/// `ignore_eos`) puts a first stage that never picks those tokens.
+pub fn sampler(sampling: &Sampling, ban: Option<(&[Token], i32)>) -> Sampler {
+    let mut chain = Vec::with_capacity(5);
+    if let Some((tokens, n_vocab)) = ban {
+        chain.push(Stage::Ban { tokens, n_vocab });
     }
-    let mut chain = Vec::with_capacity(4);
+    if sampling.is_greedy() {
+        chain.push(Stage::Greedy);
+        return Sampler::chain(&chain);
+    }
     if sampling.top_k > 0 {
         chain.push(Stage::TopK(i32::try_from(sampling.top_k).unwrap_or(i32::MAX)));
     }

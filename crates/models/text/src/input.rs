@@ -18,7 +18,7 @@ pub const DEFAULT_TEMPERATURE: f32 = 0.7;
 /// Highest accepted temperature.
 pub const MAX_TEMPERATURE: f64 = 2.0;
 
-const FIELDS: [&str; 9] = [
+const FIELDS: [&str; 10] = [
     "prompt",
     "messages",
     "max_tokens",
@@ -28,6 +28,7 @@ const FIELDS: [&str; 9] = [
     "stop",
     "seed",
     "raw",
+    "ignore_eos",
 ];
 
 /// Who wrote a chat message.
@@ -101,6 +102,9 @@ pub struct Params {
     pub max_tokens: Option<u32>,
     pub sampling: Sampling,
     pub stop: Vec<String>,
+    /// Generate until `max_tokens` (or a stop string), never ending at the
+    /// model's end-of-sequence tokens: for fixed-length benchmarks and tests.
+    pub ignore_eos: bool,
 }
 
 impl Params {
@@ -133,6 +137,14 @@ impl Params {
             }
         };
         let prompt = parse_prompt(object, raw, &mut errors);
+        let ignore_eos = match field(object, "ignore_eos") {
+            None => false,
+            Some(Value::Bool(ignore)) => *ignore,
+            Some(other) => {
+                errors.push(format!("`ignore_eos` must be a boolean, got {}", kind(other)));
+                false
+            }
+        };
 
         let max_tokens = field(object, "max_tokens").and_then(|value| match value.as_u64() {
             Some(n) if n >= 1 && n <= u64::from(context_length) => u32::try_from(n).ok(),
@@ -208,6 +220,7 @@ impl Params {
                 seed,
             },
             stop,
+            ignore_eos,
         })
     }
 }
@@ -366,6 +379,7 @@ mod tests {
                     seed: None
                 },
                 stop: vec![],
+                ignore_eos: false,
             }
         );
     }
@@ -395,6 +409,11 @@ mod tests {
             vec!["x".to_owned()]
         );
         assert!(parse(json!({"prompt": "a", "stop": []})).unwrap().stop.is_empty());
+        assert!(parse(json!({"prompt": "a", "ignore_eos": true})).unwrap().ignore_eos);
+        assert_eq!(
+            parse(json!({"prompt": "a", "ignore_eos": 1})).unwrap_err(),
+            "`ignore_eos` must be a boolean, got a number"
+        );
         // null reads as absent
         assert_eq!(
             parse(json!({"prompt": "a", "seed": null, "stop": null, "max_tokens": null})).unwrap(),

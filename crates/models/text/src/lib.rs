@@ -22,6 +22,7 @@
 //! | `top_k`       | integer >= 0                 | 0       | keep the k likeliest tokens (0 = off) |
 //! | `stop`        | string or array of <= 4 strings |      | generation ends before any of them; they are not part of the output |
 //! | `seed`        | integer (u64)                | random  | same seed and input give the same output |
+//! | `ignore_eos`  | bool                         | false   | never sample an end-of-generation token: the answer runs to `max_tokens` unless a stop string or a cancel ends it (fixed-length benchmarks and tests) |
 //!
 //! Exactly one of `prompt` and `messages` is required; other fields are
 //! rejected. `null` counts as absent. All problems are reported together in
@@ -452,6 +453,7 @@ impl Shared {
             max_tokens,
             sampling: params.sampling,
             stop: params.stop,
+            ignore_eos: params.ignore_eos,
         })
     }
 

@@ -262,6 +262,19 @@ impl Weights {
         // SAFETY: the vocabulary of a loaded model; any id is accepted.
         unsafe { sys::llama_vocab_is_eog(self.vocab.as_ptr(), token) }
     }
+
+    /// Tokens in the vocabulary.
+    pub fn n_vocab(&self) -> i32 {
+        // SAFETY: the vocabulary of a loaded model.
+        unsafe { sys::llama_vocab_n_tokens(self.vocab.as_ptr()) }
+    }
+
+    /// Every token of the vocabulary that ends generation.
+    pub fn end_of_generation_tokens(&self) -> Vec<Token> {
+        (0..self.n_vocab())
+            .filter(|&token| self.is_end_of_generation(token))
+            .collect()
+    }
 }
 
 impl Drop for Weights {
@@ -540,7 +553,10 @@ impl Drop for Batch {
 
 /// One step of a [`Sampler`] chain.
 #[derive(Debug, Clone, Copy, PartialEq)]
-pub enum Stage {
+pub enum Stage<'a> {
+    /// Never pick these tokens (their logits become minus infinity) out of a
+    /// vocabulary of `n_vocab`.
+    Ban { tokens: &'a [Token], n_vocab: i32 },
     /// The likeliest token.
     Greedy,
     /// Keep the `k` likeliest tokens.
@@ -562,7 +578,7 @@ unsafe impl Send for Sampler {}
 impl Sampler {
     /// A chain of `stages`, applied in order. A chain keeps its
     /// vocabulary-sized candidate buffer from token to token.
-    pub fn chain(stages: &[Stage]) -> Self {
+    pub fn chain(stages: &[Stage<'_>]) -> Self {
         // SAFETY: plain values in; returns a new chain that this value owns
         // (allocation failure aborts inside llama.cpp, as `new` does).
         let chain = unsafe { sys::llama_sampler_chain_init(sys::llama_sampler_chain_params { no_perf: true }) };
@@ -572,6 +588,21 @@ impl Sampler {
             // ownership of it.
             unsafe {
                 let stage = match *stage {
+                    Stage::Ban { tokens, n_vocab } => {
+                        let biases: Vec<sys::llama_logit_bias> = tokens
+                            .iter()
+                            .map(|&token| sys::llama_logit_bias {
+                                token,
+                                bias: f32::NEG_INFINITY,
+                            })
+                            .collect();
+                        // The stage copies the biases.
+                        sys::llama_sampler_init_logit_bias(
+                            n_vocab,
+                            i32::try_from(biases.len()).unwrap_or(i32::MAX),
+                            biases.as_ptr(),
+                        )
+                    }
                     Stage::Greedy => sys::llama_sampler_init_greedy(),
                     Stage::TopK(k) => sys::llama_sampler_init_top_k(k),
                     Stage::TopP(p) => sys::llama_sampler_init_top_p(p, 1),

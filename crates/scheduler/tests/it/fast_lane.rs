@@ -8,7 +8,7 @@ use std::time::Duration;
 use gantry_jobs::JobStatus;
 use serde_json::json;
 
-use crate::harness::{Backend, Env, Node, completed_once_by, crash_and_recover};
+use crate::harness::{Backend, Env, Node, Runs, completed_once_by, crash_and_recover};
 
 gantry_testkit::on_both_backends!(
     a_submit_with_a_free_slot_is_written_claimed,
@@ -41,7 +41,7 @@ async fn a_submit_with_a_free_slot_is_written_claimed(backend: Backend) {
 }
 
 async fn a_handed_over_job_survives_its_scheduler_crashing(backend: Backend) {
-    let env = Env::new(backend).await;
+    let env = Env::with_config(backend, crate::harness::crash_config()).await;
     let first = Node::start(&env.store, &env.catalog).await;
     let old_worker = first.echo_worker("w1", 1);
     prime(&env).await;
@@ -92,37 +92,36 @@ async fn submits_beyond_the_free_slots_queue_and_all_run_once(backend: Backend) 
 /// take slots as they free. Each still runs once and is charged once, and one
 /// cancelled while it waits never runs.
 async fn jobs_claimed_ahead_run_once_and_cancel_while_waiting(backend: Backend) {
-    use std::sync::Arc;
-    use std::sync::atomic::{AtomicUsize, Ordering};
     const JOBS: usize = 10;
     let mut config = crate::harness::config();
     config.claim_ahead = 8;
     let env = Env::with_config(backend, config).await;
     let node = Node::start(&env.store, &env.catalog).await;
-    // Queued before any worker is there. The first holds the only slot for
-    // 3 s (ample for the checks below on a loaded machine); the claim that
+    // Queued before any worker is there. The first holds the only slot until
+    // the gate opens, however long the checks below take; the claim that
     // gives it the slot also claims the next 8 ahead.
-    let mut ids = vec![env.submit(json!({"sleep_ms": 3000})).await.id];
+    let mut ids = vec![env.submit(json!({"hold": true})).await.id];
     for i in 1..JOBS {
         ids.push(env.submit(json!({"i": i, "sleep_ms": 10})).await.id);
     }
-    let runs = Arc::new(AtomicUsize::new(0));
-    let _worker = node.counting_worker("w1", 1, Arc::clone(&runs));
+    let runs = Runs::default();
+    let _worker = node.counting_worker("w1", 1, runs.clone());
     // The second job reads IN_PROGRESS (claimed) while it waits for the slot.
     let waiting = env.until_status(&ids[1], JobStatus::InProgress).await;
     // The first job's assignment may still be on its way to the worker.
-    let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
-    while runs.load(Ordering::SeqCst) == 0 && tokio::time::Instant::now() < deadline {
+    let deadline = tokio::time::Instant::now() + crate::harness::WAIT;
+    while runs.count() == 0 && tokio::time::Instant::now() < deadline {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    // It holds the only slot for 3 s: nothing else has started.
-    assert_eq!(runs.load(Ordering::SeqCst), 1, "only the first job has started");
+    // It holds the only slot: nothing else has started.
+    assert_eq!(runs.started(), ids[..1], "only the first job has started");
     let cancelled = env
         .store
         .cancel(crate::harness::USER, crate::harness::ECHO, &waiting.id)
         .await
         .unwrap();
     assert_eq!(cancelled.status, JobStatus::Cancelled);
+    runs.open_gate();
     for (i, id) in ids.iter().enumerate() {
         let done = env.finished(id).await;
         if i == 1 {
@@ -133,6 +132,15 @@ async fn jobs_claimed_ahead_run_once_and_cancel_while_waiting(backend: Backend) 
             assert_eq!(env.charges_of(id).await, [10]);
         }
     }
-    assert_eq!(runs.load(Ordering::SeqCst), JOBS - 1, "the cancelled job never ran");
+    let mut started = runs.started();
+    started.sort();
+    let mut expected: Vec<String> = ids
+        .iter()
+        .enumerate()
+        .filter(|(i, _)| *i != 1)
+        .map(|(_, id)| id.clone())
+        .collect();
+    expected.sort();
+    assert_eq!(started, expected, "each job ran once; the cancelled one never ran");
     node.shutdown().await;
 }

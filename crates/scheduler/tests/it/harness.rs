@@ -2,7 +2,6 @@
 //! gRPC on loopback, real SDK workers; nothing is mocked.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use gantry_catalog::{ModelCatalog, ModelSpec};
@@ -24,12 +23,24 @@ pub const WAIT: Duration = Duration::from_secs(10);
 
 pub use gantry_testkit::Backend;
 
-/// Quick sweeps and a short lease, so crash recovery shows within a second.
+/// Quick sweeps, and a lease no loaded machine lets lapse: a lapsed lease
+/// rightly runs a job a second time (at least once, charged once), so the
+/// tests that count runs need one that holds however slow the sweeps get.
+/// Tests of crash recovery use [`crash_config`].
 pub fn config() -> SchedulerConfig {
     let mut config = SchedulerConfig::default();
     // The tests' webhook receivers listen on loopback.
     config.webhook_allow_ranges = vec!["127.0.0.0/8".into()];
     config.sweep_interval = Duration::from_millis(50);
+    config.lease = Duration::from_secs(60);
+    config
+}
+
+/// [`config`] with a short lease, so that a crashed scheduler's jobs are
+/// requeued within a second. These tests never count runs: on a starved
+/// machine a survivor's lease may lapse too, and the job then runs again.
+pub fn crash_config() -> SchedulerConfig {
+    let mut config = config();
     config.lease = Duration::from_millis(600);
     config
 }
@@ -209,7 +220,8 @@ impl Env {
 
 /// Crashes `node` (its scheduler's task dies without releasing anything) and
 /// kills `worker`. A new scheduler with worker `w2` must then requeue the job
-/// once the lease (600 ms in tests) lapses, run it, and charge it once.
+/// once the lease lapses (600 ms: `env` comes from [`crash_config`]), run it,
+/// and charge it once.
 pub async fn crash_and_recover(env: &Env, mut node: Node, worker: Worker, job_id: &str) {
     drop(node.scheduler.take());
     drop(node);
@@ -250,10 +262,10 @@ impl Node {
     ) -> Node {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let url = format!("http://{}", listener.local_addr().expect("addr"));
-        // A worker is lost after 1.5 s of silence: no test here waits for
-        // that, and a loaded machine must not reap a live one.
-        let (dispatcher, events) =
-            Dispatcher::new(DispatchConfig::new(SECRET).with_heartbeat(Duration::from_millis(500)));
+        // A worker is lost after 6 s of silence: no test here waits for
+        // that (a killed worker's stream closes, which reports it at once),
+        // and a starved machine must not reap a live one.
+        let (dispatcher, events) = Dispatcher::new(DispatchConfig::new(SECRET).with_heartbeat(Duration::from_secs(2)));
         let (stop_serving, stopped) = oneshot::channel::<()>();
         tokio::spawn(dispatcher.clone().serve(listener, async {
             let _ = stopped.await;
@@ -273,8 +285,8 @@ impl Node {
         Worker::spawn(gantry_model_echo::runtime(worker_config(&self.url, worker_id, slots)))
     }
 
-    /// An echo worker that counts the jobs it starts.
-    pub fn counting_worker(&self, worker_id: &str, slots: u32, runs: Arc<AtomicUsize>) -> Worker {
+    /// An echo worker that records the jobs it starts in `runs`.
+    pub fn counting_worker(&self, worker_id: &str, slots: u32, runs: Runs) -> Worker {
         Worker::spawn(WorkerRuntime::new(
             Counting { runs },
             worker_config(&self.url, worker_id, slots),
@@ -330,9 +342,44 @@ impl Drop for Worker {
     }
 }
 
-/// The echo model, counting its runs.
+/// The job ids that counting workers started, one entry per run, and a gate
+/// that holds the jobs submitted with `"hold": true` until the test opens it.
+#[derive(Clone)]
+pub struct Runs {
+    started: Arc<std::sync::Mutex<Vec<String>>>,
+    gate: Arc<tokio::sync::Semaphore>,
+}
+
+impl Default for Runs {
+    fn default() -> Self {
+        Self {
+            started: Arc::default(),
+            gate: Arc::new(tokio::sync::Semaphore::new(0)),
+        }
+    }
+}
+
+impl Runs {
+    /// Every run so far, in the order they started.
+    pub fn started(&self) -> Vec<String> {
+        self.started.lock().expect("runs").clone()
+    }
+
+    /// How many runs started.
+    pub fn count(&self) -> usize {
+        self.started.lock().expect("runs").len()
+    }
+
+    /// Lets every held job (and any held later) go on.
+    pub fn open_gate(&self) {
+        self.gate.add_permits(tokio::sync::Semaphore::MAX_PERMITS / 2);
+    }
+}
+
+/// The echo model, recording its runs; `"hold": true` in the input (taken out
+/// before echo sees it) waits at [`Runs`]' gate or until cancelled.
 pub struct Counting {
-    runs: Arc<AtomicUsize>,
+    runs: Runs,
 }
 
 impl Model for Counting {
@@ -340,8 +387,15 @@ impl Model for Counting {
         ECHO
     }
 
-    async fn run(&self, input: Value, ctx: JobContext) -> Result<Output, JobError> {
-        self.runs.fetch_add(1, Ordering::SeqCst);
+    async fn run(&self, mut input: Value, ctx: JobContext) -> Result<Output, JobError> {
+        self.runs.started.lock().expect("runs").push(ctx.job_id().to_owned());
+        let hold = input.as_object_mut().and_then(|o| o.remove("hold")) == Some(Value::Bool(true));
+        if hold {
+            tokio::select! {
+                permit = self.runs.gate.acquire() => drop(permit),
+                () = ctx.cancelled() => return Err(JobError::Cancelled),
+            }
+        }
         gantry_model_echo::EchoModel.run(input, ctx).await
     }
 }

@@ -1,8 +1,6 @@
 //! Crashes and concurrency: lost workers, restarted and crashed schedulers,
 //! duplicate results, two schedulers on one database.
 
-use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use gantry_dispatch::Event;
@@ -10,7 +8,7 @@ use gantry_jobs::{JobStatus, JobStore};
 use serde_json::json;
 use tokio::sync::mpsc;
 
-use crate::harness::{Backend, ECHO, Env, Node, USER, WAIT, crash_and_recover};
+use crate::harness::{Backend, ECHO, Env, Node, Runs, USER, WAIT, crash_and_recover};
 
 gantry_testkit::on_both_backends!(
     killed_worker_job_completes_elsewhere_charged_once,
@@ -55,7 +53,7 @@ async fn restarted_scheduler_loses_no_queued_job(backend: Backend) {
 }
 
 async fn crashed_scheduler_jobs_are_requeued(backend: Backend) {
-    let env = Env::new(backend).await;
+    let env = Env::with_config(backend, crate::harness::crash_config()).await;
     let first = Node::start(&env.store, &env.catalog).await;
     let old_worker = first.echo_worker("w1", 1);
     // Long enough that a loaded machine still crashes it mid-run.
@@ -67,30 +65,9 @@ async fn crashed_scheduler_jobs_are_requeued(backend: Backend) {
 async fn duplicate_and_late_results_never_charge_twice(backend: Backend) {
     let env = Env::new(backend).await;
     let (inject, injected) = mpsc::channel::<Event>(16);
-    let node = Node::start_with(&env.store, &env.catalog, |mut events| {
-        // Forward every event; repeat each Completed right away, and once more
-        // later (as a late duplicate from another batch).
-        let (tx, rx) = mpsc::channel(1024);
-        tokio::spawn(async move {
-            let mut injected = injected;
-            loop {
-                let event = tokio::select! {
-                    Some(event) = events.recv() => event,
-                    Some(event) = injected.recv() => event,
-                    else => return,
-                };
-                let again = matches!(event, Event::Completed { .. }).then(|| event.clone());
-                if tx.send(event).await.is_err() {
-                    return;
-                }
-                if let Some(again) = again {
-                    let _ = tx.send(again).await;
-                }
-            }
-        });
-        rx
-    })
-    .await;
+    // Forward every event; repeat each Completed right away, and once more
+    // later (as a late duplicate from another batch).
+    let node = Node::start_with(&env.store, &env.catalog, |events| with_injected(events, injected, true)).await;
     let _worker = node.echo_worker("w1", 1);
 
     let job = env.submit(json!({"x": 1})).await;
@@ -161,12 +138,12 @@ async fn two_schedulers_share_one_postgres() {
     let store_b = JobStore::new(env.db.clone(), crate::harness::config()).expect("job store");
     let a = Node::start(&env.store, &env.catalog).await;
     let b = Node::start(&store_b, &env.catalog).await;
-    let runs = Arc::new(AtomicUsize::new(0));
+    let runs = Runs::default();
     let _workers = [
-        a.counting_worker("a1", 2, Arc::clone(&runs)),
-        a.counting_worker("a2", 2, Arc::clone(&runs)),
-        b.counting_worker("b1", 2, Arc::clone(&runs)),
-        b.counting_worker("b2", 2, Arc::clone(&runs)),
+        a.counting_worker("a1", 2, runs.clone()),
+        a.counting_worker("a2", 2, runs.clone()),
+        b.counting_worker("b1", 2, runs.clone()),
+        b.counting_worker("b2", 2, runs.clone()),
     ];
     let echo = env.echo();
     let mut ids = Vec::new();
@@ -190,11 +167,96 @@ async fn two_schedulers_share_one_postgres() {
         workers_seen.insert(done.worker_id.unwrap());
     }
     assert_eq!(env.ledger_count().await, JOBS as i64);
-    assert_eq!(runs.load(Ordering::SeqCst), JOBS);
+    let mut started = runs.started();
+    started.sort();
+    ids.sort();
+    assert_eq!(started, ids, "every job ran exactly once");
     assert!(
         workers_seen.len() >= 2,
         "both instances should have worked: {workers_seen:?}"
     );
     a.shutdown().await;
     b.shutdown().await;
+}
+
+/// A result the database refuses (PostgreSQL's text cannot hold a NUL, here
+/// in the worker id of an injected completion) fails that job alone: the
+/// other job settled in the same batch completes and is charged once, and
+/// neither waits for a lease (60 s in these tests) to be requeued.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_result_the_database_refuses_fails_its_job_alone() {
+    let env = Env::new(Backend::Postgres).await;
+    let (inject, injected) = mpsc::channel::<Event>(16);
+    let node = Node::start_with(&env.store, &env.catalog, |events| {
+        with_injected(events, injected, false)
+    })
+    .await;
+    let runs = Runs::default();
+    let _worker = node.counting_worker("w1", 2, runs.clone());
+    let bad = env.submit(json!({"hold": true, "n": 1})).await;
+    let good = env.submit(json!({"hold": true, "n": 2})).await;
+    env.until_status(&bad.id, JobStatus::InProgress).await;
+    env.until_status(&good.id, JobStatus::InProgress).await;
+    let completed = |job_id: &str, worker_id: &str| Event::Completed {
+        job_id: job_id.to_owned(),
+        attempt: 1,
+        worker_id: worker_id.to_owned(),
+        output: json!({"n": 0}),
+        usage: gantry_dispatch::Usage {
+            unit: "requests".into(),
+            quantity_micros: 1_000_000,
+        },
+        timings: Default::default(),
+        files: Vec::new(),
+    };
+    inject.send(completed(&bad.id, "w1\u{0}")).await.unwrap();
+    inject.send(completed(&good.id, "w1")).await.unwrap();
+    let failed = env.finished(&bad.id).await;
+    assert_eq!(failed.status, JobStatus::Failed, "{failed:?}");
+    assert!(
+        failed
+            .error
+            .as_deref()
+            .is_some_and(|e| e.contains("could not be stored")),
+        "{failed:?}"
+    );
+    assert!(env.charges_of(&bad.id).await.is_empty(), "a failed job costs nothing");
+    let done = env.finished(&good.id).await;
+    assert_eq!(done.status, JobStatus::Completed, "{done:?}");
+    assert_eq!(env.charges_of(&good.id).await, [10]);
+    // The worker's own late results change nothing.
+    runs.open_gate();
+    let next = env.submit(json!({"n": 3})).await;
+    assert_eq!(env.finished(&next.id).await.status, JobStatus::Completed);
+    assert_eq!(env.get(&bad.id).await.status, JobStatus::Failed);
+    assert_eq!(env.charges_of(&good.id).await, [10]);
+    node.shutdown().await;
+}
+
+/// The dispatcher's `events` and the test's `injected` ones, as the
+/// scheduler reads them; with `repeat`, each completion a second time right
+/// after it.
+fn with_injected(
+    mut events: mpsc::Receiver<Event>,
+    mut injected: mpsc::Receiver<Event>,
+    repeat: bool,
+) -> mpsc::Receiver<Event> {
+    let (tx, rx) = mpsc::channel(1024);
+    tokio::spawn(async move {
+        loop {
+            let event = tokio::select! {
+                Some(event) = injected.recv() => event,
+                Some(event) = events.recv() => event,
+                else => return,
+            };
+            let again = (repeat && matches!(event, Event::Completed { .. })).then(|| event.clone());
+            if tx.send(event).await.is_err() {
+                return;
+            }
+            if let Some(again) = again {
+                let _ = tx.send(again).await;
+            }
+        }
+    });
+    rx
 }
