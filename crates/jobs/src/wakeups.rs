@@ -76,6 +76,13 @@ impl Wakeups {
         }
     }
 
+    /// The cancels collected since the last call, and only those: a
+    /// scheduler about to hand jobs kept ready to freed slots takes them first,
+    /// so none it was told of is handed out.
+    pub fn take_cancels(&self) -> Vec<String> {
+        std::mem::take(&mut self.lock_pending().cancels)
+    }
+
     /// What was collected since the last call.
     pub fn take(&self) -> Pending {
         std::mem::take(&mut *self.lock_pending())

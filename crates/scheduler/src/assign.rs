@@ -75,8 +75,23 @@ impl Core {
             .min(batch.saturating_mul(2))
     }
 
+    /// Stops jobs cancelled in this process: dropped from `ready` (never
+    /// handed out) or cancelled on their workers.
+    pub(super) fn apply_cancels(&mut self, cancels: Vec<String>) {
+        for job_id in cancels {
+            if self.running.remove(&job_id).is_some() {
+                self.pending_workers.remove(&job_id);
+                self.dispatcher.cancel(&job_id, "cancelled");
+            }
+        }
+    }
+
     /// Assigns jobs kept claimed in `ready` to the slots that are free now.
     pub(super) fn assign_ready(&mut self) {
+        // A cancel may not have woken the loop yet: a job cancelled while it
+        // waited here must not reach a worker.
+        let cancels = self.parts.wakeups.take_cancels();
+        self.apply_cancels(cancels);
         let Core {
             ready,
             running,

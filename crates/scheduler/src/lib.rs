@@ -317,12 +317,7 @@ impl Core {
                         }
                         self.to_fill.insert(model);
                     }
-                    for job_id in pending.cancels {
-                        if self.running.remove(&job_id).is_some() {
-                            self.pending_workers.remove(&job_id);
-                            self.dispatcher.cancel(&job_id, "cancelled");
-                        }
-                    }
+                    self.apply_cancels(pending.cancels);
                     self.rechecks.extend(
                         pending
                             .rechecks

@@ -10,7 +10,7 @@ gantry_testkit::on_both_backends!(
     every_kind_of_bad_credential_is_a_distinct_401,
     scopes_decide_what_a_valid_key_may_do,
     an_expired_key_stops_working,
-    a_key_revoked_by_another_process_stops_working_within_five_seconds,
+    a_key_revoked_by_another_process_stops_working_once_its_cache_entry_ends,
 );
 
 async fn unauthorized(app: &TestApp, header: Option<&str>) -> String {
@@ -165,7 +165,7 @@ async fn an_expired_key_stops_working(backend: Backend) {
     );
 }
 
-async fn a_key_revoked_by_another_process_stops_working_within_five_seconds(backend: Backend) {
+async fn a_key_revoked_by_another_process_stops_working_once_its_cache_entry_ends(backend: Backend) {
     let app = TestApp::spawn(backend).await;
     let (email, key) = app.user_with_key("all").await;
     assert_eq!(
@@ -173,21 +173,25 @@ async fn a_key_revoked_by_another_process_stops_working_within_five_seconds(back
         200,
         "the key is now cached"
     );
+    // The cache entry was made before now, so it is gone by then + TTL: no
+    // request sent after that may pass, however slowly the machine gets there.
+    let cached_until = Instant::now() + Duration::from_millis(app.settings.auth.cache_ttl_ms);
     let user = app.auth.find_user(&email).await.unwrap();
     let key_id = app.auth.list_keys(&user).await.unwrap()[0].id.clone();
 
     let output = crate::cli::gantry(&app, &["keys", "revoke", &key_id]);
     assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
-    let revoked_at = Instant::now();
     loop {
+        let sent = Instant::now();
         let status = app.get("/v2/network-volumes", &key).await.status();
         if status == 401 {
             break;
         }
         assert_eq!(status, 200);
         assert!(
-            revoked_at.elapsed() < Duration::from_secs(5),
-            "revoked key still accepted after 5 s"
+            sent < cached_until,
+            "a revoked key was accepted after its cache entry (TTL {} ms) ended",
+            app.settings.auth.cache_ttl_ms
         );
         tokio::time::sleep(Duration::from_millis(100)).await;
     }

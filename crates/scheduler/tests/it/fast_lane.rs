@@ -43,9 +43,11 @@ async fn a_submit_with_a_free_slot_is_written_claimed(backend: Backend) {
 async fn a_handed_over_job_survives_its_scheduler_crashing(backend: Backend) {
     let env = Env::with_config(backend, crate::harness::crash_config()).await;
     let first = Node::start(&env.store, &env.catalog).await;
-    let old_worker = first.echo_worker("w1", 1);
+    let runs = Runs::default();
+    let old_worker = first.counting_worker("w1", 1, runs.clone());
     prime(&env).await;
-    let job = env.submit(json!({"sleep_ms": 2000})).await;
+    // Held until the crash (echo, the survivor's model, ignores `hold`).
+    let job = env.submit(json!({"hold": true})).await;
     assert_eq!(env.get(&job.id).await.status, JobStatus::InProgress);
     crash_and_recover(&env, first, old_worker, &job.id).await;
 }

@@ -49,9 +49,11 @@ async fn schedulers_publish_their_workers_and_withdraw_them_on_shutdown(backend:
         "nothing published yet"
     );
 
-    // Two schedulers on one database: the counts are summed over both.
+    // Two schedulers on one database, each with the store of its own
+    // process (as two processes have): the counts are summed over both.
+    let store_b = gantry_jobs::JobStore::new(env.db.clone(), crate::harness::config()).expect("job store");
     let a = Node::start(&env.store, &env.catalog).await;
-    let b = Node::start(&env.store, &env.catalog).await;
+    let b = Node::start(&store_b, &env.catalog).await;
     let a_id = a.scheduler.as_ref().expect("scheduler").instance_id().to_string();
     let b_id = b.scheduler.as_ref().expect("scheduler").instance_id().to_string();
     let _a1 = a.echo_worker("a-1", 1);

@@ -21,10 +21,13 @@ gantry_testkit::on_both_backends!(
 async fn killed_worker_job_completes_elsewhere_charged_once(backend: Backend) {
     let env = Env::new(backend).await;
     let node = Node::start(&env.store, &env.catalog).await;
-    let first = node.echo_worker("w1", 1);
+    let runs = Runs::default();
+    let first = node.counting_worker("w1", 1, runs.clone());
 
-    let job = env.submit(json!({"sleep_ms": 1500})).await;
-    env.until_status(&job.id, JobStatus::InProgress).await;
+    // Held by w1 until it dies: it cannot end there first, however slow the
+    // test is to kill it. Echo (w2) ignores `hold`.
+    let job = env.submit(json!({"hold": true})).await;
+    started(&runs, 1).await;
     let _second = node.echo_worker("w2", 1);
     first.kill();
 
@@ -55,10 +58,11 @@ async fn restarted_scheduler_loses_no_queued_job(backend: Backend) {
 async fn crashed_scheduler_jobs_are_requeued(backend: Backend) {
     let env = Env::with_config(backend, crate::harness::crash_config()).await;
     let first = Node::start(&env.store, &env.catalog).await;
-    let old_worker = first.echo_worker("w1", 1);
-    // Long enough that a loaded machine still crashes it mid-run.
-    let job = env.submit(json!({"sleep_ms": 2000})).await;
-    env.until_status(&job.id, JobStatus::InProgress).await;
+    let runs = Runs::default();
+    let old_worker = first.counting_worker("w1", 1, runs.clone());
+    // Held until the crash: it is mid-run however slow the machine is.
+    let job = env.submit(json!({"hold": true})).await;
+    started(&runs, 1).await;
     crash_and_recover(&env, first, old_worker, &job.id).await;
 }
 
@@ -259,4 +263,13 @@ fn with_injected(
         }
     });
     rx
+}
+
+/// Waits until counting workers have started `n` runs.
+pub async fn started(runs: &Runs, n: usize) {
+    let deadline = tokio::time::Instant::now() + WAIT;
+    while runs.count() < n {
+        assert!(tokio::time::Instant::now() < deadline, "the job never started");
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
 }

@@ -9,7 +9,8 @@ use gantry_jobs::{JobError, JobStatus};
 use serde_json::json;
 
 use crate::fast_lane::prime;
-use crate::harness::{Backend, ECHO, Env, Node, USER, Worker, completed_once_by};
+use crate::harness::{Backend, ECHO, Env, Node, Runs, USER, Worker, completed_once_by};
+use crate::recovery::started;
 
 gantry_testkit::on_both_backends!(
     written_once_when_it_ends,
@@ -59,11 +60,11 @@ async fn written_once_when_it_ends(backend: Backend) {
 }
 
 async fn written_while_it_runs(backend: Backend) {
-    let (env, node, _worker) = env(backend).await;
-    let job = env.submit_sync(json!({"sleep_ms": 1500})).await;
+    let (env, node, runs, _worker) = held_env(backend).await;
+    let job = env.submit_sync(json!({"hold": true})).await;
     // Written claimed once it has run 200 ms: any process can read it then,
-    // well before it ends (the margin is for a loaded machine).
-    let deadline = tokio::time::Instant::now() + Duration::from_millis(1300);
+    // while it still runs (it is held until the gate opens).
+    let deadline = tokio::time::Instant::now() + crate::harness::WAIT;
     let row = loop {
         if let Some(row) = env.row_of(&job.id).await {
             break row;
@@ -72,8 +73,20 @@ async fn written_while_it_runs(backend: Backend) {
         tokio::time::sleep(Duration::from_millis(10)).await;
     };
     assert_eq!(row, ("IN_PROGRESS".to_string(), Some("w1".to_string())));
+    runs.open_gate();
     completed_once_by(&env, &job.id, "w1").await;
     node.shutdown().await;
+}
+
+/// [`env`] with a counting worker `w1` whose `"hold": true` jobs wait at the
+/// gate of the returned [`Runs`].
+async fn held_env(backend: Backend) -> (Env, Node, Runs, Worker) {
+    let env = Env::new(backend).await;
+    let node = Node::start(&env.store, &env.catalog).await;
+    let runs = Runs::default();
+    let worker = node.counting_worker("w1", 2, runs.clone());
+    prime(&env).await;
+    (env, node, runs, worker)
 }
 
 /// 50 ms passes while the job runs; 1 ms has nearly always passed before the
@@ -97,22 +110,13 @@ async fn times_out(backend: Backend) {
 }
 
 async fn worker_dies(backend: Backend) {
-    let (env, node, worker) = env(backend).await;
-    let job = env.submit_sync(json!({"sleep_ms": RUNS_MS})).await;
+    let (env, node, runs, worker) = held_env(backend).await;
+    let job = env.submit_sync(json!({"hold": true})).await;
     // Killed while it runs the job (a kill before the job reached it would
-    // leave nothing to retry).
-    let started = std::time::Instant::now();
-    while node
-        .dispatcher
-        .health()
-        .models
-        .get(ECHO)
-        .is_none_or(|m| m.running_jobs == 0)
-    {
-        assert!(started.elapsed() < Duration::from_secs(10), "the job never started");
-        tokio::time::sleep(Duration::from_millis(5)).await;
-    }
+    // leave nothing to retry); held, it cannot end first.
+    started(&runs, 2).await;
     worker.kill();
+    // Echo ignores `hold`.
     let _second = node.echo_worker("w2", 1);
     crate::harness::completed_once_by(&env, &job.id, "w2").await;
     assert_eq!(env.store.health(USER, ECHO).await.unwrap().retried, 1);
@@ -155,9 +159,9 @@ async fn lost_with_its_scheduler(backend: Backend) {
 }
 
 async fn queued_on_shutdown(backend: Backend) {
-    let (env, node, worker) = env(backend).await;
-    let job = env.submit_sync(json!({"sleep_ms": RUNS_MS})).await;
-    tokio::time::sleep(Duration::from_millis(40)).await;
+    let (env, node, runs, worker) = held_env(backend).await;
+    let job = env.submit_sync(json!({"hold": true})).await;
+    started(&runs, 2).await;
     node.shutdown().await;
     drop(worker);
     assert_eq!(env.get(&job.id).await.status, JobStatus::InQueue);
