@@ -243,6 +243,59 @@ impl Files {
             .verify(key, media_type, expires, sig, now_ms().div_euclid(1000))
     }
 
+    /// The key of one of this store's local file URLs
+    /// (`…/files/jobs/…?type=…&expires=…&sig=…` with a signature this store
+    /// made), whatever host it names: `None` when `url` is not one,
+    /// `Some(Err(Expired))` when it is but its time is up.
+    pub fn own_key(&self, url: &url::Url) -> Option<Result<String, Denied>> {
+        if self.is_s3() {
+            return None;
+        }
+        let key = url
+            .path()
+            .strip_prefix("/files/")
+            .filter(|key| key.starts_with("jobs/"))?;
+        let (mut media_type, mut expires, mut sig) = (None, None, None);
+        for (name, value) in url.query_pairs() {
+            match name.as_ref() {
+                "type" => media_type = Some(value.into_owned()),
+                "expires" => expires = value.parse::<i64>().ok(),
+                "sig" => sig = Some(value.into_owned()),
+                _ => {}
+            }
+        }
+        match self.verify(key, &media_type?, expires?, &sig?) {
+            Ok(()) => Some(Ok(key.to_owned())),
+            Err(Denied::Expired) => Some(Err(Denied::Expired)),
+            Err(Denied::BadSignature) => None,
+        }
+    }
+
+    /// [`Self::own_key`] of `text` when it is a URL.
+    pub fn own_key_of(&self, text: &str) -> Option<Result<String, Denied>> {
+        if !text.starts_with("http://") && !text.starts_with("https://") {
+            return None;
+        }
+        self.own_key(&url::Url::parse(text).ok()?)
+    }
+
+    /// All of the object `key`, refused when larger than `max_bytes`.
+    async fn read_whole(&self, key: &str, max_bytes: usize) -> Result<Vec<u8>, String> {
+        let ranged = self.read(key, None).await.map_err(|error| match error {
+            ReadError::NotFound => "the file no longer exists (its lifetime ended)".to_owned(),
+            other => format!("the file cannot be read: {other}"),
+        })?;
+        if ranged.size > max_bytes as u64 {
+            return Err(format!("the file is larger than {} MiB", max_bytes >> 20));
+        }
+        let mut bytes = Vec::with_capacity(usize::try_from(ranged.size).unwrap_or(0));
+        let mut body = ranged.body;
+        while let Some(chunk) = body.next().await {
+            bytes.extend_from_slice(&chunk.map_err(|e| format!("the file cannot be read: {e}"))?);
+        }
+        Ok(bytes)
+    }
+
     /// Reads `range` (all of it when `None`) of the object `key`. A range
     /// past the end is `Err(Unsatisfiable(size))`.
     pub async fn read(&self, key: &str, range: Option<RangeRequest>) -> Result<Ranged, ReadError> {
@@ -311,6 +364,20 @@ impl Files {
 
     pub(crate) fn is_s3(&self) -> bool {
         self.inner.s3.is_some()
+    }
+}
+
+/// A job's input may name a file another job made by its URL: the worker
+/// reads it here, from the store, instead of fetching it over HTTP (see
+/// `gantry_net::OwnFiles`).
+impl gantry_net::OwnFiles for Files {
+    fn read<'a>(&'a self, url: &'a url::Url, max_bytes: usize) -> gantry_net::OwnRead<'a> {
+        Box::pin(async move {
+            Some(match self.own_key(url)? {
+                Ok(key) => self.read_whole(&key, max_bytes).await,
+                Err(denied) => Err(format!("a file URL of this platform that cannot be read: {denied}")),
+            })
+        })
     }
 }
 
@@ -532,6 +599,35 @@ mod tests {
         assert_eq!(RangeRequest::parse("bytes=0-1,5-9"), None);
         assert_eq!(RangeRequest::parse("items=0-1"), None);
         assert_eq!(RangeRequest::parse("bytes=a-b"), None);
+    }
+
+    /// A URL this store signed is its own on any host; a changed one, or
+    /// one of another path, is not; an expired one is, and says so.
+    #[tokio::test]
+    async fn own_file_urls_are_recognised_by_their_signature() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = FilesConfig {
+            signing_key: Some("a test key of thirty-two bytes or more".into()),
+            ..FilesConfig::default()
+        };
+        let files = Files::open(&config, dir.path(), "http://127.0.0.1:8081").unwrap();
+        let file = |created_ms| StoredFile {
+            pointer: "/audio_url".into(),
+            key: "jobs/j1/1/0.wav".into(),
+            media_type: "audio/wav".into(),
+            size: 3,
+            created_ms,
+        };
+        let url = files.url(&file(now_ms())).await;
+        assert_eq!(files.own_key_of(&url), Some(Ok("jobs/j1/1/0.wav".into())));
+        let elsewhere = url.replace("127.0.0.1:8081", "files.example.com");
+        assert_eq!(files.own_key_of(&elsewhere), Some(Ok("jobs/j1/1/0.wav".into())));
+        assert_eq!(files.own_key_of(&url.replacen("sig=", "sig=0", 1)), None);
+        assert_eq!(files.own_key_of(&url.replace("/0.wav", "/1.wav")), None);
+        assert_eq!(files.own_key_of("http://127.0.0.1:8081/v2/models"), None);
+        assert_eq!(files.own_key_of("not a url"), None);
+        let old = files.url(&file(now_ms() - 8 * 24 * 3600 * 1000)).await;
+        assert_eq!(files.own_key_of(&old), Some(Err(Denied::Expired)));
     }
 
     #[test]

@@ -265,6 +265,7 @@ fn load_video_model(settings: &Settings, model: &str) -> Result<gantry_model_vid
         threads,
         block_seconds: u64::try_from(entry.price.per()).unwrap_or(1),
         fetch_allow_ranges: settings.video.fetch_allow_ranges.clone(),
+        own_files: own_files(settings),
     };
     let started = std::time::Instant::now();
     let loaded = match entry.engine.get("keyframes").and_then(serde_json::Value::as_str) {
@@ -334,11 +335,25 @@ fn load_speech_model(settings: &Settings, model: &str) -> Result<gantry_model_sp
     if let Some(encoder) = entry.files.iter().find(|f| f.name == "pretrained.pt") {
         let path = store.file_path(model, &encoder.converted_name().unwrap_or_else(|| encoder.name.clone()));
         loaded = loaded
-            .with_voice_matching(&path, &settings.speech.fetch_allow_ranges)
+            .with_voice_matching(&path, &settings.speech.fetch_allow_ranges, own_files(settings))
             .map_err(|e| StartError::Config(format!("cannot load the speaker encoder of '{model}': {e}")))?;
     }
     tracing::info!(%model, ms = started.elapsed().as_millis() as u64, voice = loaded.voice(), "speech model loaded");
     Ok(loaded)
+}
+
+/// The platform's file store, for models that read the URLs of files other
+/// jobs made from it rather than over HTTP (a loopback address in the
+/// embedded default, which fetches refuse). `None` (with a warning) when it
+/// cannot be opened: such URLs are then fetched like any other.
+fn own_files(settings: &Settings) -> Option<std::sync::Arc<dyn gantry_net::OwnFiles>> {
+    match settings.open_files() {
+        Ok(files) => Some(std::sync::Arc::new(files)),
+        Err(error) => {
+            tracing::warn!(%error, "the file store cannot be opened: the platform's own file URLs are fetched over HTTP");
+            None
+        }
+    }
 }
 
 /// Loads a speech-to-text model (Whisper) from the models directory: the
@@ -355,6 +370,7 @@ fn load_transcription_model(
     let options = gantry_model_transcribe::Options {
         threads: settings.transcription.threads.unwrap_or(0),
         fetch_allow_ranges: settings.transcription.fetch_allow_ranges.clone(),
+        own_files: own_files(settings),
     };
     let started = std::time::Instant::now();
     let loaded = gantry_model_transcribe::TranscriptionModel::load(model, dir, &options)

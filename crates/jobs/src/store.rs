@@ -642,6 +642,15 @@ impl JobStore {
         Ok((u64::try_from(idle).unwrap_or(0), u64::try_from(running).unwrap_or(0)))
     }
 
+    /// The user whose job made the stored file `key`; `None` once the file
+    /// is gone (or never was).
+    pub async fn file_owner(&self, key: &str) -> Result<Option<String>, JobError> {
+        let row = crate::entity::file::Entity::find_by_id(key.to_owned())
+            .one(&self.db)
+            .await?;
+        Ok(row.map(|file| file.user_id))
+    }
+
     /// Output files kept (rows of `files`) and their bytes.
     pub async fn stored_files(&self) -> Result<(i64, i64), JobError> {
         let row: Option<(i64, i64)> = crate::entity::file::Entity::find()

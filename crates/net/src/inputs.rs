@@ -2,6 +2,8 @@
 //! `interpolate-video`, the audio of a transcription): an `http(s)` URL that
 //! the worker fetches through the address guard, a `data:` URL, or plain
 //! base64, each bounded in size.
+use std::future::Future;
+use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -48,13 +50,37 @@ impl Source {
     }
 }
 
+/// What [`OwnFiles::read`] answers.
+pub type OwnRead<'a> = Pin<Box<dyn Future<Output = Option<Result<Vec<u8>, String>>> + Send + 'a>>;
+
+/// The platform's own generated files, read by their URLs from the file store
+/// rather than over HTTP: a job can take the URL another job's output holds
+/// (a voice to transcribe, say), even where the platform's address is one
+/// that fetches are refused (loopback in the embedded default).
+pub trait OwnFiles: Send + Sync + std::fmt::Debug {
+    /// `None` when `url` is not one of the platform's file URLs (with a valid
+    /// signature); else the file's bytes, at most `max_bytes`, or why not.
+    fn read<'a>(&'a self, url: &'a reqwest::Url, max_bytes: usize) -> OwnRead<'a>;
+}
+
 /// Fetches input URLs from permitted addresses only (loopback, private and
 /// reserved addresses are refused unless the operator allowed their
 /// ranges), without following redirects, each within a time and size bound.
-#[derive(Debug, Clone)]
+/// The platform's own file URLs are read from its store (see [`OwnFiles`]).
+#[derive(Clone)]
 pub struct Fetcher {
     http: reqwest::Client,
     policy: Arc<AddressPolicy>,
+    own: Option<Arc<dyn OwnFiles>>,
+}
+
+impl std::fmt::Debug for Fetcher {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Fetcher")
+            .field("policy", &self.policy)
+            .field("own_files", &self.own.is_some())
+            .finish_non_exhaustive()
+    }
 }
 
 impl Fetcher {
@@ -64,7 +90,18 @@ impl Fetcher {
         let policy = Arc::new(AddressPolicy::new(allow_ranges)?);
         let tls = tls_config(None)?;
         let http = client(policy.clone(), timeout, tls).map_err(|e| format!("cannot build the HTTP client: {e}"))?;
-        Ok(Self { http, policy })
+        Ok(Self {
+            http,
+            policy,
+            own: None,
+        })
+    }
+
+    /// This fetcher, reading the platform's own file URLs from `own`.
+    #[must_use]
+    pub fn with_own_files(mut self, own: Option<Arc<dyn OwnFiles>>) -> Self {
+        self.own = own;
+        self
     }
 
     /// The bytes of `source`: fetched when it is a URL, refused when larger
@@ -80,6 +117,11 @@ impl Fetcher {
     /// The body at `url`, at most `max_bytes` of it.
     pub async fn get(&self, url: &str, max_bytes: usize) -> Result<Vec<u8>, String> {
         let parsed = reqwest::Url::parse(url).map_err(|e| format!("{url} is not a URL: {e}"))?;
+        if let Some(own) = &self.own
+            && let Some(read) = own.read(&parsed, max_bytes).await
+        {
+            return read;
+        }
         self.policy.check_url(&parsed)?;
         let mut response = self
             .http

@@ -18,7 +18,7 @@ use std::time::Duration;
 
 mod inputs;
 
-pub use inputs::{Fetcher, Source};
+pub use inputs::{Fetcher, OwnFiles, OwnRead, Source};
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 

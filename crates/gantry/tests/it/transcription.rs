@@ -39,16 +39,21 @@ gantry_testkit::on_both_backends!(
 );
 
 async fn transcription_app(backend: Backend) -> TestApp {
-    TestApp::spawn_with(backend, |s| {
+    transcription_app_fetching(backend, &["127.0.0.0/8"]).await
+}
+
+/// The voice and Whisper; `audio_url` may reach `ranges` over HTTP (the
+/// platform's own file URLs are read from its store whatever they are).
+async fn transcription_app_fetching(backend: Backend, ranges: &[&str]) -> TestApp {
+    let ranges: Vec<String> = ranges.iter().map(|r| (*r).to_owned()).collect();
+    TestApp::spawn_with(backend, move |s| {
         s.scheduler.bundled_workers = vec![VOICE.into(), MODEL.into()];
         s.scheduler.bundled_slots = 2;
         s.models_dir = Some(models_dir());
         s.pull_on_start = true;
         s.speech.threads = 1;
         s.transcription.threads = Some(2);
-        // The audio URLs in these tests are the platform's own file URLs on
-        // 127.0.0.1, which the address guard refuses unless allowed.
-        s.transcription.fetch_allow_ranges = vec!["127.0.0.0/8".into()];
+        s.transcription.fetch_allow_ranges = ranges;
     })
     .await
 }
@@ -325,4 +330,46 @@ async fn a_cancelled_transcription_stops_and_costs_nothing() {
     let (short, _) = app.spoken(&key, "Still listening.").await;
     let next = app.job(MODEL, "runsync", &key, json!({ "audio_url": short })).await;
     assert_eq!(next["status"], "COMPLETED", "{next}");
+}
+
+/// In the embedded default no address range is allowed, so a fetch of the
+/// platform's own loopback URL would be refused: a speech URL feeds the
+/// transcription all the same, read from the file store. Only its owner may
+/// use it; a URL whose signature was changed is no file of the platform's,
+/// and is fetched (and refused) like any other loopback URL.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_speech_url_of_the_platform_feeds_a_transcription_directly() {
+    let app = transcription_app_fetching(Backend::Sqlite, &[]).await;
+    let (_, key) = app.user_with_key("endpoints:run").await;
+    let sentence = SENTENCES[0];
+    let (url, _) = app.spoken(&key, sentence).await;
+    assert!(url.starts_with("http://127.0.0.1:"), "{url}");
+    let job = app.job(MODEL, "runsync", &key, json!({ "audio_url": url })).await;
+    assert_eq!(job["status"], "COMPLETED", "{job}");
+    let heard = words(job["output"]["text"].as_str().unwrap());
+    let wer = word_error_rate(&words(sentence), &heard);
+    assert!(wer < 0.15, "heard {heard:?}, WER {wer}");
+
+    // Another account's job may not read it.
+    let (_, other) = app.user_with_key("endpoints:run").await;
+    let res = app
+        .public(Method::POST, &format!("/v2/{MODEL}/run"), &other)
+        .json(&json!({"input": { "audio_url": url }}))
+        .send()
+        .await
+        .unwrap();
+    let body = crate::harness::problem(res, 422).await;
+    assert!(
+        crate::harness::errors_of(&body)
+            .iter()
+            .any(|e| e.starts_with("input.audio_url: the file is not one of your jobs' files")),
+        "{body}"
+    );
+
+    // A changed signature: not the platform's file, so fetched over HTTP, and
+    // loopback is refused.
+    let tampered = url.replacen("sig=", "sig=0", 1);
+    let job = app.job(MODEL, "runsync", &key, json!({ "audio_url": tampered })).await;
+    assert_eq!(job["status"], "FAILED", "{job}");
+    assert!(job["error"].as_str().unwrap().contains("not allowed"), "{job}");
 }

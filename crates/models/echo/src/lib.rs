@@ -120,7 +120,7 @@ struct FileOption {
 /// Largest echo file (text × repeat), in bytes: the file is made whole in
 /// memory before it is sent. The platform's own bound on output files
 /// (`files.max_file_bytes`) applies on top.
-const MAX_FILE_BYTES: u64 = 16 << 20;
+const MAX_FILE_BYTES: u64 = 32 << 20;
 
 impl FileOption {
     fn parse(value: &Value) -> Result<Option<Self>, JobError> {

@@ -330,8 +330,14 @@ impl SpeechModel {
 
     /// Enables voice matching (`reference_audio`) with the speaker encoder's
     /// converted weights at `encoder`; reference URLs may reach the ranges
-    /// in `fetch_allow_ranges` besides public addresses.
-    pub fn with_voice_matching(mut self, encoder: &Path, fetch_allow_ranges: &[String]) -> Result<Self, LoadError> {
+    /// in `fetch_allow_ranges` besides public addresses, and the platform's
+    /// own file URLs are read from `own_files`.
+    pub fn with_voice_matching(
+        mut self,
+        encoder: &Path,
+        fetch_allow_ranges: &[String],
+        own_files: Option<Arc<dyn gantry_net::OwnFiles>>,
+    ) -> Result<Self, LoadError> {
         let config_error = |reason: String| LoadError::Config {
             path: encoder.to_path_buf(),
             reason,
@@ -340,7 +346,8 @@ impl SpeechModel {
             .map_err(config_error)?
             .with_threads(0);
         let fetcher = gantry_net::Fetcher::new(fetch_allow_ranges, REFERENCE_FETCH_TIMEOUT)
-            .map_err(|e| config_error(format!("fetch_allow_ranges: {e}")))?;
+            .map_err(|e| config_error(format!("fetch_allow_ranges: {e}")))?
+            .with_own_files(own_files);
         self.matching = Some(Arc::new(Matching {
             encoder,
             fetcher,

@@ -26,6 +26,8 @@ pub struct Options {
     /// Address ranges (CIDR) that `audio_url` may reach although they are
     /// loopback, private or reserved; public addresses are always allowed.
     pub fetch_allow_ranges: Vec<String>,
+    /// The platform's own file URLs, read from its store.
+    pub own_files: Option<std::sync::Arc<dyn gantry_net::OwnFiles>>,
 }
 
 /// Why a transcription model did not load.
@@ -53,7 +55,8 @@ impl TranscriptionModel {
     pub fn load(id: &str, dir: &Path, options: &Options) -> Result<Self, LoadError> {
         let whisper = Whisper::load(dir).map_err(|e| LoadError(e.to_string()))?;
         let fetcher = gantry_net::Fetcher::new(&options.fetch_allow_ranges, FETCH_TIMEOUT)
-            .map_err(|e| LoadError(format!("fetch_allow_ranges: {e}")))?;
+            .map_err(|e| LoadError(format!("fetch_allow_ranges: {e}")))?
+            .with_own_files(options.own_files.clone());
         let threads = match options.threads {
             0 => std::thread::available_parallelism().map_or(1, std::num::NonZeroUsize::get),
             n => n,

@@ -82,6 +82,8 @@ pub struct Options {
     /// Address ranges (CIDR) that input URLs may reach although they are
     /// loopback, private or reserved; public addresses are always allowed.
     pub fetch_allow_ranges: Vec<String>,
+    /// The platform's own file URLs, read from its store.
+    pub own_files: Option<Arc<dyn gantry_net::OwnFiles>>,
 }
 
 /// Why a video model did not load.
@@ -119,7 +121,8 @@ impl VideoModel {
     fn with(id: &str, rife: &Path, keyframes: Keyframes, options: &Options) -> Result<Self, LoadError> {
         let rife = Rife::load(rife).map_err(|e| LoadError(format!("RIFE: {e}")))?;
         let fetcher = gantry_net::Fetcher::new(&options.fetch_allow_ranges, FETCH_TIMEOUT)
-            .map_err(|e| LoadError(format!("fetch_allow_ranges: {e}")))?;
+            .map_err(|e| LoadError(format!("fetch_allow_ranges: {e}")))?
+            .with_own_files(options.own_files.clone());
         Ok(Self {
             id: id.to_owned(),
             engine: Arc::new(Engine {
