@@ -581,8 +581,19 @@ fn a_second_pull_of_a_model_waits_for_the_first() {
         let (store, model, progress) = (store.clone(), model.clone(), progress.clone());
         std::thread::spawn(move || store.pull(&model, &progress))
     };
-    std::thread::sleep(std::time::Duration::from_millis(300));
+    // It says it waits, and does, for as long as the lock is held.
+    let waiting = "test-model: waiting for another pull of it to finish";
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while !progress.lines().iter().any(|line| line == waiting) {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "never waited: {:?}",
+            progress.lines()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(10));
+    }
     assert!(!store.status(&model).is_ready());
+    assert!(!pull.is_finished(), "the second pull went on while the lock was held");
     held.unlock().unwrap();
     pull.join().unwrap().unwrap();
     assert!(store.status(&model).is_ready());

@@ -28,6 +28,10 @@ pub struct Server {
     pub addr: SocketAddr,
     pub dispatcher: Dispatcher,
     pub events: mpsc::Receiver<Event>,
+    /// Events of other jobs that [`Server::job_events`] read past, kept for
+    /// the calls about those jobs: jobs that end together may report in any
+    /// order.
+    others: Vec<Event>,
     stop: Option<oneshot::Sender<()>>,
     thread: Option<std::thread::JoinHandle<()>>,
 }
@@ -67,6 +71,7 @@ impl Server {
             addr,
             dispatcher,
             events,
+            others: Vec::new(),
             stop: Some(stop),
             thread: Some(thread),
         }
@@ -122,23 +127,36 @@ impl Server {
         .await;
     }
 
-    /// Events of one job, up to and including its terminal event.
+    /// Events of one job, up to and including its terminal event. Events of
+    /// other jobs read meanwhile are kept for the calls about them.
     pub async fn job_events(&mut self, job_id: &str) -> Vec<Event> {
-        let mut seen = Vec::new();
-        loop {
-            let event = self.next_event().await;
-            let (id, terminal) = match &event {
-                Event::Progress { job_id, .. } | Event::Chunk { job_id, .. } => (job_id, false),
+        fn about(event: &Event) -> Option<(&str, bool)> {
+            match event {
+                Event::Progress { job_id, .. } | Event::Chunk { job_id, .. } => Some((job_id, false)),
                 Event::Completed { job_id, .. } | Event::Failed { job_id, .. } | Event::Cancelled { job_id, .. } => {
-                    (job_id, true)
+                    Some((job_id, true))
                 }
-                _ => continue,
+                _ => None,
+            }
+        }
+        let mut seen = Vec::new();
+        let kept = std::mem::take(&mut self.others);
+        let mut kept = kept.into_iter();
+        loop {
+            let event = match kept.next() {
+                Some(event) => event,
+                None => self.next_event().await,
+            };
+            let Some((id, terminal)) = about(&event) else {
+                continue;
             };
             if id != job_id {
+                self.others.push(event);
                 continue;
             }
             seen.push(event);
             if terminal {
+                self.others.extend(kept);
                 return seen;
             }
         }

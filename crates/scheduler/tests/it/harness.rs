@@ -370,6 +370,11 @@ impl Runs {
         self.started.lock().expect("runs").len()
     }
 
+    /// Lets one held job go on.
+    pub fn release_one(&self) {
+        self.gate.add_permits(1);
+    }
+
     /// Lets every held job (and any held later) go on.
     pub fn open_gate(&self) {
         self.gate.add_permits(tokio::sync::Semaphore::MAX_PERMITS / 2);
