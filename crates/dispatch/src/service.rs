@@ -154,3 +154,38 @@ fn check_hello(hello: &Hello, claims: &auth::WorkerClaims) -> Result<(), StreamE
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A worker id is stored with every job it runs, as text in every
+    /// database: one with a control character (a NUL, which PostgreSQL's
+    /// text cannot hold) or over 128 bytes is refused at hello.
+    #[test]
+    fn worker_ids_must_be_storable() {
+        let check = |worker_id: &str| {
+            let hello = Hello {
+                worker_id: worker_id.to_owned(),
+                models: vec!["m".into()],
+                slots: 1,
+                ..Hello::default()
+            };
+            let claims = auth::WorkerClaims {
+                sub: worker_id.to_owned(),
+                models: vec!["m".into()],
+                exp: u64::MAX,
+                iat: 0,
+            };
+            check_hello(&hello, &claims)
+        };
+        assert!(check("w-1").is_ok());
+        assert!(check(&"w".repeat(128)).is_ok());
+        for bad in ["w\u{0}", "w\n1", &"w".repeat(129)] {
+            assert!(
+                matches!(check(bad), Err(StreamError::BadHello(message)) if message.contains("worker_id")),
+                "{bad:?}"
+            );
+        }
+    }
+}

@@ -73,14 +73,6 @@ pub enum Step {
     },
 }
 
-/// One write of a plan, while [`Plan::split_by_job`] sorts them.
-enum Item<'a> {
-    Store(&'a Store),
-    Chunk(&'a (String, i64, String)),
-    Progress(&'a (String, i32, String)),
-    Step(&'a Step),
-}
-
 impl Step {
     /// The job the step is about.
     pub fn job_id(&self) -> &str {
@@ -249,35 +241,36 @@ impl Plan {
     /// when the whole plan would not commit, so that one job whose writes the
     /// database refuses fails alone and the others still settle.
     pub fn split_by_job(&self) -> Vec<(Option<String>, Plan)> {
-        let mut split: Vec<(Option<String>, Plan)> = Vec::new();
-        let mut at: HashMap<String, usize> = HashMap::new();
-        let mut part = |job_id: &str| -> usize {
-            *at.entry(job_id.to_owned()).or_insert_with(|| {
-                split.push((Some(job_id.to_owned()), self.clone_empty()));
+        /// The part of `job_id`, made (empty) on first use.
+        fn part<'s>(
+            split: &'s mut Vec<(Option<String>, Plan)>,
+            at: &mut HashMap<String, usize>,
+            whole: &Plan,
+            job_id: &str,
+        ) -> &'s mut Plan {
+            let i = *at.entry(job_id.to_owned()).or_insert_with(|| {
+                split.push((Some(job_id.to_owned()), whole.clone_empty()));
                 split.len() - 1
-            })
-        };
-        let mut parts = Vec::new();
+            });
+            &mut split[i].1
+        }
+        let mut split = Vec::new();
+        let mut at = HashMap::new();
         for store in &self.stores {
-            parts.push((part(&store.row.id), Item::Store(store)));
+            part(&mut split, &mut at, self, &store.row.id)
+                .stores
+                .push(store.clone());
         }
         for chunk in &self.chunks {
-            parts.push((part(&chunk.0), Item::Chunk(chunk)));
+            part(&mut split, &mut at, self, &chunk.0).chunks.push(chunk.clone());
         }
         for progress in &self.progress {
-            parts.push((part(&progress.0), Item::Progress(progress)));
+            part(&mut split, &mut at, self, &progress.0)
+                .progress
+                .push(progress.clone());
         }
         for step in &self.steps {
-            parts.push((part(step.job_id()), Item::Step(step)));
-        }
-        for (i, item) in parts {
-            let plan = &mut split[i].1;
-            match item {
-                Item::Store(store) => plan.stores.push(store.clone()),
-                Item::Chunk(chunk) => plan.chunks.push(chunk.clone()),
-                Item::Progress(progress) => plan.progress.push(progress.clone()),
-                Item::Step(step) => plan.steps.push(step.clone()),
-            }
+            part(&mut split, &mut at, self, step.job_id()).steps.push(step.clone());
         }
         if !self.claims.is_empty() {
             let mut claims = self.clone_empty();

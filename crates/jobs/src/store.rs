@@ -117,6 +117,7 @@ impl JobStore {
                 .check_url(&parsed)
                 .map_err(|e| JobError::Invalid(format!("`webhook`: {e}")))?;
         }
+        self.own_files_are_the_callers(user, &req.input).await?;
         let max = millis(self.config.max_timeout);
         let bounded = |name: &str, value: Option<u64>, default: Duration| -> Result<i64, JobError> {
             match value {
@@ -642,13 +643,53 @@ impl JobStore {
         Ok((u64::try_from(idle).unwrap_or(0), u64::try_from(running).unwrap_or(0)))
     }
 
-    /// The user whose job made the stored file `key`; `None` once the file
-    /// is gone (or never was).
-    pub async fn file_owner(&self, key: &str) -> Result<Option<String>, JobError> {
-        let row = crate::entity::file::Entity::find_by_id(key.to_owned())
-            .one(&self.db)
-            .await?;
-        Ok(row.map(|file| file.user_id))
+    /// An input may name a file another job made by its URL (the models read
+    /// it from the store, not over HTTP): only a file of `user`'s own jobs,
+    /// whose URL has not expired. Every string of the input that is one of
+    /// the platform's file URLs is checked, each refusal named by its field;
+    /// other URLs are the model's to fetch.
+    async fn own_files_are_the_callers(&self, user: &str, input: &Value) -> Result<(), JobError> {
+        fn strings<'v>(value: &'v Value, path: String, found: &mut Vec<(String, &'v str)>) {
+            match value {
+                Value::String(text) => found.push((path, text)),
+                Value::Array(items) => {
+                    for (i, item) in items.iter().enumerate() {
+                        strings(item, format!("{path}[{i}]"), found);
+                    }
+                }
+                Value::Object(members) => {
+                    for (name, member) in members {
+                        strings(member, format!("{path}.{name}"), found);
+                    }
+                }
+                _ => {}
+            }
+        }
+        let Some(files) = self.config.files.as_ref() else {
+            return Ok(());
+        };
+        let mut found = Vec::new();
+        strings(input, "input".into(), &mut found);
+        let mut errors = Vec::new();
+        for (path, text) in found {
+            match files.own_key_of(text) {
+                None => {}
+                Some(Err(denied)) => errors.push(format!("{path}: this platform's file URL cannot be used: {denied}")),
+                Some(Ok(key)) => {
+                    let stored = crate::entity::file::Entity::find_by_id(key).one(&self.db).await?;
+                    if stored.is_none_or(|file| file.user_id != user) {
+                        errors.push(format!(
+                            "{path}: the file is not one of your jobs' files, or its lifetime has ended"
+                        ));
+                    }
+                }
+            }
+        }
+        if errors.is_empty() {
+            Ok(())
+        } else {
+            Err(JobError::InvalidInput(errors))
+        }
     }
 
     /// Output files kept (rows of `files`) and their bytes.

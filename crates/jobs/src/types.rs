@@ -234,6 +234,9 @@ pub enum JobError {
     /// The request is invalid; nothing was written.
     #[error("invalid job: {0}")]
     Invalid(String),
+    /// Fields of the input are refused, one message each; nothing was written.
+    #[error("invalid input: {}", .0.join("; "))]
+    InvalidInput(Vec<String>),
     /// Only `FAILED` and `TIMED_OUT` jobs can be retried.
     #[error("a {} job cannot be retried; only FAILED or TIMED_OUT jobs can", .0.as_str())]
     NotRetryable(JobStatus),

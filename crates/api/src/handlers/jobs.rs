@@ -28,6 +28,7 @@ impl From<JobError> for ApiError {
         match err {
             JobError::NotFound => ApiError::NotFound("job not found".into()),
             JobError::Invalid(message) => ApiError::Unprocessable(vec![message]),
+            JobError::InvalidInput(errors) => ApiError::Unprocessable(errors),
             JobError::NotRetryable(_) => ApiError::Conflict(err.to_string()),
             JobError::Lost => ApiError::Unavailable(err.to_string()),
             JobError::PaymentRequired { .. } => ApiError::PaymentRequired(err.to_string()),
@@ -173,58 +174,6 @@ struct RunPolicy {
     low_priority: Option<bool>,
 }
 
-/// An input may name a file another job made by its URL (the models read it
-/// from the store, not over HTTP): only a file of the caller's own jobs,
-/// whose URL has not expired. Every such string of the input is checked;
-/// other URLs are the model's to fetch.
-async fn own_files_are_the_callers(state: &AppState, user: &str, input: &Value) -> Result<(), ApiError> {
-    fn urls<'v>(value: &'v Value, path: String, found: &mut Vec<(String, &'v str)>) {
-        match value {
-            Value::String(text) => found.push((path, text)),
-            Value::Array(items) => {
-                for (i, item) in items.iter().enumerate() {
-                    urls(item, format!("{path}[{i}]"), found);
-                }
-            }
-            Value::Object(members) => {
-                for (name, member) in members {
-                    urls(member, format!("{path}.{name}"), found);
-                }
-            }
-            _ => {}
-        }
-    }
-    let Some(files) = state.files.as_ref() else {
-        return Ok(());
-    };
-    let mut found = Vec::new();
-    urls(input, "input".into(), &mut found);
-    let mut errors = Vec::new();
-    for (path, text) in found {
-        match files.own_key_of(text) {
-            None => {}
-            Some(Err(denied)) => errors.push(format!("{path}: this platform's file URL cannot be used: {denied}")),
-            Some(Ok(key)) => {
-                let owner = state
-                    .jobs
-                    .file_owner(&key)
-                    .await
-                    .map_err(|e| ApiError::internal("reading a file's owner failed", &e))?;
-                if owner.as_deref() != Some(user) {
-                    errors.push(format!(
-                        "{path}: the file is not one of your jobs' files, or its lifetime has ended"
-                    ));
-                }
-            }
-        }
-    }
-    if errors.is_empty() {
-        Ok(())
-    } else {
-        Err(ApiError::Unprocessable(errors))
-    }
-}
-
 fn model<'a>(state: &'a AppState, caller: &Caller, model_id: &str) -> Result<&'a ModelSpec, ApiError> {
     caller.require(Scope::EndpointsRun)?;
     state
@@ -278,7 +227,6 @@ pub async fn run(
 ) -> Result<HttpResponse, ApiError> {
     let spec = model(&state, &caller, &path)?;
     let job = read_body::<RunRequest>(&req, payload, RUN_BODY_LIMIT, &()).await?;
-    own_files_are_the_callers(&state, caller.user_id(), &job.input).await?;
     let view = state.jobs.submit(caller.user_id(), spec, job, Mode::Async).await?;
     Ok(job_ref(&view))
 }
@@ -300,7 +248,6 @@ pub async fn runsync(
     let wait = wait_param(&req)?;
     let job = read_body::<RunRequest>(&req, payload, RUNSYNC_BODY_LIMIT, &()).await?;
     let user = caller.user_id();
-    own_files_are_the_callers(&state, user, &job.input).await?;
     let queued = state.jobs.submit(user, spec, job, Mode::Sync).await?;
     let view = state.jobs.wait(user, &spec.id, &queued.id, wait).await?;
     if view.status.is_final() {

@@ -42,10 +42,17 @@ async fn eventually(what: &str, mut check: impl AsyncFnMut() -> bool) {
 }
 
 impl TestApp {
-    async fn echo_file(&self, key: &str, file: Value) -> Value {
+    /// An echo `runsync` job with an output file; the finished job, whatever
+    /// its status.
+    pub(crate) async fn echo_file_job(&self, key: &str, file: Value) -> Value {
         let res = self.submit("runsync", key, json!({"input": {"file": file}})).await;
         assert_eq!(res.status(), 200);
-        let body: Value = res.json().await.unwrap();
+        res.json().await.unwrap()
+    }
+
+    /// [`Self::echo_file_job`], which must complete.
+    async fn echo_file(&self, key: &str, file: Value) -> Value {
+        let body = self.echo_file_job(key, file).await;
         assert_eq!(body["status"], "COMPLETED", "{body}");
         body
     }

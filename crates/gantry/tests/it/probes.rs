@@ -17,15 +17,6 @@ gantry_testkit::on_both_backends!(
     output_files_past_the_limits_fail_their_job_for_good,
 );
 
-impl TestApp {
-    /// An echo `runsync` job with an output file; the finished job.
-    async fn echo_file_job(&self, key: &str, file: Value) -> Value {
-        let res = self.submit("runsync", key, json!({"input": {"file": file}})).await;
-        assert_eq!(res.status(), 200);
-        res.json().await.unwrap()
-    }
-}
-
 /// The probe repeated a job whose file's media type holds a NUL while
 /// another user ran `runsync` jobs: on PostgreSQL each of those waited for a
 /// lease, ran three times and failed. Now the type is stored as plain bytes,
@@ -255,4 +246,27 @@ async fn output_files_past_the_limits_fail_their_job_for_good(backend: Backend) 
         .await;
     assert_eq!(job["status"], "COMPLETED", "{job}");
     assert_eq!(app.count("SELECT COUNT(*) FROM files").await, 1);
+}
+
+/// `files.max_job_bytes` bounds all the files of a job together, even when
+/// each is within `files.max_file_bytes`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_files_past_the_job_limit_fail_their_job_for_good() {
+    let app = TestApp::spawn_with(Backend::Sqlite, |s| {
+        s.files.max_file_bytes = 200_000;
+        s.files.max_job_bytes = 150_000;
+    })
+    .await;
+    let (_, key) = app.user_with_key("endpoints:run").await;
+    let job = app
+        .echo_file_job(&key, json!({"text": "0123456789", "repeat": 16_000}))
+        .await;
+    assert_eq!(job["status"], "FAILED", "{job}");
+    let error = job["error"].as_str().unwrap();
+    assert!(
+        error.contains("larger than 150000 bytes, the most one job may store"),
+        "{error}"
+    );
+    assert_eq!(app.count("SELECT COUNT(*) FROM ledger_entries").await, 0);
+    assert_eq!(app.count("SELECT COUNT(*) FROM files").await, 0);
 }
