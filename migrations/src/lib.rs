@@ -15,6 +15,7 @@ mod m20261124_000011_credit;
 mod m20261124_000012_storage_charges;
 mod m20261124_000013_worker_gpus;
 mod m20261124_000014_job_progress;
+mod m20261128_000015_containers;
 
 pub struct Migrator;
 
@@ -36,6 +37,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261124_000012_storage_charges::Migration),
             Box::new(m20261124_000013_worker_gpus::Migration),
             Box::new(m20261124_000014_job_progress::Migration),
+            Box::new(m20261128_000015_containers::Migration),
         ]
     }
 }

@@ -37,6 +37,15 @@ pub struct Services {
     pub dispatcher: Option<Dispatcher>,
     /// The store of generated files (`GET /files/…` reads the local one).
     pub files: Option<gantry_files::Files>,
+    /// Templates, registry credentials and serverless endpoints.
+    pub containers: gantry_containers::ContainerService,
+    /// The worker containers and their sessions, in a process that runs a
+    /// scheduler (`serve`); an API-only process stores endpoints and serves
+    /// their jobs, and the scheduler's process runs them.
+    pub fleet: Option<std::sync::Arc<gantry_containers::Fleet>>,
+    /// The public listener's origin as clients reach it (`http.public_url`);
+    /// by default `http://<public listen address>`.
+    pub public_url: Option<String>,
 }
 
 /// How the two listeners behave.
@@ -71,6 +80,8 @@ pub struct AppState {
     pub(crate) policies: (Policy, Policy),
     pub(crate) openapi: web::Bytes,
     pub(crate) openapi_public: web::Bytes,
+    /// `http://<public address>`, known once the listener is bound.
+    public_origin: std::sync::OnceLock<String>,
 }
 
 impl std::ops::Deref for AppState {
@@ -82,6 +93,14 @@ impl std::ops::Deref for AppState {
 }
 
 impl AppState {
+    /// The origin of the public listener, for the URLs of endpoints' jobs.
+    pub fn public_origin(&self) -> String {
+        match &self.services.public_url {
+            Some(url) => url.trim_end_matches('/').to_owned(),
+            None => self.public_origin.get().cloned().unwrap_or_default(),
+        }
+    }
+
     /// Idle and running workers of `model`: exact and free from the
     /// in-process dispatcher; an API-only process reads what the live
     /// schedulers publish.
@@ -135,6 +154,7 @@ impl Application {
             policies: (http.management_policy, http.public_policy),
             openapi: openapi.into(),
             openapi_public: openapi_public.into(),
+            public_origin: std::sync::OnceLock::new(),
             services,
         });
         let workers = http.workers.max(1);
@@ -155,6 +175,7 @@ impl Application {
         if let Some(files) = &files {
             files.listening_at(public_addr);
         }
+        let _ = state.public_origin.set(format!("http://{public_addr}"));
         Ok(Self {
             handles: vec![management.handle(), public.handle()],
             servers: vec![management, public],
@@ -203,7 +224,11 @@ fn serve(
     let local = listener.local_addr()?;
     let endpoints: Arc<Vec<Endpoint>> = Arc::new(match surface {
         Surface::Management => routes::management_endpoints(),
-        Surface::Public => routes::public_endpoints(),
+        Surface::Public => {
+            let mut all = routes::public_endpoints();
+            all.extend(routes::worker_protocol_endpoints());
+            all
+        }
     });
     // Built from actix's parts rather than `HttpServer`, to put `ProblemIo`
     // between the socket and the HTTP/1 dispatcher (see `connection.rs`).

@@ -113,6 +113,11 @@ impl Failures {
     fn into_error(self) -> ApiError {
         ApiError::Unprocessable(self.0)
     }
+
+    /// The failures as the 422 they answer.
+    pub fn into_api_error(self) -> ApiError {
+        self.into_error()
+    }
 }
 
 /// Reads a JSON body ([`read_json`]) and parses it as `T` ([`parse_body`]).

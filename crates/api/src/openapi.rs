@@ -7,7 +7,7 @@ use utoipa::openapi::path::{Operation, PathItem};
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::{Content, HttpMethod, Ref, RefOr, Response, ResponseBuilder};
 
-use crate::handlers::{billing, catalog, files, jobs, meta, models, openai, volumes};
+use crate::handlers::{billing, catalog, files, jobs, meta, models, openai, serverless, volumes};
 use crate::problem::{PROBLEM_JSON, Problem};
 use crate::routes::{Endpoint, management_endpoints, public_endpoints};
 
@@ -20,10 +20,16 @@ use crate::routes::{Endpoint, management_endpoints, public_endpoints};
         catalog::list_data_centers, catalog::get_data_center,
         catalog::list_gpus, catalog::get_gpu, catalog::list_cpus, catalog::get_cpu,
         billing::history, billing::endpoints, billing::network_volumes, billing::balance,
+        serverless::catalog_templates, serverless::list_templates, serverless::create_template, serverless::get_template,
+        serverless::update_template, serverless::delete_template,
+        serverless::list_registries, serverless::create_registry, serverless::delegations, serverless::get_registry,
+        serverless::delete_registry,
+        serverless::list_endpoints, serverless::create_endpoint, serverless::get_endpoint, serverless::update_endpoint,
+        serverless::delete_endpoint, serverless::workers, serverless::releases, serverless::worker_logs,
         meta::openapi, meta::healthz, meta::readyz, meta::metrics,
     ),
     components(schemas(Problem, volumes::ListNetworkVolumesResponse, catalog::ListDataCentersResponse, billing::Balance)),
-    tags((name = "Network Volumes"), (name = "Catalog"), (name = "Billing"), (name = "Meta")),
+    tags((name = "Network Volumes"), (name = "Catalog"), (name = "Billing"), (name = "Templates"), (name = "Registries"), (name = "Serverless"), (name = "Meta")),
 )]
 struct ApiDoc;
 

@@ -53,6 +53,8 @@ pub enum ApiError {
     TooManyRequests(String),
     #[error("{0}")]
     Unavailable(String),
+    #[error("{0}")]
+    NotImplemented(String),
     /// The cause is logged where it happened; clients see nothing of it.
     #[error("internal server error")]
     Internal,
@@ -105,6 +107,7 @@ impl ResponseError for ApiError {
             ApiError::Conflict(_) => StatusCode::CONFLICT,
             ApiError::TooManyRequests(_) => StatusCode::TOO_MANY_REQUESTS,
             ApiError::Unavailable(_) => StatusCode::SERVICE_UNAVAILABLE,
+            ApiError::NotImplemented(_) => StatusCode::NOT_IMPLEMENTED,
             ApiError::Internal => StatusCode::INTERNAL_SERVER_ERROR,
         }
     }

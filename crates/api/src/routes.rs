@@ -4,7 +4,7 @@ use actix_web::http::Method;
 use actix_web::middleware::from_fn;
 use actix_web::{Route, web};
 
-use crate::handlers::{billing, catalog, files, jobs, meta, models, openai, volumes};
+use crate::handlers::{billing, catalog, files, jobs, meta, models, openai, serverless, volumes, worker_protocol};
 use crate::middleware::authenticate;
 use crate::problem::ApiError;
 
@@ -56,6 +56,63 @@ pub fn management_endpoints() -> Vec<Endpoint> {
         keyed(Method::GET, "/v2/catalog/gpus/{id}", || web::get().to(catalog::get_gpu)),
         keyed(Method::GET, "/v2/catalog/cpus", || web::get().to(catalog::list_cpus)),
         keyed(Method::GET, "/v2/catalog/cpus/{id}", || web::get().to(catalog::get_cpu)),
+        keyed(Method::GET, "/v2/catalog/templates", || {
+            web::get().to(serverless::catalog_templates)
+        }),
+        keyed(Method::GET, "/v2/templates", || {
+            web::get().to(serverless::list_templates)
+        }),
+        keyed(Method::POST, "/v2/templates", || {
+            web::post().to(serverless::create_template)
+        }),
+        keyed(Method::GET, "/v2/templates/{id}", || {
+            web::get().to(serverless::get_template)
+        }),
+        keyed(Method::PATCH, "/v2/templates/{id}", || {
+            web::patch().to(serverless::update_template)
+        }),
+        keyed(Method::DELETE, "/v2/templates/{id}", || {
+            web::delete().to(serverless::delete_template)
+        }),
+        keyed(Method::GET, "/v2/registries", || {
+            web::get().to(serverless::list_registries)
+        }),
+        keyed(Method::POST, "/v2/registries", || {
+            web::post().to(serverless::create_registry)
+        }),
+        keyed(Method::GET, "/v2/registries/delegations", || {
+            web::get().to(serverless::delegations)
+        }),
+        keyed(Method::GET, "/v2/registries/{id}", || {
+            web::get().to(serverless::get_registry)
+        }),
+        keyed(Method::DELETE, "/v2/registries/{id}", || {
+            web::delete().to(serverless::delete_registry)
+        }),
+        keyed(Method::GET, "/v2/serverless", || {
+            web::get().to(serverless::list_endpoints)
+        }),
+        keyed(Method::POST, "/v2/serverless", || {
+            web::post().to(serverless::create_endpoint)
+        }),
+        keyed(Method::GET, "/v2/serverless/{id}", || {
+            web::get().to(serverless::get_endpoint)
+        }),
+        keyed(Method::PATCH, "/v2/serverless/{id}", || {
+            web::patch().to(serverless::update_endpoint)
+        }),
+        keyed(Method::DELETE, "/v2/serverless/{id}", || {
+            web::delete().to(serverless::delete_endpoint)
+        }),
+        keyed(Method::GET, "/v2/serverless/{id}/workers", || {
+            web::get().to(serverless::workers)
+        }),
+        keyed(Method::GET, "/v2/serverless/{id}/releases", || {
+            web::get().to(serverless::releases)
+        }),
+        keyed(Method::GET, "/v2/serverless/{id}/workers/{workerId}/logs", || {
+            web::get().to(serverless::worker_logs)
+        }),
         keyed(Method::GET, "/v2/billing", || web::get().to(billing::history)),
         keyed(Method::GET, "/v2/billing/endpoints", || {
             web::get().to(billing::endpoints)
@@ -110,6 +167,35 @@ pub fn public_endpoints() -> Vec<Endpoint> {
         open(Method::GET, "/v2/openapi.json", || web::get().to(meta::openapi)),
         open(Method::GET, "/healthz", || web::get().to(meta::healthz)),
         open(Method::GET, "/readyz", || web::get().to(meta::readyz)),
+    ]
+}
+
+/// The RunPod worker protocol on the public listener: called only by the
+/// containers of users' endpoints, each with its own worker token (not an
+/// API key), so not in the public OpenAPI document
+/// (`handlers/worker_protocol.rs`).
+pub fn worker_protocol_endpoints() -> Vec<Endpoint> {
+    vec![
+        open(Method::GET, "/v2/{endpoint_id}/job-take/{worker_id}", || {
+            web::get().to(worker_protocol::take)
+        }),
+        open(Method::GET, "/v2/{endpoint_id}/job-take-batch/{worker_id}", || {
+            web::get().to(worker_protocol::take_batch)
+        }),
+        open(Method::GET, "/v2/{endpoint_id}/job-stop/{worker_id}", || {
+            web::get().to(worker_protocol::stop)
+        }),
+        open(Method::GET, "/v2/{endpoint_id}/ping/{worker_id}", || {
+            web::get().to(worker_protocol::ping)
+        }),
+        open(Method::POST, "/v2/{endpoint_id}/job-done/{worker_id}/{job_id}", || {
+            web::post().to(worker_protocol::done)
+        }),
+        open(
+            Method::POST,
+            "/v2/{endpoint_id}/job-stream/{worker_id}/{job_id}",
+            || web::post().to(worker_protocol::stream),
+        ),
     ]
 }
 

@@ -8,15 +8,21 @@ pub enum Scope {
     CatalogRead,
     BillingRead,
     EndpointsRun,
+    /// Read serverless endpoints, templates and registry credentials (names only).
+    EndpointsRead,
+    /// Create, change and delete them.
+    EndpointsWrite,
 }
 
 impl Scope {
-    pub const ALL: [Scope; 5] = [
+    pub const ALL: [Scope; 7] = [
         Scope::VolumesRead,
         Scope::VolumesWrite,
         Scope::CatalogRead,
         Scope::BillingRead,
         Scope::EndpointsRun,
+        Scope::EndpointsRead,
+        Scope::EndpointsWrite,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -26,6 +32,8 @@ impl Scope {
             Scope::CatalogRead => "catalog:read",
             Scope::BillingRead => "billing:read",
             Scope::EndpointsRun => "endpoints:run",
+            Scope::EndpointsRead => "endpoints:read",
+            Scope::EndpointsWrite => "endpoints:write",
         }
     }
 
@@ -55,9 +63,14 @@ impl ScopeSet {
 
     /// Every `:read` scope and nothing that changes state or spends money.
     pub fn read_only() -> Self {
-        [Scope::VolumesRead, Scope::CatalogRead, Scope::BillingRead]
-            .into_iter()
-            .collect()
+        [
+            Scope::VolumesRead,
+            Scope::CatalogRead,
+            Scope::BillingRead,
+            Scope::EndpointsRead,
+        ]
+        .into_iter()
+        .collect()
     }
 
     pub fn contains(self, scope: Scope) -> bool {

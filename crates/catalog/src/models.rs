@@ -22,6 +22,18 @@ pub enum ModelKind {
     Transcription,
     Text,
     Diagnostic,
+    /// A user's serverless endpoint (their own container image).
+    Endpoint,
+}
+
+/// Prefix of every serverless endpoint id: a job route's id with it names a
+/// user's endpoint, not a model of the catalog (whose ids may not start
+/// with it).
+pub const ENDPOINT_PREFIX: &str = "ep_";
+
+/// Whether `id` names a user's serverless endpoint rather than a model.
+pub fn is_endpoint_id(id: &str) -> bool {
+    id.starts_with(ENDPOINT_PREFIX)
 }
 
 /// `micro_usd` micro-dollars for every `per` whole units.
@@ -107,6 +119,12 @@ impl ModelSpec {
             price,
         }
     }
+
+    /// The job-path view of a user's endpoint: its jobs cost nothing
+    /// themselves (its workers' time is billed instead), counted in requests.
+    pub fn endpoint(id: impl Into<String>) -> Self {
+        Self::new(id, ModelKind::Endpoint, "requests", Price { micro_usd: 0, per: 1 })
+    }
 }
 
 /// The configured models. Deserializes from a list of [`ModelSpec`] (in TOML,
@@ -145,6 +163,12 @@ impl ModelCatalog {
         for (i, model) in models.iter().enumerate() {
             if model.id.is_empty() {
                 return Err("model id must not be empty".into());
+            }
+            if is_endpoint_id(&model.id) {
+                return Err(format!(
+                    "model {:?}: ids starting with {ENDPOINT_PREFIX:?} are reserved for serverless endpoints",
+                    model.id
+                ));
             }
             if model.unit.is_empty() {
                 return Err(format!("model {:?}: unit must not be empty", model.id));

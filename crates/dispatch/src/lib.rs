@@ -26,6 +26,7 @@
 //! ```
 
 mod files;
+mod polled;
 mod registry;
 mod service;
 mod status;
@@ -41,6 +42,7 @@ use tokio::sync::mpsc;
 pub use files::{FileLimits, FileSink, FileUpload, OCTET_STREAM, StoredFile, is_media_type};
 pub use gantry_proto::DEADLINE_EXCEEDED;
 pub use gantry_proto::v1::{Timings, Usage};
+pub use polled::{PollError, PolledWorker, Report, TakenJob};
 pub use service::GatewayService;
 /// The attribute the [`FileSink`] and [`FileUpload`] implementations use.
 pub use tonic::async_trait;
@@ -339,6 +341,13 @@ impl Dispatcher {
     /// earlier observer; `None` removes it.
     pub fn observe_live(&self, observer: Option<LiveObserver>) {
         self.inner.observe_live(observer);
+    }
+
+    /// Registers a worker that polls over HTTP (the RunPod worker protocol)
+    /// and serves `model`. A worker of the same id registered before is
+    /// replaced and reported lost, as a reconnecting stream would be.
+    pub async fn attach_polled(&self, worker_id: &str, model: &str, version: &str) -> PolledWorker {
+        PolledWorker::register(&self.inner, worker_id, model, version).await
     }
 
     /// Idle and running worker counts per model.

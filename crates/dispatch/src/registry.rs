@@ -125,6 +125,28 @@ impl Inner {
         Registration { conn, kill }
     }
 
+    /// Renews the lease of stream `conn` of `worker_id`; false if it is gone.
+    pub(crate) fn touch(&self, worker_id: &str, conn: u64) -> bool {
+        let mut state = self.state();
+        match state.workers.get_mut(worker_id).filter(|entry| entry.conn == conn) {
+            Some(entry) => {
+                entry.last_seen = Instant::now();
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// The unused credit of stream `conn` of `worker_id`.
+    pub(crate) fn credits_of(&self, worker_id: &str, conn: u64) -> Option<u32> {
+        let state = self.state();
+        state
+            .workers
+            .get(worker_id)
+            .filter(|entry| entry.conn == conn)
+            .map(|entry| entry.credits)
+    }
+
     /// Removes stream `conn` of `worker_id` (if still registered) and reports
     /// it lost; `reason` is sent to the worker as the stream's final status.
     pub(crate) async fn deregister(&self, worker_id: &str, conn: u64, reason: Option<StreamError>) {

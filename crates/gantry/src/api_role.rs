@@ -21,6 +21,7 @@ pub async fn start_api(
     database: &Database,
     jobs: JobStore,
     dispatcher: Option<Dispatcher>,
+    fleet: Option<Arc<gantry_containers::Fleet>>,
 ) -> Result<Application, StartError> {
     let catalog = if settings.catalog.data_centers.is_empty() {
         Catalog::default()
@@ -63,6 +64,12 @@ pub async fn start_api(
         models: Arc::new(settings.models.clone()),
         manifest: settings.manifest(),
         dispatcher,
+        containers: match &fleet {
+            Some(fleet) => fleet.service().clone(),
+            None => crate::serverless::container_service(settings, db.clone())?,
+        },
+        fleet,
+        public_url: settings.http.public_url.clone(),
         db,
     };
     Ok(Application::start(services, http_config(settings))?)

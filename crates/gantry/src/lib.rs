@@ -12,6 +12,7 @@
 mod api_role;
 mod database;
 mod scheduler_role;
+mod serverless;
 mod settings;
 mod workers;
 
@@ -55,6 +56,27 @@ pub struct Platform {
     pub app: Application,
     pub scheduler: SchedulerRole,
     pub workers: Workers,
+    /// Users' serverless workers (their containers outlive a restart and are
+    /// adopted by the next start).
+    pub fleet: std::sync::Arc<gantry_containers::Fleet>,
+    /// The fleet's reconciler loop.
+    pub reconciler: Reconciler,
+}
+
+/// The running reconciler of the fleet; it runs until [`Reconciler::stop`]
+/// (dropping the handle leaves it running).
+pub struct Reconciler {
+    stop: tokio::sync::watch::Sender<bool>,
+    task: tokio::task::JoinHandle<()>,
+}
+
+impl Reconciler {
+    /// Ends the loop after its current look. Worker containers keep running
+    /// (the next start adopts them).
+    pub async fn stop(self) {
+        let _ = self.stop.send(true);
+        let _ = self.task.await;
+    }
 }
 
 impl Platform {
@@ -65,14 +87,36 @@ impl Platform {
         let (dispatcher, events) = SchedulerRole::dispatcher(&settings, &secret)?;
         let database = Database::open_serving(&settings).await?;
         let jobs = job_store(&settings, &database)?;
-        let app = start_api(&settings, &database, jobs.clone(), Some(dispatcher.clone())).await?;
+        let containers = serverless::container_service(&settings, database.conn.clone())?;
+        let fleet = serverless::fleet(&settings, containers, dispatcher.clone()).await?;
+        let app = start_api(
+            &settings,
+            &database,
+            jobs.clone(),
+            Some(dispatcher.clone()),
+            Some(fleet.clone()),
+        )
+        .await?;
+        fleet.listening_at(app.public_addr());
         let scheduler = SchedulerRole::start(&settings, jobs, (dispatcher, events), secret).await?;
         let workers = scheduler.start_bundled_workers(&settings).await?;
+        let (fleet_stop, mut stopped) = tokio::sync::watch::channel(false);
+        let reconciler = tokio::spawn(fleet.clone().run(async move {
+            // Stopped by `shutdown`; a platform taken apart keeps it running.
+            if stopped.wait_for(|s| *s).await.is_err() {
+                std::future::pending::<()>().await;
+            }
+        }));
         Ok(Platform {
             database,
             app,
             scheduler,
             workers,
+            fleet,
+            reconciler: Reconciler {
+                stop: fleet_stop,
+                task: reconciler,
+            },
         })
     }
 
@@ -81,6 +125,7 @@ impl Platform {
         for handle in self.app.handles() {
             handle.stop(true).await;
         }
+        self.reconciler.stop().await;
         self.workers.shutdown().await;
         self.scheduler.shutdown().await;
     }

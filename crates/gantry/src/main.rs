@@ -318,6 +318,8 @@ async fn serve(settings: Settings) -> CliResult {
         app,
         scheduler,
         workers,
+        fleet: _fleet,
+        reconciler,
     } = Platform::start(settings).await?;
     bootstrap_admin(&app.state().auth, &app.state().db).await?;
     // Listen for signals before announcing readiness, so an early SIGTERM is graceful too.
@@ -330,6 +332,7 @@ async fn serve(settings: Settings) -> CliResult {
         "gantry is serving"
     );
     serve_until(app, signal).await?;
+    reconciler.stop().await;
     workers.shutdown().await;
     scheduler.shutdown().await;
     Ok(())
@@ -355,7 +358,7 @@ async fn serve_until(app: Application, signal: impl std::future::Future<Output =
 async fn api(settings: Settings) -> CliResult {
     let database = Database::open_serving(&settings).await?;
     let jobs = gantry::job_store(&settings, &database)?;
-    let app = gantry::start_api(&settings, &database, jobs, None).await?;
+    let app = gantry::start_api(&settings, &database, jobs, None, None).await?;
     bootstrap_admin(&app.state().auth, &app.state().db).await?;
     let signal = shutdown_signal()?;
     tracing::info!(management = %app.management_addr(), public = %app.public_addr(), "gantry api is serving");

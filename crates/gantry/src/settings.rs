@@ -67,6 +67,53 @@ pub struct Settings {
     /// their URLs work.
     pub files: gantry_files::FilesConfig,
     pub billing: BillingSettings,
+    /// Users' own containers as serverless endpoints ([serverless.md](../../docs/serverless.md)).
+    pub serverless: ServerlessSettings,
+}
+
+/// Serverless endpoints: the container runtime and the worker protocol.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ServerlessSettings {
+    /// `docker` (the Docker Engine API: Docker, Docker Desktop or Podman's
+    /// compatible socket) or `none` (endpoints can be stored, but no worker
+    /// runs: their routes answer 503).
+    pub runtime: String,
+    /// The engine's socket (`unix:///…` or `tcp://host:port`); unset means
+    /// `DOCKER_HOST`, then the usual Docker and Podman sockets.
+    pub docker_host: Option<String>,
+    /// The origin worker containers reach the public listener at; unset
+    /// means `http://127.0.0.1:<public port>` (with host networking).
+    pub worker_base_url: Option<String>,
+    /// `host` (workers share the host's network; Linux) or `bridge` (they
+    /// reach the host as `host.docker.internal`; set `worker_base_url`).
+    pub network: String,
+    /// How often the reconciler looks at the endpoints and containers.
+    pub tick_ms: u64,
+    /// A worker that has not called in this long after its start is replaced.
+    pub start_timeout_ms: u64,
+    /// How long a stopping worker has to finish its job before it is killed.
+    pub stop_grace_ms: u64,
+    /// Passphrases of the key that seals registry credentials (and signs
+    /// worker tokens): the first seals, all open (rotation). Unset means a
+    /// key generated once into `<data_dir>/serverless.key`; several
+    /// processes sharing a database must set the same value.
+    pub keys: Vec<String>,
+}
+
+impl Default for ServerlessSettings {
+    fn default() -> Self {
+        Self {
+            runtime: "docker".into(),
+            docker_host: None,
+            worker_base_url: None,
+            network: "host".into(),
+            tick_ms: 1_000,
+            start_timeout_ms: 120_000,
+            stop_grace_ms: 10_000,
+            keys: Vec::new(),
+        }
+    }
 }
 
 /// Credit and billing.
@@ -191,6 +238,10 @@ pub struct HttpSettings {
     /// connection, in milliseconds (408 after); at least 1000 (it is measured
     /// on a clock with a 0.5 s tick).
     pub head_timeout_ms: u64,
+    /// The public listener's origin as clients reach it (behind a proxy,
+    /// for example), used in endpoints' `requestUrls`; unset means
+    /// `http://<public_addr>`.
+    pub public_url: Option<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -378,6 +429,7 @@ impl Default for Settings {
             catalog: CatalogSettings::default(),
             files: gantry_files::FilesConfig::default(),
             billing: BillingSettings::default(),
+            serverless: ServerlessSettings::default(),
         }
     }
 }
@@ -389,6 +441,7 @@ impl Default for HttpSettings {
             workers: None,
             body_timeout_ms: 10_000,
             head_timeout_ms: 5_000,
+            public_url: None,
         }
     }
 }

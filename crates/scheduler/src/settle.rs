@@ -252,7 +252,10 @@ impl Core {
                     let row = unstored(running, job_id);
                     done.insert(job_id);
                     outcome.settled.push(job_id.clone());
-                    let priced = match self.catalog.get(&running.model) {
+                    // A user's endpoint is priced by its workers' time, not per job.
+                    let endpoint = gantry_catalog::is_endpoint_id(&running.model)
+                        .then(|| gantry_catalog::ModelSpec::endpoint(running.model.clone()));
+                    let priced = match self.catalog.get(&running.model).or(endpoint.as_ref()) {
                         Some(spec) => gantry_billing::cost(usage.quantity_micros, &usage.unit, spec)
                             .map_err(|e| format!("cannot bill the result: {e}")),
                         None => Err(format!("model {:?} is not in the catalog", running.model)),
@@ -269,7 +272,12 @@ impl Core {
                                 row: plan.completed(
                                     row,
                                     worker_id,
-                                    output_with_cost(output, usage.amount),
+                                    if endpoint.is_some() {
+                                        // A user's output is theirs, unchanged.
+                                        output.to_string()
+                                    } else {
+                                        output_with_cost(output, usage.amount)
+                                    },
                                     &usage,
                                     files,
                                 ),
@@ -287,7 +295,12 @@ impl Core {
                             job_id: job_id.clone(),
                             attempt: i64::from(*attempt),
                             worker_id: worker_id.clone(),
-                            output: output_with_cost(output, usage.amount),
+                            output: if endpoint.is_some() {
+                                // A user's output is theirs, unchanged.
+                                output.to_string()
+                            } else {
+                                output_with_cost(output, usage.amount)
+                            },
                             usage,
                             files,
                         },

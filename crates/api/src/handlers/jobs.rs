@@ -1,5 +1,6 @@
 //! The public model endpoints: `/v2/{model_id}/run`, `/runsync`, status, stream,
 //! cancel, retry, purge-queue and health.
+use std::borrow::Cow;
 use std::time::Duration;
 
 use actix_web::{HttpRequest, HttpResponse, web};
@@ -174,12 +175,52 @@ struct RunPolicy {
     low_priority: Option<bool>,
 }
 
-fn model<'a>(state: &'a AppState, caller: &Caller, model_id: &str) -> Result<&'a ModelSpec, ApiError> {
+/// What a job route's `{model_id}` names: a model of the catalog, or one of
+/// the caller's serverless endpoints (another user's is not found).
+pub(crate) struct Target<'a> {
+    pub spec: Cow<'a, ModelSpec>,
+    /// The endpoint's per-job timeout, ms (none for a model).
+    pub timeout_ms: Option<u64>,
+}
+
+pub(crate) async fn model<'a>(state: &'a AppState, caller: &Caller, model_id: &str) -> Result<Target<'a>, ApiError> {
     caller.require(Scope::EndpointsRun)?;
-    state
-        .models
-        .get(model_id)
-        .ok_or_else(|| ApiError::NotFound(format!("model '{model_id}' not found")))
+    if let Some(spec) = state.models.get(model_id) {
+        return Ok(Target {
+            spec: Cow::Borrowed(spec),
+            timeout_ms: None,
+        });
+    }
+    if gantry_catalog::is_endpoint_id(model_id) {
+        match state.containers.get_endpoint(caller.user_id(), model_id).await {
+            Ok(endpoint) => {
+                return Ok(Target {
+                    spec: Cow::Owned(ModelSpec::endpoint(model_id)),
+                    timeout_ms: Some(endpoint.spec.timeout),
+                });
+            }
+            Err(gantry_containers::ContainerError::NotFound(_)) => {}
+            Err(other) => return Err(other.into()),
+        }
+    }
+    Err(ApiError::NotFound(format!("model '{model_id}' not found")))
+}
+
+/// An endpoint's job runs at most its endpoint's `timeout` unless the request says otherwise;
+/// and the endpoint's workers scale for it at once.
+fn for_target(target: &Target<'_>, mut job: NewJob) -> NewJob {
+    if job.policy.execution_timeout_ms.is_none() {
+        job.policy.execution_timeout_ms = target.timeout_ms;
+    }
+    job
+}
+
+fn queued(state: &AppState, target: &Target<'_>) {
+    if target.timeout_ms.is_some()
+        && let Some(fleet) = &state.fleet
+    {
+        fleet.poke();
+    }
 }
 
 fn wait_param(req: &HttpRequest) -> Result<Duration, ApiError> {
@@ -225,9 +266,16 @@ pub async fn run(
     req: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    let spec = model(&state, &caller, &path)?;
-    let job = read_body::<RunRequest>(&req, payload, RUN_BODY_LIMIT, &()).await?;
-    let view = state.jobs.submit(caller.user_id(), spec, job, Mode::Async).await?;
+    let target = model(&state, &caller, &path).await?;
+    let job = for_target(
+        &target,
+        read_body::<RunRequest>(&req, payload, RUN_BODY_LIMIT, &()).await?,
+    );
+    let view = state
+        .jobs
+        .submit(caller.user_id(), &target.spec, job, Mode::Async)
+        .await?;
+    queued(&state, &target);
     Ok(job_ref(&view))
 }
 
@@ -244,12 +292,16 @@ pub async fn runsync(
     req: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    let spec = model(&state, &caller, &path)?;
+    let target = model(&state, &caller, &path).await?;
     let wait = wait_param(&req)?;
-    let job = read_body::<RunRequest>(&req, payload, RUNSYNC_BODY_LIMIT, &()).await?;
+    let job = for_target(
+        &target,
+        read_body::<RunRequest>(&req, payload, RUNSYNC_BODY_LIMIT, &()).await?,
+    );
     let user = caller.user_id();
-    let queued = state.jobs.submit(user, spec, job, Mode::Sync).await?;
-    let view = state.jobs.wait(user, &spec.id, &queued.id, wait).await?;
+    let submitted = state.jobs.submit(user, &target.spec, job, Mode::Sync).await?;
+    queued(&state, &target);
+    let view = state.jobs.wait(user, &target.spec.id, &submitted.id, wait).await?;
     if view.status.is_final() {
         Ok(HttpResponse::Ok().json(view))
     } else {
@@ -267,7 +319,7 @@ pub async fn status(
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, ApiError> {
     let (model_id, job_id) = path.into_inner();
-    model(&state, &caller, &model_id)?;
+    model(&state, &caller, &model_id).await?;
     Ok(HttpResponse::Ok().json(state.jobs.get(caller.user_id(), &model_id, &job_id).await?))
 }
 
@@ -291,7 +343,7 @@ pub async fn stream(
     req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
     let (model_id, job_id) = path.into_inner();
-    model(&state, &caller, &model_id)?;
+    model(&state, &caller, &model_id).await?;
     // A malformed Last-Event-ID is refused in either form.
     let from = live::resume_from(&req).map_err(|e| ApiError::BadRequest {
         detail: "invalid headers".into(),
@@ -354,7 +406,7 @@ pub async fn cancel(
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, ApiError> {
     let (model_id, job_id) = path.into_inner();
-    model(&state, &caller, &model_id)?;
+    model(&state, &caller, &model_id).await?;
     Ok(job_ref(&state.jobs.cancel(caller.user_id(), &model_id, &job_id).await?))
 }
 
@@ -368,7 +420,7 @@ pub async fn retry(
     path: web::Path<(String, String)>,
 ) -> Result<HttpResponse, ApiError> {
     let (model_id, job_id) = path.into_inner();
-    model(&state, &caller, &model_id)?;
+    model(&state, &caller, &model_id).await?;
     Ok(job_ref(&state.jobs.retry(caller.user_id(), &model_id, &job_id).await?))
 }
 
@@ -381,7 +433,7 @@ pub async fn purge_queue(
     caller: Caller,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    model(&state, &caller, &path)?;
+    model(&state, &caller, &path).await?;
     let removed = state.jobs.purge_queue(caller.user_id(), &path).await?;
     Ok(HttpResponse::Ok().json(json!({ "removed": removed, "status": "completed" })))
 }
@@ -395,7 +447,7 @@ pub async fn health(
     caller: Caller,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    model(&state, &caller, &path)?;
+    model(&state, &caller, &path).await?;
     let jobs = state.jobs.health(caller.user_id(), &path).await?;
     let (idle, running) = state.worker_counts(&path).await?;
     Ok(HttpResponse::Ok().json(json!({ "jobs": jobs, "workers": { "idle": idle, "running": running } })))

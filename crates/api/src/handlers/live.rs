@@ -56,6 +56,11 @@ pub(crate) fn event(id: Option<i64>, name: Option<&str>, data: &str) -> String {
     text
 }
 
+/// One SSE event with a textual id and one data line.
+pub(crate) fn event_with_id(id: &str, data: &str) -> String {
+    format!("id: {id}\ndata: {data}\n\n")
+}
+
 /// Whether the client asked for Server-Sent Events.
 pub(crate) fn wants_sse(req: &actix_web::HttpRequest) -> bool {
     req.headers()

@@ -6,4 +6,6 @@ pub(crate) mod live;
 pub mod meta;
 pub mod models;
 pub mod openai;
+pub mod serverless;
 pub mod volumes;
+pub mod worker_protocol;

@@ -23,6 +23,8 @@ pub struct TestApp {
     pub database_url: String,
     pub settings: Settings,
     pub scheduler: gantry::SchedulerRole,
+    /// Users' serverless workers.
+    pub fleet: Arc<gantry_containers::Fleet>,
     _workers: gantry::Workers,
     /// The platform's database handle (and SQLite lock), held while it serves.
     _platform_database: gantry::Database,
@@ -73,6 +75,8 @@ impl TestApp {
             app,
             scheduler,
             workers,
+            fleet,
+            ..
         } = Platform::start(settings.clone()).await.expect("platform starts");
         let base = format!("http://{}", app.management_addr());
         let public_base = format!("http://{}", app.public_addr());
@@ -82,6 +86,7 @@ impl TestApp {
         tokio::spawn(app.run_until_stopped());
         TestApp {
             scheduler,
+            fleet,
             _workers: workers,
             _platform_database: platform_database,
             base,

@@ -20,6 +20,7 @@ mod openapi;
 mod probes;
 mod processes;
 mod ratelimits;
+mod serverless;
 mod speech;
 mod text;
 mod tracing;

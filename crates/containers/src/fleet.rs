@@ -1,0 +1,791 @@
+//! The running half of serverless endpoints: the worker containers, the
+//! workers' protocol sessions, and the loop that keeps both where the
+//! endpoints say.
+//!
+//! Desired state is in the database ([`ContainerService`]); a [`Fleet`] (one
+//! per scheduler process) looks at it every tick and drives the container
+//! runtime: it starts workers when jobs queue, removes them after their idle
+//! timeout, replaces the ones running an older release once they are idle,
+//! drains the workers of a deleted endpoint, and removes what it finds with
+//! its labels but no record (left by a crash). The reconciler runs only
+//! while this process holds the `fleet` lease in the database, so several
+//! schedulers on one PostgreSQL database never start the same workers twice.
+//!
+//! Worker containers run the RunPod worker protocol against this process's
+//! public listener; each worker's session is a [`PolledWorker`] of the
+//! dispatcher, so its jobs are assigned, leased, requeued and settled by the
+//! same code as a bundled model's.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+use gantry_catalog::{CpuType, GpuType};
+use gantry_dispatch::{Dispatcher, PolledWorker};
+use gantry_runtime::{Container as RuntimeContainer, ContainerSpec, ContainerState, Network, RegistryAuth, Runtime};
+use hmac::{KeyInit, Mac};
+use sea_orm::{ConnectionTrait, DbBackend, Statement};
+
+use crate::service::{ContainerError, ContainerService, EndpointRecord, WorkerRecord, new_id, now_ms};
+use crate::spec::{Scaling, split_args};
+
+/// Label keys every container of Gantry carries.
+pub const LABEL_KIND: &str = "gantry.kind";
+pub const LABEL_ID: &str = "gantry.id";
+pub const LABEL_OWNER: &str = "gantry.owner";
+pub const LABEL_WORKER: &str = "gantry.worker";
+pub const LABEL_VERSION: &str = "gantry.version";
+
+/// How a [`Fleet`] behaves.
+#[derive(Clone)]
+pub struct FleetConfig {
+    /// The origin worker containers reach this process's public listener
+    /// at (`http://127.0.0.1:<port>` with host networking).
+    pub worker_base_url: String,
+    /// Host networking (the default on Linux), or a bridge with
+    /// `host.docker.internal` pointing at the host gateway.
+    pub host_network: bool,
+    /// Signs the workers' tokens (`RUNPOD_AI_API_KEY`).
+    pub token_secret: Vec<u8>,
+    /// How often the SDK pings (`RUNPOD_PING_INTERVAL`).
+    pub ping_interval: Duration,
+    /// How often the reconciler looks.
+    pub tick: Duration,
+    /// How long a worker may take from its container's start to its first
+    /// call before it is replaced.
+    pub start_timeout: Duration,
+    /// How long a stopping worker has to finish before it is killed.
+    pub stop_grace: Duration,
+    /// Prices of the compute a worker gets.
+    pub gpus: Arc<Vec<GpuType>>,
+    pub cpus: Arc<Vec<CpuType>>,
+    /// Name of this process in the lease table.
+    pub instance: String,
+}
+
+/// The state of one worker, as `/v2/serverless/{id}/workers` shows it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct WorkerView {
+    pub id: String,
+    /// RUNNING, IDLE, INITIALIZING or UNHEALTHY.
+    pub status: &'static str,
+    pub version: u32,
+    pub image: String,
+    pub gpu_count: u32,
+    pub started_at_ms: i64,
+    pub reason: Option<String>,
+    pub running_jobs: Vec<String>,
+}
+
+/// What happens to a worker, kept in memory by the fleet.
+struct Tracked {
+    /// Since when it has held no job (None while busy).
+    idle_since: Option<Instant>,
+    /// When its container started.
+    started: Instant,
+    /// Whether it has called in yet.
+    seen: bool,
+    /// Asked to take no more jobs; removed once idle.
+    draining: bool,
+}
+
+/// The serverless runtime of one scheduler process.
+pub struct Fleet {
+    service: ContainerService,
+    runtime: Option<Arc<dyn Runtime>>,
+    dispatcher: Dispatcher,
+    config: FleetConfig,
+    sessions: tokio::sync::Mutex<HashMap<String, PolledWorker>>,
+    tracked: Mutex<HashMap<String, Tracked>>,
+    /// Why the runtime is unusable, from the last look (None: it answers).
+    runtime_error: Mutex<Option<String>>,
+    /// Endpoint id -> when its image last failed to pull or start.
+    backoff: Mutex<HashMap<String, Instant>>,
+    wake: tokio::sync::Notify,
+    /// Where workers reach the public listener.
+    base_url: Mutex<String>,
+}
+
+type HmacSha256 = hmac::Hmac<sha2::Sha256>;
+
+impl Fleet {
+    pub fn new(
+        service: ContainerService,
+        runtime: Option<Arc<dyn Runtime>>,
+        dispatcher: Dispatcher,
+        config: FleetConfig,
+    ) -> Arc<Self> {
+        let runtime_error = if runtime.is_none() {
+            Some("no container runtime is configured (set DOCKER_HOST or start Docker or Podman)".to_owned())
+        } else {
+            None
+        };
+        Arc::new(Self {
+            base_url: Mutex::new(config.worker_base_url.clone()),
+            service,
+            runtime,
+            dispatcher,
+            config,
+            sessions: tokio::sync::Mutex::new(HashMap::new()),
+            tracked: Mutex::new(HashMap::new()),
+            runtime_error: Mutex::new(runtime_error),
+            backoff: Mutex::new(HashMap::new()),
+            wake: tokio::sync::Notify::new(),
+        })
+    }
+
+    /// The public listener is bound at `addr`: workers reach it there
+    /// (over loopback when it listens on every address), unless
+    /// `worker_base_url` was configured.
+    pub fn listening_at(&self, addr: std::net::SocketAddr) {
+        let mut base = lock(&self.base_url);
+        if base.is_empty() {
+            let host = if addr.ip().is_unspecified() {
+                "127.0.0.1".to_owned()
+            } else if addr.is_ipv6() {
+                format!("[{}]", addr.ip())
+            } else {
+                addr.ip().to_string()
+            };
+            *base = format!("http://{host}:{}", addr.port());
+        }
+    }
+
+    pub fn service(&self) -> &ContainerService {
+        &self.service
+    }
+
+    pub fn runtime(&self) -> Option<&Arc<dyn Runtime>> {
+        self.runtime.as_ref()
+    }
+
+    /// Why containers cannot run now (the routes that need them answer 503).
+    pub fn unavailable(&self) -> Option<String> {
+        lock(&self.runtime_error).clone()
+    }
+
+    /// Checks the runtime now; the answer is also kept for [`Fleet::unavailable`].
+    pub async fn probe(&self) -> Option<String> {
+        let error = match &self.runtime {
+            None => Some("no container runtime is configured (set DOCKER_HOST or start Docker or Podman)".to_owned()),
+            Some(runtime) => runtime
+                .info()
+                .await
+                .err()
+                .map(|e| format!("the container runtime does not answer: {e}")),
+        };
+        *lock(&self.runtime_error) = error.clone();
+        error
+    }
+
+    /// Asks the reconciler to look now (a job was queued, an endpoint changed).
+    pub fn poke(&self) {
+        self.wake.notify_one();
+    }
+
+    /// The token worker `worker_id` of `endpoint_id` authenticates with.
+    pub fn worker_token(&self, endpoint_id: &str, worker_id: &str) -> String {
+        let mut mac = <HmacSha256 as KeyInit>::new_from_slice(&self.config.token_secret)
+            .unwrap_or_else(|_| unreachable!("HMAC takes any key length"));
+        mac.update(b"gantry worker token v1\0");
+        mac.update(endpoint_id.as_bytes());
+        mac.update(b"\0");
+        mac.update(worker_id.as_bytes());
+        let digest = mac.finalize().into_bytes();
+        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+        format!("gw_{hex}")
+    }
+
+    /// Whether `presented` (the raw `Authorization` value the SDK sends, or
+    /// a `Bearer` form) is the token of this worker; in constant time.
+    pub fn verify_worker(&self, endpoint_id: &str, worker_id: &str, presented: &str) -> bool {
+        let presented = presented.strip_prefix("Bearer ").unwrap_or(presented).trim();
+        let expected = self.worker_token(endpoint_id, worker_id);
+        presented.len() == expected.len()
+            && presented
+                .bytes()
+                .zip(expected.bytes())
+                .fold(0u8, |acc, (a, b)| acc | (a ^ b))
+                == 0
+    }
+
+    /// The protocol session of a worker, registered with the dispatcher on
+    /// its first call (and again if its lease ran out in between).
+    pub async fn session(&self, endpoint_id: &str, worker_id: &str) -> PolledWorker {
+        let mut sessions = self.sessions.lock().await;
+        if let Some(session) = sessions.get(worker_id).filter(|s| !s.is_closed()) {
+            return session.clone();
+        }
+        let session = self
+            .dispatcher
+            .attach_polled(worker_id, endpoint_id, "runpod-protocol")
+            .await;
+        sessions.insert(worker_id.to_owned(), session.clone());
+        if let Some(tracked) = lock(&self.tracked).get_mut(worker_id) {
+            tracked.seen = true;
+        }
+        session
+    }
+
+    /// The workers of an endpoint that have not ended.
+    pub async fn worker_views(&self, endpoint_id: &str) -> Result<Vec<WorkerView>, ContainerError> {
+        let records = self.service.open_workers(endpoint_id).await?;
+        let sessions = self.sessions.lock().await;
+        let tracked = lock(&self.tracked);
+        Ok(records
+            .into_iter()
+            .map(|record| {
+                let session = sessions.get(&record.id).filter(|s| !s.is_closed());
+                let running = session.map(PolledWorker::running).unwrap_or_default();
+                let seen = session.is_some() || tracked.get(&record.id).is_some_and(|t| t.seen);
+                let status = if record.reason.is_some() && !seen {
+                    "UNHEALTHY"
+                } else if !seen {
+                    "INITIALIZING"
+                } else if running.is_empty() {
+                    "IDLE"
+                } else {
+                    "RUNNING"
+                };
+                WorkerView {
+                    id: record.id,
+                    status,
+                    version: u32::try_from(record.version).unwrap_or(0),
+                    image: record.image,
+                    gpu_count: u32::try_from(record.gpu_count).unwrap_or(0),
+                    started_at_ms: record.created_at_ms,
+                    reason: record.reason,
+                    running_jobs: running,
+                }
+            })
+            .collect())
+    }
+
+    /// Reconciles until `shutdown` resolves: every tick, or at once when
+    /// poked. Workers are left running at shutdown (the next start finds
+    /// them by their labels and adopts or removes them).
+    pub async fn run(self: Arc<Self>, shutdown: impl std::future::Future<Output = ()>) {
+        tokio::pin!(shutdown);
+        loop {
+            if self.hold_lease().await {
+                if let Err(error) = self.reconcile().await {
+                    tracing::warn!(%error, "serverless reconcile failed");
+                }
+                if let Err(error) = self.service.accrue_workers(now_ms()).await {
+                    tracing::warn!(%error, "charging worker time failed");
+                }
+            }
+            tokio::select! {
+                () = &mut shutdown => return,
+                () = self.wake.notified() => {}
+                () = tokio::time::sleep(self.config.tick) => {}
+            }
+        }
+    }
+
+    /// Takes or renews the `fleet` lease (three ticks long, at least 10 s).
+    async fn hold_lease(&self) -> bool {
+        let db = self.service.db();
+        let now = now_ms();
+        let until =
+            now + i64::try_from((self.config.tick * 3).max(Duration::from_secs(10)).as_millis()).unwrap_or(10_000);
+        let backend = db.get_database_backend();
+        let (p1, p2, p3, p4) = if backend == DbBackend::Postgres {
+            ("$1", "$2", "$3", "$4")
+        } else {
+            ("?", "?", "?", "?")
+        };
+        let sql = format!(
+            "INSERT INTO leases (name, holder, until_ms) VALUES ('fleet', {p1}, {p2}) \
+             ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, until_ms = excluded.until_ms \
+             WHERE leases.holder = {p3} OR leases.until_ms < {p4}"
+        );
+        let values: Vec<sea_orm::Value> = vec![
+            self.config.instance.clone().into(),
+            until.into(),
+            self.config.instance.clone().into(),
+            now.into(),
+        ];
+        match db
+            .execute_raw(Statement::from_sql_and_values(backend, sql, values))
+            .await
+        {
+            Ok(result) => result.rows_affected() == 1,
+            Err(error) => {
+                tracing::warn!(%error, "the fleet lease could not be taken");
+                false
+            }
+        }
+    }
+
+    /// One look at every endpoint and every container.
+    pub async fn reconcile(&self) -> Result<(), ContainerError> {
+        let Some(runtime) = self.runtime.clone() else {
+            return Ok(());
+        };
+        let containers = match runtime.list(&[(LABEL_KIND.to_owned(), "worker".to_owned())]).await {
+            Ok(list) => {
+                *lock(&self.runtime_error) = None;
+                list
+            }
+            Err(error) => {
+                *lock(&self.runtime_error) = Some(format!("the container runtime does not answer: {error}"));
+                return Ok(());
+            }
+        };
+        let mut by_worker: HashMap<String, RuntimeContainer> = containers
+            .into_iter()
+            .filter_map(|c| c.labels.get(LABEL_WORKER).cloned().map(|w| (w, c)))
+            .collect();
+        let endpoints = self.service.endpoints_to_reconcile().await?;
+        let mut known: Vec<String> = Vec::new();
+        for endpoint in &endpoints {
+            let workers = self.service.open_workers(&endpoint.id).await?;
+            known.extend(workers.iter().map(|w| w.id.clone()));
+            self.reconcile_endpoint(&runtime, endpoint, workers, &mut by_worker)
+                .await?;
+        }
+        // Containers with our labels and no open record: left by a crash
+        // between a container's start and its record, or after its end.
+        for (worker_id, container) in by_worker {
+            if !known.contains(&worker_id) {
+                tracing::info!(%worker_id, container = %container.name, "removing a worker container with no record");
+                let _ = runtime.remove(&container.id).await;
+                self.forget(&worker_id).await;
+            }
+        }
+        Ok(())
+    }
+
+    async fn reconcile_endpoint(
+        &self,
+        runtime: &Arc<dyn Runtime>,
+        endpoint: &EndpointRecord,
+        workers: Vec<WorkerRecord>,
+        containers: &mut HashMap<String, RuntimeContainer>,
+    ) -> Result<(), ContainerError> {
+        let mut alive: Vec<WorkerRecord> = Vec::new();
+        for worker in workers {
+            match containers.get(&worker.id) {
+                Some(c) if c.state == ContainerState::Running || c.state == ContainerState::Created => {
+                    alive.push(worker);
+                }
+                Some(c) => {
+                    let reason = match c.exit_code {
+                        Some(code) => format!("container exited with status {code}"),
+                        None => format!("container is {:?}", c.state),
+                    };
+                    self.end(runtime, &worker.id, &c.id, &reason).await?;
+                    containers.remove(&worker.id);
+                }
+                None => {
+                    // Its record exists but the container never started
+                    // (a failed pull) or was removed behind our back.
+                    let reason = worker.reason.clone().unwrap_or_else(|| "container is gone".to_owned());
+                    self.service.end_worker(&worker.id, now_ms(), &reason).await?;
+                    self.forget(&worker.id).await;
+                }
+            }
+        }
+        // What each live worker is doing.
+        let now = Instant::now();
+        let mut idle: Vec<(String, Duration, bool)> = Vec::new(); // (id, idle for, stale)
+        let mut busy = 0usize;
+        let mut jobs_on_workers = 0u64;
+        {
+            let sessions = self.sessions.lock().await;
+            let mut tracked = lock(&self.tracked);
+            for worker in &alive {
+                let session = sessions.get(&worker.id).filter(|s| !s.is_closed());
+                let entry = tracked.entry(worker.id.clone()).or_insert_with(|| Tracked {
+                    idle_since: Some(now),
+                    started: now,
+                    seen: session.is_some(),
+                    draining: false,
+                });
+                entry.seen |= session.is_some();
+                let held = session.map_or(0, PolledWorker::load);
+                jobs_on_workers += held as u64;
+                if held > 0 {
+                    entry.idle_since = None;
+                    busy += 1;
+                } else {
+                    let since = *entry.idle_since.get_or_insert(now);
+                    let stale = worker.version < endpoint.version as i32;
+                    idle.push((worker.id.clone(), now.duration_since(since), stale));
+                }
+            }
+        }
+        // Jobs not on a worker yet: queued, or claimed by the scheduler and
+        // waiting for a worker's take.
+        let (outstanding, oldest_wait) = queue_of(self.service.db(), &endpoint.id).await?;
+        let queued = outstanding.saturating_sub(jobs_on_workers);
+        let oldest_wait = if queued == 0 { Duration::ZERO } else { oldest_wait };
+        let spec = &endpoint.spec;
+        let current = alive.len() as u64;
+        let wanted = if endpoint.deleted {
+            0
+        } else {
+            let want = match spec.scaling {
+                Scaling::RequestCount { request_count } => {
+                    (queued + busy as u64).div_ceil(u64::from(request_count.max(1)))
+                }
+                Scaling::QueueDelay { queue_delay } => {
+                    if queued == 0 {
+                        busy as u64
+                    } else if current == 0 || oldest_wait.as_secs_f64() >= queue_delay {
+                        // Jobs wait: one more worker per queued job beyond
+                        // the ones already there, so a burst is met at once.
+                        current.max(busy as u64 + queued)
+                    } else {
+                        current
+                    }
+                }
+            };
+            want.clamp(u64::from(spec.workers.min), u64::from(spec.workers.max))
+        };
+        // Stale idle workers go first (a rollout), then the longest idle
+        // past the idle timeout, down to what is wanted. A worker that never
+        // called in within the start timeout is replaced.
+        let idle_timeout = Duration::from_secs(u64::from(spec.workers.idle_timeout.unwrap_or(5)));
+        let mut removable: Vec<String> = Vec::new();
+        let mut keep = current;
+        idle.sort_by(|a, b| b.2.cmp(&a.2).then(b.1.cmp(&a.1)));
+        for (id, idle_for, stale) in &idle {
+            let never_seen = {
+                let tracked = lock(&self.tracked);
+                tracked
+                    .get(id)
+                    .is_some_and(|t| !t.seen && now.duration_since(t.started) > self.config.start_timeout)
+            };
+            if *stale || never_seen || endpoint.deleted || (keep > wanted && *idle_for >= idle_timeout) {
+                removable.push(id.clone());
+                keep -= 1;
+            }
+        }
+        for id in &removable {
+            if let Some(container) = containers.remove(id) {
+                self.end(runtime, id, &container.id, "scaled down").await?;
+            }
+        }
+        // Busy stale workers take no new jobs; they go once idle.
+        for worker in &alive {
+            if worker.version < endpoint.version as i32 || endpoint.deleted {
+                let mut tracked = lock(&self.tracked);
+                if let Some(t) = tracked.get_mut(&worker.id)
+                    && !t.draining
+                {
+                    t.draining = true;
+                    drop(tracked);
+                    self.dispatcher.drain(&worker.id);
+                }
+            }
+        }
+        let fresh = alive
+            .iter()
+            .filter(|w| !removable.contains(&w.id) && w.version == endpoint.version as i32)
+            .count() as u64;
+        if !endpoint.deleted && fresh < wanted {
+            let backing_off = lock(&self.backoff)
+                .get(&endpoint.id)
+                .is_some_and(|at| at.elapsed() < Duration::from_secs(30));
+            if !backing_off {
+                for _ in fresh..wanted {
+                    if !self.start_worker(runtime, endpoint).await? {
+                        break;
+                    }
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// Starts one worker of the endpoint's current version; false if it
+    /// could not (the reason is on the worker's record and in its logs).
+    async fn start_worker(
+        &self,
+        runtime: &Arc<dyn Runtime>,
+        endpoint: &EndpointRecord,
+    ) -> Result<bool, ContainerError> {
+        let spec = &endpoint.spec;
+        let worker_id = new_id("wk_");
+        let (gpu_count, hourly, memory_gb, vcpus) = self.compute_of(endpoint);
+        let now = now_ms();
+        self.service
+            .add_worker(WorkerRecord {
+                id: worker_id.clone(),
+                endpoint_id: endpoint.id.clone(),
+                user_id: endpoint.user_id.clone(),
+                version: endpoint.version as i32,
+                image: spec.container.image.clone(),
+                gpu_count: gpu_count as i32,
+                hourly_micro_usd: hourly,
+                created_at_ms: now,
+                billed_until_ms: now,
+                ended_at_ms: None,
+                reason: None,
+            })
+            .await?;
+        lock(&self.tracked).insert(
+            worker_id.clone(),
+            Tracked {
+                idle_since: Some(Instant::now()),
+                started: Instant::now(),
+                seen: false,
+                draining: false,
+            },
+        );
+        let auth = match &spec.container.registry {
+            Some(id) => match self.service.credentials(&endpoint.user_id, id).await {
+                Ok((username, password)) => Some(RegistryAuth {
+                    username,
+                    password,
+                    server: registry_host(&spec.container.image),
+                }),
+                Err(error) => {
+                    self.fail_start(&endpoint.id, &worker_id, &format!("registry credential {id}: {error}"))
+                        .await?;
+                    return Ok(false);
+                }
+            },
+            None => None,
+        };
+        if let Err(error) = runtime.ensure_image(&spec.container.image, auth.as_ref()).await {
+            self.fail_start(
+                &endpoint.id,
+                &worker_id,
+                &format!("image {} could not be pulled: {error}", spec.container.image),
+            )
+            .await?;
+            return Ok(false);
+        }
+        let container = self.container_spec(endpoint, &worker_id, gpu_count, memory_gb, vcpus);
+        match runtime.run(&container).await {
+            Ok(id) => {
+                tracing::info!(endpoint = %endpoint.id, %worker_id, container = %id, "worker started");
+                Ok(true)
+            }
+            Err(error) => {
+                self.fail_start(
+                    &endpoint.id,
+                    &worker_id,
+                    &format!("the container could not start: {error}"),
+                )
+                .await?;
+                Ok(false)
+            }
+        }
+    }
+
+    async fn fail_start(&self, endpoint_id: &str, worker_id: &str, reason: &str) -> Result<(), ContainerError> {
+        tracing::warn!(%endpoint_id, %worker_id, %reason, "worker did not start");
+        lock(&self.backoff).insert(endpoint_id.to_owned(), Instant::now());
+        self.service.end_worker(worker_id, now_ms(), reason).await?;
+        lock(&self.tracked).remove(worker_id);
+        Ok(())
+    }
+
+    /// Stops and removes a worker's container, ends its record (billing
+    /// stops there), and closes its session: a job it still held is
+    /// requeued by the dispatcher.
+    async fn end(
+        &self,
+        runtime: &Arc<dyn Runtime>,
+        worker_id: &str,
+        container: &str,
+        reason: &str,
+    ) -> Result<(), ContainerError> {
+        self.dispatcher.drain(worker_id);
+        let _ = runtime.stop(container, self.config.stop_grace).await;
+        if let Err(error) = runtime.remove(container).await {
+            tracing::warn!(%worker_id, %error, "worker container could not be removed");
+        }
+        self.service.end_worker(worker_id, now_ms(), reason).await?;
+        self.forget(worker_id).await;
+        tracing::info!(%worker_id, %reason, "worker removed");
+        Ok(())
+    }
+
+    async fn forget(&self, worker_id: &str) {
+        let session = self.sessions.lock().await.remove(worker_id);
+        if let Some(session) = session {
+            session.close().await;
+        }
+        lock(&self.tracked).remove(worker_id);
+    }
+
+    /// GPUs per worker, the hourly price, memory (GB) and vCPUs.
+    fn compute_of(&self, endpoint: &EndpointRecord) -> (u32, i64, u32, u32) {
+        let spec = &endpoint.spec;
+        if let Some(gpu) = &spec.gpu {
+            let price = self
+                .config
+                .gpus
+                .iter()
+                .filter(|g| gpu.pools.iter().any(|p| g.pool.as_deref() == Some(p.as_str())))
+                .filter(|g| !gpu.excluded_types.contains(&g.id))
+                .map(|g| g.price.serverless.unwrap_or(g.price.secure))
+                .fold(f64::INFINITY, f64::min);
+            let hourly = if price.is_finite() {
+                price * f64::from(gpu.count)
+            } else {
+                0.0
+            };
+            return (gpu.count, usd_to_micro(hourly), 0, 0);
+        }
+        let cpu = spec.cpu.as_ref().and_then(|list| list.first());
+        match cpu {
+            Some(cpu) => {
+                let per_vcpu = self
+                    .config
+                    .cpus
+                    .iter()
+                    .find(|c| c.id == cpu.id)
+                    .map_or(0.0, |c| c.price.serverless_per_vcpu);
+                (
+                    0,
+                    usd_to_micro(per_vcpu * f64::from(cpu.vcpu_count)),
+                    cpu.memory,
+                    cpu.vcpu_count,
+                )
+            }
+            None => (0, 0, 0, 0),
+        }
+    }
+
+    /// The container of one worker: the endpoint's image, args and env,
+    /// plus what the RunPod SDK reads to find this process.
+    pub fn container_spec(
+        &self,
+        endpoint: &EndpointRecord,
+        worker_id: &str,
+        gpu_count: u32,
+        memory_gb: u32,
+        vcpus: u32,
+    ) -> ContainerSpec {
+        let spec = &endpoint.spec;
+        let base = lock(&self.base_url).trim_end_matches('/').to_owned();
+        let base = base.as_str();
+        let ep = &endpoint.id;
+        let gpu = if gpu_count > 0 { "gpu" } else { "cpu" };
+        let mut env: Vec<(String, String)> = spec.container.env.iter().map(|(k, v)| (k.clone(), v.clone())).collect();
+        for (name, value) in self.protocol_env(ep, worker_id, base, gpu) {
+            env.retain(|(k, _)| k != &name);
+            env.push((name, value));
+        }
+        let mut labels = BTreeMap::new();
+        labels.insert(LABEL_KIND.to_owned(), "worker".to_owned());
+        labels.insert(LABEL_ID.to_owned(), endpoint.id.clone());
+        labels.insert(LABEL_OWNER.to_owned(), endpoint.user_id.clone());
+        labels.insert(LABEL_WORKER.to_owned(), worker_id.to_owned());
+        labels.insert(LABEL_VERSION.to_owned(), endpoint.version.to_string());
+        let args = split_args(&spec.container.args).unwrap_or_default();
+        ContainerSpec {
+            name: container_name(worker_id),
+            image: spec.container.image.clone(),
+            cmd: (!args.is_empty()).then_some(args),
+            env,
+            labels,
+            network: if self.config.host_network {
+                Network::Host
+            } else {
+                Network::Bridge {
+                    extra_hosts: vec!["host.docker.internal:host-gateway".to_owned()],
+                }
+            },
+            ports: Vec::new(),
+            memory_bytes: (memory_gb > 0).then(|| u64::from(memory_gb) << 30),
+            nano_cpus: (vcpus > 0).then(|| u64::from(vcpus) * 1_000_000_000),
+            gpus: gpu_count,
+            binds: Vec::new(),
+            stop_timeout_secs: Some(u32::try_from(self.config.stop_grace.as_secs()).unwrap_or(10)),
+            auto_remove: false,
+            tty: false,
+        }
+    }
+
+    /// The environment of the RunPod worker protocol (runpod-python reads it).
+    pub fn protocol_env(&self, endpoint_id: &str, worker_id: &str, base: &str, gpu: &str) -> Vec<(String, String)> {
+        let root = format!("{base}/v2/{endpoint_id}");
+        vec![
+            (
+                "RUNPOD_WEBHOOK_GET_JOB".into(),
+                format!("{root}/job-take/$ID?gpu={gpu}"),
+            ),
+            (
+                "RUNPOD_WEBHOOK_POST_OUTPUT".into(),
+                format!("{root}/job-done/$RUNPOD_POD_ID/$ID?gpu={gpu}"),
+            ),
+            (
+                "RUNPOD_WEBHOOK_POST_STREAM".into(),
+                format!("{root}/job-stream/$RUNPOD_POD_ID/$ID?gpu={gpu}"),
+            ),
+            (
+                "RUNPOD_WEBHOOK_PING".into(),
+                format!("{root}/ping/$RUNPOD_POD_ID?gpu={gpu}"),
+            ),
+            ("RUNPOD_POD_ID".into(), worker_id.to_owned()),
+            ("RUNPOD_POD_HOSTNAME".into(), worker_id.to_owned()),
+            ("RUNPOD_ENDPOINT_ID".into(), endpoint_id.to_owned()),
+            ("RUNPOD_AI_API_KEY".into(), self.worker_token(endpoint_id, worker_id)),
+            (
+                "RUNPOD_PING_INTERVAL".into(),
+                self.config.ping_interval.as_millis().to_string(),
+            ),
+            // The SDK's fitness checks dial 8.8.8.8 and need 4 GB of memory.
+            ("RUNPOD_SKIP_AUTO_SYSTEM_CHECKS".into(), "true".into()),
+            ("RUNPOD_SKIP_GPU_CHECK".into(), (gpu == "cpu").to_string()),
+        ]
+    }
+}
+
+/// The name of a worker's container.
+pub fn container_name(worker_id: &str) -> String {
+    format!("gantry-{}", worker_id.replace('_', "-"))
+}
+
+/// The registry host of an image reference (Docker Hub's when none is named).
+pub fn registry_host(image: &str) -> String {
+    match image.split_once('/') {
+        Some((first, _)) if first.contains('.') || first.contains(':') || first == "localhost" => first.to_owned(),
+        _ => "https://index.docker.io/v1/".to_owned(),
+    }
+}
+
+fn usd_to_micro(usd: f64) -> i64 {
+    if usd.is_finite() && usd > 0.0 {
+        (usd * 1e6).round() as i64
+    } else {
+        0
+    }
+}
+
+/// Jobs of the endpoint queued or running, and how long the oldest has been there.
+async fn queue_of(db: &sea_orm::DatabaseConnection, endpoint_id: &str) -> Result<(u64, Duration), ContainerError> {
+    let backend = db.get_database_backend();
+    let p = if backend == DbBackend::Postgres { "$1" } else { "?" };
+    let row = db
+        .query_one_raw(Statement::from_sql_and_values(
+            backend,
+            format!(
+                "SELECT COUNT(*), MIN(queued_at_ms) FROM jobs WHERE model = {p} \
+                 AND status IN ('IN_QUEUE', 'IN_PROGRESS')"
+            ),
+            [endpoint_id.into()],
+        ))
+        .await?;
+    let Some(row) = row else {
+        return Ok((0, Duration::ZERO));
+    };
+    let count: i64 = row.try_get_by_index(0)?;
+    let oldest: Option<i64> = row.try_get_by_index(1)?;
+    let waited = oldest.map_or(0, |at| (now_ms() - at).max(0));
+    Ok((
+        u64::try_from(count).unwrap_or(0),
+        Duration::from_millis(u64::try_from(waited).unwrap_or(0)),
+    ))
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
+}

@@ -1,0 +1,377 @@
+//! Workers that poll over HTTP instead of holding a gRPC stream.
+//!
+//! A user's container image speaks the RunPod worker protocol: it asks for
+//! jobs (`job-take`), posts results (`job-done`), streamed pieces
+//! (`job-stream`) and pings, and long-polls for jobs to stop (`job-stop`).
+//! A [`PolledWorker`] makes such a worker a registry entry like any gRPC
+//! worker, so assignment, leases, lost-worker requeues, cancellation and
+//! settlement are the same code for both: the registry sends its messages
+//! into a channel this module sorts (assignments for the next take, cancels
+//! for the next stop), and what the worker posts becomes the
+//! [`WorkerMessage`]s a stream would have carried.
+//!
+//! Credits follow the poller: a take of `n` grants the slots that bring the
+//! worker's outstanding credit (unused credit plus assignments not yet taken)
+//! up to `n`. A worker that stops polling keeps what it was granted until its
+//! lease runs out, and then its jobs are requeued like a lost stream's.
+
+use std::collections::{HashMap, VecDeque};
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use gantry_proto::v1::{
+    Assign, Cancelled, Failure, Hello, Progress, Result as ResultMessage, SchedulerMessage, SlotCredit, StreamChunk,
+    Usage, WorkerMessage, scheduler_message, worker_message::Kind,
+};
+use tokio::sync::{Notify, mpsc};
+
+use crate::registry::Inner;
+
+/// A job handed to a polling worker.
+#[derive(Debug, Clone, PartialEq)]
+pub struct TakenJob {
+    pub job_id: String,
+    /// The job's input, as JSON text.
+    pub input_json: String,
+}
+
+/// What a polling worker reported for a job it holds.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Report {
+    /// Not terminal: a progress update.
+    Progress(serde_json::Value),
+    /// Terminal: the job's output.
+    Output(serde_json::Value),
+    /// Terminal: the handler failed (not retried: the same input fails again).
+    Error(String),
+}
+
+/// One worker of the RunPod protocol, registered with the dispatcher. Cheap
+/// to clone; every clone is the same worker.
+#[derive(Clone)]
+pub struct PolledWorker {
+    shared: Arc<Shared>,
+}
+
+struct Shared {
+    inner: Arc<Inner>,
+    worker_id: String,
+    conn: u64,
+    state: Mutex<PollState>,
+    changed: Notify,
+}
+
+#[derive(Default)]
+struct PollState {
+    /// Assigned by the registry, not yet taken.
+    waiting: VecDeque<Assign>,
+    /// Taken jobs still running: job id -> (attempt, next chunk seq).
+    running: HashMap<String, (u32, u64)>,
+    /// Cancelled while running; the next stop poll hands them out.
+    stopping: Vec<String>,
+    draining: bool,
+    /// The registry dropped this worker (lease ran out, replaced, shut down).
+    closed: bool,
+}
+
+/// Why a polling worker's call had no effect.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum PollError {
+    /// The registry no longer has this worker: register it again.
+    #[error("worker is no longer registered")]
+    Closed,
+}
+
+impl PolledWorker {
+    pub(crate) async fn register(inner: &Arc<Inner>, worker_id: &str, model: &str, version: &str) -> Self {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let hello = Hello {
+            worker_id: worker_id.to_owned(),
+            models: vec![model.to_owned()],
+            // No credit until the worker asks for a job (each take grants it).
+            slots: 0,
+            gpu_name: String::new(),
+            gpu_memory_bytes: 0,
+            version: version.to_owned(),
+        };
+        let registration = inner.register(hello, tx).await;
+        let shared = Arc::new(Shared {
+            inner: Arc::clone(inner),
+            worker_id: worker_id.to_owned(),
+            conn: registration.conn,
+            state: Mutex::new(PollState::default()),
+            changed: Notify::new(),
+        });
+        let weak = Arc::downgrade(&shared);
+        tokio::spawn(async move {
+            while let Some(message) = rx.recv().await {
+                let Some(shared) = weak.upgrade() else {
+                    return;
+                };
+                shared.sort(message).await;
+            }
+            if let Some(shared) = weak.upgrade() {
+                shared.lock().closed = true;
+                shared.changed.notify_waiters();
+            }
+        });
+        Self { shared }
+    }
+
+    pub fn worker_id(&self) -> &str {
+        &self.shared.worker_id
+    }
+
+    /// Whether the registry dropped this worker.
+    pub fn is_closed(&self) -> bool {
+        self.shared.lock().closed
+    }
+
+    /// Whether the worker is asked to take no more jobs.
+    pub fn is_draining(&self) -> bool {
+        self.shared.lock().draining
+    }
+
+    /// Ids of the jobs the worker has taken and not finished, sorted.
+    pub fn running(&self) -> Vec<String> {
+        let mut ids: Vec<String> = self.shared.lock().running.keys().cloned().collect();
+        ids.sort();
+        ids
+    }
+
+    /// Jobs assigned to the worker: taken and running, or waiting for its
+    /// next take.
+    pub fn load(&self) -> usize {
+        let state = self.shared.lock();
+        state.running.len() + state.waiting.len()
+    }
+
+    /// Any call of the worker: renews its lease.
+    pub fn touch(&self) -> Result<(), PollError> {
+        if self.shared.inner.touch(&self.shared.worker_id, self.shared.conn) {
+            Ok(())
+        } else {
+            Err(PollError::Closed)
+        }
+    }
+
+    /// Up to `n` jobs, waiting at most `wait` for the first. Empty when none
+    /// came (or the worker is draining).
+    pub async fn take(&self, n: u32, wait: Duration) -> Result<Vec<TakenJob>, PollError> {
+        self.touch()?;
+        let n = n.max(1);
+        let (draining, buffered) = {
+            let state = self.shared.lock();
+            (state.draining, u32::try_from(state.waiting.len()).unwrap_or(u32::MAX))
+        };
+        // A draining worker gets no new credit, but still takes what was
+        // assigned to it before.
+        if !draining {
+            let have = self
+                .shared
+                .inner
+                .credits_of(&self.shared.worker_id, self.shared.conn)
+                .ok_or(PollError::Closed)?
+                .saturating_add(buffered);
+            if have < n {
+                self.shared.send(Kind::SlotCredit(SlotCredit { slots: n - have })).await;
+            }
+        }
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let notified = self.shared.changed.notified();
+            {
+                let mut state = self.shared.lock();
+                if state.closed {
+                    return Err(PollError::Closed);
+                }
+                if !state.waiting.is_empty() {
+                    let count = state.waiting.len().min(n as usize);
+                    let taken: Vec<Assign> = state.waiting.drain(..count).collect();
+                    for assign in &taken {
+                        state.running.insert(assign.job_id.clone(), (assign.attempt, 0));
+                    }
+                    return Ok(taken
+                        .into_iter()
+                        .map(|assign| TakenJob {
+                            job_id: assign.job_id,
+                            input_json: assign.input_json,
+                        })
+                        .collect());
+                }
+                if state.draining {
+                    return Ok(Vec::new());
+                }
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return Ok(Vec::new());
+            }
+        }
+    }
+
+    /// The jobs to stop, waiting at most `wait` for one. Each is settled as
+    /// cancelled here: the RunPod worker posts nothing for a stopped job.
+    pub async fn stops(&self, wait: Duration) -> Result<Vec<String>, PollError> {
+        self.touch()?;
+        let deadline = tokio::time::Instant::now() + wait;
+        loop {
+            let notified = self.shared.changed.notified();
+            let stopped: Vec<(String, u32)> = {
+                let mut state = self.shared.lock();
+                if state.closed {
+                    return Err(PollError::Closed);
+                }
+                let ids = std::mem::take(&mut state.stopping);
+                ids.into_iter()
+                    .filter_map(|id| state.running.remove(&id).map(|(attempt, _)| (id, attempt)))
+                    .collect()
+            };
+            if !stopped.is_empty() {
+                for (job_id, attempt) in &stopped {
+                    self.shared
+                        .send(Kind::Cancelled(Cancelled {
+                            job_id: job_id.clone(),
+                            attempt: *attempt,
+                        }))
+                        .await;
+                }
+                return Ok(stopped.into_iter().map(|(id, _)| id).collect());
+            }
+            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+                return Ok(Vec::new());
+            }
+        }
+    }
+
+    /// A report about job `job_id`. Returns whether the worker held it: a
+    /// repeated or late report is accepted and ignored, so the worker's own
+    /// retries never settle a job twice.
+    pub async fn report(&self, job_id: &str, report: Report) -> Result<bool, PollError> {
+        self.touch()?;
+        let attempt = {
+            let mut state = self.shared.lock();
+            match (&report, state.running.get(job_id).map(|(attempt, _)| *attempt)) {
+                (_, None) => return Ok(false),
+                (Report::Progress(_), Some(attempt)) => attempt,
+                (_, Some(attempt)) => {
+                    state.running.remove(job_id);
+                    attempt
+                }
+            }
+        };
+        let job_id = job_id.to_owned();
+        let kind = match report {
+            Report::Progress(message) => Kind::Progress(Progress {
+                job_id,
+                attempt,
+                message_json: message.to_string(),
+            }),
+            Report::Output(output) => Kind::Result(ResultMessage {
+                job_id,
+                attempt,
+                output_json: output.to_string(),
+                usage: Some(Usage {
+                    unit: "requests".into(),
+                    quantity_micros: 1_000_000,
+                }),
+                timings: None,
+                files: Vec::new(),
+            }),
+            Report::Error(error) => Kind::Failure(Failure {
+                job_id,
+                attempt,
+                error,
+                retryable: false,
+            }),
+        };
+        self.shared.send(kind).await;
+        Ok(true)
+    }
+
+    /// One streamed piece of a running job's output; false if the worker
+    /// does not hold the job.
+    pub async fn stream(&self, job_id: &str, output: serde_json::Value) -> Result<bool, PollError> {
+        self.touch()?;
+        let (attempt, seq) = {
+            let mut state = self.shared.lock();
+            let Some((attempt, next)) = state.running.get_mut(job_id) else {
+                return Ok(false);
+            };
+            let seq = *next;
+            *next += 1;
+            (*attempt, seq)
+        };
+        self.shared
+            .send(Kind::StreamChunk(StreamChunk {
+                job_id: job_id.to_owned(),
+                attempt,
+                seq,
+                output_json: output.to_string(),
+            }))
+            .await;
+        Ok(true)
+    }
+
+    /// Removes the worker (its container is gone): the jobs it held are
+    /// reported lost and requeued.
+    pub async fn close(&self) {
+        self.shared
+            .inner
+            .deregister(&self.shared.worker_id, self.shared.conn, None)
+            .await;
+        self.shared.lock().closed = true;
+        self.shared.changed.notify_waiters();
+    }
+}
+
+impl Shared {
+    fn lock(&self) -> MutexGuard<'_, PollState> {
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    async fn send(&self, kind: Kind) {
+        let message = WorkerMessage { kind: Some(kind) };
+        self.inner
+            .on_message(&self.worker_id, self.conn, message, Ok(Vec::new()))
+            .await;
+    }
+
+    /// Files one message of the registry where the worker's polls find it.
+    async fn sort(&self, message: Result<SchedulerMessage, tonic::Status>) {
+        let kind = match message {
+            Ok(SchedulerMessage { kind: Some(kind) }) => kind,
+            Ok(_) => return,
+            Err(status) => {
+                tracing::info!(worker_id = %self.worker_id, %status, "polling worker dropped");
+                self.lock().closed = true;
+                self.changed.notify_waiters();
+                return;
+            }
+        };
+        let mut unstarted = None;
+        {
+            let mut state = self.lock();
+            match kind {
+                scheduler_message::Kind::Assign(assign) => state.waiting.push_back(assign),
+                scheduler_message::Kind::Cancel(cancel) => {
+                    // Not taken yet: it never starts, and is cancelled at once.
+                    if let Some(index) = state.waiting.iter().position(|a| a.job_id == cancel.job_id) {
+                        unstarted = state.waiting.remove(index);
+                    } else if state.running.contains_key(&cancel.job_id) {
+                        state.stopping.push(cancel.job_id);
+                    }
+                }
+                scheduler_message::Kind::Drain(_) => state.draining = true,
+                scheduler_message::Kind::HelloAck(_) => {}
+            }
+        }
+        if let Some(assign) = unstarted {
+            self.send(Kind::Cancelled(Cancelled {
+                job_id: assign.job_id,
+                attempt: assign.attempt,
+            }))
+            .await;
+        }
+        self.changed.notify_waiters();
+    }
+}

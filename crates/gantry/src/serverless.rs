@@ -1,0 +1,155 @@
+//! Serverless endpoints in this process: the key that seals registry
+//! credentials and signs worker tokens, the container service, the runtime
+//! and the fleet that runs the workers.
+use std::path::Path;
+use std::sync::Arc;
+use std::time::Duration;
+
+use gantry_containers::{ContainerService, Fleet, FleetConfig, SecretBox};
+use gantry_dispatch::Dispatcher;
+use gantry_runtime::{Docker, Runtime};
+use sea_orm::DatabaseConnection;
+
+use crate::{Settings, StartError};
+
+/// The passphrases in effect: the configured ones, or the one kept in
+/// `<data_dir>/serverless.key` (made on first use, readable by its owner only).
+fn passphrases(settings: &Settings) -> Result<Vec<String>, StartError> {
+    let configured: Vec<String> = settings
+        .serverless
+        .keys
+        .iter()
+        .filter(|k| !k.is_empty())
+        .cloned()
+        .collect();
+    if !configured.is_empty() {
+        return Ok(configured);
+    }
+    let path = settings.data_dir.join("serverless.key");
+    Ok(vec![read_or_make_key(&path)?])
+}
+
+fn read_or_make_key(path: &Path) -> Result<String, StartError> {
+    if let Ok(text) = std::fs::read_to_string(path) {
+        let key = text.trim().to_owned();
+        if !key.is_empty() {
+            return Ok(key);
+        }
+    }
+    if let Some(parent) = path.parent() {
+        std::fs::create_dir_all(parent)?;
+    }
+    use rand::RngExt;
+    let bytes: [u8; 32] = rand::rng().random();
+    let key: String = bytes.iter().map(|b| format!("{b:02x}")).collect();
+    let mut options = std::fs::OpenOptions::new();
+    options.write(true).create_new(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        options.mode(0o600);
+    }
+    match options.open(path) {
+        Ok(mut file) => {
+            use std::io::Write;
+            file.write_all(key.as_bytes())?;
+            file.write_all(b"\n")?;
+            tracing::info!(path = %path.display(), "made the key that seals registry credentials");
+            Ok(key)
+        }
+        // Another process made it first: use theirs.
+        Err(error) if error.kind() == std::io::ErrorKind::AlreadyExists => {
+            Ok(std::fs::read_to_string(path)?.trim().to_owned())
+        }
+        Err(error) => Err(StartError::Io(error)),
+    }
+}
+
+/// The container service on `db`, with the configured sealing keys.
+pub fn container_service(settings: &Settings, db: DatabaseConnection) -> Result<ContainerService, StartError> {
+    let phrases = passphrases(settings)?;
+    let keys: Vec<[u8; 32]> = phrases.iter().map(|p| SecretBox::derive(p)).collect();
+    let (current, previous) = keys
+        .split_first()
+        .ok_or_else(|| StartError::Config("serverless.keys is empty".into()))?;
+    Ok(ContainerService::new(db, Arc::new(SecretBox::new(*current, previous))))
+}
+
+/// The container runtime the settings name, if one is configured.
+fn runtime(settings: &Settings) -> Result<Option<Arc<dyn Runtime>>, StartError> {
+    match settings.serverless.runtime.as_str() {
+        "none" => Ok(None),
+        "docker" => {
+            let docker = match settings.serverless.docker_host.as_deref().filter(|h| !h.is_empty()) {
+                Some(host) => Docker::connect(host),
+                None => Docker::from_env(),
+            };
+            match docker {
+                Ok(docker) => Ok(Some(Arc::new(docker))),
+                Err(error) => {
+                    tracing::warn!(%error, "no container engine found: serverless endpoints will answer 503");
+                    Ok(None)
+                }
+            }
+        }
+        other => Err(StartError::Config(format!(
+            "serverless.runtime must be docker or none (got {other:?})"
+        ))),
+    }
+}
+
+/// The fleet of a process that runs a scheduler; its base URL is set once
+/// the public listener is bound ([`Fleet::listening_at`]).
+pub async fn fleet(
+    settings: &Settings,
+    service: ContainerService,
+    dispatcher: Dispatcher,
+) -> Result<Arc<Fleet>, StartError> {
+    let s = &settings.serverless;
+    let network = match s.network.as_str() {
+        "host" => true,
+        "bridge" => false,
+        other => {
+            return Err(StartError::Config(format!(
+                "serverless.network must be host or bridge (got {other:?})"
+            )));
+        }
+    };
+    let phrases = passphrases(settings)?;
+    let token_secret = SecretBox::derive(&format!("worker tokens\0{}", phrases[0])).to_vec();
+    let heartbeat = Duration::from_millis(settings.scheduler.heartbeat_interval_ms.max(50));
+    let config = FleetConfig {
+        worker_base_url: s.worker_base_url.clone().unwrap_or_default(),
+        host_network: network,
+        token_secret,
+        // Pings renew the worker's lease (three heartbeat intervals).
+        ping_interval: heartbeat,
+        tick: Duration::from_millis(s.tick_ms.max(50)),
+        start_timeout: Duration::from_millis(s.start_timeout_ms.max(1000)),
+        stop_grace: Duration::from_millis(s.stop_grace_ms),
+        gpus: Arc::new(if settings.catalog.gpus.is_empty() {
+            gantry_catalog::default_gpus()
+        } else {
+            settings.catalog.gpus.clone()
+        }),
+        cpus: Arc::new(if settings.catalog.cpus.is_empty() {
+            gantry_catalog::default_cpus()
+        } else {
+            settings.catalog.cpus.clone()
+        }),
+        instance: format!("{}-{}", hostname(), std::process::id()),
+    };
+    let fleet = Fleet::new(service, runtime(settings)?, dispatcher, config);
+    if let Some(reason) = fleet.probe().await {
+        tracing::warn!(%reason, "serverless endpoints will answer 503 until the container runtime answers");
+    }
+    Ok(fleet)
+}
+
+fn hostname() -> String {
+    std::fs::read_to_string("/etc/hostname")
+        .map(|h| h.trim().to_owned())
+        .ok()
+        .filter(|h| !h.is_empty())
+        .unwrap_or_else(|| "gantry".into())
+}

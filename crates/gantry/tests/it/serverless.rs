@@ -1,0 +1,723 @@
+//! Users' own containers: templates, registry credentials and serverless
+//! endpoints through the management API, and endpoints' jobs run by the
+//! unmodified runpod-python worker SDK, as a host process and in Docker
+//! containers the fleet starts and stops.
+//!
+//! Needs a Docker engine with the test images (`DOCKER_HOST`; unset, the
+//! tests start a private one with `scripts/test-docker.sh start`, as root)
+//! and a venv with runpod-python (`scripts/test-docker.sh venv`).
+
+use std::path::PathBuf;
+use std::process::Stdio;
+use std::time::{Duration, Instant};
+
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use crate::harness::{Backend, TestApp, errors_of, problem};
+
+const WORKER_IMAGE: &str = "gantry-test/runpod-worker:1";
+
+/// Runs `scripts/test-docker.sh <command>` once per test process and
+/// returns the last line it printed.
+fn test_docker(command: &'static str) -> String {
+    static START: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    static VENV: std::sync::OnceLock<String> = std::sync::OnceLock::new();
+    let cell = if command == "start" { &START } else { &VENV };
+    cell.get_or_init(|| {
+        let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/test-docker.sh");
+        let out = std::process::Command::new("bash")
+            .arg(&script)
+            .arg(command)
+            .stdin(Stdio::null())
+            .stderr(Stdio::inherit())
+            .output()
+            .expect("bash runs");
+        let stdout = String::from_utf8_lossy(&out.stdout).into_owned();
+        assert!(
+            out.status.success(),
+            "`scripts/test-docker.sh {command}` failed: {stdout}"
+        );
+        stdout.lines().last().unwrap_or_default().trim().to_owned()
+    })
+    .clone()
+}
+
+/// The test engine: `DOCKER_HOST`, or the private one `scripts/test-docker.sh
+/// start` starts (with the test images imported).
+fn docker_host() -> String {
+    match std::env::var("DOCKER_HOST") {
+        Ok(host) if !host.is_empty() => host,
+        _ => {
+            let line = test_docker("start");
+            line.strip_prefix("DOCKER_HOST=").unwrap_or(&line).to_owned()
+        }
+    }
+}
+
+/// The Python of the venv with runpod-python 1.12.0 (made by
+/// `scripts/test-docker.sh venv` unless `GANTRY_TEST_RUNPOD_PYTHON` names one).
+fn runpod_python() -> PathBuf {
+    let path = match std::env::var_os("GANTRY_TEST_RUNPOD_PYTHON") {
+        Some(path) => PathBuf::from(path),
+        None => PathBuf::from(test_docker("venv")),
+    };
+    assert!(path.exists(), "{} is missing", path.display());
+    path
+}
+
+fn handler(name: &str) -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("../../scripts/runpod-handlers")
+        .join(name)
+}
+
+async fn spawn(backend: Backend) -> TestApp {
+    let host = docker_host();
+    TestApp::spawn_with(backend, move |settings| {
+        settings.serverless.docker_host = Some(host);
+        settings.serverless.tick_ms = 200;
+        settings.serverless.stop_grace_ms = 5_000;
+    })
+    .await
+}
+
+impl TestApp {
+    async fn create(&self, path: &str, key: &str, body: Value) -> Value {
+        let res = self.send_json(Method::POST, path, key, &body).await;
+        let status = res.status().as_u16();
+        let body: Value = res.json().await.unwrap();
+        assert_eq!(status, 201, "create {path}: {body}");
+        body
+    }
+
+    /// A CPU endpoint of `image` with the given workers and scaling.
+    async fn endpoint(&self, key: &str, image: &str, workers: Value) -> String {
+        let body = self
+            .create(
+                "/v2/serverless",
+                key,
+                json!({
+                    "name": "test endpoint",
+                    "type": "QUEUE",
+                    "image": image,
+                    "scaling": {"type": "QUEUE_DELAY", "queueDelay": 0.5},
+                    "workers": workers,
+                    "cpu": [{"id": "cpu3c", "vcpuCount": 2}],
+                }),
+            )
+            .await;
+        body["id"].as_str().unwrap().to_owned()
+    }
+
+    async fn endpoint_job(&self, endpoint: &str, key: &str, route: &str, input: Value) -> Value {
+        // A runsync waits for a worker that may still be starting: no
+        // client timeout shorter than the wait it asks for.
+        let res = crate::harness::http_client(Duration::from_secs(300))
+            .post(format!("{}/v2/{endpoint}/{route}", self.public_base))
+            .bearer_auth(key)
+            .json(&json!({"input": input}))
+            .send()
+            .await
+            .unwrap();
+        let status = res.status().as_u16();
+        let body: Value = res.json().await.unwrap();
+        assert_eq!(status, 200, "{route}: {body}");
+        body
+    }
+
+    async fn status_of(&self, endpoint: &str, key: &str, id: &str) -> Value {
+        let res = self
+            .client
+            .get(format!("{}/v2/{endpoint}/status/{id}", self.public_base))
+            .bearer_auth(key)
+            .send()
+            .await
+            .unwrap();
+        res.json().await.unwrap()
+    }
+
+    /// Polls a job until it is final (a generous bound: no speed is asserted).
+    async fn final_of(&self, endpoint: &str, key: &str, id: &str) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(180);
+        loop {
+            let view = self.status_of(endpoint, key, id).await;
+            if ["COMPLETED", "FAILED", "CANCELLED", "TIMED_OUT"].contains(&view["status"].as_str().unwrap_or("")) {
+                return view;
+            }
+            assert!(Instant::now() < deadline, "job {id} never ended: {view}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
+    async fn workers_of(&self, endpoint: &str, key: &str) -> Value {
+        self.get(&format!("/v2/serverless/{endpoint}/workers"), key)
+            .await
+            .json()
+            .await
+            .unwrap()
+    }
+}
+
+/// A runpod-python worker running `script` on this host, as worker
+/// `worker_id` of `endpoint`. Its process group (the SDK pings from a
+/// process of its own) is killed when it is dropped.
+struct HostWorker(tokio::process::Child);
+
+impl Drop for HostWorker {
+    fn drop(&mut self) {
+        if let Some(pid) = self.0.id() {
+            let _ = std::process::Command::new("kill")
+                .args(["-KILL", "--", &format!("-{pid}")])
+                .status();
+        }
+    }
+}
+
+fn host_worker(app: &TestApp, endpoint: &str, worker_id: &str, script: &str) -> HostWorker {
+    let env = app.fleet.protocol_env(endpoint, worker_id, &app.public_base, "cpu");
+    HostWorker(
+        tokio::process::Command::new(runpod_python())
+            .arg("-u")
+            .arg(handler(script))
+            .envs(env)
+            .stdout(Stdio::null())
+            .stderr(Stdio::null())
+            .process_group(0)
+            .kill_on_drop(true)
+            .spawn()
+            .expect("the runpod worker starts"),
+    )
+}
+
+#[tokio::test]
+async fn templates_registries_and_endpoints_round_trip_on_sqlite() {
+    round_trip(Backend::Sqlite).await;
+}
+
+#[tokio::test]
+async fn templates_registries_and_endpoints_round_trip_on_postgres() {
+    round_trip(Backend::Postgres).await;
+}
+
+async fn round_trip(backend: Backend) {
+    let app = spawn(backend).await;
+    let (_, key) = app.user_with_key("all").await;
+    let (_, other) = app.user_with_key("all").await;
+
+    // A registry credential: its secret parts are never shown, nor stored in the clear.
+    let registry = app
+        .create(
+            "/v2/registries",
+            &key,
+            json!({"name": "private", "username": "robot", "password": "s3cret-Passw0rd"}),
+        )
+        .await;
+    let registry_id = registry["id"].as_str().unwrap().to_owned();
+    assert_eq!(registry, json!({"id": registry_id, "name": "private"}));
+    let listed: Value = app.get("/v2/registries", &key).await.json().await.unwrap();
+    assert_eq!(listed["registries"], json!([registry]));
+    let db = sea_orm::Database::connect(&app.database_url).await.unwrap();
+    use sea_orm::ConnectionTrait;
+    let rows = db
+        .query_all_raw(sea_orm::Statement::from_string(
+            db.get_database_backend(),
+            "SELECT credential FROM registries",
+        ))
+        .await
+        .unwrap();
+    let sealed: String = rows[0].try_get_by_index(0).unwrap();
+    assert!(sealed.starts_with("v1:") && !sealed.contains("s3cret") && !sealed.contains("robot"));
+    assert_eq!(
+        app.get(&format!("/v2/registries/{registry_id}"), &other).await.status(),
+        404,
+        "another user's credential is not found"
+    );
+
+    // A serverless template.
+    let template = app
+        .create(
+            "/v2/templates",
+            &key,
+            json!({"name": "worker", "image": "gantry-test/runpod-worker:1", "serverless": true,
+                   "env": {"MODE": "template", "KEEP": "yes"}, "ports": ["8000/http"], "registry": registry_id}),
+        )
+        .await;
+    let template_id = template["id"].as_str().unwrap().to_owned();
+    assert_eq!(template["startSsh"], true, "{template}");
+    assert_eq!(template["category"], "NVIDIA");
+    assert_eq!(template["disk"], 20);
+    let patched: Value = app
+        .send_json(
+            Method::PATCH,
+            &format!("/v2/templates/{template_id}"),
+            &key,
+            &json!({"public": true}),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(patched["public"], true);
+    let catalog: Value = app.get("/v2/catalog/templates", &other).await.json().await.unwrap();
+    assert!(
+        catalog["templates"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|t| t["id"] == template_id.as_str())
+    );
+    assert_eq!(
+        app.get(&format!("/v2/templates/{template_id}"), &other).await.status(),
+        404
+    );
+
+    // An endpoint from the template: the body's env wins per key.
+    let endpoint = app
+        .create(
+            "/v2/serverless",
+            &key,
+            json!({"name": "ep", "type": "QUEUE", "templateId": template_id,
+                   "scaling": {"type": "REQUEST_COUNT", "requestCount": 2},
+                   "env": {"MODE": "body"}, "workers": {"min": 0, "max": 2}}),
+        )
+        .await;
+    let endpoint_id = endpoint["id"].as_str().unwrap().to_owned();
+    assert!(endpoint_id.starts_with("ep_"));
+    assert_eq!(endpoint["image"], "gantry-test/runpod-worker:1");
+    assert_eq!(endpoint["env"], json!({"KEEP": "yes", "MODE": "body"}));
+    assert_eq!(endpoint["registry"], registry_id.as_str());
+    assert_eq!(endpoint["version"], 1);
+    assert_eq!(endpoint["timeout"], 300000);
+    assert!(endpoint["cpu"].is_array(), "a CPU endpoint by default: {endpoint}");
+    assert!(
+        endpoint["requestUrls"]["runSync"]
+            .as_str()
+            .unwrap()
+            .ends_with(&format!("/v2/{endpoint_id}/runsync"))
+    );
+    assert!(
+        endpoint["workers"].get("idleTimeout").is_none(),
+        "not with request-count scaling"
+    );
+    // Used by the endpoint: neither the template nor the credential can go.
+    assert_eq!(
+        app.request(Method::DELETE, &format!("/v2/templates/{template_id}"), Some(&key))
+            .send()
+            .await
+            .unwrap()
+            .status(),
+        409
+    );
+    problem(
+        app.request(Method::DELETE, &format!("/v2/registries/{registry_id}"), Some(&key))
+            .send()
+            .await
+            .unwrap(),
+        409,
+    )
+    .await;
+
+    // A change of the image is a release; a rename is not.
+    let renamed: Value = app
+        .send_json(
+            Method::PATCH,
+            &format!("/v2/serverless/{endpoint_id}"),
+            &key,
+            &json!({"name": "renamed"}),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(
+        (renamed["name"].as_str(), renamed["version"].as_u64()),
+        (Some("renamed"), Some(1))
+    );
+    let changed: Value = app
+        .send_json(
+            Method::PATCH,
+            &format!("/v2/serverless/{endpoint_id}"),
+            &key,
+            &json!({"image": "gantry-test/busybox:1", "env": {"MODE": "v2"}}),
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(changed["version"], 2, "{changed}");
+    let releases: Value = app
+        .get(&format!("/v2/serverless/{endpoint_id}/releases"), &key)
+        .await
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(releases["endpointVersion"], 2);
+    let latest = &releases["releases"][0];
+    assert_eq!(latest["version"], 2);
+    let fields: Vec<&str> = latest["diff"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|d| d["field"].as_str().unwrap())
+        .collect();
+    assert_eq!(fields, ["image", "env"], "{latest}");
+    assert_eq!(latest["diff"][0]["old"], "gantry-test/runpod-worker:1");
+
+    // Tenants never see each other's endpoints, nor run jobs on them.
+    assert_eq!(
+        app.get(&format!("/v2/serverless/{endpoint_id}"), &other).await.status(),
+        404
+    );
+    let listed: Value = app.get("/v2/serverless", &other).await.json().await.unwrap();
+    assert_eq!(listed["endpoints"], json!([]));
+    let foreign = app
+        .client
+        .post(format!("{}/v2/{endpoint_id}/run", app.public_base))
+        .bearer_auth(&other)
+        .json(&json!({"input": {}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(foreign.status(), 404);
+
+    // Delete: gone, and then the template and credential are free.
+    let deleted = app
+        .request(Method::DELETE, &format!("/v2/serverless/{endpoint_id}"), Some(&key))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status(), 204);
+    assert_eq!(
+        app.get(&format!("/v2/serverless/{endpoint_id}"), &key).await.status(),
+        404
+    );
+    for path in [
+        format!("/v2/templates/{template_id}"),
+        format!("/v2/registries/{registry_id}"),
+    ] {
+        let res = app.request(Method::DELETE, &path, Some(&key)).send().await.unwrap();
+        assert_eq!(res.status(), 204, "{path}");
+    }
+    let delegations = app.get("/v2/registries/delegations", &key).await;
+    problem(delegations, 501).await;
+}
+
+#[tokio::test]
+async fn bad_endpoint_requests_say_every_problem_and_change_nothing() {
+    let app = spawn(Backend::Sqlite).await;
+    let (_, key) = app.user_with_key("all").await;
+    let res = app
+        .send_json(
+            Method::POST,
+            "/v2/serverless",
+            &key,
+            &json!({
+                "name": "bad",
+                "type": "QUEUE",
+                "image": "Not A/Valid::image",
+                "ports": ["70000/tcp", "22/sctp"],
+                "env": {"1BAD": "x", "NUL": "a\u{0}b", "NL": "a\nb"},
+                "scaling": {"type": "QUEUE_DELAY", "queueDelay": 1},
+                "workers": {"min": 5, "max": 2},
+                "registry": "reg_missing",
+                "networkVolumes": ["vol_missing"],
+                "cpu": [{"id": "cpu3c", "vcpuCount": 3}],
+            }),
+        )
+        .await;
+    let body = problem(res, 422).await;
+    let errors = errors_of(&body);
+    for field in [
+        "$.image",
+        "$.ports",
+        "$.env",
+        "$.workers",
+        "$.registry",
+        "$.networkVolumes",
+        "$.cpu[0].vcpuCount",
+    ] {
+        assert!(errors.iter().any(|e| e.starts_with(field)), "{field} in {errors:?}");
+    }
+    assert!(
+        errors.iter().filter(|e| e.starts_with("$.env")).count() >= 3,
+        "{errors:?}"
+    );
+    let res = app
+        .send_json(
+            Method::POST,
+            "/v2/serverless",
+            &key,
+            &json!({"name": "no image", "type": "QUEUE", "scaling": {"type": "REQUEST_COUNT", "requestCount": 1},
+                    "templateId": "tpl_missing"}),
+        )
+        .await;
+    let errors = errors_of(&problem(res, 422).await);
+    assert!(errors.iter().any(|e| e.starts_with("$.templateId")), "{errors:?}");
+    assert!(errors.iter().any(|e| e.starts_with("$.image")), "{errors:?}");
+    let res = app
+        .send_json(
+            Method::POST,
+            "/v2/serverless",
+            &key,
+            &json!({"name": "lb", "type": "LOAD_BALANCER", "image": "a:1", "scaling": {"type": "REQUEST_COUNT", "requestCount": 1}}),
+        )
+        .await;
+    problem(res, 422).await;
+    let listed: Value = app.get("/v2/serverless", &key).await.json().await.unwrap();
+    assert_eq!(listed["endpoints"], json!([]), "nothing was created");
+    // A read-only key reads, but does not write.
+    let (_, read_only) = app.user_with_key("read-only").await;
+    assert_eq!(app.get("/v2/serverless", &read_only).await.status(), 200);
+    let res = app
+        .send_json(
+            Method::POST,
+            "/v2/templates",
+            &read_only,
+            &json!({"name": "t", "image": "a:1"}),
+        )
+        .await;
+    problem(res, 403).await;
+}
+
+#[tokio::test]
+async fn without_a_container_engine_endpoints_answer_503_and_the_rest_works() {
+    let app = TestApp::spawn_with(Backend::Sqlite, |settings| {
+        settings.serverless.docker_host = Some("unix:///nonexistent/docker.sock".into());
+    })
+    .await;
+    let (_, key) = app.user_with_key("all").await;
+    let res = app
+        .send_json(
+            Method::POST,
+            "/v2/serverless",
+            &key,
+            &json!({"name": "x", "type": "QUEUE", "image": "a:1", "scaling": {"type": "REQUEST_COUNT", "requestCount": 1}}),
+        )
+        .await;
+    let body = problem(res, 503).await;
+    assert!(body["detail"].as_str().unwrap().contains("container runtime"), "{body}");
+    // Templates are only stored: they need no engine.
+    app.create("/v2/templates", &key, json!({"name": "t", "image": "a:1"}))
+        .await;
+    assert_eq!(app.get("/v2/network-volumes", &key).await.status(), 200);
+}
+
+/// The unmodified runpod-python SDK as a worker on this host: sync and
+/// async jobs, a failing handler, streaming, cancel, and a worker killed
+/// mid-job whose job is run again by another, exactly once.
+#[tokio::test]
+async fn the_runpod_sdk_runs_an_endpoints_jobs() {
+    let app = spawn(Backend::Sqlite).await;
+    let (_, key) = app.user_with_key("all").await;
+    // No containers: the workers are host processes.
+    let endpoint = app.endpoint(&key, WORKER_IMAGE, json!({"min": 0, "max": 0})).await;
+    let _worker = host_worker(&app, &endpoint, "wk_host1", "echo.py");
+
+    let done = app
+        .endpoint_job(&endpoint, &key, "runsync?wait=120000", json!({"x": 1}))
+        .await;
+    assert_eq!(done["status"], "COMPLETED", "{done}");
+    assert_eq!(done["output"]["echo"], json!({"x": 1}));
+    assert_eq!(done["output"]["worker"], "wk_host1");
+
+    let mut ids = Vec::new();
+    for i in 0..20 {
+        let queued = app.endpoint_job(&endpoint, &key, "run", json!({"i": i})).await;
+        ids.push(queued["id"].as_str().unwrap().to_owned());
+    }
+    for (i, id) in ids.iter().enumerate() {
+        let view = app.final_of(&endpoint, &key, id).await;
+        assert_eq!(view["status"], "COMPLETED", "{view}");
+        assert_eq!(view["output"]["echo"]["i"], i);
+    }
+
+    let failed = app
+        .endpoint_job(&endpoint, &key, "runsync?wait=120000", json!({"fail": true}))
+        .await;
+    assert_eq!(failed["status"], "FAILED", "{failed}");
+    assert!(failed["error"].as_str().unwrap().contains("asked to fail"), "{failed}");
+
+    // Cancel a running job: the SDK is told to stop it.
+    let long = app.endpoint_job(&endpoint, &key, "run", json!({"sleep": 60})).await;
+    let long_id = long["id"].as_str().unwrap().to_owned();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while app.status_of(&endpoint, &key, &long_id).await["status"] != "IN_PROGRESS" {
+        assert!(Instant::now() < deadline, "the long job never started");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let res = app
+        .client
+        .post(format!("{}/v2/{endpoint}/cancel/{long_id}", app.public_base))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 200);
+    assert_eq!(app.final_of(&endpoint, &key, &long_id).await["status"], "CANCELLED");
+    // The worker is free again.
+    let after = app
+        .endpoint_job(&endpoint, &key, "runsync?wait=120000", json!({"after": "cancel"}))
+        .await;
+    assert_eq!(after["status"], "COMPLETED", "{after}");
+
+    // A worker killed mid-job: its job goes back to the queue (once its
+    // lease lapses) and the next worker runs it, once.
+    let slow = app
+        .endpoint_job(&endpoint, &key, "run", json!({"sleep": 3, "tag": "survivor"}))
+        .await;
+    let slow_id = slow["id"].as_str().unwrap().to_owned();
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while app.status_of(&endpoint, &key, &slow_id).await["status"] != "IN_PROGRESS" {
+        assert!(Instant::now() < deadline, "the slow job never started");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    drop(_worker);
+    let _second = host_worker(&app, &endpoint, "wk_host2", "echo.py");
+    let view = app.final_of(&endpoint, &key, &slow_id).await;
+    assert_eq!(view["status"], "COMPLETED", "{view}");
+    assert_eq!(view["output"]["worker"], "wk_host2");
+    assert_eq!(view["output"]["echo"]["tag"], "survivor");
+    // Jobs on user endpoints are not charged per job (their workers' time is).
+    assert_eq!(view["output"].get("cost"), None);
+}
+
+#[tokio::test]
+async fn a_generator_handler_streams_its_output() {
+    let app = spawn(Backend::Sqlite).await;
+    let (_, key) = app.user_with_key("all").await;
+    let endpoint = app.endpoint(&key, WORKER_IMAGE, json!({"min": 0, "max": 0})).await;
+    let _worker = host_worker(&app, &endpoint, "wk_stream1", "stream.py");
+    let queued = app.endpoint_job(&endpoint, &key, "run", json!({"n": 5})).await;
+    let id = queued["id"].as_str().unwrap().to_owned();
+    let view = app.final_of(&endpoint, &key, &id).await;
+    assert_eq!(view["status"], "COMPLETED", "{view}");
+    let res = app
+        .client
+        .get(format!("{}/v2/{endpoint}/stream/{id}", app.public_base))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    let body: Value = res.json().await.unwrap();
+    let toks: Vec<Value> = body["stream"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|chunk| chunk["output"]["tok"].clone())
+        .collect();
+    assert_eq!(toks, (0..5).map(|i| json!(i)).collect::<Vec<_>>(), "{body}");
+}
+
+/// The whole path on Docker: an endpoint scales from 0 to its max as jobs
+/// queue and back to 0 when idle, a worker container killed mid-job loses
+/// no job, and every worker-second is charged once.
+#[tokio::test]
+async fn an_endpoint_on_docker_scales_with_its_queue_and_bills_worker_seconds() {
+    let app = spawn(Backend::Sqlite).await;
+    let (_, key) = app.user_with_key("all").await;
+    let endpoint = app
+        .endpoint(&key, WORKER_IMAGE, json!({"min": 0, "max": 2, "idleTimeout": 1}))
+        .await;
+    assert_eq!(
+        app.workers_of(&endpoint, &key).await["summary"]["total"],
+        0,
+        "none before a job"
+    );
+
+    let mut ids = Vec::new();
+    for i in 0..8 {
+        let queued = app
+            .endpoint_job(&endpoint, &key, "run", json!({"i": i, "sleep": 0.5}))
+            .await;
+        ids.push(queued["id"].as_str().unwrap().to_owned());
+    }
+    // It scales up to its max, and no further.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let mut most = 0;
+    loop {
+        let total = app.workers_of(&endpoint, &key).await["summary"]["total"]
+            .as_u64()
+            .unwrap();
+        most = most.max(total);
+        if most == 2 {
+            break;
+        }
+        assert!(Instant::now() < deadline, "never reached 2 workers (most {most})");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // A worker killed mid-job: its job is run again, and ends once.
+    let docker = gantry_runtime::Docker::connect(&docker_host()).unwrap();
+    use gantry_runtime::Runtime;
+    let victims = docker
+        .list(&[("gantry.id".to_owned(), endpoint.clone())])
+        .await
+        .unwrap();
+    assert!(!victims.is_empty());
+    docker.remove(&victims[0].id).await.unwrap();
+    for (i, id) in ids.iter().enumerate() {
+        let view = app.final_of(&endpoint, &key, id).await;
+        assert_eq!(view["status"], "COMPLETED", "{view}");
+        assert_eq!(view["output"]["echo"]["i"], i);
+    }
+    // Idle for longer than idleTimeout: back to zero.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while app.workers_of(&endpoint, &key).await["summary"]["total"] != 0 {
+        assert!(Instant::now() < deadline, "never scaled back to 0");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let left = docker
+        .list(&[("gantry.id".to_owned(), endpoint.clone())])
+        .await
+        .unwrap();
+    assert!(left.is_empty(), "containers left: {left:?}");
+
+    // Every worker's life is charged once, second by second, with no gap or overlap.
+    app.fleet
+        .service()
+        .accrue_workers(gantry_containers::service::now_ms())
+        .await
+        .unwrap();
+    let db = sea_orm::Database::connect(&app.database_url).await.unwrap();
+    use sea_orm::ConnectionTrait;
+    let workers = db
+        .query_all_raw(sea_orm::Statement::from_string(
+            db.get_database_backend(),
+            format!(
+                "SELECT id, created_at_ms, ended_at_ms, billed_until_ms, hourly_micro_usd FROM endpoint_workers WHERE endpoint_id = '{endpoint}'"
+            ),
+        ))
+        .await
+        .unwrap();
+    assert!(workers.len() >= 2, "{} workers", workers.len());
+    for row in &workers {
+        let id: String = row.try_get_by_index(0).unwrap();
+        let created: i64 = row.try_get_by_index(1).unwrap();
+        let ended: Option<i64> = row.try_get_by_index(2).unwrap();
+        let billed: i64 = row.try_get_by_index(3).unwrap();
+        let hourly: i64 = row.try_get_by_index(4).unwrap();
+        let ended = ended.expect("every worker ended");
+        assert_eq!(billed, ended, "worker {id} is charged up to its end");
+        let charges = db
+            .query_all_raw(sea_orm::Statement::from_string(
+                db.get_database_backend(),
+                format!(
+                    "SELECT quantity_micros, amount_micro_usd FROM ledger_entries WHERE job_id LIKE '{id}@%' AND unit = 'worker_seconds'"
+                ),
+            ))
+            .await
+            .unwrap();
+        let quantity: i64 = charges.iter().map(|r| r.try_get_by_index::<i64>(0).unwrap()).sum();
+        let amount: i64 = charges.iter().map(|r| r.try_get_by_index::<i64>(1).unwrap()).sum();
+        assert_eq!(
+            quantity,
+            (ended - created) * 1000,
+            "worker {id}: every millisecond once"
+        );
+        assert_eq!(
+            amount,
+            (i128::from(ended - created) * i128::from(hourly) / 3_600_000) as i64
+        );
+        assert!(hourly > 0, "a CPU worker has a price");
+    }
+}
