@@ -19,7 +19,7 @@ use crate::routes::{Endpoint, management_endpoints, public_endpoints};
         volumes::list, volumes::create, volumes::get, volumes::update, volumes::delete,
         catalog::list_data_centers, catalog::get_data_center,
         catalog::list_gpus, catalog::get_gpu, catalog::list_cpus, catalog::get_cpu,
-        billing::history, billing::endpoints, billing::network_volumes, billing::balance,
+        billing::history, billing::endpoints, billing::serverless, billing::network_volumes, billing::balance,
         serverless::catalog_templates, serverless::list_templates, serverless::create_template, serverless::get_template,
         serverless::update_template, serverless::delete_template,
         serverless::list_registries, serverless::create_registry, serverless::delegations, serverless::get_registry,
@@ -76,7 +76,7 @@ fn query_parameter_schema(path: &str, name: &str) -> Option<serde_json::Value> {
         "startTime" | "endTime" => json!({"type": "string", "format": "date-time"}),
         "bucketSize" => json!({"type": "string", "enum": ["hour", "day", "week", "month", "year"], "default": "day"}),
         "lastN" => json!({"type": "integer", "minimum": 1, "maximum": 10000}),
-        "networkVolumeId" => json!({"type": "string", "minLength": 1}),
+        "networkVolumeId" | "serverlessId" => json!({"type": "string", "minLength": 1}),
         "include" if path.starts_with("/v2/catalog/datacenters") => {
             json!({"type": "string", "enum": ["GPU_AVAILABILITY", "CPU_AVAILABILITY"]})
         }

@@ -117,6 +117,9 @@ pub fn management_endpoints() -> Vec<Endpoint> {
         keyed(Method::GET, "/v2/billing/endpoints", || {
             web::get().to(billing::endpoints)
         }),
+        keyed(Method::GET, "/v2/billing/serverless", || {
+            web::get().to(billing::serverless)
+        }),
         keyed(Method::GET, "/v2/billing/network-volumes", || {
             web::get().to(billing::network_volumes)
         }),

@@ -271,7 +271,8 @@ impl Window {
 pub async fn job_charges<C: ConnectionTrait>(db: &C, user: &str, window: &Window) -> Result<Vec<(i64, i64)>, DbErr> {
     let sql = placeholders(
         db.get_database_backend(),
-        "SELECT created_at, amount_micro_usd FROM ledger_entries WHERE user_id = ? AND created_at >= ? AND created_at < ?",
+        "SELECT created_at, amount_micro_usd FROM ledger_entries WHERE user_id = ? AND created_at >= ? AND created_at < ? \
+         AND unit NOT IN ('gpu_worker_seconds', 'cpu_worker_seconds')",
     );
     let rows = db
         .query_all_raw(Statement::from_sql_and_values(
@@ -282,6 +283,44 @@ pub async fn job_charges<C: ConnectionTrait>(db: &C, user: &str, window: &Window
         .await?;
     rows.iter()
         .map(|r| Ok((r.try_get_by_index(0)?, r.try_get_by_index(1)?)))
+        .collect()
+}
+
+/// Ledger units of serverless workers' time (GPU and CPU workers).
+pub const GPU_WORKER_SECONDS: &str = "gpu_worker_seconds";
+pub const CPU_WORKER_SECONDS: &str = "cpu_worker_seconds";
+
+/// A user's serverless worker charges in the window: (charged at ms,
+/// endpoint id, GPU worker?, micro-USD), optionally of one endpoint.
+pub async fn worker_charges<C: ConnectionTrait>(
+    db: &C,
+    user: &str,
+    window: &Window,
+    endpoint: Option<&str>,
+) -> Result<Vec<(i64, String, bool, i64)>, DbErr> {
+    let mut sql = String::from(
+        "SELECT created_at, model, unit, amount_micro_usd FROM ledger_entries WHERE user_id = ? \
+         AND unit IN ('gpu_worker_seconds', 'cpu_worker_seconds') AND created_at >= ? AND created_at < ?",
+    );
+    let mut values: Vec<sea_orm::Value> = vec![user.into(), window.start.into(), window.end.into()];
+    if let Some(endpoint) = endpoint {
+        sql.push_str(" AND model = ?");
+        values.push(endpoint.into());
+    }
+    let sql = placeholders(db.get_database_backend(), &sql);
+    let rows = db
+        .query_all_raw(Statement::from_sql_and_values(db.get_database_backend(), sql, values))
+        .await?;
+    rows.iter()
+        .map(|r| {
+            let unit: String = r.try_get_by_index(2)?;
+            Ok((
+                r.try_get_by_index(0)?,
+                r.try_get_by_index(1)?,
+                unit == GPU_WORKER_SECONDS,
+                r.try_get_by_index(3)?,
+            ))
+        })
         .collect()
 }
 

@@ -566,7 +566,12 @@ impl ContainerService {
                 user_id: row.user_id.clone(),
                 job_id: format!("{}@{}", row.id, row.billed_until_ms),
                 model: row.endpoint_id.clone(),
-                unit: "worker_seconds".into(),
+                unit: if row.gpu_count > 0 {
+                    gantry_billing::history::GPU_WORKER_SECONDS
+                } else {
+                    gantry_billing::history::CPU_WORKER_SECONDS
+                }
+                .into(),
                 quantity_micros: (until - row.billed_until_ms) * 1000,
                 amount_micro_usd: amount,
             };

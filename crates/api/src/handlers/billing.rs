@@ -51,6 +51,7 @@ pub async fn balance(state: web::Data<AppState>, caller: Caller) -> Result<HttpR
 struct HistoryQuery {
     window: Window,
     network_volume_id: Option<String>,
+    serverless_id: Option<String>,
 }
 
 const HISTORY_PARAMS: [&str; 4] = ["startTime", "endTime", "bucketSize", "lastN"];
@@ -61,6 +62,7 @@ fn history_query(req: &HttpRequest, extra: &[&str]) -> Result<HistoryQuery, ApiE
     let mut errors = Vec::new();
     let mut seen = std::collections::HashSet::new();
     let (mut start, mut end, mut last_n, mut bucket, mut volume) = (None, None, None, BucketSize::Day, None);
+    let mut serverless = None;
     for (key, value) in &pairs {
         if !seen.insert(key.as_str()) {
             errors.push(format!("{key}: given more than once"));
@@ -86,6 +88,8 @@ fn history_query(req: &HttpRequest, extra: &[&str]) -> Result<HistoryQuery, ApiE
             },
             "networkVolumeId" if value.is_empty() => errors.push("networkVolumeId: must not be empty".into()),
             "networkVolumeId" => volume = Some(value.clone()),
+            "serverlessId" if value.is_empty() => errors.push("serverlessId: must not be empty".into()),
+            "serverlessId" => serverless = Some(value.clone()),
             _ => {}
         }
     }
@@ -102,6 +106,7 @@ fn history_query(req: &HttpRequest, extra: &[&str]) -> Result<HistoryQuery, ApiE
     Ok(HistoryQuery {
         window,
         network_volume_id: volume,
+        serverless_id: serverless,
     })
 }
 
@@ -127,13 +132,11 @@ fn range(bucket: (i64, i64)) -> serde_json::Map<String, Value> {
 }
 
 /// The cost components of `GET /v2/billing` that Gantry has no resource for
-/// (pods, serverless workers, clusters): always 0.
-const ABSENT_COMPONENTS: [&str; 10] = [
+/// or does not charge (pods, clusters, serverless disk and fees): always 0.
+const ABSENT_COMPONENTS: [&str; 8] = [
     "podGpuAmount",
     "podCpuAmount",
     "podDiskAmount",
-    "serverlessGpuAmount",
-    "serverlessCpuAmount",
     "serverlessDiskAmount",
     "serverlessFeeAmount",
     "clusterGpuAmount",
@@ -141,13 +144,42 @@ const ABSENT_COMPONENTS: [&str; 10] = [
     "clusterNetworkingAmount",
 ];
 
-/// Sums per bucket, in micro-USD: (endpoint, standard storage, high-performance storage).
-type Sums = (i64, i64, i64);
+/// Sums per bucket, in micro-USD: endpoint (model jobs), standard storage,
+/// high-performance storage, serverless GPU workers, serverless CPU workers.
+#[derive(Clone, Copy, Default)]
+struct Sums {
+    endpoint: i64,
+    standard: i64,
+    high: i64,
+    serverless_gpu: i64,
+    serverless_cpu: i64,
+}
+
+impl std::ops::AddAssign for Sums {
+    fn add_assign(&mut self, other: Sums) {
+        self.endpoint += other.endpoint;
+        self.standard += other.standard;
+        self.high += other.high;
+        self.serverless_gpu += other.serverless_gpu;
+        self.serverless_cpu += other.serverless_cpu;
+    }
+}
 
 fn aggregate_amounts(sums: Sums) -> serde_json::Map<String, Value> {
-    let (endpoint, standard, high) = sums;
+    let Sums {
+        endpoint,
+        standard,
+        high,
+        serverless_gpu,
+        serverless_cpu,
+    } = sums;
     let mut amounts = serde_json::Map::new();
-    amounts.insert("totalAmount".into(), usd(endpoint + standard + high).into());
+    amounts.insert(
+        "totalAmount".into(),
+        usd(endpoint + standard + high + serverless_gpu + serverless_cpu).into(),
+    );
+    amounts.insert("serverlessGpuAmount".into(), usd(serverless_gpu).into());
+    amounts.insert("serverlessCpuAmount".into(), usd(serverless_cpu).into());
     for component in ABSENT_COMPONENTS {
         amounts.insert(component.into(), 0.0.into());
     }
@@ -159,8 +191,9 @@ fn aggregate_amounts(sums: Sums) -> serde_json::Map<String, Value> {
 
 #[utoipa::path(get, path = "/v2/billing", operation_id = "listBilling", tag = "Billing",
     description = "Total spend per time bucket, with its components: `endpointAmount` (model jobs), \
-`storageStandardAmount` and `storageHighPerformanceAmount` (network volumes); the pod, serverless and cluster \
-components are 0 (Gantry has none of those resources). See `/v2/billing/endpoints` for the query parameters.",
+`storageStandardAmount` and `storageHighPerformanceAmount` (network volumes), `serverlessGpuAmount` and \
+`serverlessCpuAmount` (serverless workers' time); the pod and cluster components and serverless disk and fees are 0 \
+(Gantry has no pods or clusters yet, and charges no disk or fee). See `/v2/billing/endpoints` for the query parameters.",
     params(
         ("startTime" = Option<String>, Query, description = "Start (RFC 3339), inclusive"),
         ("endTime" = Option<String>, Query, description = "End (RFC 3339), exclusive"),
@@ -173,28 +206,37 @@ pub async fn history(req: HttpRequest, state: web::Data<AppState>, caller: Calle
     let query = history_query(&req, &[])?;
     let window = query.window;
     let buckets = window.buckets();
-    let mut sums: Vec<Sums> = vec![(0, 0, 0); buckets.len()];
+    let mut sums: Vec<Sums> = vec![Sums::default(); buckets.len()];
     for (at, amount) in state.jobs.billing_job_charges(&user, &window).await? {
         if let Some(i) = window.index_of(&buckets, at) {
-            sums[i].0 += amount;
+            sums[i].endpoint += amount;
         }
     }
     for (at, _, tier, amount) in state.jobs.billing_storage_charges(&user, &window, None).await? {
         if let Some(i) = window.index_of(&buckets, at) {
             if tier == "HIGH_PERFORMANCE" {
-                sums[i].2 += amount;
+                sums[i].high += amount;
             } else {
-                sums[i].1 += amount;
+                sums[i].standard += amount;
+            }
+        }
+    }
+    for (at, _, gpu, amount) in state.jobs.billing_worker_charges(&user, &window, None).await? {
+        if let Some(i) = window.index_of(&buckets, at) {
+            if gpu {
+                sums[i].serverless_gpu += amount;
+            } else {
+                sums[i].serverless_cpu += amount;
             }
         }
     }
     let mut records = Vec::with_capacity(buckets.len());
-    let mut total: Sums = (0, 0, 0);
+    let mut total = Sums::default();
     for (bucket, sum) in buckets.iter().zip(&sums) {
         let mut record = range(*bucket);
         record.extend(aggregate_amounts(*sum));
         records.push(Value::Object(record));
-        total = (total.0 + sum.0, total.1 + sum.1, total.2 + sum.2);
+        total += *sum;
     }
     Ok(HttpResponse::Ok().json(json!({
         "records": records,
@@ -247,6 +289,81 @@ pub async fn endpoints(req: HttpRequest, state: web::Data<AppState>, caller: Cal
             "totals": {"totalAmount": usd(sums.iter().sum())},
         }
     })))
+}
+
+#[utoipa::path(get, path = "/v2/billing/serverless", operation_id = "listServerlessBilling", tag = "Billing",
+    description = "What the caller's serverless endpoints cost per time bucket: one record per endpoint per bucket \
+in which it was charged (each worker is charged per second while it exists, at the catalog's serverless price of its \
+GPUs or vCPUs), split into `gpuAmount` and `cpuAmount` (`diskAmount` and `feeAmount` are 0: not charged). \
+`serverlessId` keeps one endpoint (deleted ones included). See `/v2/billing/endpoints` for the other parameters.",
+    params(
+        ("startTime" = Option<String>, Query, description = "Start (RFC 3339), inclusive"),
+        ("endTime" = Option<String>, Query, description = "End (RFC 3339), exclusive"),
+        ("bucketSize" = Option<String>, Query, description = "hour, day, week, month or year (default day)"),
+        ("lastN" = Option<u64>, Query, description = "The last N buckets, ending with the current one"),
+        ("serverlessId" = Option<String>, Query, description = "One endpoint only"),
+    ),
+    responses((status = 200, description = "Records per endpoint and bucket, and totals")))]
+pub async fn serverless(
+    req: HttpRequest,
+    state: web::Data<AppState>,
+    caller: Caller,
+) -> Result<HttpResponse, ApiError> {
+    let user = caller.require(Scope::BillingRead)?.user_id.clone();
+    let query = history_query(&req, &["serverlessId"])?;
+    let window = query.window;
+    let buckets = window.buckets();
+    // (bucket, endpoint) -> (gpu, cpu)
+    let mut sums: std::collections::BTreeMap<(usize, String), (i64, i64)> = std::collections::BTreeMap::new();
+    let charges = state
+        .jobs
+        .billing_worker_charges(&user, &window, query.serverless_id.as_deref())
+        .await?;
+    for (at, endpoint, gpu, amount) in charges {
+        if let Some(i) = window.index_of(&buckets, at) {
+            let entry = sums.entry((i, endpoint)).or_default();
+            if gpu {
+                entry.0 += amount;
+            } else {
+                entry.1 += amount;
+            }
+        }
+    }
+    let mut endpoints = std::collections::BTreeSet::new();
+    let (mut gpu_total, mut cpu_total) = (0i64, 0i64);
+    let records: Vec<Value> = sums
+        .iter()
+        .map(|((i, endpoint), (gpu, cpu))| {
+            endpoints.insert(endpoint.clone());
+            gpu_total += gpu;
+            cpu_total += cpu;
+            let mut record = range(buckets[*i]);
+            record.extend(serverless_amounts(*gpu, *cpu));
+            record.insert("serverlessId".into(), endpoint.clone().into());
+            Value::Object(record)
+        })
+        .collect();
+    let mut echo = query_echo(&window);
+    echo["serverlessId"] = query.serverless_id.map_or(Value::Null, Value::String);
+    Ok(HttpResponse::Ok().json(json!({
+        "records": records,
+        "metadata": {
+            "query": echo,
+            "recordCount": records.len(),
+            "uniqueServerlessCount": endpoints.len(),
+            "totals": Value::Object(serverless_amounts(gpu_total, cpu_total)),
+        }
+    })))
+}
+
+fn serverless_amounts(gpu: i64, cpu: i64) -> serde_json::Map<String, Value> {
+    let mut amounts = serde_json::Map::new();
+    amounts.insert("totalAmount".into(), usd(gpu + cpu).into());
+    amounts.insert("gpuAmount".into(), usd(gpu).into());
+    amounts.insert("cpuAmount".into(), usd(cpu).into());
+    amounts.insert("diskAmount".into(), 0.0.into());
+    amounts.insert("feeAmount".into(), 0.0.into());
+    amounts
 }
 
 #[utoipa::path(get, path = "/v2/billing/network-volumes", operation_id = "listNetworkVolumeBilling", tag = "Billing",

@@ -690,6 +690,7 @@ async fn an_endpoint_on_docker_scales_with_its_queue_and_bills_worker_seconds() 
         .await
         .unwrap();
     assert!(workers.len() >= 2, "{} workers", workers.len());
+    let mut charged = 0i64;
     for row in &workers {
         let id: String = row.try_get_by_index(0).unwrap();
         let created: i64 = row.try_get_by_index(1).unwrap();
@@ -702,7 +703,7 @@ async fn an_endpoint_on_docker_scales_with_its_queue_and_bills_worker_seconds() 
             .query_all_raw(sea_orm::Statement::from_string(
                 db.get_database_backend(),
                 format!(
-                    "SELECT quantity_micros, amount_micro_usd FROM ledger_entries WHERE job_id LIKE '{id}@%' AND unit = 'worker_seconds'"
+                    "SELECT quantity_micros, amount_micro_usd FROM ledger_entries WHERE job_id LIKE '{id}@%' AND unit = 'cpu_worker_seconds'"
                 ),
             ))
             .await
@@ -719,5 +720,27 @@ async fn an_endpoint_on_docker_scales_with_its_queue_and_bills_worker_seconds() 
             (i128::from(ended - created) * i128::from(hourly) / 3_600_000) as i64
         );
         assert!(hourly > 0, "a CPU worker has a price");
+        charged += amount;
     }
+    // The billing history shows the same, as CPU serverless time.
+    let billed: Value = app
+        .get(
+            &format!("/v2/billing/serverless?serverlessId={endpoint}&bucketSize=hour&lastN=2"),
+            &key,
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    let totals = &billed["metadata"]["totals"];
+    assert_eq!(totals["cpuAmount"].as_f64(), Some(charged as f64 / 1e6), "{billed}");
+    assert_eq!(totals["gpuAmount"].as_f64(), Some(0.0));
+    assert_eq!(billed["metadata"]["uniqueServerlessCount"], 1);
+    assert!(
+        billed["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["serverlessId"] == endpoint.as_str())
+    );
 }
