@@ -77,6 +77,10 @@ fn query_parameter_schema(path: &str, name: &str) -> Option<serde_json::Value> {
         "bucketSize" => json!({"type": "string", "enum": ["hour", "day", "week", "month", "year"], "default": "day"}),
         "lastN" => json!({"type": "integer", "minimum": 1, "maximum": 10000}),
         "networkVolumeId" | "serverlessId" => json!({"type": "string", "minLength": 1}),
+        "source" => json!({"type": "string", "enum": ["container", "system", "all"], "default": "all"}),
+        "since" => json!({"type": "string", "format": "date-time"}),
+        "tail" => json!({"type": "integer", "minimum": 0, "maximum": 5000, "default": 100}),
+        "follow" => json!({"type": "boolean", "default": false}),
         "include" if path.starts_with("/v2/catalog/datacenters") => {
             json!({"type": "string", "enum": ["GPU_AVAILABILITY", "CPU_AVAILABILITY"]})
         }
@@ -116,8 +120,11 @@ fn tighten_parameters(doc: &mut serde_json::Value) {
             };
             for parameter in parameters {
                 if parameter["in"] == "header" && parameter["name"] == "Last-Event-ID" {
-                    // A chunk sequence number, as the events' `id` carry it.
-                    parameter["schema"] = serde_json::json!({"type": "string", "pattern": "^[0-9]{1,18}$"});
+                    // A chunk sequence number, or a log line's time in
+                    // nanoseconds, as the events' `id` carry it.
+                    let digits = if path.ends_with("/logs") { 19 } else { 18 };
+                    parameter["schema"] =
+                        serde_json::json!({"type": "string", "pattern": format!("^[0-9]{{1,{digits}}}$")});
                     continue;
                 }
                 if parameter["in"] != "query" {

@@ -104,6 +104,9 @@ pub struct Fleet {
     wake: tokio::sync::Notify,
     /// Where workers reach the public listener.
     base_url: Mutex<String>,
+    /// Workers being stopped and removed (in tasks of their own, so that a
+    /// container slow to stop holds up no other endpoint).
+    stopping: Mutex<std::collections::HashSet<String>>,
 }
 
 type HmacSha256 = hmac::Hmac<sha2::Sha256>;
@@ -122,6 +125,7 @@ impl Fleet {
         };
         Arc::new(Self {
             base_url: Mutex::new(config.worker_base_url.clone()),
+            stopping: Mutex::new(std::collections::HashSet::new()),
             service,
             runtime,
             dispatcher,
@@ -185,15 +189,7 @@ impl Fleet {
 
     /// The token worker `worker_id` of `endpoint_id` authenticates with.
     pub fn worker_token(&self, endpoint_id: &str, worker_id: &str) -> String {
-        let mut mac = <HmacSha256 as KeyInit>::new_from_slice(&self.config.token_secret)
-            .unwrap_or_else(|_| unreachable!("HMAC takes any key length"));
-        mac.update(b"gantry worker token v1\0");
-        mac.update(endpoint_id.as_bytes());
-        mac.update(b"\0");
-        mac.update(worker_id.as_bytes());
-        let digest = mac.finalize().into_bytes();
-        let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
-        format!("gw_{hex}")
+        worker_token(&self.config.token_secret, endpoint_id, worker_id)
     }
 
     /// Whether `presented` (the raw `Authorization` value the SDK sends, or
@@ -319,7 +315,7 @@ impl Fleet {
     }
 
     /// One look at every endpoint and every container.
-    pub async fn reconcile(&self) -> Result<(), ContainerError> {
+    pub async fn reconcile(self: &Arc<Self>) -> Result<(), ContainerError> {
         let Some(runtime) = self.runtime.clone() else {
             return Ok(());
         };
@@ -337,12 +333,23 @@ impl Fleet {
             .into_iter()
             .filter_map(|c| c.labels.get(LABEL_WORKER).cloned().map(|w| (w, c)))
             .collect();
+        // Three reads a look, however many endpoints: the endpoints, every
+        // open worker, and the queue of every endpoint.
         let endpoints = self.service.endpoints_to_reconcile().await?;
-        let mut known: Vec<String> = Vec::new();
+        let mut workers: HashMap<String, Vec<WorkerRecord>> = HashMap::new();
+        let mut known: std::collections::HashSet<String> = std::collections::HashSet::new();
+        for worker in self.service.every_open_worker().await? {
+            known.insert(worker.id.clone());
+            workers.entry(worker.endpoint_id.clone()).or_default().push(worker);
+        }
+        let queues = queues(self.service.db()).await?;
         for endpoint in &endpoints {
-            let workers = self.service.open_workers(&endpoint.id).await?;
-            known.extend(workers.iter().map(|w| w.id.clone()));
-            self.reconcile_endpoint(&runtime, endpoint, workers, &mut by_worker)
+            let open = workers.remove(&endpoint.id).unwrap_or_default();
+            let queue = queues.get(&endpoint.id).copied().unwrap_or((0, Duration::ZERO));
+            if open.is_empty() && queue.0 == 0 && endpoint.spec.workers.min == 0 {
+                continue; // idle and empty: nothing to do
+            }
+            self.reconcile_endpoint(&runtime, endpoint, open, queue, &mut by_worker)
                 .await?;
         }
         // Containers with our labels and no open record: left by a crash
@@ -358,14 +365,18 @@ impl Fleet {
     }
 
     async fn reconcile_endpoint(
-        &self,
+        self: &Arc<Self>,
         runtime: &Arc<dyn Runtime>,
         endpoint: &EndpointRecord,
         workers: Vec<WorkerRecord>,
+        (outstanding, oldest_wait): (u64, Duration),
         containers: &mut HashMap<String, RuntimeContainer>,
     ) -> Result<(), ContainerError> {
         let mut alive: Vec<WorkerRecord> = Vec::new();
         for worker in workers {
+            if lock(&self.stopping).contains(&worker.id) {
+                continue; // on its way out
+            }
             match containers.get(&worker.id) {
                 Some(c) if c.state == ContainerState::Running || c.state == ContainerState::Created => {
                     alive.push(worker);
@@ -418,7 +429,6 @@ impl Fleet {
         }
         // Jobs not on a worker yet: queued, or claimed by the scheduler and
         // waiting for a worker's take.
-        let (outstanding, oldest_wait) = queue_of(self.service.db(), &endpoint.id).await?;
         let queued = outstanding.saturating_sub(jobs_on_workers);
         let oldest_wait = if queued == 0 { Duration::ZERO } else { oldest_wait };
         let spec = &endpoint.spec;
@@ -589,20 +599,31 @@ impl Fleet {
     /// stops there), and closes its session: a job it still held is
     /// requeued by the dispatcher.
     async fn end(
-        &self,
+        self: &Arc<Self>,
         runtime: &Arc<dyn Runtime>,
         worker_id: &str,
         container: &str,
         reason: &str,
     ) -> Result<(), ContainerError> {
-        self.dispatcher.drain(worker_id);
-        let _ = runtime.stop(container, self.config.stop_grace).await;
-        if let Err(error) = runtime.remove(container).await {
-            tracing::warn!(%worker_id, %error, "worker container could not be removed");
+        if !lock(&self.stopping).insert(worker_id.to_owned()) {
+            return Ok(());
         }
-        self.service.end_worker(worker_id, now_ms(), reason).await?;
-        self.forget(worker_id).await;
-        tracing::info!(%worker_id, %reason, "worker removed");
+        self.dispatcher.drain(worker_id);
+        let (fleet, runtime) = (Arc::clone(self), Arc::clone(runtime));
+        let (worker_id, container, reason) = (worker_id.to_owned(), container.to_owned(), reason.to_owned());
+        tokio::spawn(async move {
+            let _ = runtime.stop(&container, fleet.config.stop_grace).await;
+            if let Err(error) = runtime.remove(&container).await {
+                tracing::warn!(%worker_id, %error, "worker container could not be removed");
+            }
+            // Billed up to here: the container is gone.
+            if let Err(error) = fleet.service.end_worker(&worker_id, now_ms(), &reason).await {
+                tracing::warn!(%worker_id, %error, "the worker's end could not be recorded; the next look ends it");
+            }
+            fleet.forget(&worker_id).await;
+            lock(&fleet.stopping).remove(&worker_id);
+            tracing::info!(%worker_id, %reason, "worker removed");
+        });
         Ok(())
     }
 
@@ -706,37 +727,69 @@ impl Fleet {
 
     /// The environment of the RunPod worker protocol (runpod-python reads it).
     pub fn protocol_env(&self, endpoint_id: &str, worker_id: &str, base: &str, gpu: &str) -> Vec<(String, String)> {
-        let root = format!("{base}/v2/{endpoint_id}");
-        vec![
-            (
-                "RUNPOD_WEBHOOK_GET_JOB".into(),
-                format!("{root}/job-take/$ID?gpu={gpu}"),
-            ),
-            (
-                "RUNPOD_WEBHOOK_POST_OUTPUT".into(),
-                format!("{root}/job-done/$RUNPOD_POD_ID/$ID?gpu={gpu}"),
-            ),
-            (
-                "RUNPOD_WEBHOOK_POST_STREAM".into(),
-                format!("{root}/job-stream/$RUNPOD_POD_ID/$ID?gpu={gpu}"),
-            ),
-            (
-                "RUNPOD_WEBHOOK_PING".into(),
-                format!("{root}/ping/$RUNPOD_POD_ID?gpu={gpu}"),
-            ),
-            ("RUNPOD_POD_ID".into(), worker_id.to_owned()),
-            ("RUNPOD_POD_HOSTNAME".into(), worker_id.to_owned()),
-            ("RUNPOD_ENDPOINT_ID".into(), endpoint_id.to_owned()),
-            ("RUNPOD_AI_API_KEY".into(), self.worker_token(endpoint_id, worker_id)),
-            (
-                "RUNPOD_PING_INTERVAL".into(),
-                self.config.ping_interval.as_millis().to_string(),
-            ),
-            // The SDK's fitness checks dial 8.8.8.8 and need 4 GB of memory.
-            ("RUNPOD_SKIP_AUTO_SYSTEM_CHECKS".into(), "true".into()),
-            ("RUNPOD_SKIP_GPU_CHECK".into(), (gpu == "cpu").to_string()),
-        ]
+        worker_env(
+            &self.config.token_secret,
+            endpoint_id,
+            worker_id,
+            base,
+            gpu,
+            self.config.ping_interval,
+        )
     }
+}
+
+/// The token worker `worker_id` of `endpoint_id` authenticates with: an
+/// HMAC of both under `secret`, so only that worker of that endpoint can use it.
+pub fn worker_token(secret: &[u8], endpoint_id: &str, worker_id: &str) -> String {
+    let mut mac =
+        <HmacSha256 as KeyInit>::new_from_slice(secret).unwrap_or_else(|_| unreachable!("HMAC takes any key length"));
+    mac.update(b"gantry worker token v1\0");
+    mac.update(endpoint_id.as_bytes());
+    mac.update(b"\0");
+    mac.update(worker_id.as_bytes());
+    let digest = mac.finalize().into_bytes();
+    let hex: String = digest.iter().map(|b| format!("{b:02x}")).collect();
+    format!("gw_{hex}")
+}
+
+/// The environment of the RunPod worker protocol for worker `worker_id` of
+/// `endpoint_id`, reaching Gantry's public listener at `base`; `gpu` is
+/// `gpu` or `cpu` (runpod-python reads all of it).
+pub fn worker_env(
+    secret: &[u8],
+    endpoint_id: &str,
+    worker_id: &str,
+    base: &str,
+    gpu: &str,
+    ping_interval: Duration,
+) -> Vec<(String, String)> {
+    let root = format!("{}/v2/{endpoint_id}", base.trim_end_matches('/'));
+    vec![
+        (
+            "RUNPOD_WEBHOOK_GET_JOB".into(),
+            format!("{root}/job-take/$ID?gpu={gpu}"),
+        ),
+        (
+            "RUNPOD_WEBHOOK_POST_OUTPUT".into(),
+            format!("{root}/job-done/$RUNPOD_POD_ID/$ID?gpu={gpu}"),
+        ),
+        (
+            "RUNPOD_WEBHOOK_POST_STREAM".into(),
+            format!("{root}/job-stream/$RUNPOD_POD_ID/$ID?gpu={gpu}"),
+        ),
+        (
+            "RUNPOD_WEBHOOK_PING".into(),
+            format!("{root}/ping/$RUNPOD_POD_ID?gpu={gpu}"),
+        ),
+        ("RUNPOD_POD_ID".into(), worker_id.to_owned()),
+        ("RUNPOD_POD_HOSTNAME".into(), worker_id.to_owned()),
+        ("RUNPOD_ENDPOINT_ID".into(), endpoint_id.to_owned()),
+        ("RUNPOD_AI_API_KEY".into(), worker_token(secret, endpoint_id, worker_id)),
+        ("RUNPOD_PING_INTERVAL".into(), ping_interval.as_millis().to_string()),
+        // The SDK's fitness checks dial 8.8.8.8 and need 4 GB of memory.
+        ("RUNPOD_SKIP_AUTO_SYSTEM_CHECKS".into(), "true".into()),
+        ("RUNPOD_SKIP_GPU_CHECK".into(), (gpu == "cpu").to_string()),
+    ]
 }
 
 /// The name of a worker's container.
@@ -760,30 +813,33 @@ fn usd_to_micro(usd: f64) -> i64 {
     }
 }
 
-/// Jobs of the endpoint queued or running, and how long the oldest has been there.
-async fn queue_of(db: &sea_orm::DatabaseConnection, endpoint_id: &str) -> Result<(u64, Duration), ContainerError> {
+/// Per endpoint with any: its jobs queued or running, and how long the
+/// oldest has been there.
+async fn queues(db: &sea_orm::DatabaseConnection) -> Result<HashMap<String, (u64, Duration)>, ContainerError> {
     let backend = db.get_database_backend();
-    let p = if backend == DbBackend::Postgres { "$1" } else { "?" };
-    let row = db
-        .query_one_raw(Statement::from_sql_and_values(
+    let rows = db
+        .query_all_raw(Statement::from_string(
             backend,
-            format!(
-                "SELECT COUNT(*), MIN(queued_at_ms) FROM jobs WHERE model = {p} \
-                 AND status IN ('IN_QUEUE', 'IN_PROGRESS')"
-            ),
-            [endpoint_id.into()],
+            "SELECT model, COUNT(*), MIN(queued_at_ms) FROM jobs \
+             WHERE status IN ('IN_QUEUE', 'IN_PROGRESS') AND substr(model, 1, 3) = 'ep_' GROUP BY model",
         ))
         .await?;
-    let Some(row) = row else {
-        return Ok((0, Duration::ZERO));
-    };
-    let count: i64 = row.try_get_by_index(0)?;
-    let oldest: Option<i64> = row.try_get_by_index(1)?;
-    let waited = oldest.map_or(0, |at| (now_ms() - at).max(0));
-    Ok((
-        u64::try_from(count).unwrap_or(0),
-        Duration::from_millis(u64::try_from(waited).unwrap_or(0)),
-    ))
+    let now = now_ms();
+    let mut out = HashMap::new();
+    for row in rows {
+        let model: String = row.try_get_by_index(0)?;
+        let count: i64 = row.try_get_by_index(1)?;
+        let oldest: Option<i64> = row.try_get_by_index(2)?;
+        let waited = oldest.map_or(0, |at| (now - at).max(0));
+        out.insert(
+            model,
+            (
+                u64::try_from(count).unwrap_or(0),
+                Duration::from_millis(u64::try_from(waited).unwrap_or(0)),
+            ),
+        );
+    }
+    Ok(out)
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {

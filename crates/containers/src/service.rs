@@ -514,6 +514,16 @@ impl ContainerService {
             .await?)
     }
 
+    /// Every worker that has not ended, of every endpoint.
+    pub async fn every_open_worker(&self) -> Result<Vec<WorkerRecord>, ContainerError> {
+        Ok(worker::Entity::find()
+            .filter(worker::Column::EndedAtMs.is_null())
+            .order_by_asc(worker::Column::CreatedAtMs)
+            .order_by_asc(worker::Column::Id)
+            .all(&self.db)
+            .await?)
+    }
+
     /// Every worker of an endpoint, ended or not.
     pub async fn all_workers(&self, endpoint_id: &str) -> Result<Vec<WorkerRecord>, ContainerError> {
         Ok(worker::Entity::find()

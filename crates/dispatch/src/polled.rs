@@ -12,8 +12,10 @@
 //!
 //! Credits follow the poller: a take of `n` grants the slots that bring the
 //! worker's outstanding credit (unused credit plus assignments not yet taken)
-//! up to `n`. A worker that stops polling keeps what it was granted until its
-//! lease runs out, and then its jobs are requeued like a lost stream's.
+//! up to `n`, and takes back what is unused when it returns, so jobs go only
+//! to workers waiting for them. A worker that stops polling keeps the jobs
+//! assigned to it until its lease runs out, and then they are requeued like a
+//! lost stream's.
 
 use std::collections::{HashMap, VecDeque};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
@@ -177,6 +179,15 @@ impl PolledWorker {
                 self.shared.send(Kind::SlotCredit(SlotCredit { slots: n - have })).await;
             }
         }
+        // Credit lives only while a take waits (the guard takes it back
+        // however the take ends, its request dropped included): a worker busy
+        // with what it took, or sleeping before its next take, must not be
+        // handed jobs that would wait for it while other workers poll.
+        let _revoke = Revoke(&self.shared);
+        self.wait_for_jobs(n, wait).await
+    }
+
+    async fn wait_for_jobs(&self, n: u32, wait: Duration) -> Result<Vec<TakenJob>, PollError> {
         let deadline = tokio::time::Instant::now() + wait;
         loop {
             let notified = self.shared.changed.notified();
@@ -324,6 +335,15 @@ impl PolledWorker {
     }
 }
 
+/// Takes back a worker's unused credit when dropped.
+struct Revoke<'a>(&'a Shared);
+
+impl Drop for Revoke<'_> {
+    fn drop(&mut self) {
+        self.0.inner.revoke_credits(&self.0.worker_id, self.0.conn);
+    }
+}
+
 impl Shared {
     fn lock(&self) -> MutexGuard<'_, PollState> {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
@@ -373,5 +393,127 @@ impl Shared {
             .await;
         }
         self.changed.notify_waiters();
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #![allow(clippy::unwrap_used, clippy::expect_used)]
+    use std::time::Duration;
+
+    use serde_json::json;
+
+    use crate::{Assignment, DispatchConfig, Dispatcher, Event, Report};
+
+    const MODEL: &str = "ep_test";
+
+    async fn next_job_event(events: &mut tokio::sync::mpsc::Receiver<Event>) -> Event {
+        loop {
+            let event = tokio::time::timeout(Duration::from_secs(10), events.recv())
+                .await
+                .expect("an event in time")
+                .expect("events open");
+            if !matches!(event, Event::CapacityAvailable { .. }) {
+                return event;
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_take_grants_credit_and_reports_become_events() {
+        let (dispatcher, mut events) = Dispatcher::new(DispatchConfig::new("secret"));
+        let worker = dispatcher.attach_polled("wk_1", MODEL, "test").await;
+        // No credit before the worker asks.
+        let job = Assignment::new("job-1", 1, MODEL, json!({"x": 1}));
+        assert!(dispatcher.assign(job.clone()).is_err());
+        // A take grants one slot; the job assigned then is what it returns.
+        let taker = {
+            let worker = worker.clone();
+            tokio::spawn(async move { worker.take(1, Duration::from_secs(10)).await })
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while dispatcher.assign(job.clone()).is_err() {
+            assert!(tokio::time::Instant::now() < deadline, "no credit was granted");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        let taken = taker.await.unwrap().unwrap();
+        assert_eq!(taken.len(), 1);
+        assert_eq!(taken[0].job_id, "job-1");
+        assert_eq!(worker.running(), vec!["job-1".to_string()]);
+        // Progress is not terminal; the output is, once.
+        assert!(worker.report("job-1", Report::Progress(json!("half"))).await.unwrap());
+        assert!(matches!(next_job_event(&mut events).await, Event::Progress { .. }));
+        assert!(worker.stream("job-1", json!({"tok": 0})).await.unwrap());
+        assert!(matches!(next_job_event(&mut events).await, Event::Chunk { seq: 0, .. }));
+        assert!(
+            worker
+                .report("job-1", Report::Output(json!({"ok": true})))
+                .await
+                .unwrap()
+        );
+        match next_job_event(&mut events).await {
+            Event::Completed { job_id, output, .. } => {
+                assert_eq!(job_id, "job-1");
+                assert_eq!(output, json!({"ok": true}));
+            }
+            other => panic!("expected a completion, got {other:?}"),
+        }
+        // The SDK's retry of the same post changes nothing.
+        assert!(
+            !worker
+                .report("job-1", Report::Output(json!({"ok": true})))
+                .await
+                .unwrap()
+        );
+        assert!(worker.running().is_empty());
+    }
+
+    /// Assigns `job` to `worker` through a take in flight, as the scheduler does.
+    async fn take_one(dispatcher: &Dispatcher, worker: &crate::PolledWorker, job: &str) {
+        let taker = {
+            let worker = worker.clone();
+            tokio::spawn(async move { worker.take(1, Duration::from_secs(10)).await })
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while dispatcher.assign(Assignment::new(job, 1, MODEL, json!({}))).is_err() {
+            assert!(tokio::time::Instant::now() < deadline, "no credit was granted");
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+        assert_eq!(taker.await.unwrap().unwrap()[0].job_id, job);
+    }
+
+    #[tokio::test]
+    async fn cancels_reach_the_stop_poll_and_a_closed_worker_loses_its_jobs() {
+        let (dispatcher, mut events) = Dispatcher::new(DispatchConfig::new("secret"));
+        let worker = dispatcher.attach_polled("wk_2", MODEL, "test").await;
+        take_one(&dispatcher, &worker, "a").await;
+        // Credit does not outlive the take: nothing more is assigned now.
+        assert!(dispatcher.assign(Assignment::new("x", 1, MODEL, json!({}))).is_err());
+        // Cancelling a running job hands it to the stop poll, and settles it.
+        dispatcher.cancel("a", "user");
+        assert_eq!(
+            worker.stops(Duration::from_secs(5)).await.unwrap(),
+            vec!["a".to_string()]
+        );
+        match next_job_event(&mut events).await {
+            Event::Cancelled { job_id, .. } => assert_eq!(job_id, "a"),
+            other => panic!("expected a cancelled, got {other:?}"),
+        }
+        // A job held when the worker is closed is reported lost (to be requeued).
+        take_one(&dispatcher, &worker, "c").await;
+        assert_eq!(worker.load(), 1);
+        worker.close().await;
+        match next_job_event(&mut events).await {
+            Event::WorkerLost {
+                worker_id,
+                running_job_ids,
+            } => {
+                assert_eq!(worker_id, "wk_2");
+                assert_eq!(running_job_ids, vec!["c".to_string()]);
+            }
+            other => panic!("expected the worker lost, got {other:?}"),
+        }
+        assert!(worker.is_closed());
+        assert!(worker.take(1, Duration::from_millis(1)).await.is_err());
     }
 }

@@ -137,6 +137,14 @@ impl Inner {
         }
     }
 
+    /// Takes back the unused credit of stream `conn` of `worker_id`.
+    pub(crate) fn revoke_credits(&self, worker_id: &str, conn: u64) {
+        let mut state = self.state();
+        if let Some(entry) = state.workers.get_mut(worker_id).filter(|entry| entry.conn == conn) {
+            entry.credits = 0;
+        }
+    }
+
     /// The unused credit of stream `conn` of `worker_id`.
     pub(crate) fn credits_of(&self, worker_id: &str, conn: u64) -> Option<u32> {
         let state = self.state();

@@ -13,6 +13,7 @@ mod api_role;
 mod database;
 mod scheduler_role;
 mod serverless;
+pub use serverless::worker_env;
 mod settings;
 mod workers;
 

@@ -57,6 +57,29 @@ enum Command {
     /// Manage API keys.
     #[command(subcommand)]
     Keys(KeysCommand),
+    /// Serverless endpoints.
+    #[command(subcommand)]
+    Endpoints(EndpointsCommand),
+}
+
+#[derive(Subcommand)]
+enum EndpointsCommand {
+    /// Print the environment (KEY=VALUE lines) that makes a RunPod worker
+    /// (runpod-python) a worker of an endpoint, to run it outside the
+    /// containers Gantry starts: on another machine, or under a debugger.
+    WorkerEnv {
+        /// The endpoint's id (`ep_…`).
+        endpoint: String,
+        /// The worker's id (default: a new one).
+        #[arg(long)]
+        worker_id: Option<String>,
+        /// Where the worker reaches the public listener (default: http://<public_addr>).
+        #[arg(long)]
+        base_url: Option<String>,
+        /// The worker has GPUs.
+        #[arg(long)]
+        gpu: bool,
+    },
 }
 
 #[derive(Subcommand)]
@@ -154,7 +177,10 @@ fn main() -> ExitCode {
         }
     };
     // Admin commands print their answer; only problems belong on stderr.
-    let quiet = matches!(cli.command, Command::Users(_) | Command::Keys(_) | Command::Migrate);
+    let quiet = matches!(
+        cli.command,
+        Command::Users(_) | Command::Keys(_) | Command::Migrate | Command::Endpoints(_)
+    );
     let with_http = matches!(cli.command, Command::Serve | Command::Api);
     let runtime = match tokio::runtime::Builder::new_multi_thread()
         .worker_threads(settings.runtime_threads(with_http))
@@ -301,6 +327,19 @@ async fn run(command: Command, settings: Settings) -> CliResult {
             users(cmd, db).await
         }
         Command::Keys(cmd) => keys(cmd, auth_service(&settings).await?).await,
+        Command::Endpoints(EndpointsCommand::WorkerEnv {
+            endpoint,
+            worker_id,
+            base_url,
+            gpu,
+        }) => {
+            let worker_id = worker_id.unwrap_or_else(|| gantry_containers::service::new_id("wk_"));
+            let base = base_url.unwrap_or_else(|| format!("http://{}", settings.public_addr));
+            for (name, value) in gantry::worker_env(&settings, &endpoint, &worker_id, &base, gpu)? {
+                println!("{name}={value}");
+            }
+            Ok(())
+        }
     }
 }
 

@@ -98,6 +98,37 @@ fn runtime(settings: &Settings) -> Result<Option<Arc<dyn Runtime>>, StartError> 
     }
 }
 
+/// The secret worker tokens are signed with (stable across restarts: it
+/// comes from the serverless key).
+fn token_secret(settings: &Settings) -> Result<Vec<u8>, StartError> {
+    let phrases = passphrases(settings)?;
+    Ok(SecretBox::derive(&format!("worker tokens\0{}", phrases[0])).to_vec())
+}
+
+/// The heartbeat interval of the scheduler, which a worker's pings must beat.
+fn ping_interval(settings: &Settings) -> Duration {
+    Duration::from_millis(settings.scheduler.heartbeat_interval_ms.max(50))
+}
+
+/// The RunPod environment of worker `worker_id` of `endpoint_id`
+/// (`gantry endpoints worker-env`).
+pub fn worker_env(
+    settings: &Settings,
+    endpoint_id: &str,
+    worker_id: &str,
+    base: &str,
+    gpu: bool,
+) -> Result<Vec<(String, String)>, StartError> {
+    Ok(gantry_containers::fleet::worker_env(
+        &token_secret(settings)?,
+        endpoint_id,
+        worker_id,
+        base,
+        if gpu { "gpu" } else { "cpu" },
+        ping_interval(settings),
+    ))
+}
+
 /// The fleet of a process that runs a scheduler; its base URL is set once
 /// the public listener is bound ([`Fleet::listening_at`]).
 pub async fn fleet(
@@ -115,15 +146,12 @@ pub async fn fleet(
             )));
         }
     };
-    let phrases = passphrases(settings)?;
-    let token_secret = SecretBox::derive(&format!("worker tokens\0{}", phrases[0])).to_vec();
-    let heartbeat = Duration::from_millis(settings.scheduler.heartbeat_interval_ms.max(50));
     let config = FleetConfig {
         worker_base_url: s.worker_base_url.clone().unwrap_or_default(),
         host_network: network,
-        token_secret,
+        token_secret: token_secret(settings)?,
         // Pings renew the worker's lease (three heartbeat intervals).
-        ping_interval: heartbeat,
+        ping_interval: ping_interval(settings),
         tick: Duration::from_millis(s.tick_ms.max(50)),
         start_timeout: Duration::from_millis(s.start_timeout_ms.max(1000)),
         stop_grace: Duration::from_millis(s.stop_grace_ms),

@@ -1360,6 +1360,7 @@ struct LogEvent<'a> {
         ("follow" = Option<bool>, Query, description = "Keep streaming new lines"),
         ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event")),
     responses((status = 200, description = "The log as Server-Sent Events", content_type = "text/event-stream", body = String),
+        (status = 400, description = "Bad query parameters or Last-Event-ID, every failure listed", body = crate::problem::Problem, content_type = "application/problem+json"),
         (status = 503, description = "No container runtime", body = crate::problem::Problem, content_type = "application/problem+json")))]
 pub async fn worker_logs(
     state: web::Data<AppState>,

@@ -175,7 +175,13 @@ impl Drop for HostWorker {
 }
 
 fn host_worker(app: &TestApp, endpoint: &str, worker_id: &str, script: &str) -> HostWorker {
-    let env = app.fleet.protocol_env(endpoint, worker_id, &app.public_base, "cpu");
+    spawn_worker(
+        app.fleet.protocol_env(endpoint, worker_id, &app.public_base, "cpu"),
+        script,
+    )
+}
+
+fn spawn_worker(env: Vec<(String, String)>, script: &str) -> HostWorker {
     HostWorker(
         tokio::process::Command::new(runpod_python())
             .arg("-u")
@@ -587,7 +593,40 @@ async fn a_generator_handler_streams_its_output() {
     let app = spawn(Backend::Sqlite).await;
     let (_, key) = app.user_with_key("all").await;
     let endpoint = app.endpoint(&key, WORKER_IMAGE, json!({"min": 0, "max": 0})).await;
-    let _worker = host_worker(&app, &endpoint, "wk_stream1", "stream.py");
+    // The worker's environment as an operator gets it, from the command line.
+    let out = crate::cli::gantry(
+        &app,
+        &[
+            "endpoints",
+            "worker-env",
+            &endpoint,
+            "--worker-id",
+            "wk_stream1",
+            "--base-url",
+            &app.public_base,
+        ],
+    );
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let env: Vec<(String, String)> = String::from_utf8(out.stdout)
+        .unwrap()
+        .lines()
+        .filter_map(|line| line.split_once('=').map(|(k, v)| (k.to_owned(), v.to_owned())))
+        .collect();
+    // The same as the platform's own, but for the ping interval: the
+    // command line reads the default heartbeat, this app runs a shorter one.
+    let ours = app.fleet.protocol_env(&endpoint, "wk_stream1", &app.public_base, "cpu");
+    let differ: Vec<&str> = env
+        .iter()
+        .zip(&ours)
+        .filter(|(a, b)| a != b)
+        .map(|((name, _), _)| name.as_str())
+        .collect();
+    assert_eq!(
+        (env.len(), differ),
+        (ours.len(), vec!["RUNPOD_PING_INTERVAL"]),
+        "{env:?}"
+    );
+    let _worker = spawn_worker(ours, "stream.py");
     let queued = app.endpoint_job(&endpoint, &key, "run", json!({"n": 5})).await;
     let id = queued["id"].as_str().unwrap().to_owned();
     let view = app.final_of(&endpoint, &key, &id).await;
