@@ -186,25 +186,47 @@ fn report_of(body: Value) -> Report {
     }
 }
 
+/// What a worker posts about one of its jobs: `job-done` or `job-stream`.
+enum Post {
+    Done,
+    Stream,
+}
+
+/// Reads a worker's post about a job and hands it to its session. A post
+/// about a job the worker no longer holds (repeated, or late) is answered
+/// 200 and changes nothing, so the SDK's retries never settle a job twice.
+async fn posted(
+    state: &AppState,
+    path: (String, String, String),
+    req: &HttpRequest,
+    payload: web::Payload,
+    post: Post,
+) -> Result<HttpResponse, ApiError> {
+    let (endpoint_id, worker_id, job_id) = path;
+    let (_, session) = session(state, req, &endpoint_id, &worker_id)
+        .await
+        .map_err(|reason| ApiError::Unauthorized(reason.into()))?;
+    let body = json_body(payload).await?;
+    let accepted = match post {
+        Post::Done => session.report(&job_id, report_of(body)).await,
+        Post::Stream => {
+            let output = body.get("output").cloned().unwrap_or(body);
+            session.stream(&job_id, output).await
+        }
+    }
+    .map_err(|_| ApiError::Unavailable("the worker's session ended; the job was requeued".into()))?;
+    Ok(HttpResponse::Ok().json(json!({"accepted": accepted})))
+}
+
 /// `POST /v2/{endpoint}/job-done/{worker}/{job}`: the job's result, its
-/// error, or (`status: IN_PROGRESS`) its progress. Idempotent: a repeated
-/// or late post is answered 200 and changes nothing.
+/// error, or (`status: IN_PROGRESS`) its progress.
 pub async fn done(
     state: web::Data<AppState>,
     path: web::Path<(String, String, String)>,
     req: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    let (endpoint_id, worker_id, job_id) = path.into_inner();
-    let (_, session) = session(&state, &req, &endpoint_id, &worker_id)
-        .await
-        .map_err(|reason| ApiError::Unauthorized(reason.into()))?;
-    let body = json_body(payload).await?;
-    let accepted = session
-        .report(&job_id, report_of(body))
-        .await
-        .map_err(|_| ApiError::Unavailable("the worker's session ended; the job was requeued".into()))?;
-    Ok(HttpResponse::Ok().json(json!({"accepted": accepted})))
+    posted(&state, path.into_inner(), &req, payload, Post::Done).await
 }
 
 /// `POST /v2/{endpoint}/job-stream/{worker}/{job}`: one streamed piece.
@@ -214,17 +236,7 @@ pub async fn stream(
     req: HttpRequest,
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
-    let (endpoint_id, worker_id, job_id) = path.into_inner();
-    let (_, session) = session(&state, &req, &endpoint_id, &worker_id)
-        .await
-        .map_err(|reason| ApiError::Unauthorized(reason.into()))?;
-    let body = json_body(payload).await?;
-    let output = body.get("output").cloned().unwrap_or(body);
-    let accepted = session
-        .stream(&job_id, output)
-        .await
-        .map_err(|_| ApiError::Unavailable("the worker's session ended; the job was requeued".into()))?;
-    Ok(HttpResponse::Ok().json(json!({"accepted": accepted})))
+    posted(&state, path.into_inner(), &req, payload, Post::Stream).await
 }
 
 #[cfg(test)]
