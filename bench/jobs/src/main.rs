@@ -151,6 +151,7 @@ async fn run(args: Args, runtime_threads: usize) {
         app,
         scheduler,
         workers,
+        ..
     } = Platform::start(settings).await.expect("platform");
     let state = app.state();
     let user = state.auth.create_user(EMAIL).await.expect("user");

@@ -648,15 +648,16 @@ async fn a_generator_handler_streams_its_output() {
     assert_eq!(toks, (0..5).map(|i| json!(i)).collect::<Vec<_>>(), "{body}");
 }
 
-/// The whole path on Docker: an endpoint scales from 0 to its max as jobs
-/// queue and back to 0 when idle, a worker container killed mid-job loses
-/// no job, and every worker-second is charged once.
+/// The whole path on Docker: 200 `/run` jobs and 20 waiting `/runsync`
+/// callers; the endpoint scales from 0 to its max (3) as they queue and back
+/// to 0 when idle, a worker container killed mid-job loses no job, every job
+/// ends once, and every worker-second is charged once.
 #[tokio::test]
-async fn an_endpoint_on_docker_scales_with_its_queue_and_bills_worker_seconds() {
+async fn an_endpoint_on_docker_scales_from_zero_to_max_and_back_and_bills_worker_seconds() {
     let app = spawn(Backend::Sqlite).await;
     let (_, key) = app.user_with_key("all").await;
     let endpoint = app
-        .endpoint(&key, WORKER_IMAGE, json!({"min": 0, "max": 2, "idleTimeout": 1}))
+        .endpoint(&key, WORKER_IMAGE, json!({"min": 0, "max": 3, "idleTimeout": 1}))
         .await;
     assert_eq!(
         app.workers_of(&endpoint, &key).await["summary"]["total"],
@@ -664,41 +665,62 @@ async fn an_endpoint_on_docker_scales_with_its_queue_and_bills_worker_seconds() 
         "none before a job"
     );
 
+    // 200 jobs queued with /run, and 20 callers waiting with /runsync.
     let mut ids = Vec::new();
-    for i in 0..8 {
+    for i in 0..200 {
         let queued = app
-            .endpoint_job(&endpoint, &key, "run", json!({"i": i, "sleep": 0.5}))
+            .endpoint_job(&endpoint, &key, "run", json!({"i": i, "sleep": 0.05}))
             .await;
         ids.push(queued["id"].as_str().unwrap().to_owned());
     }
+    let waiting: Vec<_> = (0..20)
+        .map(|i| {
+            let (app, endpoint, key) = (&app, endpoint.clone(), key.clone());
+            async move {
+                app.endpoint_job(&endpoint, &key, "runsync?wait=300000", json!({"sync": i}))
+                    .await
+            }
+        })
+        .collect();
+    let waiting = futures_util::future::join_all(waiting);
     // It scales up to its max, and no further.
-    let deadline = Instant::now() + Duration::from_secs(120);
-    let mut most = 0;
-    loop {
-        let total = app.workers_of(&endpoint, &key).await["summary"]["total"]
-            .as_u64()
-            .unwrap();
-        most = most.max(total);
-        if most == 2 {
-            break;
+    let watch = async {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let mut most = 0;
+        loop {
+            let total = app.workers_of(&endpoint, &key).await["summary"]["total"]
+                .as_u64()
+                .unwrap();
+            assert!(total <= 3, "{total} workers: more than max");
+            most = most.max(total);
+            if most == 3 {
+                break;
+            }
+            assert!(Instant::now() < deadline, "never reached 3 workers (most {most})");
+            tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        assert!(Instant::now() < deadline, "never reached 2 workers (most {most})");
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        // A worker killed mid-job: its job is run again, and ends once.
+        let docker = gantry_runtime::Docker::connect(&docker_host()).unwrap();
+        use gantry_runtime::Runtime;
+        let victims = docker
+            .list(&[("gantry.id".to_owned(), endpoint.clone())])
+            .await
+            .unwrap();
+        assert!(!victims.is_empty());
+        docker.remove(&victims[0].id).await.unwrap();
+    };
+    let (synced, ()) = tokio::join!(waiting, watch);
+    for (i, view) in synced.iter().enumerate() {
+        assert_eq!(view["status"], "COMPLETED", "{view}");
+        assert_eq!(view["output"]["echo"]["sync"], i);
     }
-    // A worker killed mid-job: its job is run again, and ends once.
-    let docker = gantry_runtime::Docker::connect(&docker_host()).unwrap();
-    use gantry_runtime::Runtime;
-    let victims = docker
-        .list(&[("gantry.id".to_owned(), endpoint.clone())])
-        .await
-        .unwrap();
-    assert!(!victims.is_empty());
-    docker.remove(&victims[0].id).await.unwrap();
     for (i, id) in ids.iter().enumerate() {
         let view = app.final_of(&endpoint, &key, id).await;
         assert_eq!(view["status"], "COMPLETED", "{view}");
         assert_eq!(view["output"]["echo"]["i"], i);
     }
+    let docker = gantry_runtime::Docker::connect(&docker_host()).unwrap();
+    use gantry_runtime::Runtime;
     // Idle for longer than idleTimeout: back to zero.
     let deadline = Instant::now() + Duration::from_secs(120);
     while app.workers_of(&endpoint, &key).await["summary"]["total"] != 0 {
