@@ -463,7 +463,7 @@ async fn the_runpod_worker_image_runs_its_handler() {
     while let Some(line) = next_within(&mut lines).await {
         all.push(line.expect("line").line);
     }
-    assert!(all.iter().any(|l| l.contains("{'echo': {'x': 41}}")), "{all:#?}");
+    assert!(all.iter().any(|l| l.contains("'echo': {'x': 41}")), "{all:#?}");
     // The stream ends when the container stops; its state may take a moment to say so.
     let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
     let done = loop {
