@@ -702,12 +702,23 @@ async fn an_endpoint_on_docker_scales_from_zero_to_max_and_back_and_bills_worker
         // A worker killed mid-job: its job is run again, and ends once.
         let docker = gantry_runtime::Docker::connect(&docker_host()).unwrap();
         use gantry_runtime::Runtime;
-        let victims = docker
-            .list(&[("gantry.id".to_owned(), endpoint.clone())])
-            .await
-            .unwrap();
-        assert!(!victims.is_empty());
-        docker.remove(&victims[0].id).await.unwrap();
+        // (A worker is listed from the moment it is decided; its container
+        // follows once the image is checked and the container created.)
+        let deadline = Instant::now() + Duration::from_secs(120);
+        let victim = loop {
+            let running = docker
+                .list(&[("gantry.id".to_owned(), endpoint.clone())])
+                .await
+                .unwrap()
+                .into_iter()
+                .find(|c| c.state == gantry_runtime::ContainerState::Running);
+            if let Some(container) = running {
+                break container;
+            }
+            assert!(Instant::now() < deadline, "no worker container ever ran");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        };
+        docker.remove(&victim.id).await.unwrap();
     };
     let (synced, ()) = tokio::join!(waiting, watch);
     for (i, view) in synced.iter().enumerate() {
