@@ -49,6 +49,10 @@ pub struct FleetConfig {
     pub token_secret: Vec<u8>,
     /// How often the SDK pings (`RUNPOD_PING_INTERVAL`).
     pub ping_interval: Duration,
+    /// A worker silent this long (no call, no ping, no open request) is
+    /// lost and its jobs requeued. A container that exits is noticed by the
+    /// reconciler sooner; this covers a worker that hangs.
+    pub worker_lease: Duration,
     /// How often the reconciler looks.
     pub tick: Duration,
     /// How long a worker may take from its container's start to its first
@@ -214,7 +218,7 @@ impl Fleet {
         }
         let session = self
             .dispatcher
-            .attach_polled(worker_id, endpoint_id, "runpod-protocol")
+            .attach_polled(worker_id, endpoint_id, "runpod-protocol", self.config.worker_lease)
             .await;
         sessions.insert(worker_id.to_owned(), session.clone());
         if let Some(tracked) = lock(&self.tracked).get_mut(worker_id) {

@@ -154,32 +154,42 @@ impl ContainerService {
         Ok(())
     }
 
-    /// Deletes a template no live endpoint was made from (409 otherwise).
+    /// Deletes a template no live endpoint was made from (409 otherwise),
+    /// in one statement: an endpoint made from it at the same moment either
+    /// commits first (and the delete finds it) or finds the template gone.
     pub async fn delete_template(&self, owner: &str, id: &str) -> Result<(), ContainerError> {
-        let txn = self.db.begin().await?;
-        let mine = template::Entity::find_by_id(id)
-            .filter(template::Column::UserId.eq(owner))
-            .one(&txn)
-            .await?
-            .is_some();
-        if !mine {
-            return Err(ContainerError::NotFound("template"));
+        let backend = self.db.get_database_backend();
+        let (p1, p2, p3) = if backend == sea_orm::DbBackend::Postgres {
+            ("$1", "$2", "$3")
+        } else {
+            ("?", "?", "?")
+        };
+        let sql = format!(
+            "DELETE FROM templates WHERE id = {p1} AND user_id = {p2} AND NOT EXISTS \
+             (SELECT 1 FROM endpoints WHERE template_id = {p3} AND deleted_at_ms IS NULL)"
+        );
+        let deleted = self
+            .db
+            .execute_raw(sea_orm::Statement::from_sql_and_values(
+                backend,
+                sql,
+                [id.into(), owner.into(), id.into()],
+            ))
+            .await?;
+        if deleted.rows_affected() == 1 {
+            return Ok(());
         }
+        self.get_template(owner, id).await?;
         let users = endpoint::Entity::find()
             .filter(endpoint::Column::TemplateId.eq(id))
             .filter(endpoint::Column::DeletedAtMs.is_null())
-            .all(&txn)
+            .all(&self.db)
             .await?;
-        if !users.is_empty() {
-            let ids: Vec<&str> = users.iter().map(|e| e.id.as_str()).collect();
-            return Err(ContainerError::InUse(format!(
-                "template {id} is in use by endpoint(s) {}; delete them first",
-                ids.join(", ")
-            )));
-        }
-        template::Entity::delete_by_id(id).exec(&txn).await?;
-        txn.commit().await?;
-        Ok(())
+        let ids: Vec<&str> = users.iter().map(|e| e.id.as_str()).collect();
+        Err(ContainerError::InUse(format!(
+            "template {id} is in use by endpoint(s) {}; delete them first",
+            ids.join(", ")
+        )))
     }
 
     // --- registries ------------------------------------------------------

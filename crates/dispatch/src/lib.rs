@@ -344,10 +344,11 @@ impl Dispatcher {
     }
 
     /// Registers a worker that polls over HTTP (the RunPod worker protocol)
-    /// and serves `model`. A worker of the same id registered before is
-    /// replaced and reported lost, as a reconnecting stream would be.
-    pub async fn attach_polled(&self, worker_id: &str, model: &str, version: &str) -> PolledWorker {
-        PolledWorker::register(&self.inner, worker_id, model, version).await
+    /// and serves `model`, lost when it has not called for `lease`. A worker
+    /// of the same id registered before is replaced and reported lost, as a
+    /// reconnecting stream would be.
+    pub async fn attach_polled(&self, worker_id: &str, model: &str, version: &str, lease: Duration) -> PolledWorker {
+        PolledWorker::register(&self.inner, worker_id, model, version, lease).await
     }
 
     /// Idle and running worker counts per model.

@@ -85,7 +85,13 @@ pub enum PollError {
 }
 
 impl PolledWorker {
-    pub(crate) async fn register(inner: &Arc<Inner>, worker_id: &str, model: &str, version: &str) -> Self {
+    pub(crate) async fn register(
+        inner: &Arc<Inner>,
+        worker_id: &str,
+        model: &str,
+        version: &str,
+        lease: Duration,
+    ) -> Self {
         let (tx, mut rx) = mpsc::unbounded_channel();
         let hello = Hello {
             worker_id: worker_id.to_owned(),
@@ -97,6 +103,7 @@ impl PolledWorker {
             version: version.to_owned(),
         };
         let registration = inner.register(hello, tx).await;
+        inner.set_lease(worker_id, registration.conn, lease);
         let shared = Arc::new(Shared {
             inner: Arc::clone(inner),
             worker_id: worker_id.to_owned(),
@@ -214,9 +221,28 @@ impl PolledWorker {
                     return Ok(Vec::new());
                 }
             }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            if !self.nap(deadline, notified).await {
                 return Ok(Vec::new());
             }
+        }
+    }
+
+    /// Waits for `notified` until `deadline`, renewing the worker's lease
+    /// every second meanwhile: a worker whose request is open is alive
+    /// (when it goes away, its request is dropped and this with it).
+    /// False once the deadline passed.
+    async fn nap(&self, deadline: tokio::time::Instant, notified: tokio::sync::futures::Notified<'_>) -> bool {
+        tokio::pin!(notified);
+        loop {
+            let now = tokio::time::Instant::now();
+            if now >= deadline {
+                return false;
+            }
+            let step = (now + Duration::from_secs(1)).min(deadline);
+            if tokio::time::timeout_at(step, &mut notified).await.is_ok() {
+                return true;
+            }
+            let _ = self.touch();
         }
     }
 
@@ -248,7 +274,7 @@ impl PolledWorker {
                 }
                 return Ok(stopped.into_iter().map(|(id, _)| id).collect());
             }
-            if tokio::time::timeout_at(deadline, notified).await.is_err() {
+            if !self.nap(deadline, notified).await {
                 return Ok(Vec::new());
             }
         }
@@ -422,7 +448,9 @@ mod tests {
     #[tokio::test]
     async fn a_take_grants_credit_and_reports_become_events() {
         let (dispatcher, mut events) = Dispatcher::new(DispatchConfig::new("secret"));
-        let worker = dispatcher.attach_polled("wk_1", MODEL, "test").await;
+        let worker = dispatcher
+            .attach_polled("wk_1", MODEL, "test", Duration::from_secs(30))
+            .await;
         // No credit before the worker asks.
         let job = Assignment::new("job-1", 1, MODEL, json!({"x": 1}));
         assert!(dispatcher.assign(job.clone()).is_err());
@@ -485,7 +513,9 @@ mod tests {
     #[tokio::test]
     async fn cancels_reach_the_stop_poll_and_a_closed_worker_loses_its_jobs() {
         let (dispatcher, mut events) = Dispatcher::new(DispatchConfig::new("secret"));
-        let worker = dispatcher.attach_polled("wk_2", MODEL, "test").await;
+        let worker = dispatcher
+            .attach_polled("wk_2", MODEL, "test", Duration::from_secs(30))
+            .await;
         take_one(&dispatcher, &worker, "a").await;
         // Credit does not outlive the take: nothing more is assigned now.
         assert!(dispatcher.assign(Assignment::new("x", 1, MODEL, json!({}))).is_err());

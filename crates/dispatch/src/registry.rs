@@ -47,6 +47,9 @@ struct WorkerEntry {
     /// job id -> attempt.
     running: HashMap<String, u32>,
     last_seen: Instant,
+    /// This worker's own lease, when it is not the configured one (a
+    /// polling worker's).
+    lease: Option<Duration>,
     tx: Outbound,
     /// Stops the stream's reader task.
     kill: CancellationToken,
@@ -105,6 +108,7 @@ impl Inner {
             draining: false,
             running: HashMap::new(),
             last_seen: Instant::now(),
+            lease: None,
             tx,
             kill: kill.clone(),
         };
@@ -123,6 +127,14 @@ impl Inner {
             self.emit(Event::CapacityAvailable { model }).await;
         }
         Registration { conn, kill }
+    }
+
+    /// Gives stream `conn` of `worker_id` a lease of its own.
+    pub(crate) fn set_lease(&self, worker_id: &str, conn: u64, lease: Duration) {
+        let mut state = self.state();
+        if let Some(entry) = state.workers.get_mut(worker_id).filter(|entry| entry.conn == conn) {
+            entry.lease = Some(lease);
+        }
     }
 
     /// Renews the lease of stream `conn` of `worker_id`; false if it is gone.
@@ -385,7 +397,7 @@ impl Inner {
             let ids: Vec<WorkerId> = state
                 .workers
                 .iter()
-                .filter(|(_, entry)| entry.last_seen.elapsed() > lease)
+                .filter(|(_, entry)| entry.last_seen.elapsed() > entry.lease.unwrap_or(lease))
                 .map(|(id, _)| id.clone())
                 .collect();
             ids.into_iter()

@@ -152,6 +152,7 @@ pub async fn fleet(
         token_secret: token_secret(settings)?,
         // Pings renew the worker's lease (three heartbeat intervals).
         ping_interval: ping_interval(settings),
+        worker_lease: Duration::from_millis(s.worker_lease_ms.max(1000)),
         tick: Duration::from_millis(s.tick_ms.max(50)),
         start_timeout: Duration::from_millis(s.start_timeout_ms.max(1000)),
         stop_grace: Duration::from_millis(s.stop_grace_ms),

@@ -94,6 +94,9 @@ pub struct ServerlessSettings {
     pub start_timeout_ms: u64,
     /// How long a stopping worker has to finish its job before it is killed.
     pub stop_grace_ms: u64,
+    /// A worker silent this long (no call, no ping, no request open) is lost
+    /// and its jobs go back to the queue.
+    pub worker_lease_ms: u64,
     /// Passphrases of the key that seals registry credentials (and signs
     /// worker tokens): the first seals, all open (rotation). Unset means a
     /// key generated once into `<data_dir>/serverless.key`; several
@@ -111,6 +114,7 @@ impl Default for ServerlessSettings {
             tick_ms: 1_000,
             start_timeout_ms: 120_000,
             stop_grace_ms: 10_000,
+            worker_lease_ms: 30_000,
             keys: Vec::new(),
         }
     }
