@@ -78,7 +78,6 @@ pub struct WorkerView {
     pub gpu_count: u32,
     pub started_at_ms: i64,
     pub reason: Option<String>,
-    pub running_jobs: Vec<String>,
 }
 
 /// What happens to a worker, kept in memory by the fleet.
@@ -255,7 +254,6 @@ impl Fleet {
                     gpu_count: u32::try_from(record.gpu_count).unwrap_or(0),
                     started_at_ms: record.created_at_ms,
                     reason: record.reason,
-                    running_jobs: running,
                 }
             })
             .collect())

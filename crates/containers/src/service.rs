@@ -534,15 +534,6 @@ impl ContainerService {
             .await?)
     }
 
-    /// Every worker of an endpoint, ended or not.
-    pub async fn all_workers(&self, endpoint_id: &str) -> Result<Vec<WorkerRecord>, ContainerError> {
-        Ok(worker::Entity::find()
-            .filter(worker::Column::EndpointId.eq(endpoint_id))
-            .order_by_asc(worker::Column::CreatedAtMs)
-            .all(&self.db)
-            .await?)
-    }
-
     pub async fn worker(&self, id: &str) -> Result<Option<WorkerRecord>, ContainerError> {
         Ok(worker::Entity::find_by_id(id).one(&self.db).await?)
     }

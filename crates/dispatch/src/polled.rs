@@ -136,11 +136,6 @@ impl PolledWorker {
         self.shared.lock().closed
     }
 
-    /// Whether the worker is asked to take no more jobs.
-    pub fn is_draining(&self) -> bool {
-        self.shared.lock().draining
-    }
-
     /// Ids of the jobs the worker has taken and not finished, sorted.
     pub fn running(&self) -> Vec<String> {
         let mut ids: Vec<String> = self.shared.lock().running.keys().cloned().collect();

@@ -128,7 +128,6 @@ pub async fn stop(state: web::Data<AppState>, path: web::Path<(String, String)>,
 
 #[derive(Deserialize)]
 struct PingQuery {
-    job_id: Option<String>,
     status: Option<String>,
     check: Option<String>,
     reason: Option<String>,
@@ -145,16 +144,15 @@ pub async fn ping(state: web::Data<AppState>, path: web::Path<(String, String)>,
     let _ = session.touch();
     // Parsed leniently: the ping's only duty is the lease.
     let query: Option<PingQuery> = serde_urlencoded::from_str(req.query_string()).ok();
-    if let Some(query) = query {
-        if query.status.as_deref() == Some("unhealthy") {
-            let reason = format!(
-                "the worker reported itself unhealthy: {} {}",
-                query.check.unwrap_or_default(),
-                query.reason.unwrap_or_default()
-            );
-            let _ = fleet.service().note_worker(&worker_id, reason.trim()).await;
-        }
-        let _ = query.job_id;
+    if let Some(query) = query
+        && query.status.as_deref() == Some("unhealthy")
+    {
+        let reason = format!(
+            "the worker reported itself unhealthy: {} {}",
+            query.check.unwrap_or_default(),
+            query.reason.unwrap_or_default()
+        );
+        let _ = fleet.service().note_worker(&worker_id, reason.trim()).await;
     }
     HttpResponse::Ok().json(json!({}))
 }
