@@ -16,6 +16,7 @@ mod m20261124_000012_storage_charges;
 mod m20261124_000013_worker_gpus;
 mod m20261124_000014_job_progress;
 mod m20261128_000015_containers;
+mod m20261128_000016_pods;
 
 pub struct Migrator;
 
@@ -38,6 +39,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261124_000013_worker_gpus::Migration),
             Box::new(m20261124_000014_job_progress::Migration),
             Box::new(m20261128_000015_containers::Migration),
+            Box::new(m20261128_000016_pods::Migration),
         ]
     }
 }

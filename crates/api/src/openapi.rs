@@ -7,7 +7,7 @@ use utoipa::openapi::path::{Operation, PathItem};
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::{Content, HttpMethod, Ref, RefOr, Response, ResponseBuilder};
 
-use crate::handlers::{billing, catalog, files, jobs, meta, models, openai, serverless, volumes};
+use crate::handlers::{billing, catalog, files, jobs, meta, models, openai, pods, serverless, volumes};
 use crate::problem::{PROBLEM_JSON, Problem};
 use crate::routes::{Endpoint, management_endpoints, public_endpoints};
 
@@ -26,10 +26,12 @@ use crate::routes::{Endpoint, management_endpoints, public_endpoints};
         serverless::delete_registry,
         serverless::list_endpoints, serverless::create_endpoint, serverless::get_endpoint, serverless::update_endpoint,
         serverless::delete_endpoint, serverless::workers, serverless::releases, serverless::worker_logs,
+        pods::list_pods, pods::create_pod, pods::get_pod, pods::update_pod, pods::delete_pod, pods::pod_action,
+        pods::pod_logs, pods::get_ssh_keys, pods::put_ssh_keys,
         meta::openapi, meta::healthz, meta::readyz, meta::metrics,
     ),
     components(schemas(Problem, volumes::ListNetworkVolumesResponse, catalog::ListDataCentersResponse, billing::Balance)),
-    tags((name = "Network Volumes"), (name = "Catalog"), (name = "Billing"), (name = "Templates"), (name = "Registries"), (name = "Serverless"), (name = "Meta")),
+    tags((name = "Network Volumes"), (name = "Catalog"), (name = "Billing"), (name = "Templates"), (name = "Registries"), (name = "Serverless"), (name = "Pods"), (name = "Meta")),
 )]
 struct ApiDoc;
 

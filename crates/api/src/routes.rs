@@ -4,7 +4,9 @@ use actix_web::http::Method;
 use actix_web::middleware::from_fn;
 use actix_web::{Route, web};
 
-use crate::handlers::{billing, catalog, files, jobs, meta, models, openai, serverless, volumes, worker_protocol};
+use crate::handlers::{
+    billing, catalog, files, jobs, meta, models, openai, pods, serverless, volumes, worker_protocol,
+};
 use crate::middleware::authenticate;
 use crate::problem::ApiError;
 
@@ -112,6 +114,21 @@ pub fn management_endpoints() -> Vec<Endpoint> {
         }),
         keyed(Method::GET, "/v2/serverless/{id}/workers/{workerId}/logs", || {
             web::get().to(serverless::worker_logs)
+        }),
+        keyed(Method::GET, "/v2/pods", || web::get().to(pods::list_pods)),
+        keyed(Method::POST, "/v2/pods", || web::post().to(pods::create_pod)),
+        keyed(Method::GET, "/v2/pods/{id}", || web::get().to(pods::get_pod)),
+        keyed(Method::PATCH, "/v2/pods/{id}", || web::patch().to(pods::update_pod)),
+        keyed(Method::DELETE, "/v2/pods/{id}", || web::delete().to(pods::delete_pod)),
+        keyed(Method::POST, "/v2/pods/{id}/action", || {
+            web::post().to(pods::pod_action)
+        }),
+        keyed(Method::GET, "/v2/pods/{id}/logs", || web::get().to(pods::pod_logs)),
+        keyed(Method::GET, "/v2/account/ssh-keys", || {
+            web::get().to(pods::get_ssh_keys)
+        }),
+        keyed(Method::PUT, "/v2/account/ssh-keys", || {
+            web::put().to(pods::put_ssh_keys)
         }),
         keyed(Method::GET, "/v2/billing", || web::get().to(billing::history)),
         keyed(Method::GET, "/v2/billing/endpoints", || {

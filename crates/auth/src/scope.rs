@@ -12,10 +12,14 @@ pub enum Scope {
     EndpointsRead,
     /// Create, change and delete them.
     EndpointsWrite,
+    /// Read pods, their logs, and the account's SSH keys.
+    PodsRead,
+    /// Create, start, stop, change and delete pods; set the SSH keys.
+    PodsWrite,
 }
 
 impl Scope {
-    pub const ALL: [Scope; 7] = [
+    pub const ALL: [Scope; 9] = [
         Scope::VolumesRead,
         Scope::VolumesWrite,
         Scope::CatalogRead,
@@ -23,6 +27,8 @@ impl Scope {
         Scope::EndpointsRun,
         Scope::EndpointsRead,
         Scope::EndpointsWrite,
+        Scope::PodsRead,
+        Scope::PodsWrite,
     ];
 
     pub fn as_str(self) -> &'static str {
@@ -34,11 +40,13 @@ impl Scope {
             Scope::EndpointsRun => "endpoints:run",
             Scope::EndpointsRead => "endpoints:read",
             Scope::EndpointsWrite => "endpoints:write",
+            Scope::PodsRead => "pods:read",
+            Scope::PodsWrite => "pods:write",
         }
     }
 
-    fn bit(self) -> u8 {
-        1 << (self as u8)
+    fn bit(self) -> u16 {
+        1 << (self as u16)
     }
 }
 
@@ -54,7 +62,7 @@ pub struct ScopeParseError(pub String);
 
 /// A set of scopes, stored as a space-separated list.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub struct ScopeSet(u8);
+pub struct ScopeSet(u16);
 
 impl ScopeSet {
     pub fn all() -> Self {
@@ -68,6 +76,7 @@ impl ScopeSet {
             Scope::CatalogRead,
             Scope::BillingRead,
             Scope::EndpointsRead,
+            Scope::PodsRead,
         ]
         .into_iter()
         .collect()

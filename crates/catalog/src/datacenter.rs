@@ -174,6 +174,11 @@ impl Catalog {
         self.data_centers.iter().find(|dc| dc.id == id)
     }
 
+    /// The data center this platform's own machines are listed as (the first).
+    pub fn home(&self) -> Option<&DataCenter> {
+        self.data_centers.first()
+    }
+
     pub fn list(&self, filter: &DataCenterFilter) -> impl Iterator<Item = &DataCenter> {
         self.data_centers.iter().filter(move |dc| {
             (filter.regions.is_empty() || filter.regions.contains(&dc.region))

@@ -126,3 +126,106 @@ pub mod worker {
 
     impl ActiveModelBehavior for ActiveModel {}
 }
+
+pub mod pod {
+    use sea_orm::entity::prelude::*;
+
+    /// A pod (migration `m20261128_000016_pods`): what its owner asked for
+    /// (`desired`, `version`, `restart_at_ms`) and what the reconciler last
+    /// saw (`status`, `reason`).
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "pods")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub id: String,
+        pub user_id: String,
+        pub name: String,
+        /// The [`crate::pods::PodSpec`] as JSON.
+        pub body: String,
+        /// RUNNING, EXITED or TERMINATED.
+        pub desired: String,
+        pub status: String,
+        pub reason: Option<String>,
+        pub locked: bool,
+        /// Bumped by a change that needs a new container.
+        pub version: i32,
+        /// A restart asked for at this time restarts a run begun before it.
+        pub restart_at_ms: i64,
+        pub hourly_micro_usd: i64,
+        pub created_at_ms: i64,
+        pub updated_at_ms: i64,
+        pub started_at_ms: Option<i64>,
+        pub deleted_at_ms: Option<i64>,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+pub mod pod_run {
+    use sea_orm::entity::prelude::*;
+
+    /// One stretch of a pod's container running: billed from its start to
+    /// its end, second by second.
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "pod_runs")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub id: String,
+        pub pod_id: String,
+        pub user_id: String,
+        pub gpu_count: i32,
+        pub hourly_micro_usd: i64,
+        pub created_at_ms: i64,
+        pub billed_until_ms: i64,
+        pub ended_at_ms: Option<i64>,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+pub mod pod_event {
+    use sea_orm::entity::prelude::*;
+
+    /// A system line of a pod's log (pull, start, stop, exit code, error).
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "pod_events")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub pod_id: String,
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub at_ms: i64,
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub seq: i64,
+        pub line: String,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}
+
+pub mod ssh_key {
+    use sea_orm::entity::prelude::*;
+
+    /// An account's SSH public keys, a JSON array of authorized_keys lines.
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "ssh_keys")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub user_id: String,
+        pub keys: String,
+        pub updated_at_ms: i64,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}

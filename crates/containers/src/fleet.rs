@@ -110,6 +110,8 @@ pub struct Fleet {
     /// Workers being stopped and removed (in tasks of their own, so that a
     /// container slow to stop holds up no other endpoint).
     stopping: Mutex<std::collections::HashSet<String>>,
+    /// Pods with an engine call under way (each in a task of its own).
+    pods_busy: Mutex<std::collections::HashSet<String>>,
 }
 
 type HmacSha256 = hmac::Hmac<sha2::Sha256>;
@@ -129,6 +131,7 @@ impl Fleet {
         Arc::new(Self {
             base_url: Mutex::new(config.worker_base_url.clone()),
             stopping: Mutex::new(std::collections::HashSet::new()),
+            pods_busy: Mutex::new(std::collections::HashSet::new()),
             service,
             runtime,
             dispatcher,
@@ -156,6 +159,19 @@ impl Fleet {
             };
             *base = format!("http://{host}:{}", addr.port());
         }
+    }
+
+    pub fn config(&self) -> &FleetConfig {
+        &self.config
+    }
+
+    /// Marks a pod busy; false if it already was.
+    pub(crate) fn pod_lock(&self, pod_id: &str) -> bool {
+        lock(&self.pods_busy).insert(pod_id.to_owned())
+    }
+
+    pub(crate) fn pod_unlock(&self, pod_id: &str) {
+        lock(&self.pods_busy).remove(pod_id);
     }
 
     pub fn service(&self) -> &ContainerService {
@@ -209,11 +225,25 @@ impl Fleet {
     }
 
     /// The protocol session of a worker, registered with the dispatcher on
-    /// its first call (and again if its lease ran out in between).
-    pub async fn session(&self, endpoint_id: &str, worker_id: &str) -> PolledWorker {
+    /// its first call (and again if its lease ran out in between). `None`
+    /// for a worker this platform has ended or is stopping: a container that
+    /// outlived its record (a start that timed out after all, an engine that
+    /// answered late) must not take jobs it will lose when it is removed.
+    pub async fn session(&self, endpoint_id: &str, worker_id: &str) -> Option<PolledWorker> {
         let mut sessions = self.sessions.lock().await;
         if let Some(session) = sessions.get(worker_id).filter(|s| !s.is_closed()) {
-            return session.clone();
+            return Some(session.clone());
+        }
+        if lock(&self.stopping).contains(worker_id) {
+            return None;
+        }
+        match self.service.worker(worker_id).await {
+            Ok(Some(record)) if record.ended_at_ms.is_some() || record.endpoint_id != endpoint_id => return None,
+            Ok(_) => {}
+            Err(error) => {
+                tracing::warn!(%worker_id, %error, "the worker's record could not be read");
+                return None;
+            }
         }
         let session = self
             .dispatcher
@@ -223,7 +253,7 @@ impl Fleet {
         if let Some(tracked) = lock(&self.tracked).get_mut(worker_id) {
             tracked.seen = true;
         }
-        session
+        Some(session)
     }
 
     /// The workers of an endpoint that have not ended.
@@ -271,6 +301,9 @@ impl Fleet {
                 }
                 if let Err(error) = self.service.accrue_workers(now_ms()).await {
                     tracing::warn!(%error, "charging worker time failed");
+                }
+                if let Err(error) = self.service.accrue_pods(now_ms()).await {
+                    tracing::warn!(%error, "charging pod time failed");
                 }
             }
             tokio::select! {
@@ -354,6 +387,7 @@ impl Fleet {
             self.reconcile_endpoint(&runtime, endpoint, open, queue, &mut by_worker)
                 .await?;
         }
+        self.reconcile_pods(&runtime).await?;
         // Containers with our labels and no open record: left by a crash
         // between a container's start and its record, or after its end.
         for (worker_id, container) in by_worker {
@@ -474,6 +508,18 @@ impl Fleet {
                 removable.push(id.clone());
                 keep -= 1;
             }
+        }
+        // A worker goes only once drained while it holds nothing: a job
+        // assigned since the look above keeps it for another pass, so scaling
+        // down never takes a job from a worker (and never uses up an attempt).
+        {
+            let sessions = self.sessions.lock().await;
+            removable.retain(|id| {
+                sessions
+                    .get(id)
+                    .filter(|s| !s.is_closed())
+                    .is_none_or(PolledWorker::retire)
+            });
         }
         for id in &removable {
             if let Some(container) = containers.remove(id) {

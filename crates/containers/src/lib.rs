@@ -10,12 +10,15 @@
 
 pub mod entity;
 pub mod fleet;
+pub mod pod_fleet;
+pub mod pods;
 pub mod secret;
 pub mod service;
 pub mod spec;
 
 pub use fleet::{Fleet, FleetConfig, WorkerView};
 pub use gantry_catalog::{ENDPOINT_PREFIX, is_endpoint_id};
+pub use pods::{PodAction, PodRecord, PodSpec, PodStatus};
 pub use secret::{SecretBox, SecretError};
 pub use service::{ContainerError, ContainerService, EndpointRecord, ReleaseRecord, WorkerRecord};
 pub use spec::*;

@@ -29,6 +29,9 @@ pub enum ContainerError {
     InUse(String),
     #[error("registry credential cannot be read: {0}")]
     Secret(#[from] SecretError),
+    /// The container engine refused or did not answer.
+    #[error("container runtime: {0}")]
+    Runtime(String),
     #[error("stored configuration is unreadable: {0}")]
     Corrupt(String),
     #[error(transparent)]
@@ -556,23 +559,15 @@ impl ContainerService {
             .await?;
         let mut total = 0;
         for row in rows {
-            let end = row.ended_at_ms.map_or(now_ms, |ended| ended.min(now_ms));
-            let span = end - row.billed_until_ms;
-            let until = if row.ended_at_ms.is_some_and(|ended| ended <= now_ms) {
-                end
-            } else {
-                row.billed_until_ms + span.div_euclid(1000) * 1000
-            };
-            if until <= row.billed_until_ms {
+            let Some((until, amount)) = next_charge(
+                row.created_at_ms,
+                row.billed_until_ms,
+                row.ended_at_ms,
+                now_ms,
+                row.hourly_micro_usd,
+            ) else {
                 continue;
-            }
-            // Cumulative rounding from the worker's start: the parts add up
-            // to the whole, however the intervals fall.
-            let cost_to = |ms: i64| -> i64 {
-                let elapsed = i128::from((ms - row.created_at_ms).max(0));
-                i64::try_from(elapsed * i128::from(row.hourly_micro_usd) / 3_600_000).unwrap_or(i64::MAX)
             };
-            let amount = cost_to(until) - cost_to(row.billed_until_ms);
             let charge = gantry_billing::Charge {
                 user_id: row.user_id.clone(),
                 job_id: format!("{}@{}", row.id, row.billed_until_ms),
@@ -639,6 +634,35 @@ async fn insert_release<C: ConnectionTrait>(
 }
 
 /// The fields whose change replaces the workers, old and new.
+/// The next charge of a stretch of compute that began at `created_ms`, is
+/// charged up to `billed_until_ms` and ends at `ended_ms` (if it has): up to
+/// the last whole second before `now_ms`, or to its end once ended. Returns
+/// the new `billed_until_ms` and the amount, or `None` when nothing is due.
+/// Rounding is cumulative from the start, so the parts add up to the whole
+/// however the charges fall.
+pub(crate) fn next_charge(
+    created_ms: i64,
+    billed_until_ms: i64,
+    ended_ms: Option<i64>,
+    now_ms: i64,
+    hourly_micro_usd: i64,
+) -> Option<(i64, i64)> {
+    let end = ended_ms.map_or(now_ms, |ended| ended.min(now_ms));
+    let until = if ended_ms.is_some_and(|ended| ended <= now_ms) {
+        end
+    } else {
+        billed_until_ms + (end - billed_until_ms).div_euclid(1000) * 1000
+    };
+    if until <= billed_until_ms {
+        return None;
+    }
+    let cost_to = |ms: i64| -> i64 {
+        let elapsed = i128::from((ms - created_ms).max(0));
+        i64::try_from(elapsed * i128::from(hourly_micro_usd) / 3_600_000).unwrap_or(i64::MAX)
+    };
+    Some((until, cost_to(until) - cost_to(billed_until_ms)))
+}
+
 pub fn release_diff(old: Option<&EndpointSpec>, new: &EndpointSpec) -> Vec<DiffEntry> {
     let view = |spec: Option<&EndpointSpec>| -> Vec<(&'static str, Value)> {
         let Some(spec) = spec else {

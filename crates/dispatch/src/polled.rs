@@ -144,10 +144,30 @@ impl PolledWorker {
     }
 
     /// Jobs assigned to the worker: taken and running, or waiting for its
-    /// next take.
+    /// next take. The registry's count, which includes an assignment the
+    /// moment it is made (before this worker has sorted it).
     pub fn load(&self) -> usize {
         let state = self.shared.lock();
-        state.running.len() + state.waiting.len()
+        let sorted = state.running.len() + state.waiting.len();
+        drop(state);
+        self.shared
+            .inner
+            .held_by(&self.shared.worker_id, self.shared.conn)
+            .map_or(sorted, |held| held.max(sorted))
+    }
+
+    /// Stops the worker from getting jobs, but only if it holds none (in one
+    /// step, so no job is assigned in between): true when it is now drained
+    /// and empty, and may be stopped without losing a job. A worker that is
+    /// no longer registered holds nothing and is retired too.
+    pub fn retire(&self) -> bool {
+        let (inner, id, conn) = (&self.shared.inner, &self.shared.worker_id, self.shared.conn);
+        let retired = inner.retire(id, conn) || inner.held_by(id, conn).is_none();
+        if retired {
+            self.shared.lock().draining = true;
+            self.shared.changed.notify_waiters();
+        }
+        retired
     }
 
     /// Any call of the worker: renews its lease.

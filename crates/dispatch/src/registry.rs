@@ -319,6 +319,36 @@ impl Inner {
         Some(worker_id.clone())
     }
 
+    /// How many jobs stream `conn` of `worker_id` holds (assigned and not
+    /// finished), as the registry counts them the moment it assigns.
+    pub(crate) fn held_by(&self, worker_id: &str, conn: u64) -> Option<usize> {
+        let state = self.state();
+        state
+            .workers
+            .get(worker_id)
+            .filter(|entry| entry.conn == conn)
+            .map(|entry| entry.running.len())
+    }
+
+    /// Drains stream `conn` of `worker_id` only if it holds no job, in one
+    /// step under the registry's lock, so no assignment can slip in between
+    /// the look and the drain. True when it is now draining and empty.
+    pub(crate) fn retire(&self, worker_id: &str, conn: u64) -> bool {
+        let mut state = self.state();
+        let Some(entry) = state.workers.get_mut(worker_id).filter(|entry| entry.conn == conn) else {
+            return false;
+        };
+        if !entry.running.is_empty() {
+            return false;
+        }
+        entry.draining = true;
+        entry.credits = 0;
+        let message = scheduler_message::Kind::Drain(Drain {});
+        let _ = entry.tx.send(Ok(SchedulerMessage { kind: Some(message) }));
+        tracing::info!(%worker_id, "retiring an idle worker");
+        true
+    }
+
     pub(crate) fn drain(&self, worker_id: &str) -> bool {
         let mut state = self.state();
         let Some(entry) = state.workers.get_mut(worker_id) else {

@@ -419,6 +419,15 @@ impl Runtime for Docker {
         }
     }
 
+    async fn remove_volume(&self, name: &str) -> Result<(), RuntimeError> {
+        let path = self.versioned(&format!("/volumes/{}", query_escape(name))).await?;
+        let answer = self.call(Method::DELETE, &path, None).await?;
+        match answer.status {
+            s if s.is_success() || s == StatusCode::NOT_FOUND => Ok(()),
+            s => Err(RuntimeError::from_status(s.as_u16(), &answer.body)),
+        }
+    }
+
     async fn logs(
         &self,
         id: &str,

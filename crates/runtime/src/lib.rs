@@ -85,6 +85,10 @@ pub trait Runtime: Send + Sync + 'static {
     /// container is fine.
     async fn remove(&self, id: &str) -> Result<(), RuntimeError>;
 
+    /// Removes a named volume (one a container's `binds` made by naming it); a missing one is fine.
+    /// A volume still used by a container is [`RuntimeError::Conflict`].
+    async fn remove_volume(&self, name: &str) -> Result<(), RuntimeError>;
+
     /// The container's output so far: the last `tail` lines (all when `None`) written at or after
     /// `since_unix_secs`, stdout and stderr interleaved in the order the engine logged them.
     async fn logs(

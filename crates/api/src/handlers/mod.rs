@@ -6,6 +6,7 @@ pub(crate) mod live;
 pub mod meta;
 pub mod models;
 pub mod openai;
+pub mod pods;
 pub mod serverless;
 pub mod volumes;
 pub mod worker_protocol;

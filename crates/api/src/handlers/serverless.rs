@@ -39,12 +39,12 @@ const DEFAULT_DISK_GB: u32 = 20;
 /// The container fields every create and update may carry.
 #[derive(Default)]
 pub struct ContainerFields {
-    image: Option<String>,
-    args: Option<String>,
-    env: Option<BTreeMap<String, String>>,
-    ports: Option<Vec<String>>,
-    disk: Option<u32>,
-    registry: Option<Option<String>>,
+    pub(crate) image: Option<String>,
+    pub(crate) args: Option<String>,
+    pub(crate) env: Option<BTreeMap<String, String>>,
+    pub(crate) ports: Option<Vec<String>>,
+    pub(crate) disk: Option<u32>,
+    pub(crate) registry: Option<Option<String>>,
 }
 
 /// Declares a request body with the container fields besides its own (serde's
@@ -82,7 +82,8 @@ macro_rules! with_container_fields {
         }
 
         impl $name {
-            fn container(&mut self) -> ContainerFields {
+            fn container(&mut self) -> crate::handlers::serverless::ContainerFields {
+                use crate::handlers::serverless::ContainerFields;
                 ContainerFields {
                     image: self.image.take(),
                     args: self.args.take(),
@@ -96,9 +97,11 @@ macro_rules! with_container_fields {
     };
 }
 
+pub(crate) use with_container_fields;
+
 impl ContainerFields {
     /// Applies the fields present onto `base`.
-    fn apply(self, base: &mut Container) {
+    pub(crate) fn apply(self, base: &mut Container) {
         if let Some(image) = self.image {
             base.image = image;
         }
@@ -120,7 +123,7 @@ impl ContainerFields {
     }
 }
 
-fn check_container_into(container: &Container, failures: &mut Failures) {
+pub(crate) fn check_container_into(container: &Container, failures: &mut Failures) {
     for (field, problem) in check_container(container) {
         failures.fail(field, problem);
     }
@@ -216,7 +219,7 @@ fn check_mounts(mounts: &TemplateMounts, failures: &mut Failures) {
     }
 }
 
-fn empty_container() -> Container {
+pub(crate) fn empty_container() -> Container {
     Container {
         image: String::new(),
         args: String::new(),
@@ -972,7 +975,7 @@ fn endpoint_view(state: &AppState, record: EndpointRecord) -> Endpoint {
 }
 
 /// The routes that run containers answer 503 while no runtime answers.
-fn require_runtime(state: &AppState) -> Result<(), ApiError> {
+pub(crate) fn require_runtime(state: &AppState) -> Result<(), ApiError> {
     match state.fleet.as_ref().and_then(|fleet| fleet.unavailable()) {
         Some(reason) => Err(ApiError::Unavailable(reason)),
         None => Ok(()),
@@ -1016,7 +1019,7 @@ pub async fn create_template(
     Ok(HttpResponse::Created().json(template))
 }
 
-async fn check_registry(state: &AppState, owner: &str, registry: Option<&str>) -> Result<(), ApiError> {
+pub(crate) async fn check_registry(state: &AppState, owner: &str, registry: Option<&str>) -> Result<(), ApiError> {
     if let Some(id) = registry
         && !state.containers.registry_exists(owner, id).await?
     {
@@ -1186,7 +1189,7 @@ pub async fn create_endpoint(
     Ok(HttpResponse::Created().json(endpoint_view(&state, record)))
 }
 
-fn poke(state: &AppState) {
+pub(crate) fn poke(state: &AppState) {
     if let Some(fleet) = &state.fleet {
         fleet.poke();
     }
@@ -1370,40 +1373,7 @@ pub async fn worker_logs(
 ) -> Result<HttpResponse, ApiError> {
     caller.require(Scope::EndpointsRead)?;
     let (endpoint_id, worker_id) = path.into_inner();
-    let query: LogQuery = serde_urlencoded::from_str(req.query_string())
-        .map_err(|e| ApiError::bad_request(format!("invalid query parameters: {e}")))?;
-    let mut errors = Vec::new();
-    let source = query.source.as_deref().unwrap_or("all");
-    if !["container", "system", "all"].contains(&source) {
-        errors.push(format!("source: must be container, system or all (got '{source}')"));
-    }
-    let tail = query.tail.unwrap_or(100);
-    if tail > 5000 {
-        errors.push(format!("tail: must be from 0 to 5000 (got {tail})"));
-    }
-    let mut since_ns: Option<i64> = None;
-    if let Some(since) = &query.since {
-        match gantry_billing::history::parse_rfc3339(since) {
-            Some(ms) => since_ns = Some(ms.saturating_mul(1_000_000)),
-            None => errors.push(format!("since: must be an RFC 3339 time (got '{since}')")),
-        }
-    }
-    if !errors.is_empty() {
-        return Err(ApiError::BadRequest {
-            detail: "invalid query parameters".into(),
-            errors,
-        });
-    }
-    if let Some(last) = req.headers().get("last-event-id").and_then(|v| v.to_str().ok()) {
-        match last.trim().parse::<i64>() {
-            Ok(ns) => since_ns = Some(since_ns.map_or(ns, |s| s.max(ns))),
-            Err(_) => {
-                return Err(ApiError::bad_request(
-                    "Last-Event-ID must be an event id of this stream",
-                ));
-            }
-        }
-    }
+    let query = LogRequest::parse(&req)?;
     state.containers.get_endpoint(caller.user_id(), &endpoint_id).await?;
     let worker = state
         .containers
@@ -1411,34 +1381,104 @@ pub async fn worker_logs(
         .await?
         .filter(|w| w.endpoint_id == endpoint_id)
         .ok_or_else(|| ApiError::NotFound("worker not found".into()))?;
+    let mut system = vec![(
+        worker.created_at_ms.saturating_mul(1_000_000),
+        format!(
+            "worker {} created (image {}, version {})",
+            worker.id, worker.image, worker.version
+        ),
+    )];
+    if let Some(reason) = &worker.reason {
+        let at = worker
+            .ended_at_ms
+            .unwrap_or(worker.created_at_ms)
+            .saturating_mul(1_000_000)
+            + 1;
+        system.push((at, reason.clone()));
+    }
+    let container = gantry_containers::fleet::container_name(&worker.id);
+    log_response(&state, query, &container, system, worker.ended_at_ms.is_none()).await
+}
+
+/// The query of a logs route, checked (every failure at once) and with
+/// `Last-Event-ID` folded into `since`.
+pub(crate) struct LogRequest {
+    source: String,
+    tail: u32,
+    since_ns: Option<i64>,
+    /// `since` was given: every line after it, not only the last `tail`.
+    since_given: bool,
+    follow: bool,
+}
+
+impl LogRequest {
+    pub(crate) fn parse(req: &HttpRequest) -> Result<Self, ApiError> {
+        let query: LogQuery = serde_urlencoded::from_str(req.query_string())
+            .map_err(|e| ApiError::bad_request(format!("invalid query parameters: {e}")))?;
+        let mut errors = Vec::new();
+        let source = query.source.unwrap_or_else(|| "all".to_owned());
+        if !["container", "system", "all"].contains(&source.as_str()) {
+            errors.push(format!("source: must be container, system or all (got '{source}')"));
+        }
+        let tail = query.tail.unwrap_or(100);
+        if tail > 5000 {
+            errors.push(format!("tail: must be from 0 to 5000 (got {tail})"));
+        }
+        let mut since_ns: Option<i64> = None;
+        if let Some(since) = &query.since {
+            match gantry_billing::history::parse_rfc3339(since) {
+                Some(ms) => since_ns = Some(ms.saturating_mul(1_000_000)),
+                None => errors.push(format!("since: must be an RFC 3339 time (got '{since}')")),
+            }
+        }
+        if !errors.is_empty() {
+            return Err(ApiError::BadRequest {
+                detail: "invalid query parameters".into(),
+                errors,
+            });
+        }
+        if let Some(last) = req.headers().get("last-event-id").and_then(|v| v.to_str().ok()) {
+            match last.trim().parse::<i64>() {
+                Ok(ns) => since_ns = Some(since_ns.map_or(ns, |s| s.max(ns))),
+                Err(_) => {
+                    return Err(ApiError::bad_request(
+                        "Last-Event-ID must be an event id of this stream",
+                    ));
+                }
+            }
+        }
+        Ok(Self {
+            source,
+            tail,
+            since_ns,
+            since_given: query.since.is_some(),
+            follow: query.follow.unwrap_or(false),
+        })
+    }
+}
+
+/// A log as Server-Sent Events: the `system` lines given (ns, line) and the
+/// engine's lines of `container` (while `live`), merged in time order, then
+/// new container lines as they come if the caller follows.
+pub(crate) async fn log_response(
+    state: &AppState,
+    query: LogRequest,
+    container: &str,
+    system: Vec<(i64, String)>,
+    live: bool,
+) -> Result<HttpResponse, ApiError> {
+    let (source, tail, since_ns) = (query.source.as_str(), query.tail, query.since_ns);
     let mut events: Vec<(i64, &'static str, String)> = Vec::new();
     if source != "container" {
-        let started = worker.created_at_ms.saturating_mul(1_000_000);
-        events.push((
-            started,
-            "system",
-            format!(
-                "worker {} created (image {}, version {})",
-                worker.id, worker.image, worker.version
-            ),
-        ));
-        if let Some(reason) = &worker.reason {
-            let at = worker
-                .ended_at_ms
-                .unwrap_or(worker.created_at_ms)
-                .saturating_mul(1_000_000)
-                + 1;
-            events.push((at, "system", reason.clone()));
-        }
+        events.extend(system.into_iter().map(|(ts, line)| (ts, "system", line)));
     }
     let runtime = state.fleet.as_ref().and_then(|fleet| fleet.runtime().cloned());
-    let container = gantry_containers::fleet::container_name(&worker.id);
-    if source != "system" && worker.ended_at_ms.is_none() {
+    if source != "system" && live {
         let Some(runtime) = &runtime else {
             return Err(ApiError::Unavailable("no container runtime is configured".into()));
         };
         let since_secs = since_ns.map(|ns| ns.div_euclid(1_000_000_000));
-        match runtime.logs(&container, Some(tail), since_secs).await {
+        match runtime.logs(container, Some(tail), since_secs).await {
             Ok(lines) => events.extend(lines.into_iter().map(|l| (l.ts_unix_nanos, "container", l.line))),
             Err(gantry_runtime::RuntimeError::NotFound(_)) => {}
             Err(error) => {
@@ -1450,7 +1490,7 @@ pub async fn worker_logs(
     }
     events.sort_by_key(|(ts, _, _)| *ts);
     events.retain(|(ts, _, _)| since_ns.is_none_or(|since| *ts > since));
-    if events.len() > tail as usize && query.since.is_none() {
+    if events.len() > tail as usize && !query.since_given {
         events.drain(..events.len() - tail as usize);
     }
     let mut body = String::new();
@@ -1459,7 +1499,7 @@ pub async fn worker_logs(
         body.push_str(&log_event(*ts, source, line));
         last_ts = last_ts.max(*ts);
     }
-    let follow = query.follow.unwrap_or(false) && source != "system" && worker.ended_at_ms.is_none();
+    let follow = query.follow && source != "system" && live;
     let head = futures_util::stream::once(async move { Ok::<_, actix_web::Error>(web::Bytes::from(body)) });
     let mut response = HttpResponse::Ok();
     response
@@ -1471,7 +1511,7 @@ pub async fn worker_logs(
             use futures_util::StreamExt;
             let since_secs = Some(last_ts.div_euclid(1_000_000_000));
             let rest = runtime
-                .follow_logs(&container, Some(0), since_secs)
+                .follow_logs(container, Some(0), since_secs)
                 .filter_map(move |line| async move {
                     let line = line.ok()?;
                     (line.ts_unix_nanos > last_ts)

@@ -66,7 +66,9 @@ async fn session(
     if !fleet.verify_worker(endpoint_id, worker_id, presented) {
         return Err("the worker token is missing or wrong");
     }
-    let session = fleet.session(endpoint_id, worker_id).await;
+    let Some(session) = fleet.session(endpoint_id, worker_id).await else {
+        return Err("this worker has been stopped");
+    };
     Ok((fleet, session))
 }
 

@@ -39,6 +39,7 @@ impl TestApp {
     }
 
     pub async fn spawn_with(backend: Backend, tweak: impl FnOnce(&mut Settings)) -> TestApp {
+        trace_to_file();
         let dir = tempfile::tempdir().expect("temp dir");
         let (database_url, database) = match backend {
             Backend::Sqlite => (format!("sqlite://{}/gantry.db?mode=rwc", dir.path().display()), None),
@@ -265,4 +266,27 @@ impl SseReader {
         }
         events
     }
+}
+
+/// With `GANTRY_TEST_TRACE=<file>` (and optionally `GANTRY_TEST_TRACE_FILTER`,
+/// default `info`), the platforms the tests start log there: what to read when
+/// a test fails on a loaded machine and not on a quiet one.
+fn trace_to_file() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let Some(path) = std::env::var_os("GANTRY_TEST_TRACE") else {
+            return;
+        };
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .expect("GANTRY_TEST_TRACE names a writable file");
+        let filter = std::env::var("GANTRY_TEST_TRACE_FILTER").unwrap_or_else(|_| "info".into());
+        let _ = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::sync::Mutex::new(file))
+            .try_init();
+    });
 }

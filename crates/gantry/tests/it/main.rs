@@ -17,6 +17,7 @@ mod jobs;
 mod live;
 mod metrics;
 mod openapi;
+mod pods;
 mod probes;
 mod processes;
 mod ratelimits;

@@ -45,7 +45,7 @@ fn test_docker(command: &'static str) -> String {
 
 /// The test engine: `DOCKER_HOST`, or the private one `scripts/test-docker.sh
 /// start` starts (with the test images imported).
-fn docker_host() -> String {
+pub(crate) fn docker_host() -> String {
     match std::env::var("DOCKER_HOST") {
         Ok(host) if !host.is_empty() => host,
         _ => {
@@ -72,7 +72,7 @@ fn handler(name: &str) -> PathBuf {
         .join(name)
 }
 
-async fn spawn(backend: Backend) -> TestApp {
+pub(crate) async fn spawn(backend: Backend) -> TestApp {
     let host = docker_host();
     TestApp::spawn_with(backend, move |settings| {
         settings.serverless.docker_host = Some(host);

@@ -1,0 +1,318 @@
+//! The running half of pods: every tick, each pod's container is brought to
+//! what its owner asked for, and what the engine reports is written back.
+//!
+//! - desired RUNNING: no container yet → pull, create and start it (a pull
+//!   or start that fails puts the pod in ERROR with the reason, unbilled);
+//!   a container of an older configuration → replaced; a stopped container
+//!   after a `start` → started again (its files are still there); a
+//!   container that stopped by itself → the pod is EXITED with the exit
+//!   code; a `restart` asked after the run began → stopped and started.
+//! - desired EXITED: a running container is stopped (and kept).
+//! - desired TERMINATED: the container and the persistent volume are removed.
+//!
+//! Each stretch a container runs is a `pod_runs` row, opened when the
+//! engine has started it and closed when it is seen stopped, which is what
+//! [`ContainerService::accrue_pods`] charges. Slow engine calls (a stop
+//! waits for the grace period) run in tasks of their own, one per pod.
+
+use std::collections::{BTreeMap, HashMap};
+use std::sync::Arc;
+
+use gantry_runtime::{Container as RuntimeContainer, ContainerSpec, ContainerState, Network, RegistryAuth, Runtime};
+
+use crate::fleet::{Fleet, LABEL_ID, LABEL_KIND, LABEL_OWNER, LABEL_VERSION, registry_host};
+use crate::pods::{PodRecord, PodStatus, pod_container_name, pod_env, pod_volume_name};
+use crate::service::{ContainerError, now_ms};
+use crate::spec::split_args;
+
+/// Label value of pod containers.
+pub const KIND_POD: &str = "pod";
+
+impl Fleet {
+    /// One look at every pod and every pod container.
+    pub(crate) async fn reconcile_pods(self: &Arc<Self>, runtime: &Arc<dyn Runtime>) -> Result<(), ContainerError> {
+        let containers = match runtime.list(&[(LABEL_KIND.to_owned(), KIND_POD.to_owned())]).await {
+            Ok(list) => list,
+            Err(error) => {
+                tracing::warn!(%error, "pod containers could not be listed");
+                return Ok(());
+            }
+        };
+        let mut by_pod: HashMap<String, RuntimeContainer> = containers
+            .into_iter()
+            .filter_map(|c| c.labels.get(LABEL_ID).cloned().map(|id| (id, c)))
+            .collect();
+        let pods = self.service().pods_to_reconcile().await?;
+        let known: std::collections::HashSet<String> = pods.iter().map(|p| p.id.clone()).collect();
+        for pod in pods {
+            if !self.pod_lock(&pod.id) {
+                continue; // an engine call of its own is under way
+            }
+            let container = by_pod.remove(&pod.id);
+            let fleet = Arc::clone(self);
+            let runtime = Arc::clone(runtime);
+            let id = pod.id.clone();
+            // Each pod in a task of its own: a stop waits out its grace
+            // period, and a pull may take minutes.
+            tokio::spawn(async move {
+                if let Err(error) = fleet.reconcile_pod(&runtime, &pod, container).await {
+                    tracing::warn!(pod = %pod.id, %error, "pod reconcile failed");
+                }
+                fleet.pod_unlock(&id);
+            });
+        }
+        // Pod containers with no pod (left by a crash between a start and its
+        // record, or of a pod cleaned up already).
+        for (pod_id, container) in by_pod {
+            if !known.contains(&pod_id) && self.pod_lock(&pod_id) {
+                tracing::info!(%pod_id, container = %container.name, "removing a pod container with no pod");
+                let _ = runtime.remove(&container.id).await;
+                self.pod_unlock(&pod_id);
+            }
+        }
+        Ok(())
+    }
+
+    async fn reconcile_pod(
+        &self,
+        runtime: &Arc<dyn Runtime>,
+        pod: &PodRecord,
+        container: Option<RuntimeContainer>,
+    ) -> Result<(), ContainerError> {
+        let service = self.service();
+        let version_of = |c: &RuntimeContainer| {
+            c.labels
+                .get(LABEL_VERSION)
+                .and_then(|v| v.parse::<u32>().ok())
+                .unwrap_or(0)
+        };
+        match pod.desired {
+            PodStatus::Terminated => {
+                if let Some(c) = &container {
+                    runtime.remove(&c.id).await.map_err(runtime_error)?;
+                    service.pod_event(&pod.id, "container removed").await?;
+                }
+                service.close_pod_run(&pod.id, now_ms()).await?;
+                if pod.spec.mounts.persistent.is_some()
+                    && let Err(error) = runtime.remove_volume(&pod_volume_name(&pod.id)).await
+                {
+                    tracing::warn!(pod = %pod.id, %error, "the pod's volume could not be removed; the next look tries again");
+                    return Ok(());
+                }
+                service.set_pod_status(pod, PodStatus::Terminated, None, None).await?;
+            }
+            PodStatus::Exited => {
+                if let Some(c) = &container
+                    && is_running(c)
+                {
+                    service.pod_event(&pod.id, "stopping the container").await?;
+                    runtime
+                        .stop(&c.id, self.config().stop_grace)
+                        .await
+                        .map_err(runtime_error)?;
+                    let code = runtime.inspect(&c.id).await.ok().and_then(|c| c.exit_code);
+                    service.close_pod_run(&pod.id, now_ms()).await?;
+                    service
+                        .pod_event(&pod.id, &format!("container stopped{}", exit_text(code)))
+                        .await?;
+                } else {
+                    service.close_pod_run(&pod.id, now_ms()).await?;
+                }
+                if pod.status != PodStatus::Exited && pod.status != PodStatus::Error {
+                    service
+                        .set_pod_status(pod, PodStatus::Exited, pod.reason.as_deref(), None)
+                        .await?;
+                }
+            }
+            PodStatus::Running => match container {
+                Some(c) if version_of(&c) != pod.version => {
+                    service
+                        .pod_event(&pod.id, "replacing the container with the new configuration")
+                        .await?;
+                    runtime.remove(&c.id).await.map_err(runtime_error)?;
+                    service.close_pod_run(&pod.id, now_ms()).await?;
+                    // Created anew on the next look.
+                    service.set_pod_status(pod, PodStatus::Provisioning, None, None).await?;
+                }
+                Some(c) if is_running(&c) => {
+                    let run = service.open_run_of(&pod.id).await?;
+                    match run {
+                        Some(run) if pod.restart_at_ms > run.created_at_ms => {
+                            service.pod_event(&pod.id, "restarting the container").await?;
+                            runtime
+                                .stop(&c.id, self.config().stop_grace)
+                                .await
+                                .map_err(runtime_error)?;
+                            service.close_pod_run(&pod.id, now_ms()).await?;
+                            self.start_existing(runtime, pod, &c).await?;
+                        }
+                        Some(_) => {
+                            if pod.status != PodStatus::Running {
+                                service.set_pod_status(pod, PodStatus::Running, None, None).await?;
+                            }
+                        }
+                        None => {
+                            // Running with no open run: adopted after a
+                            // restart of Gantry that closed nothing.
+                            service.open_pod_run(pod, now_ms()).await?;
+                            service.set_pod_status(pod, PodStatus::Running, None, None).await?;
+                        }
+                    }
+                }
+                Some(c) => {
+                    if pod.status == PodStatus::Provisioning {
+                        // Started again by its owner: same container, same files.
+                        self.start_existing(runtime, pod, &c).await?;
+                    } else {
+                        // It stopped by itself.
+                        let code = match runtime.inspect(&c.id).await {
+                            Ok(inspected) => inspected.exit_code,
+                            Err(_) => c.exit_code,
+                        };
+                        service.close_pod_run(&pod.id, now_ms()).await?;
+                        service
+                            .pod_exited(pod, PodStatus::Exited, &format!("container exited{}", exit_text(code)))
+                            .await?;
+                    }
+                }
+                None => {
+                    if pod.status == PodStatus::Error {
+                        return Ok(()); // waits for a fix (an update) or a start
+                    }
+                    self.create_pod_container(runtime, pod).await?;
+                }
+            },
+            PodStatus::Provisioning | PodStatus::Starting | PodStatus::Error => {}
+        }
+        Ok(())
+    }
+
+    async fn start_existing(
+        &self,
+        runtime: &Arc<dyn Runtime>,
+        pod: &PodRecord,
+        c: &RuntimeContainer,
+    ) -> Result<(), ContainerError> {
+        let service = self.service();
+        if let Err(error) = runtime.start(&c.id).await {
+            let reason = format!("the container could not start: {error}");
+            return service.pod_exited(pod, PodStatus::Error, &reason).await;
+        }
+        let now = now_ms();
+        service.open_pod_run(pod, now).await?;
+        service.set_pod_status(pod, PodStatus::Running, None, Some(now)).await?;
+        service.pod_event(&pod.id, "container started").await
+    }
+
+    async fn create_pod_container(&self, runtime: &Arc<dyn Runtime>, pod: &PodRecord) -> Result<(), ContainerError> {
+        let service = self.service();
+        let image = &pod.spec.container.image;
+        let auth = match &pod.spec.container.registry {
+            Some(id) => match service.credentials(&pod.user_id, id).await {
+                Ok((username, password)) => Some(RegistryAuth {
+                    username,
+                    password,
+                    server: registry_host(image),
+                }),
+                Err(error) => {
+                    let reason = format!("registry credential {id}: {error}");
+                    return service.pod_exited(pod, PodStatus::Error, &reason).await;
+                }
+            },
+            None => None,
+        };
+        service.set_pod_status(pod, PodStatus::Starting, None, None).await?;
+        service.pod_event(&pod.id, &format!("pulling image {image}")).await?;
+        if let Err(error) = runtime.ensure_image(image, auth.as_ref()).await {
+            let reason = format!("image {image} could not be pulled: {error}");
+            return service.pod_exited(pod, PodStatus::Error, &reason).await;
+        }
+        let spec = self.pod_container_spec(pod);
+        match runtime.run(&spec).await {
+            Ok(id) => {
+                let now = now_ms();
+                service.open_pod_run(pod, now).await?;
+                service.set_pod_status(pod, PodStatus::Running, None, Some(now)).await?;
+                service.pod_event(&pod.id, "container started").await?;
+                tracing::info!(pod = %pod.id, container = %id, "pod started");
+                Ok(())
+            }
+            Err(error) => {
+                let reason = format!("the container could not start: {error}");
+                service.pod_exited(pod, PodStatus::Error, &reason).await
+            }
+        }
+    }
+
+    /// The container of a pod: its image, args and env, its persistent
+    /// volume, its ports on loopback, its compute limits.
+    pub fn pod_container_spec(&self, pod: &PodRecord) -> ContainerSpec {
+        let spec = &pod.spec;
+        let mut labels = BTreeMap::new();
+        labels.insert(LABEL_KIND.to_owned(), KIND_POD.to_owned());
+        labels.insert(LABEL_ID.to_owned(), pod.id.clone());
+        labels.insert(LABEL_OWNER.to_owned(), pod.user_id.clone());
+        labels.insert(LABEL_VERSION.to_owned(), pod.version.to_string());
+        let args = split_args(&spec.container.args).unwrap_or_default();
+        let binds = spec
+            .mounts
+            .persistent
+            .iter()
+            .map(|mount| format!("{}:{}", pod_volume_name(&pod.id), mount.path))
+            .collect();
+        let ports = spec
+            .container
+            .ports
+            .iter()
+            .filter_map(|p| crate::spec::parse_port(p).ok())
+            .map(|p| gantry_runtime::PortSpec {
+                container: p.number,
+                protocol: if p.protocol == crate::spec::PortProtocol::Udp {
+                    gantry_runtime::Protocol::Udp
+                } else {
+                    gantry_runtime::Protocol::Tcp
+                },
+                host_ip: "127.0.0.1".to_owned(),
+                host_port: 0,
+            })
+            .collect();
+        ContainerSpec {
+            name: pod_container_name(&pod.id),
+            image: spec.container.image.clone(),
+            cmd: (!args.is_empty()).then_some(args),
+            env: pod_env(pod),
+            labels,
+            network: if self.config().host_network {
+                Network::Host
+            } else {
+                Network::Bridge {
+                    extra_hosts: Vec::new(),
+                }
+            },
+            ports,
+            memory_bytes: spec.cpu.as_ref().map(|cpu| u64::from(cpu.memory) << 30),
+            nano_cpus: spec.cpu.as_ref().map(|cpu| u64::from(cpu.vcpu_count) * 1_000_000_000),
+            gpus: spec.gpu_count(),
+            binds,
+            stop_timeout_secs: Some(u32::try_from(self.config().stop_grace.as_secs()).unwrap_or(10)),
+            auto_remove: false,
+            tty: false,
+        }
+    }
+}
+
+fn is_running(c: &RuntimeContainer) -> bool {
+    matches!(c.state, ContainerState::Running | ContainerState::Restarting)
+}
+
+fn exit_text(code: Option<i64>) -> String {
+    match code {
+        Some(137) => " with status 137 (killed: out of memory, or stopped by force)".to_owned(),
+        Some(code) => format!(" with status {code}"),
+        None => String::new(),
+    }
+}
+
+fn runtime_error(error: gantry_runtime::RuntimeError) -> ContainerError {
+    ContainerError::Runtime(error.to_string())
+}

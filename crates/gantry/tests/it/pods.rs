@@ -1,0 +1,402 @@
+//! Pods on the real Docker engine (the private one of
+//! `scripts/test-docker.sh`): the whole life of a pod with a persistent
+//! mount, its logs and SSH keys, an image that cannot be pulled, the 409s of
+//! the action state machine, tenant isolation, and the seconds it is billed.
+use std::time::{Duration, Instant};
+
+use reqwest::Method;
+use serde_json::{Value, json};
+
+use crate::harness::{Backend, TestApp, errors_of, parse_sse, problem};
+use crate::serverless::{docker_host, spawn};
+
+const BUSYBOX: &str = "gantry-test/busybox:1";
+const KEY: &str = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAILXGDN/SclOozk1xsDztpmhGiKkkrfQB9SKoO8dSIQQZ me@example.com";
+
+impl TestApp {
+    async fn pod(&self, id: &str, key: &str) -> Value {
+        let res = self.get(&format!("/v2/pods/{id}"), key).await;
+        assert_eq!(res.status().as_u16(), 200);
+        res.json().await.unwrap()
+    }
+
+    /// Polls a pod until its status is `want` (a generous bound: no speed is asserted).
+    async fn pod_until(&self, id: &str, key: &str, want: &str) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let pod = self.pod(id, key).await;
+            if pod["status"] == want {
+                return pod;
+            }
+            assert!(Instant::now() < deadline, "pod {id} never became {want}: {pod}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    async fn action(&self, id: &str, key: &str, action: &str) -> reqwest::Response {
+        self.send_json(
+            Method::POST,
+            &format!("/v2/pods/{id}/action"),
+            key,
+            &json!({"action": action}),
+        )
+        .await
+    }
+
+    /// The lines of the pod's log, `(source, line)`.
+    async fn pod_log(&self, id: &str, key: &str) -> Vec<(String, String)> {
+        let res = self.get(&format!("/v2/pods/{id}/logs?tail=1000"), key).await;
+        assert_eq!(res.status().as_u16(), 200);
+        parse_sse(&res.text().await.unwrap())
+            .into_iter()
+            .map(|(_, _, data)| {
+                (
+                    data["source"].as_str().unwrap_or("").to_owned(),
+                    data["line"].as_str().unwrap_or("").to_owned(),
+                )
+            })
+            .collect()
+    }
+
+    /// Waits until the pod's container log has a line equal to `line`.
+    async fn log_line(&self, id: &str, key: &str, line: &str) -> Vec<(String, String)> {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        loop {
+            let log = self.pod_log(id, key).await;
+            if log.iter().any(|(source, l)| source == "container" && l == line) {
+                return log;
+            }
+            assert!(Instant::now() < deadline, "no line '{line}' in {log:?}");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+}
+
+/// A pod's life on Docker: created with the account's SSH key, running,
+/// logged, stopped (409 for a second stop), started again with the files of
+/// its container disk, reconfigured (a new container, a fresh disk, as a
+/// reset is), terminated and deleted; every second it ran is charged once.
+#[tokio::test]
+async fn a_pod_lives_on_docker_keeps_its_files_and_is_billed_by_the_second() {
+    let app = spawn(Backend::Sqlite).await;
+    let (_, key) = app.user_with_key("all").await;
+    let (_, other) = app.user_with_key("all").await;
+    let put = app
+        .send_json(Method::PUT, "/v2/account/ssh-keys", &key, &json!({"keys": [KEY]}))
+        .await;
+    assert_eq!(put.status().as_u16(), 200);
+    let keys: Value = app.get("/v2/account/ssh-keys", &key).await.json().await.unwrap();
+    assert_eq!(keys["keys"], json!([KEY]));
+
+    // Each start appends a line to a file on the container's disk and prints
+    // how many there are, then idles.
+    let args = "sh -c 'echo start >> /starts; echo starts=$(wc -l < /starts); echo key=$PUBLIC_KEY; echo mode=$MODE; exec sleep 3600'";
+    let res = app
+        .send_json(
+            Method::POST,
+            "/v2/pods",
+            &key,
+            &json!({"name": "trainer", "image": BUSYBOX, "args": args, "env": {"MODE": "one"},
+                    "cpu": {"id": "cpu3c", "vcpuCount": 2}, "startSsh": true,
+                    "ports": ["8888/http", "22/tcp"]}),
+        )
+        .await;
+    assert_eq!(res.status().as_u16(), 201);
+    let created: Value = res.json().await.unwrap();
+    let id = created["id"].as_str().unwrap().to_owned();
+    assert!(id.starts_with("pod_"), "{created}");
+    assert!(
+        ["PROVISIONING", "STARTING", "RUNNING"].contains(&created["status"].as_str().unwrap()),
+        "{created}"
+    );
+    assert_eq!(
+        created["env"]["PUBLIC_KEY"], KEY,
+        "startSsh puts the account's keys in the pod"
+    );
+    assert!(created["cost"].is_number());
+
+    let running = app.pod_until(&id, &key, "RUNNING").await;
+    assert_eq!(running["actions"], json!(["stop", "restart", "terminate"]));
+    assert!(running["cost"].as_f64().unwrap() > 0.0, "{running}");
+    assert!(running["runtime"]["uptime"].is_u64(), "{running}");
+    assert!(running["startedAt"].is_string());
+    let log = app.log_line(&id, &key, "starts=1").await;
+    assert!(log.iter().any(|(_, l)| l == &format!("key={KEY}")), "{log:?}");
+    assert!(
+        log.iter().any(|(s, l)| s == "system" && l == "container started"),
+        "{log:?}"
+    );
+
+    // Another user sees none of it.
+    assert_eq!(app.get(&format!("/v2/pods/{id}"), &other).await.status(), 404);
+    assert_eq!(app.action(&id, &other, "stop").await.status(), 404);
+    assert_eq!(app.get(&format!("/v2/pods/{id}/logs"), &other).await.status(), 404);
+    let theirs: Value = app.get("/v2/pods", &other).await.json().await.unwrap();
+    assert_eq!(theirs["pods"], json!([]));
+    assert_eq!(
+        app.get("/v2/account/ssh-keys", &other)
+            .await
+            .json::<Value>()
+            .await
+            .unwrap()["keys"],
+        json!([])
+    );
+
+    // Stop: EXITED; a second stop is refused with the state and what is valid.
+    assert_eq!(app.action(&id, &key, "stop").await.status(), 200);
+    let stopped = app.pod_until(&id, &key, "EXITED").await;
+    assert_eq!(stopped["actions"], json!(["start", "terminate"]));
+    assert_eq!(stopped["cost"], 0.0);
+    assert!(stopped["runtime"].is_null());
+    let refused = problem(app.action(&id, &key, "stop").await, 409).await;
+    let detail = refused["detail"].as_str().unwrap();
+    assert!(
+        detail.contains("EXITED") && detail.contains("start, terminate"),
+        "{refused}"
+    );
+
+    // Start: the same files.
+    assert_eq!(app.action(&id, &key, "start").await.status(), 200);
+    app.pod_until(&id, &key, "RUNNING").await;
+    app.log_line(&id, &key, "starts=2").await;
+
+    // A new configuration: a new container, with a disk of its own.
+    let res = app
+        .send_json(
+            Method::PATCH,
+            &format!("/v2/pods/{id}"),
+            &key,
+            &json!({"env": {"MODE": "two"}, "name": "renamed"}),
+        )
+        .await;
+    assert_eq!(res.status().as_u16(), 200);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let log = app.pod_log(&id, &key).await;
+        if log.iter().any(|(_, l)| l == "mode=two") {
+            assert!(log.iter().any(|(_, l)| l == "starts=1"), "{log:?}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "never restarted with the new env: {log:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    assert_eq!(app.pod_until(&id, &key, "RUNNING").await["name"], "renamed");
+
+    // Terminate, then delete: the container is gone.
+    assert_eq!(app.action(&id, &key, "terminate").await.status(), 200);
+    let over = app.pod_until(&id, &key, "TERMINATED").await;
+    assert_eq!(over["actions"], json!([]));
+    problem(app.action(&id, &key, "start").await, 409).await;
+    let docker = gantry_runtime::Docker::connect(&docker_host()).unwrap();
+    use gantry_runtime::Runtime;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !docker
+        .list(&[("gantry.id".to_owned(), id.clone())])
+        .await
+        .unwrap()
+        .is_empty()
+    {
+        assert!(Instant::now() < deadline, "the pod's container is still there");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let deleted = app
+        .request(Method::DELETE, &format!("/v2/pods/{id}"), Some(&key))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status().as_u16(), 204);
+    assert_eq!(app.get(&format!("/v2/pods/{id}"), &key).await.status(), 404);
+
+    // Every run is closed and charged once, millisecond by millisecond.
+    app.fleet
+        .service()
+        .accrue_pods(gantry_containers::service::now_ms())
+        .await
+        .unwrap();
+    let runs = app.fleet.service().pod_runs(&id).await.unwrap();
+    assert_eq!(
+        runs.len(),
+        3,
+        "first start, start after the stop, the new configuration: {runs:?}"
+    );
+    let db = sea_orm::Database::connect(&app.database_url).await.unwrap();
+    use sea_orm::ConnectionTrait;
+    for run in &runs {
+        let ended = run.ended_at_ms.expect("every run ended");
+        assert_eq!(run.billed_until_ms, ended, "charged up to its end");
+        let charges = db
+            .query_all_raw(sea_orm::Statement::from_string(
+                db.get_database_backend(),
+                format!(
+                    "SELECT quantity_micros, amount_micro_usd FROM ledger_entries WHERE job_id LIKE '{}@%' AND unit = 'cpu_pod_seconds' AND model = '{id}'",
+                    run.id
+                ),
+            ))
+            .await
+            .unwrap();
+        let quantity: i64 = charges.iter().map(|r| r.try_get_by_index::<i64>(0).unwrap()).sum();
+        let amount: i64 = charges.iter().map(|r| r.try_get_by_index::<i64>(1).unwrap()).sum();
+        assert_eq!(
+            quantity,
+            (ended - run.created_at_ms) * 1000,
+            "run {}: every millisecond once",
+            run.id
+        );
+        assert_eq!(
+            amount,
+            (i128::from(ended - run.created_at_ms) * i128::from(run.hourly_micro_usd) / 3_600_000) as i64
+        );
+    }
+    // Runs do not overlap: a pod is billed once at a time.
+    for pair in runs.windows(2) {
+        assert!(pair[0].ended_at_ms.unwrap() <= pair[1].created_at_ms, "{runs:?}");
+    }
+}
+
+/// An image that cannot be pulled: ERROR with the reason in the system log,
+/// no run and no charge; an update with a good image starts it.
+#[tokio::test]
+async fn a_pod_whose_image_cannot_be_pulled_is_in_error_until_fixed() {
+    let app = spawn(Backend::Sqlite).await;
+    let (_, key) = app.user_with_key("all").await;
+    let res = app
+        .send_json(
+            Method::POST,
+            "/v2/pods",
+            &key,
+            &json!({"name": "broken", "image": "127.0.0.1:9/nothing/here:1", "args": "sleep 3600",
+                    "cpu": {"id": "cpu3c", "vcpuCount": 2}}),
+        )
+        .await;
+    assert_eq!(res.status().as_u16(), 201);
+    let id = res.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_owned();
+    let failed = app.pod_until(&id, &key, "ERROR").await;
+    assert!(
+        failed["statusReason"].as_str().unwrap().contains("could not be pulled"),
+        "{failed}"
+    );
+    assert_eq!(failed["actions"], json!(["start", "terminate"]));
+    let log = app.pod_log(&id, &key).await;
+    assert!(
+        log.iter()
+            .any(|(s, l)| s == "system" && l.contains("could not be pulled")),
+        "{log:?}"
+    );
+    assert!(
+        app.fleet.service().pod_runs(&id).await.unwrap().is_empty(),
+        "not billed"
+    );
+
+    let res = app
+        .send_json(
+            Method::PATCH,
+            &format!("/v2/pods/{id}"),
+            &key,
+            &json!({"image": BUSYBOX}),
+        )
+        .await;
+    assert_eq!(res.status().as_u16(), 200);
+    assert_eq!(app.action(&id, &key, "start").await.status(), 200);
+    app.pod_until(&id, &key, "RUNNING").await;
+    let deleted = app
+        .request(Method::DELETE, &format!("/v2/pods/{id}"), Some(&key))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(deleted.status().as_u16(), 204);
+}
+
+/// Bad pod requests list every problem and create nothing; scopes hold.
+#[tokio::test]
+async fn bad_pod_requests_say_every_problem_and_change_nothing() {
+    let app = spawn(Backend::Postgres).await;
+    let (_, key) = app.user_with_key("all").await;
+    let body = problem(
+        app.send_json(
+            Method::POST,
+            "/v2/pods",
+            &key,
+            &json!({"name": "x", "image": "Bad Image", "ports": ["99999/http"],
+                    "gpu": {"id": "NO SUCH GPU"}, "cpu": {"id": "cpu3c", "vcpuCount": 3},
+                    "mounts": {"persistent": {"size": 0, "path": "relative"}}, "globalNetworking": true}),
+        )
+        .await,
+        422,
+    )
+    .await;
+    let errors = errors_of(&body);
+    for needle in [
+        "$.image",
+        "$.ports",
+        "$: give exactly one of gpu or cpu",
+        "$.mounts.persistent.size",
+        "$.mounts.persistent.path",
+        "$.globalNetworking",
+    ] {
+        assert!(
+            errors.iter().any(|e| e.starts_with(needle)),
+            "{needle} missing from {errors:?}"
+        );
+    }
+    let body = problem(
+        app.send_json(
+            Method::POST,
+            "/v2/pods",
+            &key,
+            &json!({"name": "x", "cpu": {"id": "cpu3c", "vcpuCount": 2}}),
+        )
+        .await,
+        422,
+    )
+    .await;
+    assert!(errors_of(&body).iter().any(|e| e.starts_with("$.image")), "{body}");
+    let body = problem(
+        app.send_json(
+            Method::PUT,
+            "/v2/account/ssh-keys",
+            &key,
+            &json!({"keys": ["rsa AAAA", KEY, "ssh-rsa ***"]}),
+        )
+        .await,
+        422,
+    )
+    .await;
+    assert_eq!(errors_of(&body).len(), 2, "{body}");
+    let listed: Value = app.get("/v2/pods", &key).await.json().await.unwrap();
+    assert_eq!(listed["pods"], json!([]));
+    assert_eq!(
+        app.get("/v2/account/ssh-keys", &key)
+            .await
+            .json::<Value>()
+            .await
+            .unwrap()["keys"],
+        json!([])
+    );
+    problem(app.action("pod_missing", &key, "start").await, 404).await;
+    problem(
+        app.send_json(
+            Method::POST,
+            "/v2/pods/pod_missing/action",
+            &key,
+            &json!({"action": "explode"}),
+        )
+        .await,
+        422,
+    )
+    .await;
+
+    // Read-only keys read; they do not create.
+    let (_, read_only) = app.user_with_key("read-only").await;
+    assert_eq!(app.get("/v2/pods", &read_only).await.status(), 200);
+    problem(
+        app.send_json(
+            Method::POST,
+            "/v2/pods",
+            &read_only,
+            &json!({"name": "x", "image": BUSYBOX, "cpu": {"id": "cpu3c", "vcpuCount": 2}}),
+        )
+        .await,
+        403,
+    )
+    .await;
+}
