@@ -4,7 +4,8 @@ use sea_orm_migration::prelude::*;
 pub struct Migration;
 
 /// Pods: `pods` (a user's long-running container: its configuration, the
-/// state the user asked for and the one the engine reports), `pod_runs` (each
+/// state the user asked for and the one the engine reports, and the network
+/// volume it mounts), `pod_runs` (each
 /// stretch a pod's container ran, and the seconds of it charged so far),
 /// `pod_events` (the system lines of a pod's log) and `ssh_keys` (an
 /// account's public keys, put into pods started with SSH).
@@ -26,6 +27,7 @@ impl MigrationTrait for Migration {
                status TEXT NOT NULL, \
                reason TEXT, \
                locked BOOLEAN NOT NULL, \
+               volume_id TEXT, \
                version INTEGER NOT NULL, \
                restart_at_ms BIGINT NOT NULL, \
                hourly_micro_usd BIGINT NOT NULL, \
@@ -35,6 +37,7 @@ impl MigrationTrait for Migration {
                deleted_at_ms BIGINT)",
             "CREATE INDEX pods_user ON pods (user_id, created_at_ms)",
             "CREATE INDEX pods_open ON pods (deleted_at_ms, status)",
+            "CREATE INDEX pods_volume ON pods (volume_id)",
             "CREATE TABLE pod_runs (\
                id TEXT NOT NULL PRIMARY KEY, \
                pod_id TEXT NOT NULL, \

@@ -147,6 +147,8 @@ pub mod pod {
         pub status: String,
         pub reason: Option<String>,
         pub locked: bool,
+        /// The network volume it mounts, if any (a volume in use is not deleted).
+        pub volume_id: Option<String>,
         /// Bumped by a change that needs a new container.
         pub version: i32,
         /// A restart asked for at this time restarts a run begun before it.

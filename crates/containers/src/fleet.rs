@@ -35,6 +35,10 @@ pub const LABEL_ID: &str = "gantry.id";
 pub const LABEL_OWNER: &str = "gantry.owner";
 pub const LABEL_WORKER: &str = "gantry.worker";
 pub const LABEL_VERSION: &str = "gantry.version";
+/// Which installation of Gantry made the container: engines may be shared
+/// (two deployments on one host, tests in parallel), and a reconciler must
+/// never take another installation's containers for orphans of its own.
+pub const LABEL_INSTALLATION: &str = "gantry.installation";
 
 /// How a [`Fleet`] behaves.
 #[derive(Clone)]
@@ -102,6 +106,8 @@ pub struct Fleet {
     tracked: Mutex<HashMap<String, Tracked>>,
     /// Why the runtime is unusable, from the last look (None: it answers).
     runtime_error: Mutex<Option<String>>,
+    /// This installation's [`LABEL_INSTALLATION`] value.
+    installation: String,
     /// Endpoint id -> when its image last failed to pull or start.
     backoff: Mutex<HashMap<String, Instant>>,
     wake: tokio::sync::Notify,
@@ -128,7 +134,15 @@ impl Fleet {
         } else {
             None
         };
+        // Derived from the secret the workers' tokens are signed with, which
+        // every process of one installation shares and no other has.
+        let installation = {
+            use sha2::Digest;
+            let digest = sha2::Sha256::digest([b"gantry installation\0".as_slice(), &config.token_secret].concat());
+            digest.iter().take(8).map(|b| format!("{b:02x}")).collect::<String>()
+        };
         Arc::new(Self {
+            installation,
             base_url: Mutex::new(config.worker_base_url.clone()),
             stopping: Mutex::new(std::collections::HashSet::new()),
             pods_busy: Mutex::new(std::collections::HashSet::new()),
@@ -163,6 +177,18 @@ impl Fleet {
 
     pub fn config(&self) -> &FleetConfig {
         &self.config
+    }
+
+    /// The labels that find this installation's containers of `kind`.
+    pub(crate) fn own(&self, kind: &str) -> Vec<(String, String)> {
+        vec![
+            (LABEL_KIND.to_owned(), kind.to_owned()),
+            (LABEL_INSTALLATION.to_owned(), self.installation.clone()),
+        ]
+    }
+
+    pub(crate) fn installation(&self) -> &str {
+        &self.installation
     }
 
     /// Marks a pod busy; false if it already was.
@@ -354,7 +380,7 @@ impl Fleet {
         let Some(runtime) = self.runtime.clone() else {
             return Ok(());
         };
-        let containers = match runtime.list(&[(LABEL_KIND.to_owned(), "worker".to_owned())]).await {
+        let containers = match runtime.list(&self.own("worker")).await {
             Ok(list) => {
                 *lock(&self.runtime_error) = None;
                 list
@@ -744,6 +770,7 @@ impl Fleet {
         }
         let mut labels = BTreeMap::new();
         labels.insert(LABEL_KIND.to_owned(), "worker".to_owned());
+        labels.insert(LABEL_INSTALLATION.to_owned(), self.installation.clone());
         labels.insert(LABEL_ID.to_owned(), endpoint.id.clone());
         labels.insert(LABEL_OWNER.to_owned(), endpoint.user_id.clone());
         labels.insert(LABEL_WORKER.to_owned(), worker_id.to_owned());

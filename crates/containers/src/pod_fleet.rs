@@ -20,8 +20,8 @@ use std::sync::Arc;
 
 use gantry_runtime::{Container as RuntimeContainer, ContainerSpec, ContainerState, Network, RegistryAuth, Runtime};
 
-use crate::fleet::{Fleet, LABEL_ID, LABEL_KIND, LABEL_OWNER, LABEL_VERSION, registry_host};
-use crate::pods::{PodRecord, PodStatus, pod_container_name, pod_env, pod_volume_name};
+use crate::fleet::{Fleet, LABEL_ID, LABEL_INSTALLATION, LABEL_KIND, LABEL_OWNER, LABEL_VERSION, registry_host};
+use crate::pods::{PodRecord, PodStatus, network_volume_name, pod_container_name, pod_env, pod_volume_name};
 use crate::service::{ContainerError, now_ms};
 use crate::spec::split_args;
 
@@ -31,7 +31,7 @@ pub const KIND_POD: &str = "pod";
 impl Fleet {
     /// One look at every pod and every pod container.
     pub(crate) async fn reconcile_pods(self: &Arc<Self>, runtime: &Arc<dyn Runtime>) -> Result<(), ContainerError> {
-        let containers = match runtime.list(&[(LABEL_KIND.to_owned(), KIND_POD.to_owned())]).await {
+        let containers = match runtime.list(&self.own(KIND_POD)).await {
             Ok(list) => list,
             Err(error) => {
                 tracing::warn!(%error, "pod containers could not be listed");
@@ -250,6 +250,7 @@ impl Fleet {
         let spec = &pod.spec;
         let mut labels = BTreeMap::new();
         labels.insert(LABEL_KIND.to_owned(), KIND_POD.to_owned());
+        labels.insert(LABEL_INSTALLATION.to_owned(), self.installation().to_owned());
         labels.insert(LABEL_ID.to_owned(), pod.id.clone());
         labels.insert(LABEL_OWNER.to_owned(), pod.user_id.clone());
         labels.insert(LABEL_VERSION.to_owned(), pod.version.to_string());
@@ -259,6 +260,12 @@ impl Fleet {
             .persistent
             .iter()
             .map(|mount| format!("{}:{}", pod_volume_name(&pod.id), mount.path))
+            .chain(
+                spec.mounts
+                    .network
+                    .iter()
+                    .map(|mount| format!("{}:{}", network_volume_name(&mount.volume_id), mount.path)),
+            )
             .collect();
         let ports = spec
             .container

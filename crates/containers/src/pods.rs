@@ -122,21 +122,36 @@ pub struct PodCpu {
 /// A pod's persistent disk: a volume of its own, mounted at `path`, that
 /// outlives stops, restarts and configuration changes and goes with the pod.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PodPersistentMount {
-    /// Size in GB.
-    #[schema(minimum = 1)]
+    /// Size in GB (at least 10).
+    #[schema(minimum = 10)]
     pub size: u32,
     /// Absolute path in the container.
     pub path: String,
 }
 
-/// Storage mounted into a pod.
+/// A network volume mounted into a pod.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
+pub struct PodNetworkMount {
+    /// Id of one of the caller's network volumes (fixed once created).
+    #[schema(min_length = 1)]
+    pub volume_id: String,
+    /// Absolute path in the container.
+    pub path: String,
+}
+
+/// Storage mounted into a pod: a persistent disk of its own (GPU pods) or
+/// one network volume, not both.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
-#[serde(rename_all = "camelCase")]
+#[serde(rename_all = "camelCase", deny_unknown_fields)]
 pub struct PodMounts {
     #[serde(default, skip_serializing_if = "Option::is_none")]
     pub persistent: Option<PodPersistentMount>,
+    #[serde(default, skip_serializing_if = "Vec::is_empty")]
+    #[schema(max_items = 1)]
+    pub network: Vec<PodNetworkMount>,
 }
 
 /// What a pod runs, as stored.
@@ -280,6 +295,7 @@ impl ContainerService {
             status: Set(PodStatus::Provisioning.as_str().to_owned()),
             reason: Set(None),
             locked: Set(false),
+            volume_id: Set(spec.mounts.network.first().map(|m| m.volume_id.clone())),
             version: Set(1),
             restart_at_ms: Set(0),
             hourly_micro_usd: Set(hourly_micro_usd),
@@ -395,6 +411,20 @@ impl ContainerService {
         }
         self.pod_event(id, &format!("{} asked for", action.as_str())).await?;
         Ok(Ok(self.get_pod(owner, id).await?))
+    }
+
+    /// The caller's pods (not terminated) that mount network volume `volume_id`.
+    pub async fn pods_using_volume(&self, owner: &str, volume_id: &str) -> Result<Vec<String>, ContainerError> {
+        // A deleted pod mounts the volume until its container is removed.
+        Ok(pod::Entity::find()
+            .filter(pod::Column::UserId.eq(owner))
+            .filter(pod::Column::VolumeId.eq(volume_id))
+            .filter(pod::Column::Status.ne(PodStatus::Terminated.as_str()))
+            .all(self.db())
+            .await?
+            .into_iter()
+            .map(|p| p.id)
+            .collect())
     }
 
     /// Deletes a pod: gone for its owner at once; the reconciler removes its
@@ -672,6 +702,11 @@ pub fn pod_container_name(pod_id: &str) -> String {
 /// The volume holding a pod's persistent mount.
 pub fn pod_volume_name(pod_id: &str) -> String {
     format!("gantry-{pod_id}-disk")
+}
+
+/// The engine volume holding a network volume's files.
+pub fn network_volume_name(volume_id: &str) -> String {
+    format!("gantry-vol-{volume_id}")
 }
 
 /// The environment a pod's container starts with: its own, plus

@@ -442,25 +442,52 @@ fn check_cpu(state: &AppState, cpu: PodCpuRequest, failures: &mut Failures) -> O
 }
 
 fn check_mount(mount: &PodPersistentMount, failures: &mut Failures) {
-    if !(1..=gantry_containers::DISK_MAX_GB).contains(&mount.size) {
+    if !(10..=gantry_containers::DISK_MAX_GB).contains(&mount.size) {
         failures.fail(
             "mounts.persistent.size",
             format!(
-                "must be from 1 to {} GB (got {})",
+                "must be from 10 to {} GB (got {})",
                 gantry_containers::DISK_MAX_GB,
                 mount.size
             ),
         );
     }
-    let path = &mount.path;
-    if !path.starts_with('/') || path == "/" || path.contains(':') || path.split('/').any(|part| part == "..") {
+    check_mount_path(&mount.path, "mounts.persistent.path", failures);
+}
+
+fn check_mount_path(path: &str, field: &str, failures: &mut Failures) {
+    if !path.starts_with('/') || path == "/" || path.contains([':', ',']) || path.split('/').any(|part| part == "..") {
         failures.fail(
-            "mounts.persistent.path",
-            format!("must be an absolute path below / without '..' or ':' (got '{path}')"),
+            field,
+            format!("must be an absolute path below / without '..', ':' or ',' (got '{path}')"),
         );
     }
 }
 
+/// Checks the network mounts: at most one, of one of the caller's volumes.
+async fn check_network(
+    state: &AppState,
+    owner: &str,
+    mounts: &PodMounts,
+    failures: &mut Failures,
+) -> Result<(), ApiError> {
+    if mounts.network.len() > 1 {
+        failures.fail("mounts.network", "at most one network volume");
+    }
+    if mounts.persistent.is_some() && !mounts.network.is_empty() {
+        failures.fail("mounts", "persistent and network mounts exclude each other");
+    }
+    for (i, mount) in mounts.network.iter().enumerate() {
+        check_mount_path(&mount.path, &format!("mounts.network[{i}].path"), failures);
+        if state.volumes.get(owner, &mount.volume_id).await.is_err() {
+            failures.fail(
+                &format!("mounts.network[{i}].volumeId"),
+                format!("no network volume '{}' of yours", mount.volume_id),
+            );
+        }
+    }
+    Ok(())
+}
 /// A random password for Jupyter.
 fn jupyter_password() -> String {
     use rand::RngExt;
@@ -556,6 +583,7 @@ async fn new_pod_spec(state: &AppState, owner: &str, mut body: CreatePodRequest)
     if let Some(mount) = &mounts.persistent {
         check_mount(mount, &mut failures);
     }
+    check_network(state, owner, &mounts, &mut failures).await?;
     let (gpu, cpu) = match (body.gpu, body.cpu) {
         (Some(_), Some(_)) | (None, None) => {
             failures.fail("", "give exactly one of gpu or cpu");
@@ -713,6 +741,16 @@ pub async fn update_pod(
                 spec.mounts.persistent = Some(mount);
             }
             (Some(_), None) => failures.fail("mounts", "the pod was created without a persistent mount"),
+        }
+        // The volume is fixed at create; its path may change.
+        match (mounts.network.as_slice(), current.spec.mounts.network.as_slice()) {
+            ([], _) => {}
+            ([new], [old]) if new.volume_id == old.volume_id => {
+                check_mount_path(&new.path, "mounts.network[0].path", &mut failures);
+                spec.mounts.network = vec![new.clone()];
+            }
+            ([_], [_]) => failures.fail("mounts.network[0].volumeId", "the pod's network volume cannot change"),
+            _ => failures.fail("mounts", "the pod was created without a network volume"),
         }
     }
     if body.global_networking == Some(true) {

@@ -187,7 +187,8 @@ pub async fn update(
 
 #[utoipa::path(delete, path = "/v2/network-volumes/{id}", operation_id = "deleteNetworkVolume", tag = "Network Volumes",
     description = "Permanently deletes a network volume. Its storage is charged up to the hour in progress \
-first (volumes are charged by the started hour). Requires `volumes:write`.",
+first (volumes are charged by the started hour), and its files are removed. A volume a pod mounts is 409 until \
+the pod is terminated. Requires `volumes:write`.",
     params(("id" = String, Path, description = "Network volume identifier")),
     responses((status = 204, description = "Deleted. Response has no body.")))]
 pub async fn delete(
@@ -196,6 +197,13 @@ pub async fn delete(
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     let principal = caller.require(Scope::VolumesWrite)?;
+    let users = state.containers.pods_using_volume(&principal.user_id, &id).await?;
+    if !users.is_empty() {
+        return Err(ApiError::Conflict(format!(
+            "the volume is mounted by pod {}: terminate or delete it first",
+            users.join(", ")
+        )));
+    }
     // Only the caller's own volume is accrued (another's id is answered
     // exactly like a missing one, by the delete below).
     if state.volumes.get(&principal.user_id, &id).await.is_ok() {
@@ -205,5 +213,12 @@ pub async fn delete(
         state.jobs.accrue_storage(now, Some(&id)).await?;
     }
     state.volumes.delete(&principal.user_id, &id).await?;
+    // Its files go with it (pods mounted it as an engine volume).
+    if let Some(runtime) = state.fleet.as_ref().and_then(|fleet| fleet.runtime().cloned()) {
+        let name = gantry_containers::pods::network_volume_name(&id);
+        if let Err(error) = runtime.remove_volume(&name).await {
+            tracing::warn!(volume = %name, %error, "the volume's files could not be removed");
+        }
+    }
     Ok(HttpResponse::NoContent().finish())
 }

@@ -72,10 +72,12 @@ impl TestApp {
     }
 }
 
-/// A pod's life on Docker: created with the account's SSH key, running,
-/// logged, stopped (409 for a second stop), started again with the files of
-/// its container disk, reconfigured (a new container, a fresh disk, as a
-/// reset is), terminated and deleted; every second it ran is charged once.
+/// A pod's life on Docker: created with the account's SSH key and a network
+/// volume, running, logged, stopped (409 for a second stop), started again
+/// with the files of its container disk, restarted, reconfigured (a new
+/// container and a fresh container disk; the volume's files stay),
+/// terminated and deleted (the volume, in use until then, with it); every
+/// second it ran is charged once.
 #[tokio::test]
 async fn a_pod_lives_on_docker_keeps_its_files_and_is_billed_by_the_second() {
     let app = spawn(Backend::Sqlite).await;
@@ -88,9 +90,20 @@ async fn a_pod_lives_on_docker_keeps_its_files_and_is_billed_by_the_second() {
     let keys: Value = app.get("/v2/account/ssh-keys", &key).await.json().await.unwrap();
     assert_eq!(keys["keys"], json!([KEY]));
 
-    // Each start appends a line to a file on the container's disk and prints
-    // how many there are, then idles.
-    let args = "sh -c 'echo start >> /starts; echo starts=$(wc -l < /starts); echo key=$PUBLIC_KEY; echo mode=$MODE; exec sleep 3600'";
+    let res = app
+        .send_json(
+            Method::POST,
+            "/v2/network-volumes",
+            &key,
+            &json!({"name": "data", "size": 10, "dataCenter": "EU-RO-1"}),
+        )
+        .await;
+    assert_eq!(res.status().as_u16(), 201);
+    let volume = res.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_owned();
+
+    // Each start appends a line to a file on the container's disk and one on
+    // the volume, prints how many there are, then idles.
+    let args = "sh -c 'echo s >> /starts; echo s >> /data/starts; echo starts=$(wc -l < /starts) kept=$(wc -l < /data/starts); echo key=$PUBLIC_KEY; echo mode=$MODE; exec sleep 3600'";
     let res = app
         .send_json(
             Method::POST,
@@ -98,7 +111,8 @@ async fn a_pod_lives_on_docker_keeps_its_files_and_is_billed_by_the_second() {
             &key,
             &json!({"name": "trainer", "image": BUSYBOX, "args": args, "env": {"MODE": "one"},
                     "cpu": {"id": "cpu3c", "vcpuCount": 2}, "startSsh": true,
-                    "ports": ["8888/http", "22/tcp"]}),
+                    "ports": ["8888/http", "22/tcp"],
+                    "mounts": {"network": [{"volumeId": volume, "path": "/data"}]}}),
         )
         .await;
     assert_eq!(res.status().as_u16(), 201);
@@ -120,7 +134,7 @@ async fn a_pod_lives_on_docker_keeps_its_files_and_is_billed_by_the_second() {
     assert!(running["cost"].as_f64().unwrap() > 0.0, "{running}");
     assert!(running["runtime"]["uptime"].is_u64(), "{running}");
     assert!(running["startedAt"].is_string());
-    let log = app.log_line(&id, &key, "starts=1").await;
+    let log = app.log_line(&id, &key, "starts=1 kept=1").await;
     assert!(log.iter().any(|(_, l)| l == &format!("key={KEY}")), "{log:?}");
     assert!(
         log.iter().any(|(s, l)| s == "system" && l == "container started"),
@@ -158,7 +172,22 @@ async fn a_pod_lives_on_docker_keeps_its_files_and_is_billed_by_the_second() {
     // Start: the same files.
     assert_eq!(app.action(&id, &key, "start").await.status(), 200);
     app.pod_until(&id, &key, "RUNNING").await;
-    app.log_line(&id, &key, "starts=2").await;
+    app.log_line(&id, &key, "starts=2 kept=2").await;
+    // The volume is in use.
+    let in_use = problem(
+        app.request(Method::DELETE, &format!("/v2/network-volumes/{volume}"), Some(&key))
+            .send()
+            .await
+            .unwrap(),
+        409,
+    )
+    .await;
+    assert!(in_use["detail"].as_str().unwrap().contains(&id), "{in_use}");
+
+    // Restart: the same container, run again.
+    assert_eq!(app.action(&id, &key, "restart").await.status(), 200);
+    app.log_line(&id, &key, "starts=3 kept=3").await;
+    app.pod_until(&id, &key, "RUNNING").await;
 
     // A new configuration: a new container, with a disk of its own.
     let res = app
@@ -174,7 +203,7 @@ async fn a_pod_lives_on_docker_keeps_its_files_and_is_billed_by_the_second() {
     loop {
         let log = app.pod_log(&id, &key).await;
         if log.iter().any(|(_, l)| l == "mode=two") {
-            assert!(log.iter().any(|(_, l)| l == "starts=1"), "{log:?}");
+            assert!(log.iter().any(|(_, l)| l == "starts=1 kept=4"), "{log:?}");
             break;
         }
         assert!(Instant::now() < deadline, "never restarted with the new env: {log:?}");
@@ -207,6 +236,14 @@ async fn a_pod_lives_on_docker_keeps_its_files_and_is_billed_by_the_second() {
     assert_eq!(deleted.status().as_u16(), 204);
     assert_eq!(app.get(&format!("/v2/pods/{id}"), &key).await.status(), 404);
 
+    // The volume is free again, and goes.
+    let res = app
+        .request(Method::DELETE, &format!("/v2/network-volumes/{volume}"), Some(&key))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 204);
+
     // Every run is closed and charged once, millisecond by millisecond.
     app.fleet
         .service()
@@ -216,8 +253,8 @@ async fn a_pod_lives_on_docker_keeps_its_files_and_is_billed_by_the_second() {
     let runs = app.fleet.service().pod_runs(&id).await.unwrap();
     assert_eq!(
         runs.len(),
-        3,
-        "first start, start after the stop, the new configuration: {runs:?}"
+        4,
+        "first start, start after the stop, restart, the new configuration: {runs:?}"
     );
     let db = sea_orm::Database::connect(&app.database_url).await.unwrap();
     use sea_orm::ConnectionTrait;
