@@ -137,6 +137,7 @@ pub fn management_endpoints() -> Vec<Endpoint> {
         keyed(Method::GET, "/v2/billing/serverless", || {
             web::get().to(billing::serverless)
         }),
+        keyed(Method::GET, "/v2/billing/pods", || web::get().to(billing::pods)),
         keyed(Method::GET, "/v2/billing/network-volumes", || {
             web::get().to(billing::network_volumes)
         }),

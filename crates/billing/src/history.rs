@@ -289,23 +289,51 @@ pub async fn job_charges<C: ConnectionTrait>(db: &C, user: &str, window: &Window
 /// Ledger units of serverless workers' time (GPU and CPU workers).
 pub const GPU_WORKER_SECONDS: &str = "gpu_worker_seconds";
 pub const CPU_WORKER_SECONDS: &str = "cpu_worker_seconds";
+/// Ledger units of pods' time (GPU and CPU pods).
+pub const GPU_POD_SECONDS: &str = "gpu_pod_seconds";
+pub const CPU_POD_SECONDS: &str = "cpu_pod_seconds";
 
-/// A user's serverless worker charges in the window: (charged at ms,
-/// endpoint id, GPU worker?, micro-USD), optionally of one endpoint.
-pub async fn worker_charges<C: ConnectionTrait>(
+/// Compute charged by the second: serverless workers or pods.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Compute {
+    Workers,
+    Pods,
+}
+
+impl Compute {
+    /// The (GPU, CPU) ledger units.
+    pub fn units(self) -> (&'static str, &'static str) {
+        match self {
+            Compute::Workers => (GPU_WORKER_SECONDS, CPU_WORKER_SECONDS),
+            Compute::Pods => (GPU_POD_SECONDS, CPU_POD_SECONDS),
+        }
+    }
+}
+
+/// A user's charges for `compute` in the window: (charged at ms, endpoint or
+/// pod id, on GPUs?, micro-USD), optionally of one endpoint or pod.
+pub async fn compute_charges<C: ConnectionTrait>(
     db: &C,
     user: &str,
     window: &Window,
-    endpoint: Option<&str>,
+    compute: Compute,
+    subject: Option<&str>,
 ) -> Result<Vec<(i64, String, bool, i64)>, DbErr> {
+    let (gpu_unit, cpu_unit) = compute.units();
     let mut sql = String::from(
         "SELECT created_at, model, unit, amount_micro_usd FROM ledger_entries WHERE user_id = ? \
-         AND unit IN ('gpu_worker_seconds', 'cpu_worker_seconds') AND created_at >= ? AND created_at < ?",
+         AND unit IN (?, ?) AND created_at >= ? AND created_at < ?",
     );
-    let mut values: Vec<sea_orm::Value> = vec![user.into(), window.start.into(), window.end.into()];
-    if let Some(endpoint) = endpoint {
+    let mut values: Vec<sea_orm::Value> = vec![
+        user.into(),
+        gpu_unit.into(),
+        cpu_unit.into(),
+        window.start.into(),
+        window.end.into(),
+    ];
+    if let Some(subject) = subject {
         sql.push_str(" AND model = ?");
-        values.push(endpoint.into());
+        values.push(subject.into());
     }
     let sql = placeholders(db.get_database_backend(), &sql);
     let rows = db
@@ -317,7 +345,7 @@ pub async fn worker_charges<C: ConnectionTrait>(
             Ok((
                 r.try_get_by_index(0)?,
                 r.try_get_by_index(1)?,
-                unit == GPU_WORKER_SECONDS,
+                unit == gpu_unit,
                 r.try_get_by_index(3)?,
             ))
         })

@@ -24,9 +24,7 @@ use crate::spec::Container;
 pub const POD_PREFIX: &str = "pod_";
 /// Most SSH keys of one account.
 pub const SSH_KEYS_MAX: usize = 64;
-/// Ledger units of pods' time.
-pub const GPU_POD_SECONDS: &str = "gpu_pod_seconds";
-pub const CPU_POD_SECONDS: &str = "cpu_pod_seconds";
+pub use gantry_billing::history::{CPU_POD_SECONDS, GPU_POD_SECONDS};
 
 /// Lifecycle status of a pod, as the reference names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]

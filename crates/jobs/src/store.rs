@@ -293,15 +293,17 @@ impl JobStore {
 
     /// The user's storage charges in a billing window: (hour ms, volume,
     /// tier, micro-USD).
-    /// The user's serverless worker charges in a billing window: (charged
-    /// at ms, endpoint, GPU worker?, micro-USD), of one endpoint when given.
-    pub async fn billing_worker_charges(
+    /// The user's charges for serverless workers' or pods' time in a
+    /// billing window: (charged at ms, endpoint or pod, on GPUs?, micro-USD),
+    /// of one endpoint or pod when given.
+    pub async fn billing_compute_charges(
         &self,
         user: &str,
         window: &gantry_billing::history::Window,
-        endpoint: Option<&str>,
+        compute: gantry_billing::history::Compute,
+        subject: Option<&str>,
     ) -> Result<Vec<(i64, String, bool, i64)>, JobError> {
-        Ok(gantry_billing::history::worker_charges(&self.db, user, window, endpoint).await?)
+        Ok(gantry_billing::history::compute_charges(&self.db, user, window, compute, subject).await?)
     }
 
     pub async fn billing_storage_charges(

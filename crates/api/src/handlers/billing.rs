@@ -2,7 +2,7 @@
 use actix_web::{HttpRequest, HttpResponse, web};
 use gantry_auth::Scope;
 use gantry_billing::credit::usd_string;
-use gantry_billing::history::{BucketSize, Window, format_rfc3339, parse_rfc3339};
+use gantry_billing::history::{BucketSize, Compute, Window, format_rfc3339, parse_rfc3339};
 use gantry_billing::usd;
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -52,6 +52,7 @@ struct HistoryQuery {
     window: Window,
     network_volume_id: Option<String>,
     serverless_id: Option<String>,
+    pod_id: Option<String>,
 }
 
 const HISTORY_PARAMS: [&str; 4] = ["startTime", "endTime", "bucketSize", "lastN"];
@@ -62,7 +63,7 @@ fn history_query(req: &HttpRequest, extra: &[&str]) -> Result<HistoryQuery, ApiE
     let mut errors = Vec::new();
     let mut seen = std::collections::HashSet::new();
     let (mut start, mut end, mut last_n, mut bucket, mut volume) = (None, None, None, BucketSize::Day, None);
-    let mut serverless = None;
+    let (mut serverless, mut pod) = (None, None);
     for (key, value) in &pairs {
         if !seen.insert(key.as_str()) {
             errors.push(format!("{key}: given more than once"));
@@ -90,6 +91,8 @@ fn history_query(req: &HttpRequest, extra: &[&str]) -> Result<HistoryQuery, ApiE
             "networkVolumeId" => volume = Some(value.clone()),
             "serverlessId" if value.is_empty() => errors.push("serverlessId: must not be empty".into()),
             "serverlessId" => serverless = Some(value.clone()),
+            "podId" if value.is_empty() => errors.push("podId: must not be empty".into()),
+            "podId" => pod = Some(value.clone()),
             _ => {}
         }
     }
@@ -107,6 +110,7 @@ fn history_query(req: &HttpRequest, extra: &[&str]) -> Result<HistoryQuery, ApiE
         window,
         network_volume_id: volume,
         serverless_id: serverless,
+        pod_id: pod,
     })
 }
 
@@ -221,7 +225,11 @@ pub async fn history(req: HttpRequest, state: web::Data<AppState>, caller: Calle
             }
         }
     }
-    for (at, _, gpu, amount) in state.jobs.billing_worker_charges(&user, &window, None).await? {
+    let workers = state
+        .jobs
+        .billing_compute_charges(&user, &window, Compute::Workers, None)
+        .await?;
+    for (at, _, gpu, amount) in workers {
         if let Some(i) = window.index_of(&buckets, at) {
             if gpu {
                 sums[i].serverless_gpu += amount;
@@ -309,19 +317,54 @@ pub async fn serverless(
     state: web::Data<AppState>,
     caller: Caller,
 ) -> Result<HttpResponse, ApiError> {
+    compute_history(&req, &state, &caller, Compute::Workers).await
+}
+
+#[utoipa::path(get, path = "/v2/billing/pods", operation_id = "listPodBilling", tag = "Billing",
+    description = "What the caller's pods cost per time bucket: one record per pod per bucket in which it was \
+charged (a pod is charged per second while its container runs, at the catalog's price of its GPUs or vCPUs for its \
+cloud), split into `gpuAmount` and `cpuAmount` (`diskAmount` is 0: a stopped pod's disk is not charged). `podId` \
+keeps one pod (deleted ones included). See `/v2/billing/endpoints` for the other parameters.",
+    params(
+        ("startTime" = Option<String>, Query, description = "Start (RFC 3339), inclusive"),
+        ("endTime" = Option<String>, Query, description = "End (RFC 3339), exclusive"),
+        ("bucketSize" = Option<String>, Query, description = "hour, day, week, month or year (default day)"),
+        ("lastN" = Option<u64>, Query, description = "The last N buckets, ending with the current one"),
+        ("podId" = Option<String>, Query, description = "One pod only"),
+    ),
+    responses((status = 200, description = "Records per pod and bucket, and totals")))]
+pub async fn pods(req: HttpRequest, state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
+    compute_history(&req, &state, &caller, Compute::Pods).await
+}
+
+/// Per-second compute (serverless workers or pods) per bucket and subject.
+async fn compute_history(
+    req: &HttpRequest,
+    state: &AppState,
+    caller: &Caller,
+    compute: Compute,
+) -> Result<HttpResponse, ApiError> {
     let user = caller.require(Scope::BillingRead)?.user_id.clone();
-    let query = history_query(&req, &["serverlessId"])?;
+    let (param, unique) = match compute {
+        Compute::Workers => ("serverlessId", "uniqueServerlessCount"),
+        Compute::Pods => ("podId", "uniquePodCount"),
+    };
+    let query = history_query(req, &[param])?;
+    let subject = match compute {
+        Compute::Workers => query.serverless_id,
+        Compute::Pods => query.pod_id,
+    };
     let window = query.window;
     let buckets = window.buckets();
-    // (bucket, endpoint) -> (gpu, cpu)
+    // (bucket, subject) -> (gpu, cpu)
     let mut sums: std::collections::BTreeMap<(usize, String), (i64, i64)> = std::collections::BTreeMap::new();
     let charges = state
         .jobs
-        .billing_worker_charges(&user, &window, query.serverless_id.as_deref())
+        .billing_compute_charges(&user, &window, compute, subject.as_deref())
         .await?;
-    for (at, endpoint, gpu, amount) in charges {
+    for (at, id, gpu, amount) in charges {
         if let Some(i) = window.index_of(&buckets, at) {
-            let entry = sums.entry((i, endpoint)).or_default();
+            let entry = sums.entry((i, id)).or_default();
             if gpu {
                 entry.0 += amount;
             } else {
@@ -329,29 +372,36 @@ pub async fn serverless(
             }
         }
     }
-    let mut endpoints = std::collections::BTreeSet::new();
+    let mut subjects = std::collections::BTreeSet::new();
     let (mut gpu_total, mut cpu_total) = (0i64, 0i64);
+    let amounts = |gpu: i64, cpu: i64| {
+        let mut amounts = serverless_amounts(gpu, cpu);
+        if compute == Compute::Pods {
+            amounts.remove("feeAmount");
+        }
+        amounts
+    };
     let records: Vec<Value> = sums
         .iter()
-        .map(|((i, endpoint), (gpu, cpu))| {
-            endpoints.insert(endpoint.clone());
+        .map(|((i, id), (gpu, cpu))| {
+            subjects.insert(id.clone());
             gpu_total += gpu;
             cpu_total += cpu;
             let mut record = range(buckets[*i]);
-            record.extend(serverless_amounts(*gpu, *cpu));
-            record.insert("serverlessId".into(), endpoint.clone().into());
+            record.extend(amounts(*gpu, *cpu));
+            record.insert(param.into(), id.clone().into());
             Value::Object(record)
         })
         .collect();
     let mut echo = query_echo(&window);
-    echo["serverlessId"] = query.serverless_id.map_or(Value::Null, Value::String);
+    echo[param] = subject.map_or(Value::Null, Value::String);
     Ok(HttpResponse::Ok().json(json!({
         "records": records,
         "metadata": {
             "query": echo,
             "recordCount": records.len(),
-            "uniqueServerlessCount": endpoints.len(),
-            "totals": Value::Object(serverless_amounts(gpu_total, cpu_total)),
+            unique: subjects.len(),
+            "totals": Value::Object(amounts(gpu_total, cpu_total)),
         }
     })))
 }

@@ -258,6 +258,7 @@ async fn a_pod_lives_on_docker_keeps_its_files_and_is_billed_by_the_second() {
     );
     let db = sea_orm::Database::connect(&app.database_url).await.unwrap();
     use sea_orm::ConnectionTrait;
+    let mut charged = 0i64;
     for run in &runs {
         let ended = run.ended_at_ms.expect("every run ended");
         assert_eq!(run.billed_until_ms, ended, "charged up to its end");
@@ -283,7 +284,26 @@ async fn a_pod_lives_on_docker_keeps_its_files_and_is_billed_by_the_second() {
             amount,
             (i128::from(ended - run.created_at_ms) * i128::from(run.hourly_micro_usd) / 3_600_000) as i64
         );
+        charged += amount;
     }
+    // The billing history shows the same, as CPU pod time.
+    let billed: Value = app
+        .get(&format!("/v2/billing/pods?podId={id}&bucketSize=hour&lastN=2"), &key)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let total = billed["metadata"]["totals"]["cpuAmount"].as_f64().unwrap();
+    assert!((total - charged as f64 / 1e6).abs() < 1e-6, "{billed} vs {charged}");
+    assert_eq!(billed["metadata"]["totals"]["gpuAmount"], 0.0);
+    assert_eq!(billed["metadata"]["uniquePodCount"], 1, "{billed}");
+    assert!(
+        billed["records"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|r| r["podId"] == id.as_str())
+    );
     // Runs do not overlap: a pod is billed once at a time.
     for pair in runs.windows(2) {
         assert!(pair[0].ended_at_ms.unwrap() <= pair[1].created_at_ms, "{runs:?}");
