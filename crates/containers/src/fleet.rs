@@ -69,6 +69,9 @@ pub struct FleetConfig {
     pub cpus: Arc<Vec<CpuType>>,
     /// Name of this process in the lease table.
     pub instance: String,
+    /// When credit is required: how long a running pod may go on while its
+    /// owner's balance is at or below zero before it is stopped.
+    pub pod_credit_grace: Option<Duration>,
 }
 
 /// The state of one worker, as `/v2/serverless/{id}/workers` shows it.
@@ -118,6 +121,8 @@ pub struct Fleet {
     stopping: Mutex<std::collections::HashSet<String>>,
     /// Pods with an engine call under way (each in a task of its own).
     pods_busy: Mutex<std::collections::HashSet<String>>,
+    /// Running pods whose owner has had no credit since then.
+    pods_unpaid: Mutex<HashMap<String, Instant>>,
 }
 
 type HmacSha256 = hmac::Hmac<sha2::Sha256>;
@@ -146,6 +151,7 @@ impl Fleet {
             base_url: Mutex::new(config.worker_base_url.clone()),
             stopping: Mutex::new(std::collections::HashSet::new()),
             pods_busy: Mutex::new(std::collections::HashSet::new()),
+            pods_unpaid: Mutex::new(HashMap::new()),
             service,
             runtime,
             dispatcher,
@@ -198,6 +204,17 @@ impl Fleet {
 
     pub(crate) fn pod_unlock(&self, pod_id: &str) {
         lock(&self.pods_busy).remove(pod_id);
+    }
+
+    /// Whether a running pod has been without credit past the grace period
+    /// (noting when it first was); clears the note once it has credit.
+    pub(crate) fn unpaid_past_grace(&self, pod_id: &str, broke: bool) -> bool {
+        let mut unpaid = lock(&self.pods_unpaid);
+        let Some(grace) = self.config.pod_credit_grace.filter(|_| broke) else {
+            unpaid.remove(pod_id);
+            return false;
+        };
+        unpaid.entry(pod_id.to_owned()).or_insert_with(Instant::now).elapsed() >= grace
     }
 
     pub fn service(&self) -> &ContainerService {

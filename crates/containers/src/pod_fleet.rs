@@ -134,6 +134,23 @@ impl Fleet {
                     // Created anew on the next look.
                     service.set_pod_status(pod, PodStatus::Provisioning, None, None).await?;
                 }
+                Some(c)
+                    if is_running(&c) && self.config().pod_credit_grace.is_some() && {
+                        let balance = gantry_billing::credit::balance(service.db(), &pod.user_id).await?;
+                        self.unpaid_past_grace(&pod.id, balance <= 0)
+                    } =>
+                {
+                    // Stopped (not deleted): the owner tops up and starts it.
+                    let reason = "stopped: the account's credit ran out";
+                    service.pod_event(&pod.id, reason).await?;
+                    runtime
+                        .stop(&c.id, self.config().stop_grace)
+                        .await
+                        .map_err(runtime_error)?;
+                    service.close_pod_run(&pod.id, now_ms()).await?;
+                    service.pod_exited(pod, PodStatus::Exited, reason).await?;
+                    self.unpaid_past_grace(&pod.id, false);
+                }
                 Some(c) if is_running(&c) => {
                     let run = service.open_run_of(&pod.id).await?;
                     match run {

@@ -167,6 +167,10 @@ pub async fn fleet(
             settings.catalog.cpus.clone()
         }),
         instance: format!("{}-{}", hostname(), std::process::id()),
+        pod_credit_grace: settings
+            .billing
+            .require_credit
+            .then(|| Duration::from_millis(s.pod_credit_grace_ms)),
     };
     let fleet = Fleet::new(service, runtime(settings)?, dispatcher, config);
     if let Some(reason) = fleet.probe().await {

@@ -97,6 +97,9 @@ pub struct ServerlessSettings {
     /// A worker silent this long (no call, no ping, no request open) is lost
     /// and its jobs go back to the queue.
     pub worker_lease_ms: u64,
+    /// With `billing.require_credit`, a running pod whose owner's balance
+    /// has been at or below zero this long is stopped (not deleted).
+    pub pod_credit_grace_ms: u64,
     /// Passphrases of the key that seals registry credentials (and signs
     /// worker tokens): the first seals, all open (rotation). Unset means a
     /// key generated once into `<data_dir>/serverless.key`; several
@@ -115,6 +118,7 @@ impl Default for ServerlessSettings {
             start_timeout_ms: 120_000,
             stop_grace_ms: 10_000,
             worker_lease_ms: 30_000,
+            pod_credit_grace_ms: 300_000,
             keys: Vec::new(),
         }
     }

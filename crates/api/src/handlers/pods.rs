@@ -627,6 +627,21 @@ async fn new_pod_spec(state: &AppState, owner: &str, mut body: CreatePodRequest)
 
 // --- handlers -------------------------------------------------------------
 
+/// A pod starts only with credit, when credit is required (402 otherwise):
+/// a running pod is charged by the second.
+async fn require_credit(state: &AppState, owner: &str) -> Result<(), ApiError> {
+    if !state.jobs.config().require_credit {
+        return Ok(());
+    }
+    let (balance, held) = state.jobs.credit(owner).await?;
+    if balance.saturating_sub(held) <= 0 {
+        return Err(ApiError::PaymentRequired(
+            "no credit left: a pod is charged while it runs (ask an operator to add credit)".into(),
+        ));
+    }
+    Ok(())
+}
+
 #[utoipa::path(get, path = "/v2/pods", operation_id = "listPods", tag = "Pods",
     description = "The caller's pods, oldest first. Requires `pods:read`.",
     params(("includeClusterPods" = Option<bool>, Query, description = "Accepted; this platform has no cluster pods yet")),
@@ -649,7 +664,7 @@ pub async fn list_pods(state: web::Data<AppState>, caller: Caller, req: HttpRequ
 }
 
 #[utoipa::path(post, path = "/v2/pods", operation_id = "createPod", tag = "Pods",
-    description = "Creates a pod and starts it (asynchronously: it is PROVISIONING, then RUNNING once its container runs, or ERROR with the reason). Exactly one of `gpu` or `cpu`; `image` unless `templateId` is given. Billed per second while it runs. Requires `pods:write`; 503 while no container runtime answers.",
+    description = "Creates a pod and starts it (asynchronously: it is PROVISIONING, then RUNNING once its container runs, or ERROR with the reason). Exactly one of `gpu` or `cpu`; `image` unless `templateId` is given. Billed per second while it runs; when credit is required, 402 without credit, and a running pod is stopped once its owner's credit has run out for `serverless.pod_credit_grace_ms`. Requires `pods:write`; 503 while no container runtime answers.",
     request_body = CreatePodRequest,
     responses((status = 201, description = "Created", body = Pod),
         (status = 503, description = "No container runtime", body = crate::problem::Problem, content_type = "application/problem+json")))]
@@ -662,6 +677,7 @@ pub async fn create_pod(
     caller.require(Scope::PodsWrite)?;
     let body = read_body::<CreatePodRequest>(&req, payload, state.body_limit, &()).await?;
     require_runtime(&state)?;
+    require_credit(&state, caller.user_id()).await?;
     let name = body.name.clone();
     let spec = new_pod_spec(&state, caller.user_id(), body).await?;
     let hourly = hourly_of(&state, &spec);
@@ -802,6 +818,7 @@ pub async fn pod_action(
     let action = read_body::<PodActionRequest>(&req, payload, state.body_limit, &()).await?;
     if action == PodAction::Start {
         require_runtime(&state)?;
+        require_credit(&state, caller.user_id()).await?;
     }
     match state.containers.pod_action(caller.user_id(), &id, action).await? {
         Ok(record) => {

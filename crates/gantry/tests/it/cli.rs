@@ -110,9 +110,9 @@ async fn users_and_keys_from_the_command_line(backend: Backend) {
 }
 
 /// A real `gantry serve` process on its own data dir and free ports.
-struct ServeProcess {
-    child: std::process::Child,
-    management: String,
+pub(crate) struct ServeProcess {
+    pub(crate) child: std::process::Child,
+    pub(crate) management: String,
     public: String,
     /// Worker threads of its async runtime, as it logged them.
     runtime_threads: usize,
@@ -126,7 +126,7 @@ impl ServeProcess {
     }
 
     /// Starts with extra environment variables.
-    fn start_with(dir: &std::path::Path, env: &[(&str, &str)]) -> ServeProcess {
+    pub(crate) fn start_with(dir: &std::path::Path, env: &[(&str, &str)]) -> ServeProcess {
         let started = Instant::now();
         let mut child = Command::new(env!("CARGO_BIN_EXE_gantry"))
             .arg("serve")
@@ -191,7 +191,7 @@ impl ServeProcess {
     }
 
     /// The admin key printed on a first start.
-    fn admin_key(&self) -> Option<String> {
+    pub(crate) fn admin_key(&self) -> Option<String> {
         let started = Instant::now();
         loop {
             let out = self.stdout.lock().unwrap().clone();

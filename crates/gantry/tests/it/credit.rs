@@ -25,7 +25,7 @@ impl TestApp {
         res.json().await.unwrap()
     }
 
-    fn add_credit(&self, email: &str, usd: &str) -> String {
+    pub(crate) fn add_credit(&self, email: &str, usd: &str) -> String {
         let out = gantry(self, &["users", "add-credit", email, usd]);
         assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
         String::from_utf8(out.stdout).unwrap().trim().to_owned()

@@ -33,6 +33,10 @@ impl TestApp {
         }
     }
 
+    async fn delete(&self, path: &str, key: &str) -> reqwest::Response {
+        self.request(Method::DELETE, path, Some(key)).send().await.unwrap()
+    }
+
     async fn action(&self, id: &str, key: &str, action: &str) -> reqwest::Response {
         self.send_json(
             Method::POST,
@@ -174,14 +178,7 @@ async fn a_pod_lives_on_docker_keeps_its_files_and_is_billed_by_the_second() {
     app.pod_until(&id, &key, "RUNNING").await;
     app.log_line(&id, &key, "starts=2 kept=2").await;
     // The volume is in use.
-    let in_use = problem(
-        app.request(Method::DELETE, &format!("/v2/network-volumes/{volume}"), Some(&key))
-            .send()
-            .await
-            .unwrap(),
-        409,
-    )
-    .await;
+    let in_use = problem(app.delete(&format!("/v2/network-volumes/{volume}"), &key).await, 409).await;
     assert!(in_use["detail"].as_str().unwrap().contains(&id), "{in_use}");
 
     // Restart: the same container, run again.
@@ -228,20 +225,12 @@ async fn a_pod_lives_on_docker_keeps_its_files_and_is_billed_by_the_second() {
         assert!(Instant::now() < deadline, "the pod's container is still there");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
-    let deleted = app
-        .request(Method::DELETE, &format!("/v2/pods/{id}"), Some(&key))
-        .send()
-        .await
-        .unwrap();
+    let deleted = app.delete(&format!("/v2/pods/{id}"), &key).await;
     assert_eq!(deleted.status().as_u16(), 204);
     assert_eq!(app.get(&format!("/v2/pods/{id}"), &key).await.status(), 404);
 
     // The volume is free again, and goes.
-    let res = app
-        .request(Method::DELETE, &format!("/v2/network-volumes/{volume}"), Some(&key))
-        .send()
-        .await
-        .unwrap();
+    let res = app.delete(&format!("/v2/network-volumes/{volume}"), &key).await;
     assert_eq!(res.status().as_u16(), 204);
 
     // Every run is closed and charged once, millisecond by millisecond.
@@ -355,11 +344,7 @@ async fn a_pod_whose_image_cannot_be_pulled_is_in_error_until_fixed() {
     assert_eq!(res.status().as_u16(), 200);
     assert_eq!(app.action(&id, &key, "start").await.status(), 200);
     app.pod_until(&id, &key, "RUNNING").await;
-    let deleted = app
-        .request(Method::DELETE, &format!("/v2/pods/{id}"), Some(&key))
-        .send()
-        .await
-        .unwrap();
+    let deleted = app.delete(&format!("/v2/pods/{id}"), &key).await;
     assert_eq!(deleted.status().as_u16(), 204);
 }
 
@@ -456,4 +441,179 @@ async fn bad_pod_requests_say_every_problem_and_change_nothing() {
         403,
     )
     .await;
+}
+
+/// `gantry serve` killed (SIGKILL) while a pod runs, then started again on
+/// the same data: the pod is adopted (the same container, no second one), it
+/// stays RUNNING, and its one run is billed across the downtime with no
+/// second lost or counted twice.
+#[tokio::test]
+async fn a_pod_survives_a_crash_of_gantry_and_is_billed_across_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let host = docker_host();
+    let env = [
+        ("GANTRY_SERVERLESS__DOCKER_HOST", host.as_str()),
+        ("GANTRY_SERVERLESS__TICK_MS", "200"),
+        ("GANTRY_SERVERLESS__STOP_GRACE_MS", "2000"),
+    ];
+    let serve = crate::cli::ServeProcess::start_with(dir.path(), &env);
+    let key = serve.admin_key().expect("admin key");
+    let client = crate::harness::http_client(Duration::from_secs(30));
+    let base = format!("http://{}", serve.management);
+    let res = client
+        .post(format!("{base}/v2/pods"))
+        .bearer_auth(&key)
+        .json(&json!({"name": "long", "image": BUSYBOX, "args": "sleep 3600", "cpu": {"id": "cpu3c", "vcpuCount": 2}}))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 201);
+    let id = res.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_owned();
+    let status = |base: String, key: String, id: String, client: reqwest::Client| async move {
+        let pod: Value = client
+            .get(format!("{base}/v2/pods/{id}"))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap()
+            .json()
+            .await
+            .unwrap();
+        pod["status"].as_str().unwrap_or("").to_owned()
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while status(base.clone(), key.clone(), id.clone(), client.clone()).await != "RUNNING" {
+        assert!(Instant::now() < deadline, "never RUNNING");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let docker = gantry_runtime::Docker::connect(&host).unwrap();
+    use gantry_runtime::Runtime;
+    let label = [("gantry.id".to_owned(), id.clone())];
+    let before = docker.list(&label).await.unwrap();
+    assert_eq!(before.len(), 1);
+
+    // A crash, and some downtime.
+    drop(serve);
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let serve = crate::cli::ServeProcess::start_with(dir.path(), &env);
+    let base = format!("http://{}", serve.management);
+    // It comes back RUNNING on the same container, and stays so.
+    for _ in 0..20 {
+        assert_eq!(
+            status(base.clone(), key.clone(), id.clone(), client.clone()).await,
+            "RUNNING"
+        );
+        let now = docker.list(&label).await.unwrap();
+        assert_eq!(now.len(), 1, "{now:?}");
+        assert_eq!(now[0].id, before[0].id, "adopted, not replaced");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let res = client
+        .delete(format!("{base}/v2/pods/{id}"))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 204);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !docker.list(&label).await.unwrap().is_empty() {
+        assert!(Instant::now() < deadline, "the pod's container is still there");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    drop(serve);
+
+    // One run, from the first start to the delete, charged whole.
+    let db = sea_orm::Database::connect(format!("sqlite://{}/gantry.db?mode=ro", dir.path().display()))
+        .await
+        .unwrap();
+    use sea_orm::ConnectionTrait;
+    let row = |sql: String| {
+        let db = &db;
+        async move {
+            db.query_all_raw(sea_orm::Statement::from_string(db.get_database_backend(), sql))
+                .await
+                .unwrap()
+        }
+    };
+    let runs = row(format!(
+        "SELECT id, created_at_ms, ended_at_ms, billed_until_ms FROM pod_runs WHERE pod_id = '{id}'"
+    ))
+    .await;
+    assert_eq!(runs.len(), 1, "one run across the crash");
+    let run_id: String = runs[0].try_get_by_index(0).unwrap();
+    let created: i64 = runs[0].try_get_by_index(1).unwrap();
+    let ended: Option<i64> = runs[0].try_get_by_index(2).unwrap();
+    let billed: i64 = runs[0].try_get_by_index(3).unwrap();
+    let ended = ended.expect("the run ended with the pod");
+    // The last charge is written by the next look after the end; the process
+    // was stopped right after the delete, so up to its end or short of it by
+    // what that look would have charged, never more.
+    assert!(billed <= ended, "never charged past the end");
+    let charged = row(format!(
+        "SELECT quantity_micros FROM ledger_entries WHERE job_id LIKE '{run_id}@%' AND unit = 'cpu_pod_seconds'"
+    ))
+    .await;
+    let quantity: i64 = charged.iter().map(|r| r.try_get_by_index::<i64>(0).unwrap()).sum();
+    assert_eq!(
+        quantity,
+        (billed - created) * 1000,
+        "every millisecond up to billed_until once"
+    );
+    assert!(
+        billed - created >= 2000,
+        "the downtime is charged: {}",
+        billed - created
+    );
+}
+
+/// With credit required: no pod starts without credit (402), and a running
+/// pod whose owner's credit runs out is stopped after the grace period (not
+/// deleted), with the reason in its log; topped up, it starts again.
+#[tokio::test]
+async fn a_pod_is_stopped_when_its_owners_credit_runs_out() {
+    let host = docker_host();
+    let app = TestApp::spawn_with(Backend::Sqlite, move |settings| {
+        settings.serverless.docker_host = Some(host);
+        settings.serverless.tick_ms = 200;
+        settings.serverless.stop_grace_ms = 1_000;
+        settings.serverless.pod_credit_grace_ms = 500;
+        settings.billing.require_credit = true;
+    })
+    .await;
+    let (email, key) = app.user_with_key("all").await;
+    let body = json!({"name": "short", "image": BUSYBOX, "args": "sleep 3600", "cpu": {"id": "cpu3c", "vcpuCount": 2}});
+    let refused = problem(app.send_json(Method::POST, "/v2/pods", &key, &body).await, 402).await;
+    assert!(refused["detail"].as_str().unwrap().contains("credit"), "{refused}");
+    assert_eq!(
+        app.get("/v2/pods", &key).await.json::<Value>().await.unwrap()["pods"],
+        json!([])
+    );
+
+    // Credit for well under a second of the pod (0.06 USD an hour).
+    app.add_credit(&email, "0.00001");
+    let res = app.send_json(Method::POST, "/v2/pods", &key, &body).await;
+    assert_eq!(res.status().as_u16(), 201);
+    let id = res.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_owned();
+    let stopped = app.pod_until(&id, &key, "EXITED").await;
+    assert!(
+        stopped["statusReason"].as_str().unwrap().contains("credit"),
+        "{stopped}"
+    );
+    let log = app.pod_log(&id, &key).await;
+    assert!(
+        log.iter().any(|(s, l)| s == "system" && l.contains("credit ran out")),
+        "{log:?}"
+    );
+    let balance = app.balance(&key).await;
+    assert!(
+        balance["balanceUsd"].as_str().unwrap().starts_with('-'),
+        "charged for what ran: {balance}"
+    );
+    problem(app.action(&id, &key, "start").await, 402).await;
+
+    app.add_credit(&email, "1");
+    assert_eq!(app.action(&id, &key, "start").await.status(), 200);
+    app.pod_until(&id, &key, "RUNNING").await;
+    let res = app.delete(&format!("/v2/pods/{id}"), &key).await;
+    assert_eq!(res.status().as_u16(), 204);
 }
