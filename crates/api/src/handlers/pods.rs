@@ -645,7 +645,8 @@ async fn require_credit(state: &AppState, owner: &str) -> Result<(), ApiError> {
 #[utoipa::path(get, path = "/v2/pods", operation_id = "listPods", tag = "Pods",
     description = "The caller's pods, oldest first. Requires `pods:read`.",
     params(("includeClusterPods" = Option<bool>, Query, description = "Accepted; this platform has no cluster pods yet")),
-    responses((status = 200, description = "OK", body = ListPodsResponse)))]
+    responses((status = 200, description = "OK", body = ListPodsResponse),
+        (status = 400, description = "Bad query parameters", body = crate::problem::Problem, content_type = "application/problem+json")))]
 pub async fn list_pods(state: web::Data<AppState>, caller: Caller, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     caller.require(Scope::PodsRead)?;
     #[derive(Deserialize)]
@@ -667,6 +668,7 @@ pub async fn list_pods(state: web::Data<AppState>, caller: Caller, req: HttpRequ
     description = "Creates a pod and starts it (asynchronously: it is PROVISIONING, then RUNNING once its container runs, or ERROR with the reason). Exactly one of `gpu` or `cpu`; `image` unless `templateId` is given. Billed per second while it runs; when credit is required, 402 without credit, and a running pod is stopped once its owner's credit has run out for `serverless.pod_credit_grace_ms`. Requires `pods:write`; 503 while no container runtime answers.",
     request_body = CreatePodRequest,
     responses((status = 201, description = "Created", body = Pod),
+        (status = 402, description = "No credit, when credit is required", body = crate::problem::Problem, content_type = "application/problem+json"),
         (status = 503, description = "No container runtime", body = crate::problem::Problem, content_type = "application/problem+json")))]
 pub async fn create_pod(
     state: web::Data<AppState>,
@@ -806,7 +808,9 @@ pub async fn delete_pod(
     params(("id" = String, Path, description = "Pod id")),
     request_body = PodActionRequest,
     responses((status = 200, description = "Action taken: the pod", body = Pod),
-        (status = 409, description = "Not valid in the pod's status", body = crate::problem::Problem, content_type = "application/problem+json")))]
+        (status = 409, description = "Not valid in the pod's status", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 402, description = "A start without credit, when credit is required", body = crate::problem::Problem, content_type = "application/problem+json"),
+        (status = 503, description = "A start with no container runtime", body = crate::problem::Problem, content_type = "application/problem+json")))]
 pub async fn pod_action(
     state: web::Data<AppState>,
     caller: Caller,
