@@ -115,7 +115,10 @@ impl Fleet {
                     service
                         .pod_event(&pod.id, &format!("container stopped{}", exit_text(code)))
                         .await?;
-                } else {
+                } else if pod.status != PodStatus::Exited && pod.status != PodStatus::Error {
+                    // Stopped already (by itself, or while Gantry was down):
+                    // its run ends now, if it was still open. A pod long
+                    // EXITED writes nothing, look after look.
                     service.close_pod_run(&pod.id, now_ms()).await?;
                 }
                 if pod.status != PodStatus::Exited && pod.status != PodStatus::Error {
