@@ -88,11 +88,18 @@ impl Fleet {
         };
         match pod.desired {
             PodStatus::Terminated => {
+                // The run ends before the container goes: a crash in between
+                // leaves a container unbilled until the next look removes
+                // it, never a run billed for a container already gone.
+                let end = match &container {
+                    Some(c) if !is_running(c) => stopped_at(runtime, c).await,
+                    _ => now_ms(),
+                };
+                service.close_pod_run(&pod.id, end).await?;
                 if let Some(c) = &container {
                     runtime.remove(&c.id).await.map_err(runtime_error)?;
                     service.pod_event(&pod.id, "container removed").await?;
                 }
-                service.close_pod_run(&pod.id, now_ms()).await?;
                 if pod.spec.mounts.persistent.is_some()
                     && let Err(error) = runtime.remove_volume(&pod_volume_name(&pod.id)).await
                 {
@@ -111,15 +118,19 @@ impl Fleet {
                         .await
                         .map_err(runtime_error)?;
                     let code = runtime.inspect(&c.id).await.ok().and_then(|c| c.exit_code);
-                    service.close_pod_run(&pod.id, now_ms()).await?;
+                    service.close_pod_run(&pod.id, stopped_at(runtime, c).await).await?;
                     service
                         .pod_event(&pod.id, &format!("container stopped{}", exit_text(code)))
                         .await?;
                 } else if pod.status != PodStatus::Exited && pod.status != PodStatus::Error {
                     // Stopped already (by itself, or while Gantry was down):
-                    // its run ends now, if it was still open. A pod long
+                    // its run ends when the engine says it stopped. A pod long
                     // EXITED writes nothing, look after look.
-                    service.close_pod_run(&pod.id, now_ms()).await?;
+                    let end = match &container {
+                        Some(c) => stopped_at(runtime, c).await,
+                        None => now_ms(),
+                    };
+                    service.close_pod_run(&pod.id, end).await?;
                 }
                 if pod.status != PodStatus::Exited && pod.status != PodStatus::Error {
                     service
@@ -132,8 +143,13 @@ impl Fleet {
                     service
                         .pod_event(&pod.id, "replacing the container with the new configuration")
                         .await?;
+                    let end = if is_running(&c) {
+                        now_ms()
+                    } else {
+                        stopped_at(runtime, &c).await
+                    };
+                    service.close_pod_run(&pod.id, end).await?;
                     runtime.remove(&c.id).await.map_err(runtime_error)?;
-                    service.close_pod_run(&pod.id, now_ms()).await?;
                     // Created anew on the next look.
                     service.set_pod_status(pod, PodStatus::Provisioning, None, None).await?;
                 }
@@ -150,7 +166,7 @@ impl Fleet {
                         .stop(&c.id, self.config().stop_grace)
                         .await
                         .map_err(runtime_error)?;
-                    service.close_pod_run(&pod.id, now_ms()).await?;
+                    service.close_pod_run(&pod.id, stopped_at(runtime, &c).await).await?;
                     service.pod_exited(pod, PodStatus::Exited, reason).await?;
                     self.unpaid_past_grace(&pod.id, false);
                 }
@@ -163,7 +179,7 @@ impl Fleet {
                                 .stop(&c.id, self.config().stop_grace)
                                 .await
                                 .map_err(runtime_error)?;
-                            service.close_pod_run(&pod.id, now_ms()).await?;
+                            service.close_pod_run(&pod.id, stopped_at(runtime, &c).await).await?;
                             self.start_existing(runtime, pod, &c).await?;
                         }
                         Some(_) => {
@@ -184,12 +200,13 @@ impl Fleet {
                         // Started again by its owner: same container, same files.
                         self.start_existing(runtime, pod, &c).await?;
                     } else {
-                        // It stopped by itself.
+                        // It stopped by itself (perhaps while Gantry was down):
+                        // billed up to when the engine says it did.
                         let code = match runtime.inspect(&c.id).await {
                             Ok(inspected) => inspected.exit_code,
                             Err(_) => c.exit_code,
                         };
-                        service.close_pod_run(&pod.id, now_ms()).await?;
+                        service.close_pod_run(&pod.id, stopped_at(runtime, &c).await).await?;
                         service
                             .pod_exited(pod, PodStatus::Exited, &format!("container exited{}", exit_text(code)))
                             .await?;
@@ -326,6 +343,19 @@ impl Fleet {
             tty: false,
         }
     }
+}
+
+/// When a stopped container stopped, as the engine recorded it (ms); now if
+/// the engine does not say. Never later than now.
+async fn stopped_at(runtime: &Arc<dyn Runtime>, c: &RuntimeContainer) -> i64 {
+    let now = now_ms();
+    runtime
+        .inspect(&c.id)
+        .await
+        .ok()
+        .and_then(|inspected| inspected.finished_at)
+        .and_then(|at| gantry_runtime::parse_rfc3339_nanos(&at))
+        .map_or(now, |ns| ns.div_euclid(1_000_000).min(now))
 }
 
 fn is_running(c: &RuntimeContainer) -> bool {

@@ -31,8 +31,8 @@ use tokio::sync::OnceCell;
 use crate::error::engine_message;
 use crate::logs::LogDecoder;
 use crate::transport::{Connector, Endpoint, discover, path_escape, query_escape};
-use crate::types::{CreateBody, InspectBody, ListEntry, VersionBody, split_reference};
-use crate::{Container, ContainerSpec, EngineInfo, LogLine, RegistryAuth, Runtime, RuntimeError};
+use crate::types::{CreateBody, InspectBody, ListEntry, StatsBody, VersionBody, split_reference};
+use crate::{Container, ContainerSpec, EngineInfo, LogLine, RegistryAuth, Runtime, RuntimeError, Stats};
 
 /// The newest Engine API version this client is written against. Newer engines are spoken to at
 /// this version (they all accept older ones); older engines at theirs.
@@ -417,6 +417,20 @@ impl Runtime for Docker {
             }
             s => Err(RuntimeError::from_status(s.as_u16(), &answer.body)),
         }
+    }
+
+    async fn stats(&self, id: &str) -> Result<Stats, RuntimeError> {
+        let path = self
+            .versioned(&format!(
+                "/containers/{}/stats?stream=false&one-shot=true",
+                query_escape(id)
+            ))
+            .await?;
+        let answer = self.call(Method::GET, &path, None).await?;
+        if !answer.status.is_success() {
+            return Err(RuntimeError::from_status(answer.status.as_u16(), &answer.body));
+        }
+        Ok(parse_json::<StatsBody>(&answer.body, "container stats")?.into())
     }
 
     async fn remove_volume(&self, name: &str) -> Result<(), RuntimeError> {

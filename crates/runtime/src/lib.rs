@@ -47,7 +47,9 @@ use futures_util::stream::BoxStream;
 pub use docker::{DEFAULT_REQUEST_TIMEOUT, Docker, MAX_API_VERSION};
 pub use error::RuntimeError;
 pub use logs::{LogDecoder, LogLine, LogStream, parse_rfc3339_nanos};
-pub use types::{Container, ContainerSpec, ContainerState, EngineInfo, Network, PortSpec, Protocol, RegistryAuth};
+pub use types::{
+    Container, ContainerSpec, ContainerState, EngineInfo, Network, PortSpec, Protocol, RegistryAuth, Stats,
+};
 
 /// What Gantry needs from a container runtime.
 ///
@@ -84,6 +86,9 @@ pub trait Runtime: Send + Sync + 'static {
     /// Removes a container, killing it if it runs, together with its anonymous volumes. A missing
     /// container is fine.
     async fn remove(&self, id: &str) -> Result<(), RuntimeError>;
+
+    /// The container's CPU time and memory use now (one sample, no waiting).
+    async fn stats(&self, id: &str) -> Result<Stats, RuntimeError>;
 
     /// Removes a named volume (one a container's `binds` made by naming it); a missing one is fine.
     /// A volume still used by a container is [`RuntimeError::Conflict`].

@@ -307,6 +307,8 @@ pub struct Container {
     pub created_unix: i64,
     /// When it last started (RFC 3339), from inspect only; `None` if it never ran.
     pub started_at: Option<String>,
+    /// When it last stopped (RFC 3339), from inspect only; `None` if it never stopped.
+    pub finished_at: Option<String>,
     /// Published ports: (container port, protocol, host ip, host port).
     pub ports: Vec<(u16, Protocol, String, u16)>,
     /// The engine's error for the last start attempt (e.g. a missing GPU driver), from inspect only.
@@ -417,8 +419,74 @@ impl From<ListEntry> for Container {
             exit_code,
             created_unix: e.created,
             started_at: None,
+            finished_at: None,
             ports,
             error: None,
+        }
+    }
+}
+
+/// A container's resource use at one moment.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stats {
+    /// CPU time used since the container started, nanoseconds.
+    pub cpu_total_ns: u64,
+    /// CPUs the engine's host has online.
+    pub online_cpus: u32,
+    /// Memory in use, bytes (without the reclaimable page cache).
+    pub memory_bytes: u64,
+    /// The memory limit, bytes (the host's memory without one).
+    pub memory_limit_bytes: u64,
+}
+
+/// `GET /containers/{id}/stats?stream=false&one-shot=true`, the parts Gantry reads.
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct StatsBody {
+    #[serde(default)]
+    pub cpu_stats: CpuStatsBody,
+    #[serde(default)]
+    pub memory_stats: MemoryStatsBody,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct CpuStatsBody {
+    #[serde(default)]
+    pub cpu_usage: CpuUsageBody,
+    #[serde(default)]
+    pub online_cpus: u32,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct CpuUsageBody {
+    #[serde(default)]
+    pub total_usage: u64,
+}
+
+#[derive(Debug, Default, Deserialize)]
+pub(crate) struct MemoryStatsBody {
+    #[serde(default)]
+    pub usage: u64,
+    #[serde(default)]
+    pub limit: u64,
+    #[serde(default)]
+    pub stats: BTreeMap<String, u64>,
+}
+
+impl From<StatsBody> for Stats {
+    fn from(body: StatsBody) -> Stats {
+        let memory = &body.memory_stats;
+        // As `docker stats` counts it: the page cache the kernel can take back is not in use.
+        let cache = memory
+            .stats
+            .get("inactive_file")
+            .or_else(|| memory.stats.get("total_inactive_file"))
+            .copied()
+            .unwrap_or(0);
+        Stats {
+            cpu_total_ns: body.cpu_stats.cpu_usage.total_usage,
+            online_cpus: body.cpu_stats.online_cpus.max(1),
+            memory_bytes: memory.usage.saturating_sub(cache),
+            memory_limit_bytes: memory.limit,
         }
     }
 }
@@ -462,6 +530,8 @@ pub(crate) struct InspectState {
     #[serde(default)]
     pub started_at: Option<String>,
     #[serde(default)]
+    pub finished_at: Option<String>,
+    #[serde(default)]
     pub error: Option<String>,
 }
 
@@ -494,6 +564,9 @@ impl From<InspectBody> for Container {
         let started_at = st
             .started_at
             .filter(|s| parse_rfc3339_nanos(s).is_some_and(|ns| ns > 0));
+        let finished_at = st
+            .finished_at
+            .filter(|s| parse_rfc3339_nanos(s).is_some_and(|ns| ns > 0));
         let mut ports = Vec::new();
         for (key, bindings) in b.network_settings.unwrap_or_default().ports.unwrap_or_default() {
             let Some((port, proto)) = key.split_once('/') else {
@@ -517,6 +590,7 @@ impl From<InspectBody> for Container {
             exit_code,
             created_unix: parse_rfc3339_nanos(&b.created).map_or(0, |ns| ns.div_euclid(1_000_000_000)),
             started_at,
+            finished_at,
             ports,
             error: st.error.filter(|e| !e.is_empty()),
         }

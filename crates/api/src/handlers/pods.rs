@@ -240,12 +240,26 @@ pub struct PodRuntimePort {
     ip: Option<String>,
 }
 
+/// A utilisation percentage (0 to 100).
+#[derive(Serialize, ToSchema)]
+pub struct Utilization {
+    #[schema(minimum = 0, maximum = 100)]
+    util: u32,
+}
+
 /// A running pod's live view.
 #[derive(Serialize, ToSchema)]
 pub struct PodRuntime {
     /// Seconds since the container started.
     uptime: u64,
     ports: Vec<PodRuntimePort>,
+    /// CPU use of the pod's vCPUs, averaged since its container started
+    /// (one-pod reads only; absent in listings).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cpu: Option<Utilization>,
+    /// Memory in use of the pod's limit, now (one-pod reads only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    memory: Option<Utilization>,
 }
 
 #[derive(Serialize, ToSchema)]
@@ -303,18 +317,15 @@ pub struct SshKeys {
 async fn pod_view(state: &AppState, record: PodRecord, live: bool) -> Pod {
     let running = record.status == PodStatus::Running;
     let mut ports: Vec<PodRuntimePort> = Vec::new();
-    let published = if running && live {
-        match state.fleet.as_ref().and_then(|f| f.runtime().cloned()) {
-            Some(runtime) => runtime
-                .inspect(&pod_container_name(&record.id))
-                .await
-                .map(|c| c.ports)
-                .unwrap_or_default(),
-            None => Vec::new(),
-        }
-    } else {
-        Vec::new()
-    };
+    let (mut published, mut stats) = (Vec::new(), None);
+    if running
+        && live
+        && let Some(runtime) = state.fleet.as_ref().and_then(|f| f.runtime().cloned())
+    {
+        let container = pod_container_name(&record.id);
+        published = runtime.inspect(&container).await.map(|c| c.ports).unwrap_or_default();
+        stats = runtime.stats(&container).await.ok();
+    }
     let host_network = state.fleet.as_ref().is_some_and(|f| f.config().host_network);
     for text in &record.spec.container.ports {
         let Ok(port) = gantry_containers::parse_port(text) else {
@@ -349,9 +360,24 @@ async fn pod_view(state: &AppState, record: PodRecord, live: bool) -> Pod {
             username: "root".into(),
         });
     let now = gantry_containers::service::now_ms();
+    let uptime_ms = u64::try_from(now - record.started_at_ms.unwrap_or(now)).unwrap_or(0);
+    let percent = |part: f64, whole: f64| Utilization {
+        util: if whole > 0.0 {
+            (part / whole * 100.0).clamp(0.0, 100.0).round() as u32
+        } else {
+            0
+        },
+    };
+    let cpus = record
+        .spec
+        .cpu
+        .as_ref()
+        .map_or_else(|| stats.map_or(1, |s| s.online_cpus), |cpu| cpu.vcpu_count);
     let runtime = running.then(|| PodRuntime {
-        uptime: u64::try_from((now - record.started_at_ms.unwrap_or(now)) / 1000).unwrap_or(0),
+        uptime: uptime_ms / 1000,
         ports,
+        cpu: stats.map(|s| percent(s.cpu_total_ns as f64, uptime_ms as f64 * 1e6 * f64::from(cpus.max(1)))),
+        memory: stats.map(|s| percent(s.memory_bytes as f64, s.memory_limit_bytes as f64)),
     });
     let status_reason = matches!(record.status, PodStatus::Error | PodStatus::Exited)
         .then(|| record.reason.clone())

@@ -137,6 +137,17 @@ async fn a_pod_lives_on_docker_keeps_its_files_and_is_billed_by_the_second() {
     assert_eq!(running["actions"], json!(["stop", "restart", "terminate"]));
     assert!(running["cost"].as_f64().unwrap() > 0.0, "{running}");
     assert!(running["runtime"]["uptime"].is_u64(), "{running}");
+    for measure in ["cpu", "memory"] {
+        let util = running["runtime"][measure]["util"].as_u64().unwrap_or(101);
+        assert!(util <= 100, "{measure}: {running}");
+    }
+    let ports = running["runtime"]["ports"].as_array().unwrap();
+    assert_eq!(ports.len(), 2, "{running}");
+    assert!(
+        ports.iter().all(|p| p["public"].is_u64() && p["ip"].is_string()),
+        "{running}"
+    );
+    assert_eq!(running["ssh"]["direct"]["username"], "root", "{running}");
     assert!(running["startedAt"].is_string());
     let log = app.log_line(&id, &key, "starts=1 kept=1").await;
     assert!(log.iter().any(|(_, l)| l == &format!("key={KEY}")), "{log:?}");
