@@ -254,7 +254,8 @@ pub struct PodRuntime {
     uptime: u64,
     ports: Vec<PodRuntimePort>,
     /// CPU use of the pod's vCPUs, averaged since its container started
-    /// (one-pod reads only; absent in listings).
+    /// (one-pod reads only; absent in listings, and while the engine has no
+    /// sample yet).
     #[serde(skip_serializing_if = "Option::is_none")]
     cpu: Option<Utilization>,
     /// Memory in use of the pod's limit, now (one-pod reads only).
@@ -312,6 +313,9 @@ pub struct SshKeys {
     keys: Vec<String>,
 }
 
+/// How long a read of a pod waits for the engine's CPU and memory sample.
+const STATS_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
+
 /// The view of a pod; `live` adds the engine's published ports (one engine
 /// call, made for a single pod, not for a listing).
 async fn pod_view(state: &AppState, record: PodRecord, live: bool) -> Pod {
@@ -323,8 +327,15 @@ async fn pod_view(state: &AppState, record: PodRecord, live: bool) -> Pod {
         && let Some(runtime) = state.fleet.as_ref().and_then(|f| f.runtime().cloned())
     {
         let container = pod_container_name(&record.id);
-        published = runtime.inspect(&container).await.map(|c| c.ports).unwrap_or_default();
-        stats = runtime.stats(&container).await.ok();
+        // The engine samples a container's use on a timer of its own, so its
+        // first answer for a container just started can take a second: a read
+        // of the pod never waits for it (the use is then left out).
+        let (inspected, sampled) = tokio::join!(
+            runtime.inspect(&container),
+            tokio::time::timeout(STATS_WAIT, runtime.stats(&container))
+        );
+        published = inspected.map(|c| c.ports).unwrap_or_default();
+        stats = sampled.ok().and_then(Result::ok);
     }
     let host_network = state.fleet.as_ref().is_some_and(|f| f.config().host_network);
     for text in &record.spec.container.ports {
