@@ -314,7 +314,7 @@ pub struct SshKeys {
 }
 
 /// How long a read of a pod waits for the engine's CPU and memory sample.
-const STATS_WAIT: std::time::Duration = std::time::Duration::from_millis(200);
+const STATS_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// The view of a pod; `live` adds the engine's published ports (one engine
 /// call, made for a single pod, not for a listing).
