@@ -137,9 +137,7 @@ fn range(bucket: (i64, i64)) -> serde_json::Map<String, Value> {
 
 /// The cost components of `GET /v2/billing` that Gantry has no resource for
 /// or does not charge (pods, clusters, serverless disk and fees): always 0.
-const ABSENT_COMPONENTS: [&str; 8] = [
-    "podGpuAmount",
-    "podCpuAmount",
+const ABSENT_COMPONENTS: [&str; 6] = [
     "podDiskAmount",
     "serverlessDiskAmount",
     "serverlessFeeAmount",
@@ -157,6 +155,8 @@ struct Sums {
     high: i64,
     serverless_gpu: i64,
     serverless_cpu: i64,
+    pod_gpu: i64,
+    pod_cpu: i64,
 }
 
 impl std::ops::AddAssign for Sums {
@@ -166,6 +166,8 @@ impl std::ops::AddAssign for Sums {
         self.high += other.high;
         self.serverless_gpu += other.serverless_gpu;
         self.serverless_cpu += other.serverless_cpu;
+        self.pod_gpu += other.pod_gpu;
+        self.pod_cpu += other.pod_cpu;
     }
 }
 
@@ -176,12 +178,16 @@ fn aggregate_amounts(sums: Sums) -> serde_json::Map<String, Value> {
         high,
         serverless_gpu,
         serverless_cpu,
+        pod_gpu,
+        pod_cpu,
     } = sums;
     let mut amounts = serde_json::Map::new();
     amounts.insert(
         "totalAmount".into(),
-        usd(endpoint + standard + high + serverless_gpu + serverless_cpu).into(),
+        usd(endpoint + standard + high + serverless_gpu + serverless_cpu + pod_gpu + pod_cpu).into(),
     );
+    amounts.insert("podGpuAmount".into(), usd(pod_gpu).into());
+    amounts.insert("podCpuAmount".into(), usd(pod_cpu).into());
     amounts.insert("serverlessGpuAmount".into(), usd(serverless_gpu).into());
     amounts.insert("serverlessCpuAmount".into(), usd(serverless_cpu).into());
     for component in ABSENT_COMPONENTS {
@@ -196,8 +202,9 @@ fn aggregate_amounts(sums: Sums) -> serde_json::Map<String, Value> {
 #[utoipa::path(get, path = "/v2/billing", operation_id = "listBilling", tag = "Billing",
     description = "Total spend per time bucket, with its components: `endpointAmount` (model jobs), \
 `storageStandardAmount` and `storageHighPerformanceAmount` (network volumes), `serverlessGpuAmount` and \
-`serverlessCpuAmount` (serverless workers' time); the pod and cluster components and serverless disk and fees are 0 \
-(Gantry has no pods or clusters yet, and charges no disk or fee). See `/v2/billing/endpoints` for the query parameters.",
+`serverlessCpuAmount` (serverless workers' time), `podGpuAmount` and `podCpuAmount` (pods' running time); the \
+cluster components, pod and serverless disk and serverless fees are 0 (Gantry has no clusters yet, and charges no \
+disk or fee). See `/v2/billing/endpoints` for the query parameters.",
     params(
         ("startTime" = Option<String>, Query, description = "Start (RFC 3339), inclusive"),
         ("endTime" = Option<String>, Query, description = "End (RFC 3339), exclusive"),
@@ -225,16 +232,21 @@ pub async fn history(req: HttpRequest, state: web::Data<AppState>, caller: Calle
             }
         }
     }
-    let workers = state
-        .jobs
-        .billing_compute_charges(&user, &window, Compute::Workers, None)
-        .await?;
-    for (at, _, gpu, amount) in workers {
-        if let Some(i) = window.index_of(&buckets, at) {
-            if gpu {
-                sums[i].serverless_gpu += amount;
-            } else {
-                sums[i].serverless_cpu += amount;
+    for compute in [Compute::Workers, Compute::Pods] {
+        let charges = state
+            .jobs
+            .billing_compute_charges(&user, &window, compute, None)
+            .await?;
+        for (at, _, gpu, amount) in charges {
+            if let Some(i) = window.index_of(&buckets, at) {
+                let sum = &mut sums[i];
+                let slot = match (compute, gpu) {
+                    (Compute::Workers, true) => &mut sum.serverless_gpu,
+                    (Compute::Workers, false) => &mut sum.serverless_cpu,
+                    (Compute::Pods, true) => &mut sum.pod_gpu,
+                    (Compute::Pods, false) => &mut sum.pod_cpu,
+                };
+                *slot += amount;
             }
         }
     }

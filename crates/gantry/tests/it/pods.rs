@@ -314,6 +314,15 @@ async fn a_pod_lives_on_docker_keeps_its_files_and_is_billed_by_the_second() {
             .iter()
             .all(|r| r["podId"] == id.as_str())
     );
+    // And so does the account's whole history.
+    let history: Value = app
+        .get("/v2/billing?bucketSize=hour&lastN=2", &key)
+        .await
+        .json()
+        .await
+        .unwrap();
+    let pods = history["metadata"]["totals"]["podCpuAmount"].as_f64().unwrap();
+    assert!((pods - charged as f64 / 1e6).abs() < 1e-6, "{history} vs {charged}");
     // Runs do not overlap: a pod is billed once at a time.
     for pair in runs.windows(2) {
         assert!(pair[0].ended_at_ms.unwrap() <= pair[1].created_at_ms, "{runs:?}");
