@@ -12,19 +12,19 @@
 use std::collections::BTreeMap;
 
 use sea_orm::sea_query::Expr;
-use sea_orm::{ActiveValue::Set, ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder, TransactionTrait};
+use sea_orm::{ActiveValue::Set, ColumnTrait, EntityTrait, PaginatorTrait, QueryFilter, QueryOrder};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::entity::{pod, pod_event, pod_run, ssh_key};
-use crate::service::{ContainerError, ContainerService, new_id, next_charge, now_ms};
+use crate::service::{ContainerError, ContainerService, Stretch, accrue, new_id, now_ms};
 use crate::spec::Container;
+use gantry_billing::history::Compute;
 
 /// Prefix of pod ids.
 pub const POD_PREFIX: &str = "pod_";
 /// Most SSH keys of one account.
 pub const SSH_KEYS_MAX: usize = 64;
-pub use gantry_billing::history::{CPU_POD_SECONDS, GPU_POD_SECONDS};
 
 /// Lifecycle status of a pod, as the reference names it.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize, ToSchema)]
@@ -565,44 +565,17 @@ impl ContainerService {
             )
             .all(self.db())
             .await?;
-        let mut total = 0;
-        for row in rows {
-            let Some((until, amount)) = next_charge(
-                row.created_at_ms,
-                row.billed_until_ms,
-                row.ended_at_ms,
-                now_ms,
-                row.hourly_micro_usd,
-            ) else {
-                continue;
-            };
-            let charge = gantry_billing::Charge {
-                user_id: row.user_id.clone(),
-                job_id: format!("{}@{}", row.id, row.billed_until_ms),
-                model: row.pod_id.clone(),
-                unit: if row.gpu_count > 0 {
-                    GPU_POD_SECONDS
-                } else {
-                    CPU_POD_SECONDS
-                }
-                .into(),
-                quantity_micros: (until - row.billed_until_ms) * 1000,
-                amount_micro_usd: amount,
-            };
-            let txn = self.db().begin().await?;
-            let moved = pod_run::Entity::update_many()
-                .col_expr(pod_run::Column::BilledUntilMs, Expr::value(until))
-                .filter(pod_run::Column::Id.eq(row.id.clone()))
-                .filter(pod_run::Column::BilledUntilMs.eq(row.billed_until_ms))
-                .exec(&txn)
-                .await?;
-            if moved.rows_affected == 1 {
-                gantry_billing::record_charges(&txn, std::slice::from_ref(&charge), now_ms).await?;
-                txn.commit().await?;
-                total += amount;
-            }
-        }
-        Ok(total)
+        let stretches = rows.into_iter().map(|row| Stretch {
+            id: row.id,
+            user_id: row.user_id,
+            subject: row.pod_id,
+            gpu: row.gpu_count > 0,
+            created_at_ms: row.created_at_ms,
+            billed_until_ms: row.billed_until_ms,
+            ended_at_ms: row.ended_at_ms,
+            hourly_micro_usd: row.hourly_micro_usd,
+        });
+        accrue(self.db(), "pod_runs", Compute::Pods, stretches, now_ms).await
     }
 
     /// Adds a system line to a pod's log.

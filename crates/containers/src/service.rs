@@ -12,6 +12,7 @@ use sea_orm::{
 };
 use serde_json::{Value, json};
 
+use gantry_billing::history::Compute;
 use gantry_catalog::ENDPOINT_PREFIX;
 
 use crate::entity::{endpoint, registry, release, template, worker};
@@ -557,44 +558,17 @@ impl ContainerService {
             )
             .all(&self.db)
             .await?;
-        let mut total = 0;
-        for row in rows {
-            let Some((until, amount)) = next_charge(
-                row.created_at_ms,
-                row.billed_until_ms,
-                row.ended_at_ms,
-                now_ms,
-                row.hourly_micro_usd,
-            ) else {
-                continue;
-            };
-            let charge = gantry_billing::Charge {
-                user_id: row.user_id.clone(),
-                job_id: format!("{}@{}", row.id, row.billed_until_ms),
-                model: row.endpoint_id.clone(),
-                unit: if row.gpu_count > 0 {
-                    gantry_billing::history::GPU_WORKER_SECONDS
-                } else {
-                    gantry_billing::history::CPU_WORKER_SECONDS
-                }
-                .into(),
-                quantity_micros: (until - row.billed_until_ms) * 1000,
-                amount_micro_usd: amount,
-            };
-            let txn = self.db.begin().await?;
-            let moved = worker::Entity::update_many()
-                .col_expr(worker::Column::BilledUntilMs, Expr::value(until))
-                .filter(worker::Column::Id.eq(row.id.clone()))
-                .filter(worker::Column::BilledUntilMs.eq(row.billed_until_ms))
-                .exec(&txn)
-                .await?;
-            if moved.rows_affected == 1 {
-                gantry_billing::record_charges(&txn, std::slice::from_ref(&charge), now_ms).await?;
-                txn.commit().await?;
-                total += amount;
-            }
-        }
-        Ok(total)
+        let stretches = rows.into_iter().map(|row| Stretch {
+            id: row.id,
+            user_id: row.user_id,
+            subject: row.endpoint_id,
+            gpu: row.gpu_count > 0,
+            created_at_ms: row.created_at_ms,
+            billed_until_ms: row.billed_until_ms,
+            ended_at_ms: row.ended_at_ms,
+            hourly_micro_usd: row.hourly_micro_usd,
+        });
+        accrue(&self.db, "endpoint_workers", Compute::Workers, stretches, now_ms).await
     }
 }
 
@@ -634,6 +608,75 @@ async fn insert_release<C: ConnectionTrait>(
 }
 
 /// The fields whose change replaces the workers, old and new.
+/// A stretch of compute charged by the second: a serverless worker's life,
+/// or one run of a pod (a row of `table` in [`accrue`]).
+pub(crate) struct Stretch {
+    pub id: String,
+    pub user_id: String,
+    /// The endpoint or pod, as the ledger's `model`.
+    pub subject: String,
+    pub gpu: bool,
+    pub created_at_ms: i64,
+    pub billed_until_ms: i64,
+    pub ended_at_ms: Option<i64>,
+    pub hourly_micro_usd: i64,
+}
+
+/// Charges each stretch up to the last whole second before `now_ms` (or its
+/// end). Each charge commits with the move of the row's `billed_until_ms` in
+/// `table`, guarded on the old value, and its ledger id names the stretch and
+/// the interval's start: several processes accruing at once, or one
+/// retrying, charge every second exactly once. Returns the micro-USD charged.
+pub(crate) async fn accrue(
+    db: &DatabaseConnection,
+    table: &'static str,
+    compute: Compute,
+    stretches: impl IntoIterator<Item = Stretch>,
+    now_ms: i64,
+) -> Result<i64, ContainerError> {
+    let (gpu_unit, cpu_unit) = compute.units();
+    let backend = db.get_database_backend();
+    let sql = if backend == sea_orm::DbBackend::Postgres {
+        format!("UPDATE {table} SET billed_until_ms = $1 WHERE id = $2 AND billed_until_ms = $3")
+    } else {
+        format!("UPDATE {table} SET billed_until_ms = ? WHERE id = ? AND billed_until_ms = ?")
+    };
+    let mut total = 0;
+    for row in stretches {
+        let Some((until, amount)) = next_charge(
+            row.created_at_ms,
+            row.billed_until_ms,
+            row.ended_at_ms,
+            now_ms,
+            row.hourly_micro_usd,
+        ) else {
+            continue;
+        };
+        let charge = gantry_billing::Charge {
+            user_id: row.user_id,
+            job_id: format!("{}@{}", row.id, row.billed_until_ms),
+            model: row.subject,
+            unit: if row.gpu { gpu_unit } else { cpu_unit }.into(),
+            quantity_micros: (until - row.billed_until_ms) * 1000,
+            amount_micro_usd: amount,
+        };
+        let txn = db.begin().await?;
+        let moved = txn
+            .execute_raw(sea_orm::Statement::from_sql_and_values(
+                backend,
+                sql.clone(),
+                [until.into(), row.id.into(), row.billed_until_ms.into()],
+            ))
+            .await?;
+        if moved.rows_affected() == 1 {
+            gantry_billing::record_charges(&txn, std::slice::from_ref(&charge), now_ms).await?;
+            txn.commit().await?;
+            total += amount;
+        }
+    }
+    Ok(total)
+}
+
 /// The next charge of a stretch of compute that began at `created_ms`, is
 /// charged up to `billed_until_ms` and ends at `ended_ms` (if it has): up to
 /// the last whole second before `now_ms`, or to its end once ended. Returns
