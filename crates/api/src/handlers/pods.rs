@@ -16,7 +16,8 @@ use utoipa::ToSchema;
 use crate::app::AppState;
 use crate::body::{Failures, RequestBody, present, present_object, read_body};
 use crate::handlers::serverless::{
-    LogRequest, check_container_into, empty_container, log_response, poke, require_runtime, with_container_fields,
+    LogRequest, check_container_into, check_registry_into, empty_container, log_response, merge_container, poke,
+    require_runtime, with_container_fields,
 };
 use crate::middleware::Caller;
 use crate::problem::ApiError;
@@ -537,54 +538,6 @@ fn jupyter_password() -> String {
         .collect()
 }
 
-/// Applies a template's container settings (the body's own fields win, `env`
-/// merged per key).
-async fn apply_template(
-    state: &AppState,
-    owner: &str,
-    template_id: &str,
-    container: &mut Container,
-    body_env: Option<&BTreeMap<String, String>>,
-    failures: &mut Failures,
-) -> Result<Option<gantry_containers::Template>, ApiError> {
-    match state.containers.usable_template(owner, template_id).await? {
-        None => {
-            failures.fail("templateId", format!("no template '{template_id}' of yours or public"));
-            Ok(None)
-        }
-        Some(template) if template.serverless => {
-            failures.fail(
-                "templateId",
-                format!("template '{template_id}' is a serverless template"),
-            );
-            Ok(None)
-        }
-        Some(template) => {
-            let mut env = template.container.env.clone();
-            if let Some(body_env) = body_env {
-                env.extend(body_env.clone());
-            }
-            *container = template.container.clone();
-            container.env = env;
-            Ok(Some(template))
-        }
-    }
-}
-
-async fn check_registry_into(
-    state: &AppState,
-    owner: &str,
-    registry: Option<&str>,
-    failures: &mut Failures,
-) -> Result<(), ApiError> {
-    if let Some(registry) = registry
-        && !state.containers.registry_exists(owner, registry).await?
-    {
-        failures.fail("registry", format!("no registry credential '{registry}' of yours"));
-    }
-    Ok(())
-}
-
 async fn new_pod_spec(state: &AppState, owner: &str, mut body: CreatePodRequest) -> Result<PodSpec, ApiError> {
     let mut failures = Failures::default();
     let fields = body.container();
@@ -592,28 +545,29 @@ async fn new_pod_spec(state: &AppState, owner: &str, mut body: CreatePodRequest)
     let mut mounts = body.mounts.take().unwrap_or_default();
     let mut start_ssh = body.start_ssh.unwrap_or(false);
     let mut start_jupyter = body.start_jupyter.unwrap_or(false);
-    if let Some(template_id) = &body.template_id {
-        let env = fields.env.clone();
-        if let Some(template) =
-            apply_template(state, owner, template_id, &mut container, env.as_ref(), &mut failures).await?
-        {
-            if mounts.persistent.is_none() && body.cpu.is_none() {
-                mounts.persistent = template.mounts.persistent.map(|p| PodPersistentMount {
-                    size: p.size,
-                    path: p.path,
-                });
-            }
-            start_ssh = body.start_ssh.unwrap_or(template.start_ssh);
-            start_jupyter = body.start_jupyter.unwrap_or(template.start_jupyter);
-        }
-    } else if fields.image.is_none() {
+    let image_given = fields.image.is_some();
+    let template = merge_container(
+        state,
+        owner,
+        body.template_id.as_deref(),
+        false,
+        fields,
+        &mut container,
+        &mut failures,
+    )
+    .await?;
+    if body.template_id.is_none() && !image_given {
         failures.fail("image", "is required unless templateId names a template");
     }
-    let merged_env = container.env.clone();
-    let env_given = fields.env.is_some();
-    fields.apply(&mut container);
-    if body.template_id.is_some() && env_given {
-        container.env = merged_env;
+    if let Some(template) = template {
+        if mounts.persistent.is_none() && body.cpu.is_none() {
+            mounts.persistent = template.mounts.persistent.map(|p| PodPersistentMount {
+                size: p.size,
+                path: p.path,
+            });
+        }
+        start_ssh = body.start_ssh.unwrap_or(template.start_ssh);
+        start_jupyter = body.start_jupyter.unwrap_or(template.start_jupyter);
     }
     check_container_into(&container, &mut failures);
     check_registry_into(state, owner, container.registry.as_deref(), &mut failures).await?;
@@ -764,27 +718,20 @@ pub async fn update_pod(
     let mut failures = Failures::default();
     let mut spec = current.spec.clone();
     let fields = body.container();
-    let env_given = fields.env.is_some();
-    if let Some(template_id) = &body.template_id {
-        let env = fields.env.clone();
-        if apply_template(
-            state.get_ref(),
-            owner,
-            template_id,
-            &mut spec.container,
-            env.as_ref(),
-            &mut failures,
-        )
-        .await?
-        .is_some()
-        {
-            spec.template = Some(template_id.clone());
-        }
-    }
-    let merged_env = spec.container.env.clone();
-    fields.apply(&mut spec.container);
-    if body.template_id.is_some() && env_given {
-        spec.container.env = merged_env;
+    let template_id = body.template_id.take();
+    if merge_container(
+        &state,
+        owner,
+        template_id.as_deref(),
+        false,
+        fields,
+        &mut spec.container,
+        &mut failures,
+    )
+    .await?
+    .is_some()
+    {
+        spec.template = template_id;
     }
     check_container_into(&spec.container, &mut failures);
     check_registry_into(&state, owner, spec.container.registry.as_deref(), &mut failures).await?;

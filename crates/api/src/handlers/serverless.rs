@@ -643,43 +643,28 @@ async fn finish_endpoint(
         spec.kind = kind;
     }
     // A template's container fields first; the body's own fields win.
-    let mut template_applied = false;
-    if let Some(template_id) = parts.template_id {
-        match state.containers.usable_template(owner, &template_id).await? {
-            None => failures.fail("templateId", format!("no template '{template_id}' of yours or public")),
-            Some(template) if !template.serverless => failures.fail(
-                "templateId",
-                format!("template '{template_id}' is not a serverless template"),
-            ),
-            Some(template) => {
-                let mut env = template.container.env.clone();
-                if let Some(body_env) = &parts.container.env {
-                    env.extend(body_env.clone());
-                }
-                spec.container = template.container;
-                spec.container.env = env;
-                spec.template_id = Some(template_id);
-                template_applied = true;
-            }
-        }
-    }
     let image_given = parts.container.image.is_some();
     let registry_given = parts.container.registry.clone();
-    let env_given = parts.container.env.is_some();
-    let merged_env = spec.container.env.clone();
-    parts.container.apply(&mut spec.container);
-    if template_applied && env_given {
-        spec.container.env = merged_env;
+    let template_id = parts.template_id;
+    if merge_container(
+        state,
+        owner,
+        template_id.as_deref(),
+        true,
+        parts.container,
+        &mut spec.container,
+        &mut failures,
+    )
+    .await?
+    .is_some()
+    {
+        spec.template_id = template_id;
     }
     if creating && !image_given && spec.container.image.is_empty() {
         failures.fail("image", "is required unless templateId names a template");
     }
     check_container_into(&spec.container, &mut failures);
-    if let Some(Some(registry)) = registry_given
-        && !state.containers.registry_exists(owner, &registry).await?
-    {
-        failures.fail("registry", format!("no registry credential '{registry}' of yours"));
-    }
+    check_registry_into(state, owner, registry_given.flatten().as_deref(), &mut failures).await?;
     if let Some(scaling) = parts.scaling {
         match scaling {
             Scaling::QueueDelay { queue_delay } if !(0.5..=3600.0).contains(&queue_delay) => {
@@ -778,6 +763,62 @@ async fn finish_endpoint(
     } else {
         Err(failures.into_api_error())
     }
+}
+
+/// Applies a template (when `template_id` names one of the caller's, or a
+/// public one, of the kind asked for) and then the body's `fields` onto
+/// `container`: the body's fields win, and `env` is merged per key with the
+/// body's values winning. Returns the template applied.
+pub(crate) async fn merge_container(
+    state: &AppState,
+    owner: &str,
+    template_id: Option<&str>,
+    serverless: bool,
+    fields: ContainerFields,
+    container: &mut Container,
+    failures: &mut Failures,
+) -> Result<Option<Template>, ApiError> {
+    let mut applied = None;
+    if let Some(template_id) = template_id {
+        match state.containers.usable_template(owner, template_id).await? {
+            None => failures.fail("templateId", format!("no template '{template_id}' of yours or public")),
+            Some(template) if template.serverless != serverless => failures.fail(
+                "templateId",
+                if serverless {
+                    format!("template '{template_id}' is not a serverless template")
+                } else {
+                    format!("template '{template_id}' is a serverless template")
+                },
+            ),
+            Some(template) => {
+                *container = template.container.clone();
+                applied = Some(template);
+            }
+        }
+    }
+    let template_env = container.env.clone();
+    let body_env = fields.env.clone();
+    fields.apply(container);
+    if let (Some(_), Some(body_env)) = (&applied, body_env) {
+        container.env = template_env;
+        container.env.extend(body_env);
+    }
+    Ok(applied)
+}
+
+/// A registry credential named by a request must be one of the caller's.
+pub(crate) async fn check_registry_into(
+    state: &AppState,
+    owner: &str,
+    registry: Option<&str>,
+    failures: &mut Failures,
+) -> Result<(), ApiError> {
+    if let Some(registry) = registry
+        && !state.containers.registry_exists(owner, registry).await?
+    {
+        failures.fail("registry", format!("no registry credential '{registry}' of yours"));
+    }
+    Ok(())
 }
 
 fn check_gpu(state: &AppState, gpu: GpuRequest, failures: &mut Failures) -> Option<EndpointGpu> {

@@ -202,6 +202,22 @@ async fn a_pod_lives_on_docker_keeps_its_files_and_is_billed_by_the_second() {
     let in_use = problem(app.delete(&format!("/v2/network-volumes/{volume}"), &key).await, 409).await;
     assert!(in_use["detail"].as_str().unwrap().contains(&id), "{in_use}");
 
+    // A locked pod is neither stopped nor restarted.
+    let lock = |locked: bool| json!({ "locked": locked });
+    let res = app
+        .send_json(Method::PATCH, &format!("/v2/pods/{id}"), &key, &lock(true))
+        .await;
+    assert_eq!(res.status().as_u16(), 200);
+    for action in ["stop", "restart"] {
+        let refused = problem(app.action(&id, &key, action).await, 409).await;
+        assert!(refused["detail"].as_str().unwrap().contains("locked"), "{refused}");
+    }
+    assert_eq!(app.pod(&id, &key).await["status"], "RUNNING");
+    let res = app
+        .send_json(Method::PATCH, &format!("/v2/pods/{id}"), &key, &lock(false))
+        .await;
+    assert_eq!(res.status().as_u16(), 200);
+
     // Restart: the same container, run again.
     assert_eq!(app.action(&id, &key, "restart").await.status(), 200);
     app.log_line(&id, &key, "starts=3 kept=3").await;
@@ -375,6 +391,59 @@ async fn a_pod_whose_image_cannot_be_pulled_is_in_error_until_fixed() {
     assert_eq!(app.action(&id, &key, "start").await.status(), 200);
     app.pod_until(&id, &key, "RUNNING").await;
     let deleted = app.delete(&format!("/v2/pods/{id}"), &key).await;
+    assert_eq!(deleted.status().as_u16(), 204);
+
+    // From a pod template: its settings, the body's over them, env merged per
+    // key; a serverless template is refused.
+    let template = |serverless: bool| {
+        json!({"name": "t", "image": BUSYBOX, "args": "sleep 3600", "serverless": serverless,
+               "env": {"FROM": "template", "BOTH": "template"}})
+    };
+    let res = app
+        .send_json(Method::POST, "/v2/templates", &key, &template(false))
+        .await;
+    assert_eq!(res.status().as_u16(), 201);
+    let pod_template = res.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_owned();
+    let res = app
+        .send_json(Method::POST, "/v2/templates", &key, &template(true))
+        .await;
+    let serverless_template = res.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_owned();
+    let body = |template: &str| {
+        json!({"name": "templated", "templateId": template, "env": {"BOTH": "body"},
+               "cpu": {"id": "cpu3c", "vcpuCount": 2}})
+    };
+    let refused = problem(
+        app.send_json(Method::POST, "/v2/pods", &key, &body(&serverless_template))
+            .await,
+        422,
+    )
+    .await;
+    assert!(
+        errors_of(&refused).iter().any(|e| e.starts_with("$.templateId")),
+        "{refused}"
+    );
+    let res = app
+        .send_json(Method::POST, "/v2/pods", &key, &body(&pod_template))
+        .await;
+    assert_eq!(res.status().as_u16(), 201);
+    let made: Value = res.json().await.unwrap();
+    assert_eq!(made["image"], BUSYBOX);
+    assert_eq!(made["args"], "sleep 3600");
+    assert_eq!(made["template"], pod_template.as_str());
+    assert_eq!(
+        (&made["env"]["FROM"], &made["env"]["BOTH"]),
+        (&json!("template"), &json!("body")),
+        "{made}"
+    );
+    // The template's startJupyter (true by default) gives the pod a password.
+    assert_eq!(
+        made["env"]["JUPYTER_PASSWORD"].as_str().map(str::len),
+        Some(20),
+        "{made}"
+    );
+    let templated = made["id"].as_str().unwrap().to_owned();
+    app.pod_until(&templated, &key, "RUNNING").await;
+    let deleted = app.delete(&format!("/v2/pods/{templated}"), &key).await;
     assert_eq!(deleted.status().as_u16(), 204);
 }
 
