@@ -581,21 +581,33 @@ impl ContainerService {
     /// Adds a system line to a pod's log.
     pub async fn pod_event(&self, pod_id: &str, line: &str) -> Result<(), ContainerError> {
         let at = now_ms();
-        let seq = pod_event::Entity::find()
+        let before = pod_event::Entity::find()
             .filter(pod_event::Column::PodId.eq(pod_id))
             .filter(pod_event::Column::AtMs.eq(at))
             .count(self.db())
             .await?;
-        let seq = i64::try_from(seq).unwrap_or(i64::MAX);
-        pod_event::Entity::insert(pod_event::ActiveModel {
-            pod_id: Set(pod_id.to_owned()),
-            at_ms: Set(at),
-            seq: Set(seq),
-            line: Set(line.to_owned()),
-        })
-        .exec_without_returning(self.db())
-        .await?;
-        Ok(())
+        let mut seq = i64::try_from(before).unwrap_or(i64::MAX);
+        // Lines of one pod written in the same millisecond by the reconciler
+        // and an API call take the next free place, not an error.
+        loop {
+            let written = pod_event::Entity::insert(pod_event::ActiveModel {
+                pod_id: Set(pod_id.to_owned()),
+                at_ms: Set(at),
+                seq: Set(seq),
+                line: Set(line.to_owned()),
+            })
+            .exec_without_returning(self.db())
+            .await;
+            match written {
+                Err(error)
+                    if matches!(error.sql_err(), Some(sea_orm::SqlErr::UniqueConstraintViolation(_)))
+                        && seq < i64::try_from(before).unwrap_or(0) + 64 =>
+                {
+                    seq += 1;
+                }
+                other => return other.map(|_| ()).map_err(ContainerError::from),
+            }
+        }
     }
 
     /// The system lines of a pod's log: (ms, line), oldest first.

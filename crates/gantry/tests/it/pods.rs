@@ -526,6 +526,24 @@ async fn bad_pod_requests_say_every_problem_and_change_nothing() {
     )
     .await;
 
+    // System lines written at once (the reconciler and API calls) are all kept.
+    let service = app.fleet.service();
+    let writes = (0..50).map(|i| async move { service.pod_event("pod_lines", &format!("line {i}")).await });
+    for written in futures_util::future::join_all(writes).await {
+        written.unwrap();
+    }
+    let mut lines: Vec<String> = service
+        .pod_events("pod_lines")
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|(_, _, line)| line)
+        .collect();
+    lines.sort();
+    let mut want: Vec<String> = (0..50).map(|i| format!("line {i}")).collect();
+    want.sort();
+    assert_eq!(lines, want);
+
     // Read-only keys read; they do not create.
     let (_, read_only) = app.user_with_key("read-only").await;
     assert_eq!(app.get("/v2/pods", &read_only).await.status(), 200);
