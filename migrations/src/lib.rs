@@ -17,6 +17,7 @@ mod m20261124_000013_worker_gpus;
 mod m20261124_000014_job_progress;
 mod m20261128_000015_containers;
 mod m20261128_000016_pods;
+mod m20261128_000017_console;
 
 pub struct Migrator;
 
@@ -40,6 +41,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261124_000014_job_progress::Migration),
             Box::new(m20261128_000015_containers::Migration),
             Box::new(m20261128_000016_pods::Migration),
+            Box::new(m20261128_000017_console::Migration),
         ]
     }
 }

@@ -46,6 +46,8 @@ pub struct Services {
     /// The public listener's origin as clients reach it (`http.public_url`);
     /// by default `http://<public listen address>`.
     pub public_url: Option<String>,
+    /// The web console on the management listener (`/console`).
+    pub console: crate::console::ConsoleConfig,
 }
 
 /// How the two listeners behave.
@@ -222,6 +224,7 @@ fn serve(
     };
     let listener = TcpListener::bind(addr).map_err(bind_err)?;
     let local = listener.local_addr()?;
+    let console = surface == Surface::Management && state.console.enabled;
     let endpoints: Arc<Vec<Endpoint>> = Arc::new(match surface {
         Surface::Management => routes::management_endpoints(),
         Surface::Public => {
@@ -246,7 +249,12 @@ fn serve(
                 .wrap(actix_web::middleware::from_fn(crate::middleware::refuse_nul_in_path))
                 .wrap(ErrorHandlers::new().default_handler(ensure_problem))
                 .wrap(actix_web::middleware::from_fn(crate::middleware::observe))
-                .configure(move |cfg| routes::register(cfg, &endpoints))
+                .configure(move |cfg| {
+                    if console {
+                        crate::console::register(cfg, &endpoints, &routes::public_endpoints());
+                    }
+                    routes::register(cfg, &endpoints);
+                })
                 .default_service(web::to(routes::not_found));
             let shutdown = shutdown.clone();
             let http = actix_http::HttpService::build()

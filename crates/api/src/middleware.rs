@@ -54,11 +54,24 @@ pub async fn authenticate<B: MessageBody + 'static>(
         ),
     };
     let principal = state.auth.verify_header(header).await.map_err(ApiError::from)?;
+    admit(&state, req, next, principal).await
+}
+
+/// Applies the rate limit of `principal` (a key's or a console session's
+/// user) on the request's listener, then calls the handler with the
+/// principal in the request extensions; every response after this carries
+/// the limit headers.
+pub(crate) async fn admit<B: MessageBody + 'static>(
+    state: &AppState,
+    req: ServiceRequest,
+    next: Next<B>,
+    principal: Principal,
+) -> Result<ServiceResponse<EitherBody<B>>, actix_web::Error> {
     let surface = req.app_data::<Surface>().copied().unwrap_or(Surface::Management);
     let outcome = match principal.limits.exempt {
         true => None,
         false => {
-            let policy = policy_for(&state, &principal, surface);
+            let policy = policy_for(state, &principal, surface);
             let counter = match surface {
                 Surface::Management => principal.user_id.clone(),
                 Surface::Public => format!("{}:public", principal.user_id),
@@ -179,7 +192,12 @@ pub fn ensure_problem<B>(res: ServiceResponse<B>) -> actix_web::Result<ErrorHand
         .headers()
         .get(header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(PROBLEM_JSON.as_bytes()));
-    if is_problem || crate::handlers::openai::is_openai_path(res.request().path()) {
+    // The console's pages answer in HTML, for people.
+    let is_page = res
+        .headers()
+        .get(header::CONTENT_TYPE)
+        .is_some_and(|v| v.as_bytes().starts_with(b"text/html"));
+    if is_problem || is_page || crate::handlers::openai::is_openai_path(res.request().path()) {
         return Ok(ErrorHandlerResponse::Response(res.map_into_left_body()));
     }
     let status = res.status();

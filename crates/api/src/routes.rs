@@ -223,6 +223,16 @@ pub fn worker_protocol_endpoints() -> Vec<Endpoint> {
 /// Registers a table: one resource per path, a 405 with `Allow` for other methods,
 /// and `authenticate` around every keyed resource (its 405 included).
 pub fn register(cfg: &mut web::ServiceConfig, endpoints: &[Endpoint]) {
+    register_with(cfg, endpoints, true);
+}
+
+/// Registers a table for the console's session (its scope authenticates by
+/// the session cookie instead of a key; see `console::session`).
+pub fn register_for_session(cfg: &mut web::ServiceConfig, endpoints: &[Endpoint]) {
+    register_with(cfg, endpoints, false);
+}
+
+fn register_with(cfg: &mut web::ServiceConfig, endpoints: &[Endpoint], bearer: bool) {
     let mut paths: Vec<&'static str> = Vec::new();
     for endpoint in endpoints {
         if !paths.contains(&endpoint.path) {
@@ -239,7 +249,9 @@ pub fn register(cfg: &mut web::ServiceConfig, endpoints: &[Endpoint]) {
         for op in &ops {
             resource = resource.route((op.route)());
         }
-        if openai::is_openai_path(path) {
+        if !bearer {
+            cfg.service(resource);
+        } else if openai::is_openai_path(path) {
             // OpenAI clients read OpenAI's error shape, authentication's included.
             cfg.service(
                 resource

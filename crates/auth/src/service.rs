@@ -43,6 +43,9 @@ pub struct User {
     pub email: String,
     pub created_at: i64,
     pub limits: UserLimits,
+    pub role: crate::console::Role,
+    /// Whether the user can sign in to the console.
+    pub has_password: bool,
 }
 
 /// A key as listed: never the secret, only enough to recognise it.
@@ -56,6 +59,8 @@ pub struct KeyInfo {
     pub created_at: i64,
     pub expires_at: Option<i64>,
     pub revoked_at: Option<i64>,
+    /// Unix seconds, to the minute.
+    pub last_used_at: Option<i64>,
 }
 
 /// A freshly issued key; the only time the secret exists outside the caller.
@@ -96,6 +101,10 @@ pub enum AuthError {
     NoSuchKey(String),
     #[error("a key needs at least one scope")]
     NoScopes,
+    #[error("{0}")]
+    WeakPassword(String),
+    #[error("password hashing failed: {0}")]
+    Password(String),
     #[error(transparent)]
     Database(#[from] DbErr),
 }
@@ -139,6 +148,8 @@ impl AuthService {
             rate_hour: None,
             rate_day: None,
             rate_exempt: false,
+            password_hash: None,
+            role: "user".into(),
         };
         let active = user::ActiveModel {
             id: Set(model.id.clone()),
@@ -148,6 +159,8 @@ impl AuthService {
             rate_hour: Set(None),
             rate_day: Set(None),
             rate_exempt: Set(false),
+            password_hash: Set(None),
+            role: Set("user".into()),
         };
         match user::Entity::insert(active).exec_without_returning(&self.db).await {
             Ok(_) => Ok(user_from(model)),
@@ -164,12 +177,42 @@ impl AuthService {
 
     pub async fn find_user(&self, email: &str) -> Result<User, AuthError> {
         let email = normalise_email(email)?;
-        user::Entity::find()
-            .filter(user::Column::Email.eq(email.as_str()))
-            .one(&self.db)
+        self.find_user_row(&email)
             .await?
             .map(user_from)
             .ok_or(AuthError::NoSuchUser(email))
+    }
+
+    pub(crate) async fn find_user_row(&self, email: &str) -> Result<Option<user::Model>, AuthError> {
+        let email = normalise_email(email)?;
+        Ok(user::Entity::find()
+            .filter(user::Column::Email.eq(email.as_str()))
+            .one(&self.db)
+            .await?)
+    }
+
+    pub async fn user_by_id(&self, id: &str) -> Result<Option<User>, AuthError> {
+        Ok(user::Entity::find_by_id(id.to_owned())
+            .one(&self.db)
+            .await?
+            .map(user_from))
+    }
+
+    pub(crate) fn db(&self) -> &DatabaseConnection {
+        &self.db
+    }
+
+    /// Revokes one of `user`'s keys; another user's key is as unknown as a missing one.
+    pub async fn revoke_own_key(&self, user: &User, key_id: &str) -> Result<KeyInfo, AuthError> {
+        let owned = api_key::Entity::find_by_id(key_id.to_string())
+            .filter(api_key::Column::UserId.eq(user.id.as_str()))
+            .one(&self.db)
+            .await?
+            .is_some();
+        if !owned {
+            return Err(AuthError::NoSuchKey(key_id.to_string()));
+        }
+        self.revoke_key(key_id).await
     }
 
     /// Stores a user's rate limit overrides; other processes see them within the cache TTL.
@@ -213,6 +256,7 @@ impl AuthService {
             created_at: now,
             expires_at: expires_in.map(|d| now.saturating_add(d.as_secs() as i64)),
             revoked_at: None,
+            last_used_at: None,
         };
         let active = api_key::ActiveModel {
             id: Set(info.id.clone()),
@@ -225,6 +269,7 @@ impl AuthService {
             expires_at: Set(info.expires_at),
             revoked_at: Set(None),
             created_at: Set(now),
+            last_used_at: Set(None),
         };
         api_key::Entity::insert(active).exec_without_returning(&self.db).await?;
         Ok(IssuedKey { key, info })
@@ -269,7 +314,7 @@ impl AuthService {
         })
     }
 
-    /// Verifies an `Authorization` header value. Reads only; never writes.
+    /// Verifies an `Authorization` header value (see `verify`).
     pub async fn verify_header(&self, header: Option<&str>) -> Result<Principal, VerifyError> {
         let header = header.ok_or(VerifyError::Missing)?;
         let (scheme, token) = header.trim().split_once(' ').ok_or(VerifyError::NotBearer)?;
@@ -330,6 +375,19 @@ impl AuthService {
                         tracing::error!(error = %err, "user lookup failed");
                         VerifyError::Unavailable
                     })?;
+                // When the key was last used, to the minute: one write per
+                // key per minute at most, and only when the cache misses.
+                let now = unix_now();
+                if owner.is_some() && row.last_used_at.is_none_or(|at| at <= now - 60) {
+                    let stamped = api_key::Entity::update_many()
+                        .col_expr(api_key::Column::LastUsedAt, sea_orm::sea_query::Expr::value(now))
+                        .filter(api_key::Column::Id.eq(row.id.as_str()))
+                        .exec(&self.db)
+                        .await;
+                    if let Err(error) = stamped {
+                        tracing::warn!(%error, "a key's last use could not be recorded");
+                    }
+                }
                 match owner {
                     // The user was deleted; their keys die with them.
                     None => Cached::Unknown,
@@ -381,9 +439,11 @@ fn limits_of(model: &user::Model) -> UserLimits {
     }
 }
 
-fn user_from(model: user::Model) -> User {
+pub(crate) fn user_from(model: user::Model) -> User {
     User {
         limits: limits_of(&model),
+        role: crate::console::Role::parse(&model.role).unwrap_or_default(),
+        has_password: model.password_hash.is_some(),
         id: model.id,
         email: model.email,
         created_at: model.created_at,
@@ -400,5 +460,6 @@ fn key_info_from(row: api_key::Model) -> KeyInfo {
         created_at: row.created_at,
         expires_at: row.expires_at,
         revoked_at: row.revoked_at,
+        last_used_at: row.last_used_at,
     }
 }

@@ -70,6 +70,7 @@ pub async fn start_api(
         },
         fleet,
         public_url: settings.http.public_url.clone(),
+        console: settings.console.config(),
         db,
     };
     Ok(Application::start(services, http_config(settings))?)

@@ -131,6 +131,16 @@ enum UsersCommand {
         #[arg(long, default_value = "top-up")]
         reason: String,
     },
+    /// Set the password the user signs in to the web console with (read
+    /// from standard input, one line; prompted for on a terminal). Ends the
+    /// user's console sessions.
+    SetPassword { email: String },
+    /// Make a user an operator of the console (`admin`) or not (`user`).
+    SetRole {
+        email: String,
+        /// `user` or `admin`.
+        role: String,
+    },
     /// Print the secret the user's webhooks are signed with (Standard
     /// Webhooks, `whsec_…`), creating it if needed; `--rotate` replaces it.
     WebhookSecret {
@@ -360,7 +370,8 @@ async fn serve(settings: Settings) -> CliResult {
         fleet: _fleet,
         reconciler,
     } = Platform::start(settings).await?;
-    bootstrap_admin(&app.state().auth, &app.state().db).await?;
+    let console_url = format!("http://{}/console", app.management_addr());
+    bootstrap_admin(&app.state().auth, &app.state().db, &console_url).await?;
     // Listen for signals before announcing readiness, so an early SIGTERM is graceful too.
     let signal = shutdown_signal()?;
     tracing::info!(
@@ -398,7 +409,8 @@ async fn api(settings: Settings) -> CliResult {
     let database = Database::open_serving(&settings).await?;
     let jobs = gantry::job_store(&settings, &database)?;
     let app = gantry::start_api(&settings, &database, jobs, None, None).await?;
-    bootstrap_admin(&app.state().auth, &app.state().db).await?;
+    let console_url = format!("http://{}/console", app.management_addr());
+    bootstrap_admin(&app.state().auth, &app.state().db, &console_url).await?;
     let signal = shutdown_signal()?;
     tracing::info!(management = %app.management_addr(), public = %app.public_addr(), "gantry api is serving");
     serve_until(app, signal).await
@@ -567,7 +579,7 @@ const BOOTSTRAP_CREDIT_MICRO_USD: i64 = 100_000_000;
 
 /// On a first start with no users, create an admin with 100 USD of credit
 /// and print one all-scopes key, once.
-async fn bootstrap_admin(auth: &AuthService, db: &sea_orm::DatabaseConnection) -> CliResult {
+async fn bootstrap_admin(auth: &AuthService, db: &sea_orm::DatabaseConnection, console_url: &str) -> CliResult {
     if auth.user_count().await? > 0 {
         return Ok(());
     }
@@ -580,17 +592,35 @@ async fn bootstrap_admin(auth: &AuthService, db: &sea_orm::DatabaseConnection) -
     let issued = auth
         .issue_key(&user, ScopeSet::all(), None, Some("bootstrap".into()))
         .await?;
+    // The first user runs the installation: an operator of the console, with
+    // a random password to sign in with (change it with `users set-password`).
+    auth.set_role(&user.email, gantry_auth::Role::Admin).await?;
+    let password = console_password();
+    auth.set_password(&user.email, &password).await?;
     let now = std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
         .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
     gantry_billing::credit::add_credit(db, &user.id, BOOTSTRAP_CREDIT_MICRO_USD, "bootstrap", now).await?;
     println!(
         "Created the first user, {email}, with 100 USD of credit and an API key that has every scope.\n\
-         It is shown only this once; store it now:\n\n    {key}\n",
+         It is shown only this once; store it now:\n\n    {key}\n\n\
+         The web console is at /console on the management listener ({console}).\n\
+         Sign in as {email} with this password (shown once; change it with `gantry users set-password`):\n\n    {password}\n",
         email = user.email,
-        key = issued.key.expose()
+        key = issued.key.expose(),
+        console = console_url,
     );
     Ok(())
+}
+
+/// 20 random characters from an alphabet without look-alikes (~115 bits).
+fn console_password() -> String {
+    use rand::RngExt;
+    const ALPHABET: &[u8] = b"abcdefghijkmnpqrstuvwxyzABCDEFGHJKLMNPQRSTUVWXYZ23456789";
+    let mut rng = rand::rng();
+    (0..20)
+        .map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())]))
+        .collect()
 }
 
 /// Resolves on SIGINT or SIGTERM; the handlers are installed when this returns.
@@ -637,6 +667,26 @@ async fn users(cmd: UsersCommand, db: sea_orm::DatabaseConnection) -> CliResult 
                     user.email
                 );
             }
+        }
+        UsersCommand::SetPassword { email } => {
+            use std::io::{BufRead, IsTerminal};
+            let stdin = std::io::stdin();
+            if stdin.is_terminal() {
+                eprint!("New console password for {email} (it is echoed; end with Enter): ");
+            }
+            let mut line = String::new();
+            stdin.lock().read_line(&mut line)?;
+            let password = line.trim_end_matches(['\r', '\n']);
+            let user = auth.set_password(&email, password).await?;
+            eprintln!(
+                "set the console password of {}; their console sessions are ended",
+                user.email
+            );
+        }
+        UsersCommand::SetRole { email, role } => {
+            let role = gantry_auth::Role::parse(&role)?;
+            let user = auth.set_role(&email, role).await?;
+            println!("{}: {}", user.email, role.as_str());
         }
         UsersCommand::Create { email } => {
             let user = auth.create_user(&email).await?;

@@ -69,6 +69,53 @@ pub struct Settings {
     pub billing: BillingSettings,
     /// Users' own containers as serverless endpoints ([serverless.md](../../docs/serverless.md)).
     pub serverless: ServerlessSettings,
+    /// The web console on the management listener ([console.md](../../docs/console.md)).
+    pub console: ConsoleSettings,
+}
+
+/// The web console (`/console` on the management listener).
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct ConsoleSettings {
+    /// Serve the console.
+    pub enabled: bool,
+    /// Anyone may create an account at `/console/sign-up`.
+    pub self_signup: bool,
+    /// How long a console session lasts after sign-in, in hours.
+    pub session_hours: u64,
+    /// Sign-in attempts allowed per account, and separately per client
+    /// address, in each window.
+    pub sign_in_per_minute: u64,
+    pub sign_in_per_hour: u64,
+    pub sign_in_per_day: u64,
+}
+
+impl Default for ConsoleSettings {
+    fn default() -> Self {
+        Self {
+            enabled: true,
+            self_signup: false,
+            session_hours: 12,
+            sign_in_per_minute: 10,
+            sign_in_per_hour: 50,
+            sign_in_per_day: 200,
+        }
+    }
+}
+
+impl ConsoleSettings {
+    pub fn config(&self) -> gantry_api::ConsoleConfig {
+        gantry_api::ConsoleConfig {
+            enabled: self.enabled,
+            self_signup: self.self_signup,
+            session_ttl: std::time::Duration::from_secs(self.session_hours.clamp(1, 24 * 90) * 3600),
+            sign_in_policy: gantry_ratelimit::Policy::new(
+                self.sign_in_per_minute,
+                self.sign_in_per_hour,
+                self.sign_in_per_day,
+            ),
+        }
+    }
 }
 
 /// Serverless endpoints: the container runtime and the worker protocol.
@@ -438,6 +485,7 @@ impl Default for Settings {
             files: gantry_files::FilesConfig::default(),
             billing: BillingSettings::default(),
             serverless: ServerlessSettings::default(),
+            console: ConsoleSettings::default(),
         }
     }
 }

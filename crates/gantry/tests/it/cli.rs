@@ -205,6 +205,19 @@ impl ServeProcess {
         }
     }
 
+    /// The console password printed with the admin key on a first start.
+    pub(crate) fn admin_password(&self) -> Option<String> {
+        self.admin_key()?;
+        let out = self.stdout.lock().unwrap().clone();
+        let after = out.split("with this password").nth(1)?;
+        after
+            .lines()
+            .skip(1)
+            .map(str::trim)
+            .find(|l| !l.is_empty())
+            .map(String::from)
+    }
+
     /// SIGTERM, a graceful exit with status 0, and everything it printed on stdout.
     fn stop(mut self) -> String {
         Command::new("kill")

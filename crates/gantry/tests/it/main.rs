@@ -5,8 +5,10 @@ mod harness;
 
 mod auth;
 mod billing;
+mod browser;
 mod catalog;
 mod cli;
+mod console;
 mod credit;
 mod diffusion;
 mod errors;
