@@ -511,6 +511,23 @@ pub async fn volumes(Signed(session): Signed, state: web::Data<AppState>) -> Res
 #[derive(Deserialize)]
 pub struct BillingQuery {
     bucket: Option<String>,
+    /// `subject`: the CSV has one row per bucket, kind and model, endpoint,
+    /// pod or volume instead of one row per bucket.
+    by: Option<String>,
+}
+
+/// A CSV cell: quoted when it must be, and never read as a formula by a spreadsheet.
+fn csv_cell(text: &str) -> String {
+    let text = if text.starts_with(['=', '+', '-', '@']) {
+        format!("'{text}")
+    } else {
+        text.to_owned()
+    };
+    if text.contains([',', '"', '\n', '\r']) {
+        format!("\"{}\"", text.replace('"', "\"\""))
+    } else {
+        text
+    }
 }
 
 struct Bucketed {
@@ -518,6 +535,8 @@ struct Bucketed {
     /// Per bucket: kind -> micro-USD.
     rows: Vec<BTreeMap<&'static str, i64>>,
     by_subject: BTreeMap<(String, &'static str), i64>,
+    /// (bucket start, kind, subject) -> micro-USD.
+    detail: BTreeMap<(i64, &'static str, String), i64>,
 }
 
 async fn bucketed(state: &AppState, user: &str, hourly: bool) -> Result<Bucketed, ApiError> {
@@ -541,10 +560,14 @@ async fn bucketed(state: &AppState, user: &str, hourly: bool) -> Result<Bucketed
         .collect();
     let mut rows = vec![BTreeMap::new(); count as usize];
     let mut by_subject = BTreeMap::new();
+    let mut detail = BTreeMap::new();
     for c in charges {
         let i = ((c.at - first) / size) as usize;
         if let Some(row) = rows.get_mut(i) {
             *row.entry(c.kind).or_insert(0) += c.micro_usd;
+            *detail
+                .entry((first + i as i64 * size, c.kind, c.subject.clone()))
+                .or_insert(0) += c.micro_usd;
             *by_subject.entry((c.subject, c.kind)).or_insert(0) += c.micro_usd;
         }
     }
@@ -552,6 +575,7 @@ async fn bucketed(state: &AppState, user: &str, hourly: bool) -> Result<Bucketed
         labels,
         rows,
         by_subject,
+        detail,
     })
 }
 
@@ -576,7 +600,8 @@ pub async fn billing(
         body,
         "<nav class=\"tabs\" aria-label=\"Bucket size\"><a href=\"/console/billing?bucket=day\"{}>By day (30 days)</a>\
          <a href=\"/console/billing?bucket=hour\"{}>By hour (48 hours)</a>\
-         <a href=\"/console/billing.csv?bucket={bucket}\" download>Export CSV</a></nav>",
+         <a href=\"/console/billing.csv?bucket={bucket}\" download>Export CSV</a>\
+         <a href=\"/console/billing.csv?bucket={bucket}&amp;by=subject\" download>Export CSV by model, endpoint, pod and volume</a></nav>",
         if hourly { "" } else { " aria-current=\"page\"" },
         if hourly { " aria-current=\"page\"" } else { "" },
     );
@@ -629,6 +654,26 @@ pub async fn billing_csv(
 ) -> Result<HttpResponse, ApiError> {
     let hourly = query.bucket.as_deref() == Some("hour");
     let data = bucketed(&state, &session.user.id, hourly).await?;
+    if query.by.as_deref() == Some("subject") {
+        let mut csv = String::from("bucket_start,kind,subject,usd\n");
+        for ((at, kind, subject), amount) in &data.detail {
+            let _ = writeln!(
+                csv,
+                "{},{kind},{},{}",
+                gantry_billing::history::format_rfc3339(*at),
+                csv_cell(subject),
+                gantry_billing::credit::usd_string(*amount)
+            );
+        }
+        return Ok(csv_response(
+            csv,
+            if hourly {
+                "hourly-by-subject"
+            } else {
+                "daily-by-subject"
+            },
+        ));
+    }
     let mut csv = String::from("bucket_start,models_usd,endpoint_workers_usd,pods_usd,storage_usd,total_usd\n");
     for ((at, _), row) in data.labels.iter().zip(&data.rows) {
         let total: i64 = row.values().sum();
@@ -642,16 +687,17 @@ pub async fn billing_csv(
         }
         let _ = writeln!(csv, ",{}", gantry_billing::credit::usd_string(total));
     }
-    Ok(HttpResponse::Ok()
+    Ok(csv_response(csv, if hourly { "hourly" } else { "daily" }))
+}
+
+fn csv_response(csv: String, name: &str) -> HttpResponse {
+    HttpResponse::Ok()
         .insert_header((header::CONTENT_TYPE, "text/csv; charset=utf-8"))
         .insert_header((
             header::CONTENT_DISPOSITION,
-            format!(
-                "attachment; filename=\"gantry-billing-{}.csv\"",
-                if hourly { "hourly" } else { "daily" }
-            ),
+            format!("attachment; filename=\"gantry-billing-{name}.csv\""),
         ))
-        .body(csv))
+        .body(csv)
 }
 
 fn kind_name(kind: &ModelKind) -> &'static str {
@@ -1129,6 +1175,14 @@ pub const SESSION: &str = SESSION_COOKIE;
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn csv_cells_are_quoted_and_never_formulas() {
+        assert_eq!(csv_cell("gantry-echo"), "gantry-echo");
+        assert_eq!(csv_cell("a,b"), "\"a,b\"");
+        assert_eq!(csv_cell("say \"hi\""), "\"say \"\"hi\"\"\"");
+        assert_eq!(csv_cell("=1+1"), "'=1+1");
+    }
 
     #[test]
     fn only_console_paths_are_followed_after_sign_in() {

@@ -13,6 +13,7 @@ import os
 import subprocess
 import sys
 import time
+import urllib.request
 
 from selenium import webdriver
 from selenium.common.exceptions import NoAlertPresentException, TimeoutException
@@ -30,6 +31,7 @@ SHOTS = os.environ.get("SCREENSHOTS")
 TEXT_MODEL = "smollm2-135m-instruct"
 SPEECH_MODEL = "piper-en-us-joe"
 IMAGE_MODEL = "dcgan-faces-64"
+STT_MODEL = "whisper-tiny-en"
 
 
 def log(*args):
@@ -238,6 +240,21 @@ try:
         fail(f"the speech does not play: {played}")
     log("speech plays:", played)
     shot("playground-speech-done")
+    speech_url = driver.find_element(By.CSS_SELECTOR, "#media audio").get_attribute("src")
+
+    # ---- speech to text: an uploaded file --------------------------------------------
+    wav = os.path.join(os.environ.get("TMPDIR", "/tmp"), f"console-speech-{os.getpid()}.wav")
+    urllib.request.urlretrieve(speech_url, wav)
+    check_page("playground-transcription", f"/console/playground/{STT_MODEL}")
+    driver.find_element(By.ID, "in-audio").send_keys(wav)
+    driver.find_element(By.CSS_SELECTOR, "#playground button[type=submit]").click()
+    wait.until(lambda d: any(s in d.find_element(By.ID, "job-status").text for s in ("COMPLETED", "FAILED")))
+    status = driver.find_element(By.ID, "job-status").text
+    output = driver.execute_script("return document.getElementById('output').textContent")
+    os.remove(wav)
+    if "COMPLETED" not in status or "hello" not in output.lower():
+        fail(f"the upload was not transcribed: {status} {output[:300]}")
+    log("uploaded speech transcribed:", json.loads(output).get("text", "")[:80])
 
     # ---- an image ------------------------------------------------------------------
     check_page("playground-image", f"/console/playground/{IMAGE_MODEL}")

@@ -1,7 +1,7 @@
 //! The web console in a real browser: headless Chromium, driven through
 //! WebDriver (Debian's `chromium-driver`, with the Selenium client) by
 //! `tests/browser/console.py`, against a real `gantry serve` with the text,
-//! speech and image models. axe-core (from npm, `~/.cache/gantry/axe`) runs
+//! speech, speech-to-text and image models. axe-core (from npm, `~/.cache/gantry/axe`) runs
 //! on every page. `.ci/run` installs all of it.
 //!
 //! `GANTRY_CONSOLE_SCREENSHOTS=<dir>` keeps the screenshots the run takes
@@ -41,7 +41,7 @@ fn every_console_flow_in_headless_chromium() {
         &[
             (
                 "GANTRY_SCHEDULER__BUNDLED_WORKERS",
-                "[gantry-echo, smollm2-135m-instruct, piper-en-us-joe, dcgan-faces-64]",
+                "[gantry-echo, smollm2-135m-instruct, piper-en-us-joe, dcgan-faces-64, whisper-tiny-en]",
             ),
             ("GANTRY_MODELS_DIR", models.to_str().unwrap()),
             ("GANTRY_TEXT__THREADS", "1"),

@@ -178,6 +178,16 @@ async fn the_playground_runs_jobs_as_the_signed_in_user_and_lists_them() {
         "{job}"
     );
     assert!(!job.contains("<b>bold</b>"));
+    // Its charge is in the billing page and both CSV exports.
+    assert!(
+        browser
+            .get_text("/console/billing")
+            .await
+            .contains("<td>gantry-echo</td><td>model</td>")
+    );
+    let csv = browser.get_text("/console/billing.csv?by=subject").await;
+    assert!(csv.starts_with("bucket_start,kind,subject,usd\n"), "{csv}");
+    assert!(csv.lines().any(|l| l.contains(",model,gantry-echo,0.0000")), "{csv}");
     // Another user sees neither the job nor its page.
     let other = Browser::signed_in(&app, Role::User).await;
     assert_eq!(

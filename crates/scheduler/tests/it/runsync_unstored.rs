@@ -174,6 +174,13 @@ async fn lost_with_its_scheduler(backend: Backend) {
         assert_eq!(row, None, "still unwritten when its scheduler dies");
         // A crash: the task dies without writing anything.
         drop(node.scheduler.take());
+        if submitted.elapsed() >= STORE_AFTER {
+            // Stalled between the check and the crash: the job may have been
+            // written (rightly) before its scheduler died, and then it is not
+            // lost but requeued. Not the scenario under test: run it again.
+            runs.open_gate();
+            continue;
+        }
         let result = tokio::time::timeout(Duration::from_secs(2), waiting)
             .await
             .expect("the waiter is told at once")
