@@ -136,6 +136,7 @@ pub fn register(cfg: &mut web::ServiceConfig, management: &[Endpoint], public: &
             .route("/jobs/{model}/{job}", web::get().to(pages::job))
             .route("/endpoints", web::get().to(pages::endpoints))
             .route("/pods", web::get().to(pages::pods))
+            .route("/pods/{id}", web::get().to(pages::pod))
             .route("/admin", web::get().to(pages::admin))
             .service(
                 web::scope("/api/manage")

@@ -866,6 +866,15 @@ pub async fn playground(
         .and_then(Value::as_array)
         .map(|r| r.iter().filter_map(Value::as_str).collect())
         .unwrap_or_default();
+    // Fields one of which is required (`oneOf: [{required: [a]}, {required: [b]}]`).
+    let one_of: Vec<&str> = ["oneOf", "anyOf"]
+        .iter()
+        .filter_map(|k| schema.get(*k).and_then(Value::as_array))
+        .flatten()
+        .filter_map(|branch| branch.get("required").and_then(Value::as_array))
+        .flatten()
+        .filter_map(Value::as_str)
+        .collect();
     let is_text = matches!(spec.kind, ModelKind::Text);
     let id = esc(&spec.id);
     let mut body = String::with_capacity(8192);
@@ -895,7 +904,12 @@ pub async fn playground(
             if is_text && (name == "messages" || name == "prompt") {
                 continue;
             }
-            let is_main = required.contains(&name.as_str()) || name == "prompt";
+            // What a model mainly takes shows at once; the rest waits under "More settings".
+            let is_main = required.contains(&name.as_str())
+                || one_of.contains(&name.as_str())
+                || name == "prompt"
+                || name.contains("audio")
+                || name.contains("image");
             let html = field(name, property, required.contains(&name.as_str()));
             if is_main {
                 body.push_str(&html)
@@ -1023,17 +1037,24 @@ pub async fn endpoints(Signed(session): Signed, state: web::Data<AppState>) -> R
     } else {
         body.push_str(
             "<div class=\"scroll\" tabindex=\"0\" role=\"region\" aria-label=\"Scrollable table\"><table><thead><tr><th scope=\"col\">Id</th><th scope=\"col\">Name</th><th scope=\"col\">Image</th>\
-             <th scope=\"col\">Workers</th><th scope=\"col\">Version</th></tr></thead><tbody>",
+             <th scope=\"col\">Workers (scaling)</th><th scope=\"col\">Version</th></tr></thead><tbody>",
         );
         for e in &list {
+            let id = esc(&e.id);
             let _ = write!(
                 body,
-                "<tr><td><code>{}</code></td><td>{}</td><td><code>{}</code></td><td>{}–{}</td><td>{}</td></tr>",
-                esc(&e.id),
+                "<tr><td><code>{id}</code></td><td>{}</td><td><code>{}</code></td><td>\
+                 <form class=\"inline\" data-api=\"/console/api/manage/v2/serverless/{id}\" data-method=\"PATCH\" novalidate>\
+                 <label for=\"min-{id}\">Min</label><input id=\"min-{id}\" name=\"workers.min\" type=\"number\" min=\"0\" data-type=\"number\" value=\"{}\">\
+                 <label for=\"max-{id}\">Max</label><input id=\"max-{id}\" name=\"workers.max\" type=\"number\" min=\"0\" data-type=\"number\" value=\"{}\">\
+                 <button type=\"submit\">Scale <span class=\"sr\">{}</span></button>\
+                 <p class=\"field-error\" data-error-for=\"workers\"></p><p class=\"error\" role=\"alert\" data-error-for=\"\"></p></form>\
+                 </td><td>{}</td></tr>",
                 esc(&e.spec.name),
                 esc(&e.spec.container.image),
                 e.spec.workers.min,
                 e.spec.workers.max,
+                esc(&e.spec.name),
                 e.version
             );
         }
@@ -1070,7 +1091,7 @@ pub async fn pods(Signed(session): Signed, state: web::Data<AppState>) -> Result
             };
             let _ = write!(
                 body,
-                "<tr><td><code>{id}</code></td><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}{}</td></tr>",
+                "<tr><td><a href=\"/console/pods/{id}\"><code>{id}</code></a></td><td>{}</td><td><code>{}</code></td><td>{}</td><td>{}</td><td>{}{}</td></tr>",
                 esc(&p.name),
                 esc(&p.spec.container.image),
                 status_badge(p.status.as_str()),
@@ -1082,6 +1103,46 @@ pub async fn pods(Signed(session): Signed, state: web::Data<AppState>) -> Result
         body.push_str("</tbody></table></div>");
     }
     Ok(page(&session, "/console/pods", "Pods", &body))
+}
+
+pub async fn pod(
+    Signed(session): Signed,
+    state: web::Data<AppState>,
+    id: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let pod = state.containers.get_pod(&session.user.id, &id).await?;
+    let id = esc(&pod.id);
+    let mut body = String::with_capacity(4096);
+    let _ = write!(
+        body,
+        "<dl class=\"facts\"><dt>Pod</dt><dd><code>{id}</code></dd><dt>Name</dt><dd>{}</dd><dt>Image</dt><dd><code>{}</code></dd>\
+         <dt>Status</dt><dd>{}{}</dd><dt>Per hour</dt><dd>{}</dd><dt>Created</dt><dd>{}</dd></dl><p>",
+        esc(&pod.name),
+        esc(&pod.spec.container.image),
+        status_badge(pod.status.as_str()),
+        pod.reason
+            .as_deref()
+            .map(|r| format!(" ({})", esc(r)))
+            .unwrap_or_default(),
+        usd(pod.hourly_micro_usd),
+        html::time(pod.created_at_ms),
+    );
+    for (action, label) in [("start", "Start"), ("stop", "Stop"), ("restart", "Restart")] {
+        let _ = write!(
+            body,
+            "<button type=\"button\" data-api=\"/console/api/manage/v2/pods/{id}/action\" data-method=\"POST\" \
+             data-body='{{\"action\":\"{action}\"}}'>{label}</button> "
+        );
+    }
+    let _ = write!(
+        body,
+        "<button type=\"button\" class=\"danger\" data-api=\"/console/api/manage/v2/pods/{id}\" data-method=\"DELETE\" \
+         data-confirm=\"Terminate this pod? Its container disk is lost.\" data-then=\"/console/pods\">Terminate</button></p>\
+         <p class=\"error\" role=\"alert\" data-error-for=\"\"></p>\
+         <h2>Logs</h2><p class=\"muted\" id=\"log-state\">Following the pod's log as it is written.</p>\
+         <pre id=\"logs\" class=\"logs\" tabindex=\"0\" aria-label=\"Pod log\" aria-live=\"polite\" data-logs=\"/console/api/manage/v2/pods/{id}/logs?follow=true&amp;tail=500\"></pre>"
+    );
+    Ok(page(&session, "/console/pods", &pod.name, &body))
 }
 
 pub async fn admin(Signed(session): Signed, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {

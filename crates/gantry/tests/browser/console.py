@@ -32,6 +32,7 @@ TEXT_MODEL = "smollm2-135m-instruct"
 SPEECH_MODEL = "piper-en-us-joe"
 IMAGE_MODEL = "dcgan-faces-64"
 STT_MODEL = "whisper-tiny-en"
+VIDEO_MODEL = "faces-morph-video"
 
 
 def log(*args):
@@ -45,7 +46,9 @@ def fail(message):
 options = webdriver.ChromeOptions()
 options.binary_location = os.environ.get("CHROMIUM", "/usr/bin/chromium")
 for arg in ["--headless=new", "--no-sandbox", "--disable-dev-shm-usage", "--window-size=1280,1000",
-            "--autoplay-policy=no-user-gesture-required", "--disable-gpu", "--mute-audio"]:
+            "--autoplay-policy=no-user-gesture-required", "--disable-gpu", "--mute-audio",
+            # A microphone that plays a tone, allowed without asking.
+            "--use-fake-device-for-media-stream", "--use-fake-ui-for-media-stream"]:
     options.add_argument(arg)
 options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
 driver = webdriver.Chrome(service=Service(os.environ.get("CHROMEDRIVER", "/usr/bin/chromedriver")), options=options)
@@ -256,6 +259,25 @@ try:
         fail(f"the upload was not transcribed: {status} {output[:300]}")
     log("uploaded speech transcribed:", json.loads(output).get("text", "")[:80])
 
+    # ---- speech to text from the microphone (Chromium's fake device: a tone) ----------
+    driver.get(BASE + f"/console/playground/{STT_MODEL}")
+    record = wait.until(EC.element_to_be_clickable((By.CSS_SELECTOR, "[data-record]")))
+    record.click()
+    wait.until(EC.text_to_be_present_in_element((By.CSS_SELECTOR, "[data-record]"), "Stop recording"))
+    time.sleep(1.5)
+    record.click()
+    wait.until(EC.text_to_be_present_in_element((By.CSS_SELECTOR, "[data-record]"), "Recorded"))
+    recorded = driver.execute_script("return document.getElementById('in-audio').dataset.recorded || ''")
+    if not recorded.startswith("UklGR"):  # base64 of "RIFF"
+        fail(f"the recording is not a WAV file: {recorded[:16]!r}")
+    driver.find_element(By.CSS_SELECTOR, "#playground button[type=submit]").click()
+    wait.until(lambda d: any(s in d.find_element(By.ID, "job-status").text for s in ("COMPLETED", "FAILED")))
+    status = driver.find_element(By.ID, "job-status").text
+    if "COMPLETED" not in status:
+        fail(f"the recording was not transcribed: {status}")
+    log(f"microphone: {len(recorded) * 3 // 4} bytes of WAV, {status}")
+    shot("playground-transcription-done")
+
     # ---- an image ------------------------------------------------------------------
     check_page("playground-image", f"/console/playground/{IMAGE_MODEL}")
     driver.find_element(By.CSS_SELECTOR, "#playground button[type=submit]").click()
@@ -267,6 +289,21 @@ try:
         fail(f"the image did not load: {size}")
     log("image shown:", size)
     shot("playground-image-done")
+
+    # ---- a video that plays ---------------------------------------------------------------
+    check_page("playground-video", f"/console/playground/{VIDEO_MODEL}")
+    driver.find_element(By.CSS_SELECTOR, "#playground details summary").click()
+    for field, value in [("duration", "1"), ("fps", "8"), ("width", "64"), ("height", "64")]:
+        driver.find_element(By.ID, "in-" + field).send_keys(value)
+    driver.find_element(By.CSS_SELECTOR, "#playground button[type=submit]").click()
+    wait.until(EC.presence_of_element_located((By.CSS_SELECTOR, "#media video")))
+    played = driver.execute_async_script(
+        "const done = arguments[arguments.length - 1]; const v = document.querySelector('#media video');"
+        "v.muted = true; v.play().then(() => setTimeout(() => done({t: v.currentTime, d: v.duration, w: v.videoWidth}), 500))"
+        ".catch(e => done({error: String(e)}));")
+    if "error" in played or not played["t"] > 0 or played["w"] != 64:
+        fail(f"the video does not play: {played}")
+    log("video plays:", played)
 
     # ---- jobs, billing, the rest ---------------------------------------------------------
     check_page("jobs", "/console/jobs")
@@ -280,7 +317,33 @@ try:
     check_page("billing", "/console/billing")
     check_page("billing-hourly", "/console/billing?bucket=hour")
     check_page("endpoints", "/console/endpoints")
+
+    # ---- a pod: its page follows its log live; stop and terminate it ---------------------
+    made = urllib.request.urlopen(urllib.request.Request(
+        BASE + "/v2/pods", method="POST",
+        data=json.dumps({"name": "console-pod", "image": "gantry-test/busybox:1", "cpu": {"id": "cpu3c", "vcpuCount": 2},
+                         "args": "sh -c 'echo first line; sleep 5; echo later line; exec sleep 3600'"}).encode(),
+        headers={"Authorization": "Bearer " + key, "Content-Type": "application/json"}))
+    pod = json.loads(made.read())["id"]
     check_page("pods", "/console/pods")
+    driver.get(BASE + f"/console/pods/{pod}")
+    deadline = time.time() + 120
+    while "RUNNING" not in driver.find_element(By.CSS_SELECTOR, ".facts").text:
+        if time.time() > deadline:
+            fail("the pod never ran")
+        time.sleep(0.5)
+        driver.get(BASE + f"/console/pods/{pod}")
+    # The page follows the log: "later line", written 5 s after the start, appears without a reload.
+    wait.until(EC.text_to_be_present_in_element((By.ID, "logs"), "later line"))
+    log("pod log followed live:", driver.find_element(By.ID, "logs").text.replace("\n", " | ")[:200])
+    check_page("pod", f"/console/pods/{pod}")
+    wait.until(EC.text_to_be_present_in_element((By.ID, "logs"), "first line"))
+    shot("pod")
+    driver.find_element(By.CSS_SELECTOR, "button.danger").click()
+    WebDriverWait(driver, 10).until(EC.alert_is_present())
+    driver.switch_to.alert.accept()
+    wait.until(EC.url_to_be(BASE + "/console/pods"))
+    log("pod terminated from its page")
     check_page("operators", "/console/admin")
 
     violations = csp_violations()

@@ -1,7 +1,8 @@
 //! The web console in a real browser: headless Chromium, driven through
 //! WebDriver (Debian's `chromium-driver`, with the Selenium client) by
 //! `tests/browser/console.py`, against a real `gantry serve` with the text,
-//! speech, speech-to-text and image models. axe-core (from npm, `~/.cache/gantry/axe`) runs
+//! speech, speech-to-text, image and video models, and pods on the private
+//! Docker engine of the tests. axe-core (from npm, `~/.cache/gantry/axe`) runs
 //! on every page. `.ci/run` installs all of it.
 //!
 //! `GANTRY_CONSOLE_SCREENSHOTS=<dir>` keeps the screenshots the run takes
@@ -36,12 +37,16 @@ fn every_console_flow_in_headless_chromium() {
     }
     let dir = tempfile::tempdir().unwrap();
     let models = models_dir();
+    let docker = crate::serverless::docker_host();
     let serve = ServeProcess::start_with(
         dir.path(),
         &[
+            // Pods run on the private test engine.
+            ("GANTRY_SERVERLESS__DOCKER_HOST", docker.as_str()),
+            ("GANTRY_SERVERLESS__TICK_MS", "200"),
             (
                 "GANTRY_SCHEDULER__BUNDLED_WORKERS",
-                "[gantry-echo, smollm2-135m-instruct, piper-en-us-joe, dcgan-faces-64, whisper-tiny-en]",
+                "[gantry-echo, smollm2-135m-instruct, piper-en-us-joe, dcgan-faces-64, whisper-tiny-en, faces-morph-video]",
             ),
             ("GANTRY_MODELS_DIR", models.to_str().unwrap()),
             ("GANTRY_TEXT__THREADS", "1"),

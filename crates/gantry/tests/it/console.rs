@@ -197,6 +197,111 @@ async fn the_playground_runs_jobs_as_the_signed_in_user_and_lists_them() {
     assert!(!other.get_text("/console/jobs").await.contains(&id));
 }
 
+/// The pages of a user's own containers, on the private Docker engine: a
+/// pod made through the console's API, its page with its status and log
+/// (the REST log route through the session), its actions; an endpoint
+/// scaled from its row, with the API's validation.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn pods_and_endpoints_are_run_from_their_pages() {
+    let app = crate::serverless::spawn(Backend::Sqlite).await;
+    let browser = Browser::signed_in(&app, Role::User).await;
+    let res = browser
+        .api(
+            Method::POST,
+            "/console/api/manage/v2/pods",
+            json!({"name": "notebook <1>", "image": "gantry-test/busybox:1",
+                   "args": "sh -c 'echo line one; echo line two; exec sleep 3600'",
+                   "cpu": {"id": "cpu3c", "vcpuCount": 2}}),
+        )
+        .await;
+    assert_eq!(res.status(), 201);
+    let id = res.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_owned();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let page = browser.get_text(&format!("/console/pods/{id}")).await;
+        assert!(page.contains("notebook &lt;1&gt;"), "{page}");
+        if page.contains(">RUNNING<") {
+            assert!(page.contains(&format!(
+                "data-logs=\"/console/api/manage/v2/pods/{id}/logs?follow=true"
+            )));
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "never RUNNING: {page}");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert!(
+        browser
+            .get_text("/console/pods")
+            .await
+            .contains(&format!("href=\"/console/pods/{id}\""))
+    );
+    // The log as the page's EventSource reads it (here without following).
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    loop {
+        let logs = browser
+            .get(&format!("/console/api/manage/v2/pods/{id}/logs?tail=50"))
+            .await;
+        assert_eq!(logs.status(), 200);
+        let text = logs.text().await.unwrap();
+        if text.contains("line two") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no log: {text}");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    let res = browser
+        .api(
+            Method::POST,
+            &format!("/console/api/manage/v2/pods/{id}/action"),
+            json!({"action": "stop"}),
+        )
+        .await;
+    assert_eq!(res.status(), 200);
+    let res = browser
+        .api(
+            Method::DELETE,
+            &format!("/console/api/manage/v2/pods/{id}"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(res.status(), 204);
+    assert_eq!(browser.get(&format!("/console/pods/{id}")).await.status(), 404);
+    // Another user's pod page is as missing as a deleted one.
+    let other = Browser::signed_in(&app, Role::User).await;
+    assert_eq!(other.get(&format!("/console/pods/{id}")).await.status(), 404);
+
+    // An endpoint scaled from its row: the form's fields make `{"workers": {"min", "max"}}`.
+    let res = browser
+        .api(
+            Method::POST,
+            "/console/api/manage/v2/serverless",
+            json!({"name": "ep", "type": "QUEUE", "image": "gantry-test/busybox:1",
+                   "scaling": {"type": "REQUEST_COUNT", "requestCount": 1}, "workers": {"min": 0, "max": 1}}),
+        )
+        .await;
+    assert_eq!(res.status(), 201);
+    let endpoint = res.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_owned();
+    let page = browser.get_text("/console/endpoints").await;
+    assert!(
+        page.contains(&format!("data-api=\"/console/api/manage/v2/serverless/{endpoint}\"")),
+        "{page}"
+    );
+    assert!(page.contains("name=\"workers.max\""));
+    let path = format!("/console/api/manage/v2/serverless/{endpoint}");
+    let res = browser
+        .api(Method::PATCH, &path, json!({"workers": {"min": 3, "max": 1}}))
+        .await;
+    let body = problem(res, 422).await;
+    assert!(errors_of(&body).iter().any(|e| e.contains("workers")), "{body}");
+    let res = browser
+        .api(Method::PATCH, &path, json!({"workers": {"min": 0, "max": 3}}))
+        .await;
+    assert_eq!(res.status(), 200);
+    assert!(browser.get_text("/console/endpoints").await.contains("value=\"3\""));
+    let res = browser.api(Method::DELETE, &path, Value::Null).await;
+    assert_eq!(res.status(), 204);
+}
+
 async fn pages_need_a_session_and_sign_in_sets_a_strict_http_only_cookie(backend: Backend) {
     let app = TestApp::spawn(backend).await;
     let browser = Browser::new(&app);

@@ -56,6 +56,13 @@
   // optional fields are left out; checkboxes sharing a name make a list.
   async function formJson(form, prefix) {
     const out = {};
+    // "workers.min" goes to {workers: {min: …}}.
+    const put = (name, value) => {
+      const parts = name.split(".");
+      let at = out;
+      for (const part of parts.slice(0, -1)) at = (at[part] = at[part] || {});
+      at[parts[parts.length - 1]] = value;
+    };
     for (const el of form.elements) {
       if (!el.name || el.disabled || el.type === "submit" || el.type === "button" || el.dataset.chat) continue;
       const type = el.dataset.type || "";
@@ -72,6 +79,7 @@
       }
       const value = el.value.trim();
       if (value === "") { if (!prefix && type === "number") out[el.name] = null; continue; }
+      if (el.name.includes(".")) { put(el.name, type === "number" ? Number(value) : el.value); continue; }
       if (type === "number") out[el.name] = Number(value);
       else if (type === "json") { try { out[el.name] = JSON.parse(value); } catch (_) { out[el.name] = value; } }
       else if (type === "lines") out[el.name] = value.split("\n").map((s) => s.trim()).filter(Boolean);
@@ -105,6 +113,7 @@
         box.querySelector("button").focus();
         return;
       }
+      if (el.dataset.then && el.dataset.then.startsWith("/console")) { window.location.assign(el.dataset.then); return; }
       window.location.reload();
     } catch (err) {
       showProblem(scope, { detail: String(err) }, 0);
@@ -337,5 +346,19 @@
     if (media && media.dataset.output) showMedia(media, JSON.parse(media.dataset.output));
     const stream = document.querySelector("[data-follow]");
     if (stream) follow(stream.dataset.follow, stream, () => window.location.reload());
+    const logs = document.querySelector("[data-logs]");
+    if (logs) {
+      // A pod's log, line by line as it is written; the stream is read once
+      // (no automatic reconnect, which would repeat the tail).
+      const source = new EventSource(logs.dataset.logs);
+      source.onmessage = (e) => {
+        const entry = JSON.parse(e.data);
+        logs.textContent += entry.ts.slice(11, 23) + " " + (entry.source === "system" ? "[system] " : "") + entry.line + "\n";
+      };
+      source.onerror = () => {
+        source.close();
+        document.getElementById("log-state").textContent = "The log stream ended; reload the page to follow it again.";
+      };
+    }
   });
 })();
