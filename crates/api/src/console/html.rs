@@ -65,12 +65,13 @@ pub fn duration(ms: i64) -> String {
 }
 
 /// The pages of the navigation: (path, label, operators only).
-const NAV: [(&str, &str, bool); 9] = [
+const NAV: [(&str, &str, bool); 10] = [
     ("/console", "Overview", false),
     ("/console/playground", "Playground", false),
     ("/console/jobs", "Jobs", false),
     ("/console/keys", "API keys", false),
     ("/console/volumes", "Volumes", false),
+    ("/console/templates", "Templates", false),
     ("/console/endpoints", "Endpoints", false),
     ("/console/pods", "Pods", false),
     ("/console/billing", "Billing", false),

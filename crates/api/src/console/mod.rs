@@ -134,6 +134,7 @@ pub fn register(cfg: &mut web::ServiceConfig, management: &[Endpoint], public: &
             .route("/playground/{model}", web::get().to(pages::playground))
             .route("/jobs", web::get().to(pages::jobs))
             .route("/jobs/{model}/{job}", web::get().to(pages::job))
+            .route("/templates", web::get().to(pages::templates))
             .route("/endpoints", web::get().to(pages::endpoints))
             .route("/pods", web::get().to(pages::pods))
             .route("/pods/{id}", web::get().to(pages::pod))

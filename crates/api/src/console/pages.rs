@@ -1105,6 +1105,85 @@ pub async fn pods(Signed(session): Signed, state: web::Data<AppState>) -> Result
     Ok(page(&session, "/console/pods", "Pods", &body))
 }
 
+pub async fn templates(Signed(session): Signed, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
+    let owner = &session.user.id;
+    let templates = state.containers.list_templates(owner).await?;
+    let registries = state.containers.list_registries(owner).await?;
+    let mut body = String::from(
+        "<p class=\"muted\">Templates hold an image and its settings; make them with <code>POST /v2/templates</code>. \
+         Start an endpoint or a pod from one here.</p>",
+    );
+    if templates.is_empty() {
+        body.push_str("<p class=\"muted\">No templates.</p>");
+    }
+    for t in &templates {
+        let id = esc(&t.id);
+        let _ = write!(
+            body,
+            "<article class=\"row\" aria-label=\"Template {name}\"><h3>{name} <code>{id}</code></h3><p><code>{image}</code> · for {kind}</p>",
+            name = esc(&t.name),
+            image = esc(&t.container.image),
+            kind = if t.serverless { "serverless endpoints" } else { "pods" },
+        );
+        if t.serverless {
+            let _ = write!(
+                body,
+                "<form class=\"inline\" data-api=\"/console/api/manage/v2/serverless\" data-method=\"POST\" data-then=\"/console/endpoints\" novalidate>\
+                 <input type=\"hidden\" name=\"templateId\" value=\"{id}\"><input type=\"hidden\" name=\"type\" value=\"QUEUE\">\
+                 <input type=\"hidden\" name=\"scaling.type\" value=\"REQUEST_COUNT\">\
+                 <input type=\"hidden\" name=\"scaling.requestCount\" value=\"1\" data-type=\"number\">\
+                 <label for=\"ep-name-{id}\">Endpoint name</label><input id=\"ep-name-{id}\" name=\"name\" required>\
+                 <label for=\"ep-min-{id}\">Min workers</label><input id=\"ep-min-{id}\" name=\"workers.min\" type=\"number\" min=\"0\" value=\"0\" data-type=\"number\">\
+                 <label for=\"ep-max-{id}\">Max workers</label><input id=\"ep-max-{id}\" name=\"workers.max\" type=\"number\" min=\"0\" value=\"1\" data-type=\"number\">\
+                 <button type=\"submit\">Create endpoint</button>\
+                 <p class=\"field-error\" data-error-for=\"name\"></p><p class=\"field-error\" data-error-for=\"workers\"></p>\
+                 <p class=\"error\" role=\"alert\" data-error-for=\"\"></p></form>"
+            );
+        } else {
+            let mut flavors = String::new();
+            for cpu in state.cpus.iter() {
+                let _ = write!(
+                    flavors,
+                    "<option value=\"{}\">{}</option>",
+                    esc(&cpu.id),
+                    esc(&cpu.name)
+                );
+            }
+            let _ = write!(
+                body,
+                "<form class=\"inline\" data-api=\"/console/api/manage/v2/pods\" data-method=\"POST\" data-then=\"/console/pods\" novalidate>\
+                 <input type=\"hidden\" name=\"templateId\" value=\"{id}\">\
+                 <label for=\"pod-name-{id}\">Pod name</label><input id=\"pod-name-{id}\" name=\"name\" required>\
+                 <label for=\"pod-cpu-{id}\">CPU</label><select id=\"pod-cpu-{id}\" name=\"cpu.id\">{flavors}</select>\
+                 <label for=\"pod-vcpu-{id}\">vCPUs</label><input id=\"pod-vcpu-{id}\" name=\"cpu.vcpuCount\" type=\"number\" min=\"1\" value=\"2\" data-type=\"number\">\
+                 <button type=\"submit\">Create pod</button>\
+                 <p class=\"field-error\" data-error-for=\"name\"></p><p class=\"field-error\" data-error-for=\"cpu\"></p>\
+                 <p class=\"error\" role=\"alert\" data-error-for=\"\"></p></form>"
+            );
+        }
+        body.push_str("</article>");
+    }
+    body.push_str("<h2>Registry credentials</h2>");
+    if registries.is_empty() {
+        body.push_str("<p class=\"muted\">None. Add them with <code>POST /v2/registries</code>; only their names are ever shown.</p>");
+    } else {
+        body.push_str("<ul>");
+        for r in &registries {
+            let _ = write!(
+                body,
+                "<li>{} <code>{}</code> <button type=\"button\" class=\"danger\" data-api=\"/console/api/manage/v2/registries/{id}\" \
+                 data-method=\"DELETE\" data-confirm=\"Delete these registry credentials?\">Delete <span class=\"sr\">{name}</span></button></li>",
+                esc(&r.name),
+                esc(&r.id),
+                id = esc(&r.id),
+                name = esc(&r.name)
+            );
+        }
+        body.push_str("</ul>");
+    }
+    Ok(page(&session, "/console/templates", "Templates", &body))
+}
+
 pub async fn pod(
     Signed(session): Signed,
     state: web::Data<AppState>,

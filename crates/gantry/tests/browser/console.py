@@ -316,15 +316,23 @@ try:
         fail("no spend chart on the overview")
     check_page("billing", "/console/billing")
     check_page("billing-hourly", "/console/billing?bucket=hour")
+    # ---- an endpoint made from a template, by the template's form ----------------------------
+    def api_post(path, body):
+        return json.loads(urllib.request.urlopen(urllib.request.Request(
+            BASE + path, method="POST", data=json.dumps(body).encode(),
+            headers={"Authorization": "Bearer " + key, "Content-Type": "application/json"})).read())
+    api_post("/v2/templates", {"name": "echo-worker", "image": "gantry-test/busybox:1", "serverless": True})
+    check_page("templates", "/console/templates")
+    driver.find_element(By.CSS_SELECTOR, "form[data-api$='/v2/serverless'] input[name=name]").send_keys("from the console" + Keys.ENTER)
+    wait.until(EC.url_to_be(BASE + "/console/endpoints"))
+    if "from the console" not in driver.page_source:
+        fail("the endpoint made from the template is not listed")
+    log("endpoint created from a template")
     check_page("endpoints", "/console/endpoints")
 
     # ---- a pod: its page follows its log live; stop and terminate it ---------------------
-    made = urllib.request.urlopen(urllib.request.Request(
-        BASE + "/v2/pods", method="POST",
-        data=json.dumps({"name": "console-pod", "image": "gantry-test/busybox:1", "cpu": {"id": "cpu3c", "vcpuCount": 2},
-                         "args": "sh -c 'echo first line; sleep 5; echo later line; exec sleep 3600'"}).encode(),
-        headers={"Authorization": "Bearer " + key, "Content-Type": "application/json"}))
-    pod = json.loads(made.read())["id"]
+    pod = api_post("/v2/pods", {"name": "console-pod", "image": "gantry-test/busybox:1", "cpu": {"id": "cpu3c", "vcpuCount": 2},
+                                "args": "sh -c 'echo first line; sleep 5; echo later line; exec sleep 3600'"})["id"]
     check_page("pods", "/console/pods")
     driver.get(BASE + f"/console/pods/{pod}")
     deadline = time.time() + 120

@@ -300,6 +300,59 @@ async fn pods_and_endpoints_are_run_from_their_pages() {
     assert!(browser.get_text("/console/endpoints").await.contains("value=\"3\""));
     let res = browser.api(Method::DELETE, &path, Value::Null).await;
     assert_eq!(res.status(), 204);
+
+    // Templates: each offers the form that starts an endpoint or a pod from it;
+    // the bodies below are what those forms send.
+    for serverless in [true, false] {
+        let res = browser
+            .api(
+                Method::POST,
+                "/console/api/manage/v2/templates",
+                json!({"name": format!("t-{serverless}"), "image": "gantry-test/busybox:1",
+                       "args": "sleep 3600", "serverless": serverless}),
+            )
+            .await;
+        assert_eq!(res.status(), 201);
+    }
+    let page = browser.get_text("/console/templates").await;
+    let template_of = |kind: &str| {
+        let at = page
+            .find(&format!("data-api=\"/console/api/manage/v2/{kind}\""))
+            .expect(kind);
+        let marker = "name=\"templateId\" value=\"";
+        let from = at + page[at..].find(marker).unwrap() + marker.len();
+        page[from..].split('"').next().unwrap().to_owned()
+    };
+    let (endpoint_template, pod_template) = (template_of("serverless"), template_of("pods"));
+    let res = browser
+        .api(
+            Method::POST,
+            "/console/api/manage/v2/serverless",
+            json!({"templateId": endpoint_template, "type": "QUEUE",
+                   "scaling": {"type": "REQUEST_COUNT", "requestCount": 1},
+                   "name": "from a template", "workers": {"min": 0, "max": 1}}),
+        )
+        .await;
+    assert_eq!(res.status(), 201);
+    let res = browser
+        .api(
+            Method::POST,
+            "/console/api/manage/v2/pods",
+            json!({"templateId": pod_template, "name": "pod from a template", "cpu": {"id": "cpu3c", "vcpuCount": 2}}),
+        )
+        .await;
+    assert_eq!(res.status(), 201);
+    let pod = res.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_owned();
+    assert!(browser.get_text("/console/endpoints").await.contains("from a template"));
+    assert!(browser.get_text("/console/pods").await.contains("pod from a template"));
+    let res = browser
+        .api(
+            Method::DELETE,
+            &format!("/console/api/manage/v2/pods/{pod}"),
+            Value::Null,
+        )
+        .await;
+    assert_eq!(res.status(), 204);
 }
 
 async fn pages_need_a_session_and_sign_in_sets_a_strict_http_only_cookie(backend: Backend) {
