@@ -435,6 +435,16 @@ async fn pages_need_a_session_and_sign_in_sets_a_strict_http_only_cookie(backend
     browser.cookie = session_cookie(res.headers());
     let overview = browser.get_text("/console").await;
     assert!(overview.contains(&email) && overview.contains("Credit"), "{overview}");
+    // A job's charge reaches the overview's spend and the billing page (summed
+    // per bucket by the database, on either backend).
+    let res = browser
+        .api(Method::POST, "/console/api/models/v2/gantry-echo/runsync", json!({"input": {}}))
+        .await;
+    assert_eq!(res.json::<Value>().await.unwrap()["status"], "COMPLETED");
+    let overview = browser.get_text("/console").await;
+    assert!(overview.contains("id=\"spend\">$0.000010<"), "{overview}");
+    let billing = browser.get_text("/console/billing?bucket=hour").await;
+    assert!(billing.contains("<td>gantry-echo</td><td>model</td><td>$0.000010</td>"), "{billing}");
     for path in [
         "/console",
         "/console/keys",
