@@ -438,13 +438,20 @@ async fn pages_need_a_session_and_sign_in_sets_a_strict_http_only_cookie(backend
     // A job's charge reaches the overview's spend and the billing page (summed
     // per bucket by the database, on either backend).
     let res = browser
-        .api(Method::POST, "/console/api/models/v2/gantry-echo/runsync", json!({"input": {}}))
+        .api(
+            Method::POST,
+            "/console/api/models/v2/gantry-echo/runsync",
+            json!({"input": {}}),
+        )
         .await;
     assert_eq!(res.json::<Value>().await.unwrap()["status"], "COMPLETED");
     let overview = browser.get_text("/console").await;
     assert!(overview.contains("id=\"spend\">$0.000010<"), "{overview}");
     let billing = browser.get_text("/console/billing?bucket=hour").await;
-    assert!(billing.contains("<td>gantry-echo</td><td>model</td><td>$0.000010</td>"), "{billing}");
+    assert!(
+        billing.contains("<td>gantry-echo</td><td>model</td><td>$0.000010</td>"),
+        "{billing}"
+    );
     for path in [
         "/console",
         "/console/keys",
@@ -625,6 +632,13 @@ async fn signing_out_everywhere_ends_every_session(backend: Backend) {
     // A new password ends the sessions too.
     app.auth.set_password(&email, "a brand new password").await.unwrap();
     assert_eq!(second.get("/console").await.status(), 303);
+    // A session ends when it expires.
+    second.sign_in_as(&email, "a brand new password").await;
+    assert_eq!(second.get("/console").await.status(), 200);
+    app.sql("UPDATE console_sessions SET expires_at = 1 WHERE ended_at IS NULL")
+        .await;
+    assert_eq!(second.get("/console").await.status(), 303);
+    problem(second.get("/console/api/manage/v2/network-volumes").await, 401).await;
 }
 
 // ---- a browser without a browser: cookies and forms by hand ----------------
