@@ -136,6 +136,8 @@ pub fn register(cfg: &mut web::ServiceConfig, management: &[Endpoint], public: &
             .route("/jobs/{model}/{job}", web::get().to(pages::job))
             .route("/templates", web::get().to(pages::templates))
             .route("/endpoints", web::get().to(pages::endpoints))
+            .route("/endpoints/{id}", web::get().to(pages::endpoint))
+            .route("/endpoints/{id}/workers/{worker}", web::get().to(pages::worker))
             .route("/pods", web::get().to(pages::pods))
             .route("/pods/{id}", web::get().to(pages::pod))
             .route("/admin", web::get().to(pages::admin))

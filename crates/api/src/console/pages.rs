@@ -1064,7 +1064,7 @@ pub async fn endpoints(Signed(session): Signed, state: web::Data<AppState>) -> R
             let id = esc(&e.id);
             let _ = write!(
                 body,
-                "<tr><td><code>{id}</code></td><td>{}</td><td><code>{}</code></td><td>\
+                "<tr><td><a href=\"/console/endpoints/{id}\"><code>{id}</code></a></td><td>{}</td><td><code>{}</code></td><td>\
                  <form class=\"inline\" data-api=\"/console/api/manage/v2/serverless/{id}\" data-method=\"PATCH\" novalidate>\
                  <label for=\"min-{id}\">Min</label><input id=\"min-{id}\" name=\"workers.min\" type=\"number\" min=\"0\" data-type=\"number\" value=\"{}\">\
                  <label for=\"max-{id}\">Max</label><input id=\"max-{id}\" name=\"workers.max\" type=\"number\" min=\"0\" data-type=\"number\" value=\"{}\">\
@@ -1203,6 +1203,75 @@ pub async fn templates(Signed(session): Signed, state: web::Data<AppState>) -> R
         body.push_str("</ul>");
     }
     Ok(page(&session, "/console/templates", "Templates", &body))
+}
+
+pub async fn endpoint(
+    Signed(session): Signed,
+    state: web::Data<AppState>,
+    id: web::Path<String>,
+) -> Result<HttpResponse, ApiError> {
+    let endpoint = state.containers.get_endpoint(&session.user.id, &id).await?;
+    let workers = match &state.fleet {
+        Some(fleet) => fleet.worker_views(&endpoint.id).await?,
+        None => Vec::new(),
+    };
+    let id = esc(&endpoint.id);
+    let mut body = String::with_capacity(4096);
+    let _ = write!(
+        body,
+        "<dl class=\"facts\"><dt>Endpoint</dt><dd><code>{id}</code></dd><dt>Image</dt><dd><code>{}</code></dd>\
+         <dt>Version</dt><dd>{}</dd><dt>Workers</dt><dd>{} to {}</dd><dt>Jobs</dt><dd><code>{}/v2/{id}/run</code>, \
+         <code>/runsync</code>, <code>/status/&lt;job&gt;</code></dd></dl>\
+         <p><a href=\"/console/playground/{id}\">Send it a job in the playground</a></p><h2>Workers</h2>",
+        esc(&endpoint.spec.container.image),
+        endpoint.version,
+        endpoint.spec.workers.min,
+        endpoint.spec.workers.max,
+        esc(&state.public_origin()),
+    );
+    if workers.is_empty() {
+        body.push_str("<p class=\"muted\">No workers now: they start with the queue, up to the maximum.</p>");
+    } else {
+        body.push_str(
+            "<div class=\"scroll\" tabindex=\"0\" role=\"region\" aria-label=\"Scrollable table\"><table><thead><tr>\
+             <th scope=\"col\">Worker</th><th scope=\"col\">Status</th><th scope=\"col\">Version</th>\
+             <th scope=\"col\">Started</th><th scope=\"col\">Log</th></tr></thead><tbody>",
+        );
+        for w in &workers {
+            let _ = write!(
+                body,
+                "<tr><td><code>{wid}</code></td><td>{}{}</td><td>{}</td><td>{}</td>\
+                 <td><a href=\"/console/endpoints/{id}/workers/{wid}\">Log <span class=\"sr\">of {wid}</span></a></td></tr>",
+                status_badge(w.status),
+                w.reason
+                    .as_deref()
+                    .map(|r| format!(" ({})", esc(r)))
+                    .unwrap_or_default(),
+                w.version,
+                html::time(w.started_at_ms),
+                wid = esc(&w.id),
+            );
+        }
+        body.push_str("</tbody></table></div>");
+    }
+    Ok(page(&session, "/console/endpoints", &endpoint.spec.name, &body))
+}
+
+pub async fn worker(
+    Signed(session): Signed,
+    state: web::Data<AppState>,
+    path: web::Path<(String, String)>,
+) -> Result<HttpResponse, ApiError> {
+    let (endpoint, worker) = path.into_inner();
+    let endpoint = state.containers.get_endpoint(&session.user.id, &endpoint).await?;
+    let (id, wid) = (esc(&endpoint.id), esc(&worker));
+    let body = format!(
+        "<p><a href=\"/console/endpoints/{id}\">Back to {}</a></p><p class=\"muted\" id=\"log-state\">Following the worker's log.</p>\
+         <pre id=\"logs\" class=\"logs\" tabindex=\"0\" aria-label=\"Worker log\" aria-live=\"polite\" \
+         data-logs=\"/console/api/manage/v2/serverless/{id}/workers/{wid}/logs?follow=true&amp;tail=500\"></pre>",
+        esc(&endpoint.spec.name)
+    );
+    Ok(page(&session, "/console/endpoints", &format!("Worker {worker}"), &body))
 }
 
 pub async fn pod(

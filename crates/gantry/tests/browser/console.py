@@ -329,6 +329,8 @@ try:
         fail("the endpoint made from the template is not listed")
     log("endpoint created from a template")
     check_page("endpoints", "/console/endpoints")
+    endpoint_page = driver.find_element(By.CSS_SELECTOR, "table a[href^='/console/endpoints/']").get_attribute("href")
+    check_page("endpoint", endpoint_page.replace(BASE, ""))
 
     # ---- a pod: its page follows its log live; stop and terminate it ---------------------
     pod = api_post("/v2/pods", {"name": "console-pod", "image": "gantry-test/busybox:1", "cpu": {"id": "cpu3c", "vcpuCount": 2},

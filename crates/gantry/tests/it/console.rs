@@ -298,6 +298,48 @@ async fn pods_and_endpoints_are_run_from_their_pages() {
         .await;
     assert_eq!(res.status(), 200);
     assert!(browser.get_text("/console/endpoints").await.contains("value=\"3\""));
+    // At least one worker: its container starts, the endpoint's page lists
+    // it, and its log is read through the session.
+    let res = browser
+        .api(
+            Method::PATCH,
+            &path,
+            json!({"workers": {"min": 1, "max": 1}, "args": "sh -c 'echo worker says hi; exec sleep 3600'"}),
+        )
+        .await;
+    assert_eq!(res.status(), 200);
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    let worker = loop {
+        let page = browser.get_text(&format!("/console/endpoints/{endpoint}")).await;
+        let marker = format!("href=\"/console/endpoints/{endpoint}/workers/");
+        if let Some(at) = page.find(&marker) {
+            break page[at + marker.len()..].split('"').next().unwrap().to_owned();
+        }
+        assert!(std::time::Instant::now() < deadline, "no worker listed: {page}");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    };
+    let page = browser
+        .get_text(&format!("/console/endpoints/{endpoint}/workers/{worker}"))
+        .await;
+    assert!(page.contains(&format!(
+        "data-logs=\"/console/api/manage/v2/serverless/{endpoint}/workers/{worker}/logs"
+    )));
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(60);
+    loop {
+        let logs = browser
+            .get(&format!(
+                "/console/api/manage/v2/serverless/{endpoint}/workers/{worker}/logs?tail=50"
+            ))
+            .await;
+        assert_eq!(logs.status(), 200);
+        let text = logs.text().await.unwrap();
+        if text.contains("worker says hi") {
+            break;
+        }
+        assert!(std::time::Instant::now() < deadline, "no worker log: {text}");
+        tokio::time::sleep(std::time::Duration::from_millis(200)).await;
+    }
+    assert_eq!(other.get(&format!("/console/endpoints/{endpoint}")).await.status(), 404);
     let res = browser.api(Method::DELETE, &path, Value::Null).await;
     assert_eq!(res.status(), 204);
 
