@@ -389,6 +389,43 @@ pub async fn storage_charges<C: ConnectionTrait>(
         .collect()
 }
 
+/// A user's ledger charges from `from` to `to` summed per bucket of `size`
+/// ms, unit and subject (model, endpoint or pod): (bucket start ms, unit,
+/// subject, micro-USD). One row per bucket and subject, however many
+/// charges there were.
+pub async fn charges_by_bucket<C: ConnectionTrait>(
+    db: &C,
+    user: &str,
+    from: i64,
+    to: i64,
+    size: i64,
+) -> Result<Vec<(i64, String, String, i64)>, DbErr> {
+    let backend = db.get_database_backend();
+    let sql = placeholders(
+        backend,
+        "SELECT (created_at - ?) / ? AS b, unit, model, CAST(SUM(amount_micro_usd) AS BIGINT) FROM ledger_entries \
+         WHERE user_id = ? AND created_at >= ? AND created_at < ? GROUP BY b, unit, model",
+    );
+    let rows = db
+        .query_all_raw(Statement::from_sql_and_values(
+            backend,
+            sql,
+            [from.into(), size.into(), user.into(), from.into(), to.into()],
+        ))
+        .await?;
+    rows.iter()
+        .map(|r| {
+            let bucket: i64 = r.try_get_by_index(0)?;
+            Ok((
+                from + bucket * size,
+                r.try_get_by_index(1)?,
+                r.try_get_by_index(2)?,
+                r.try_get_by_index(3)?,
+            ))
+        })
+        .collect()
+}
+
 /// `?` placeholders as the backend spells them (`$1`, `$2`, … on PostgreSQL).
 fn placeholders(backend: DbBackend, sql: &str) -> String {
     if backend != DbBackend::Postgres {

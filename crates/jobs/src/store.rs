@@ -596,6 +596,25 @@ impl JobStore {
         Ok(counts)
     }
 
+    /// `user`'s latest kept jobs, newest first (job ids grow with time), at
+    /// most `limit`; only those queued or running with `active_only`.
+    pub async fn recent(&self, user: &str, limit: u64, active_only: bool) -> Result<Vec<job::Model>, JobError> {
+        let mut query = job::Entity::find().filter(J::UserId.eq(user));
+        if active_only {
+            query = query.filter(J::Status.is_in([JobStatus::InQueue.as_str(), JobStatus::InProgress.as_str()]));
+        }
+        Ok(query.order_by_desc(J::Id).limit(limit).all(&self.db).await?)
+    }
+
+    /// The stored row of one of `user`'s jobs (its input, times and cost);
+    /// `None` for another user's job, or one not written (yet, or any more).
+    pub async fn row(&self, user: &str, job_id: &str) -> Result<Option<job::Model>, JobError> {
+        Ok(job::Entity::find_by_id(job_id.to_owned())
+            .filter(J::UserId.eq(user))
+            .one(&self.db)
+            .await?)
+    }
+
     /// Kept jobs by model and status, with the oldest `queued_at_ms` of each
     /// group: (model, status, count, oldest queued). For the metrics endpoint.
     pub async fn census(&self) -> Result<Vec<(String, String, i64, i64)>, JobError> {

@@ -7,7 +7,7 @@ use gantry_auth::{AuthError, ConsoleSession, Role, ScopeSet, SignInError, UserLi
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use super::pages::{CredentialsForm, SESSION, safe_next};
+use super::pages::{CredentialsForm, safe_next};
 use super::session::{self, FORM_COOKIE, Signed, same_token};
 use crate::app::AppState;
 use crate::problem::ApiError;
@@ -164,7 +164,10 @@ pub struct CsrfForm {
 fn signed_out(req: &HttpRequest) -> HttpResponse {
     HttpResponse::SeeOther()
         .insert_header((header::LOCATION, "/console/sign-in?error=signed-out"))
-        .insert_header((header::SET_COOKIE, session::set_cookie(req, SESSION, "", 0)))
+        .insert_header((
+            header::SET_COOKIE,
+            session::set_cookie(req, session::SESSION_COOKIE, "", 0),
+        ))
         .finish()
 }
 
@@ -184,7 +187,7 @@ pub async fn sign_out(
     body: web::Bytes,
 ) -> Result<HttpResponse, ApiError> {
     check_form_csrf(&session, &body)?;
-    if let Some(token) = session::cookie(&req, SESSION) {
+    if let Some(token) = session::cookie(&req, session::SESSION_COOKIE) {
         state
             .auth
             .end_session(&token)

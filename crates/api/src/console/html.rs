@@ -4,11 +4,8 @@
 use std::fmt::Write as _;
 
 use actix_web::HttpResponse;
-use actix_web::ResponseError;
 use actix_web::http::header;
 use gantry_auth::{ConsoleSession, Role};
-
-use crate::problem::ApiError;
 
 /// Escapes text for HTML content and quoted attribute values.
 pub fn esc(text: &str) -> String {
@@ -142,15 +139,7 @@ pub fn html(body: String) -> HttpResponse {
         .body(body)
 }
 
-/// An error as a page (a page request that failed after sign-in).
-pub fn error_page(err: &ApiError) -> HttpResponse {
-    let detail = match err {
-        ApiError::Internal => "Something went wrong on our side; it has been logged.".to_owned(),
-        other => other.to_string(),
-    };
-    error_page_with(err.status_code(), &detail)
-}
-
+/// An error as a page (a page request that failed), with the problem's status.
 pub fn error_page_with(status: actix_web::http::StatusCode, detail: &str) -> HttpResponse {
     let body = bare_page(
         status.canonical_reason().unwrap_or("Error"),

@@ -7,12 +7,11 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use gantry_auth::Role;
 use gantry_catalog::ModelKind;
 use gantry_jobs::entity::job;
-use sea_orm::{ColumnTrait, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 use serde::Deserialize;
 use serde_json::Value;
 
 use super::html::{self, bar_chart, esc, page, usd};
-use super::session::{self, FORM_COOKIE, SESSION_COOKIE, Signed};
+use super::session::{self, FORM_COOKIE, Signed};
 use crate::app::AppState;
 use crate::problem::ApiError;
 
@@ -186,20 +185,6 @@ pub async fn sign_up_form(req: HttpRequest, state: web::Data<AppState>) -> HttpR
     .render(&req)
 }
 
-/// A user's jobs, newest first (job ids grow with time).
-async fn recent_jobs(state: &AppState, user: &str, limit: u64, active_only: bool) -> Result<Vec<job::Model>, ApiError> {
-    let mut query = job::Entity::find().filter(job::Column::UserId.eq(user));
-    if active_only {
-        query = query.filter(job::Column::Status.is_in(["IN_QUEUE", "IN_PROGRESS"]));
-    }
-    query
-        .order_by_desc(job::Column::Id)
-        .limit(limit)
-        .all(&state.db)
-        .await
-        .map_err(internal("console jobs"))
-}
-
 /// One charge of a user: when, what for (a model, endpoint, pod or volume), its kind, micro-USD.
 struct Spend {
     at: i64,
@@ -212,42 +197,22 @@ struct Spend {
 /// the database: a page reads one row per bucket and subject, however many
 /// jobs there were), each with the start of its bucket.
 async fn spend(state: &AppState, user: &str, from: i64, to: i64, size: i64) -> Result<Vec<Spend>, ApiError> {
-    use sea_orm::{ConnectionTrait, DbBackend, Statement};
-    let backend = state.db.get_database_backend();
-    let sql = match backend {
-        DbBackend::Postgres => {
-            "SELECT (created_at - $1) / $2 AS b, unit, model, CAST(SUM(amount_micro_usd) AS BIGINT) FROM ledger_entries \
-             WHERE user_id = $3 AND created_at >= $1 AND created_at < $4 GROUP BY b, unit, model"
-        }
-        _ => {
-            "SELECT (created_at - ?1) / ?2 AS b, unit, model, CAST(SUM(amount_micro_usd) AS BIGINT) FROM ledger_entries \
-             WHERE user_id = ?3 AND created_at >= ?1 AND created_at < ?4 GROUP BY b, unit, model"
-        }
-    };
-    let rows = state
-        .db
-        .query_all_raw(Statement::from_sql_and_values(
-            backend,
-            sql,
-            [from.into(), size.into(), user.into(), to.into()],
-        ))
+    let charges = gantry_billing::history::charges_by_bucket(&state.db, user, from, to, size)
         .await
         .map_err(internal("console billing"))?;
-    let mut out = Vec::with_capacity(rows.len());
-    for row in rows {
-        let bucket: i64 = row.try_get_by_index(0).map_err(internal("console billing"))?;
-        let unit: String = row.try_get_by_index(1).map_err(internal("console billing"))?;
-        out.push(Spend {
-            at: from + bucket * size,
+    let mut out: Vec<Spend> = charges
+        .into_iter()
+        .map(|(at, unit, subject, micro_usd)| Spend {
+            at,
             kind: match unit.as_str() {
                 "gpu_worker_seconds" | "cpu_worker_seconds" => "endpoint workers",
                 "gpu_pod_seconds" | "cpu_pod_seconds" => "pod",
                 _ => "model",
             },
-            subject: row.try_get_by_index(2).map_err(internal("console billing"))?,
-            micro_usd: row.try_get_by_index(3).map_err(internal("console billing"))?,
-        });
-    }
+            subject,
+            micro_usd,
+        })
+        .collect();
     let window = gantry_billing::history::Window {
         start: from,
         end: to,
@@ -326,7 +291,7 @@ pub async fn overview(Signed(session): Signed, state: web::Data<AppState>) -> Re
             total += charge.micro_usd;
         }
     }
-    let running = recent_jobs(&state, user, 20, true).await?;
+    let running = state.jobs.recent(user, 20, true).await?;
     let endpoints = state
         .containers
         .list_endpoints(user)
@@ -967,7 +932,7 @@ pub async fn playground(
 }
 
 pub async fn jobs(Signed(session): Signed, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
-    let rows = recent_jobs(&state, &session.user.id, 100, false).await?;
+    let rows = state.jobs.recent(&session.user.id, 100, false).await?;
     let body = format!(
         "<p class=\"muted\">Your latest jobs (up to 100) kept within the retention period.</p>{}",
         jobs_table(&rows, "No jobs yet.")
@@ -988,11 +953,7 @@ pub async fn job(
 ) -> Result<HttpResponse, ApiError> {
     let (model, job_id) = path.into_inner();
     let view = state.jobs.get(&session.user.id, &model, &job_id).await?;
-    let row = job::Entity::find_by_id(job_id.clone())
-        .filter(job::Column::UserId.eq(session.user.id.as_str()))
-        .one(&state.db)
-        .await
-        .map_err(internal("console job"))?;
+    let row = state.jobs.row(&session.user.id, &job_id).await?;
     let mut body = String::with_capacity(8192);
     let status = serde_json::to_value(view.status)
         .ok()
@@ -1398,9 +1359,6 @@ pub async fn admin(Signed(session): Signed, state: web::Data<AppState>) -> Resul
     );
     Ok(page(&session, "/console/admin", "Operators", &body))
 }
-
-/// The session cookie's name, for the actions that end it.
-pub const SESSION: &str = SESSION_COOKIE;
 
 #[cfg(test)]
 mod tests {

@@ -142,7 +142,8 @@ impl ResponseError for PageError {
                     .insert_header((header::LOCATION, location))
                     .finish()
             }
-            PageError::Api(err) => super::html::error_page(err),
+            // `security_headers` turns a page's problem+json into the error page.
+            PageError::Api(err) => err.error_response(),
         }
     }
 }

@@ -35,6 +35,24 @@ async fn sign_in_attempts_are_throttled_per_account() {
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sign_in_attempts_are_throttled_per_address() {
+    let app = TestApp::spawn_with(Backend::Sqlite, |s| s.console.sign_in_per_minute = 3).await;
+    let browser = Browser::new(&app);
+    let email = user_with_password(&app, "correct horse battery", Role::User).await;
+    // Three guesses at three other accounts from one address...
+    for i in 0..3 {
+        let res = browser
+            .sign_in(&format!("guess{i}@example.test"), "not the password")
+            .await;
+        assert_eq!(res.status(), 401);
+    }
+    // ...and that address may try no account, this one's first attempt included.
+    let res = browser.sign_in(&email, "correct horse battery").await;
+    assert_eq!(res.status(), 429);
+    assert!(session_cookie(res.headers()).is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_pages_and_actions_need_the_admin_role() {
     let app = TestApp::spawn(Backend::Sqlite).await;
     let user = Browser::signed_in(&app, Role::User).await;
@@ -617,7 +635,11 @@ async fn keys_made_in_the_console_work_with_the_api_and_are_shown_once(backend: 
     assert!(!page.contains(&key));
     assert!(page.contains(&format!("…{}", &key[key.len() - 4..])), "{page}");
     assert!(page.contains("ci &lt;laptop&gt;"));
-    assert!(!page.contains("<td>never</td><td>20"), "the key was used: {page}");
+    let user = app.auth.find_user(&browser.email).await.unwrap();
+    let listed = app.auth.list_keys(&user).await.unwrap();
+    let used = listed.iter().find(|k| k.id == issued["id"]).unwrap().last_used_at;
+    let used = used.expect("the key's use is recorded");
+    assert!(page.contains(&format!("<td>{}</td>", &html_time(used))), "{page}");
     // Another user cannot revoke it; its owner can.
     let other = Browser::signed_in(&app, Role::User).await;
     let id = issued["id"].as_str().unwrap();
@@ -854,4 +876,11 @@ fn form_body(fields: &[(&str, &str)]) -> String {
         .map(|(k, v)| format!("{}={}", encode(k), encode(v)))
         .collect::<Vec<_>>()
         .join("&")
+}
+
+/// Unix seconds as the console shows them (`2026-11-28 13:05:09 UTC`).
+fn html_time(secs: i64) -> String {
+    gantry_billing::history::format_rfc3339(secs * 1000)
+        .replacen('T', " ", 1)
+        .replace('Z', " UTC")
 }
