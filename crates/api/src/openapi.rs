@@ -7,7 +7,7 @@ use utoipa::openapi::path::{Operation, PathItem};
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::{Content, HttpMethod, Ref, RefOr, Response, ResponseBuilder};
 
-use crate::handlers::{billing, catalog, files, jobs, meta, models, openai, pods, serverless, volumes};
+use crate::handlers::{billing, catalog, embeddings, files, jobs, meta, models, openai, pods, serverless, volumes};
 use crate::problem::{PROBLEM_JSON, Problem};
 use crate::routes::{Endpoint, management_endpoints, public_endpoints};
 
@@ -41,7 +41,7 @@ struct ApiDoc;
         description = "The public model endpoints of Gantry: run a model synchronously or asynchronously, poll, stream, cancel. Every error is an RFC 9457 problem document."),
     paths(
         models::list, jobs::run, jobs::runsync, jobs::status, jobs::stream, jobs::cancel, jobs::retry, jobs::purge_queue, jobs::health,
-        openai::chat_completions, openai::completions, openai::models,
+        openai::chat_completions, openai::completions, embeddings::embeddings, openai::models,
         files::get, files::head,
         meta::openapi, meta::healthz, meta::readyz,
     ),
@@ -183,6 +183,7 @@ pub fn public_openapi_json_with(manifest: &gantry_manifest::Manifest) -> serde_j
         serde_json::json!(crate::handlers::jobs::WEBHOOK_PATTERN);
     tighten_parameters(&mut doc);
     openai_request_schemas(&mut doc);
+    embeddings::request_schema(&mut doc);
     doc
 }
 
@@ -206,65 +207,9 @@ fn finish(mut doc: utoipa::openapi::OpenApi, endpoints: &[Endpoint]) -> utoipa::
 }
 
 /// The request bodies of the OpenAI-compatible routes, as they are checked
-/// (`handlers/openai.rs`): other OpenAI fields are accepted and ignored.
+/// (`handlers/openai.rs`, which defines them).
 fn openai_request_schemas(doc: &mut serde_json::Value) {
-    use serde_json::json;
-    let common = json!({
-        "model": {"type": ["string", "null"], "description": "Ignored: the model is the one in the path."},
-        "max_tokens": {"type": ["integer", "null"], "minimum": 1},
-        "max_completion_tokens": {"type": ["integer", "null"], "minimum": 1},
-        "temperature": {"type": ["number", "null"], "minimum": 0, "maximum": 2},
-        "top_p": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1},
-        "top_k": {"type": ["integer", "null"], "minimum": 0, "description": "An extension: sample among the k likeliest tokens."},
-        "seed": {"type": ["integer", "null"], "minimum": 0},
-        "stop": {"oneOf": [
-            {"type": "null"},
-            {"type": "string", "minLength": 1},
-            {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 4}
-        ]},
-        "n": {"type": ["integer", "null"], "minimum": 1, "maximum": 1},
-        "presence_penalty": {"type": ["number", "null"], "minimum": 0, "maximum": 0},
-        "frequency_penalty": {"type": ["number", "null"], "minimum": 0, "maximum": 0},
-        "logprobs": {"type": ["boolean", "null"], "enum": [false, null]},
-        "user": {"type": ["string", "null"]},
-        "stream": {"type": ["boolean", "null"]},
-        "stream_options": {"type": ["object", "null"], "properties": {"include_usage": {"type": ["boolean", "null"]}}, "additionalProperties": false}
-    });
-    let mut chat = json!({
-        "type": "object",
-        "required": ["messages"],
-        "additionalProperties": false,
-        "properties": common.clone(),
-    });
-    chat["properties"]["messages"] = json!({
-        "type": "array", "minItems": 1,
-        "items": {"type": "object", "required": ["role", "content"], "properties": {
-            "role": {"enum": ["system", "developer", "user", "assistant"]},
-            "content": {"oneOf": [
-                {"type": "string"},
-                {"type": "array", "items": {"type": "object", "required": ["type", "text"],
-                    "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}}
-            ]}
-        }}
-    });
-    let mut completion = json!({
-        "type": "object",
-        "required": ["prompt"],
-        "additionalProperties": false,
-        "properties": common,
-    });
-    // Accepted at the values that change nothing.
-    completion["properties"]["echo"] = json!({"enum": [false, null]});
-    completion["properties"]["suffix"] = json!({"type": "null"});
-    completion["properties"]["best_of"] = json!({"enum": [1, null]});
-    completion["properties"]["prompt"] = json!({"oneOf": [
-        {"type": "string", "minLength": 1},
-        {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 1}
-    ]});
-    for (path, schema) in [
-        ("/v2/{model_id}/openai/v1/chat/completions", chat),
-        ("/v2/{model_id}/openai/v1/completions", completion),
-    ] {
+    for (path, schema) in openai::request_schemas() {
         let body = &mut doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"];
         if !body.is_null() {
             *body = schema;

@@ -5,7 +5,7 @@ use actix_web::middleware::from_fn;
 use actix_web::{Route, web};
 
 use crate::handlers::{
-    billing, catalog, files, jobs, meta, models, openai, pods, serverless, volumes, worker_protocol,
+    billing, catalog, embeddings, files, jobs, meta, models, openai, pods, serverless, volumes, worker_protocol,
 };
 use crate::middleware::authenticate;
 use crate::problem::ApiError;
@@ -175,6 +175,9 @@ pub fn public_endpoints() -> Vec<Endpoint> {
         }),
         keyed(Method::POST, "/v2/{model_id}/openai/v1/completions", || {
             web::post().to(openai::completions)
+        }),
+        keyed(Method::POST, "/v2/{model_id}/openai/v1/embeddings", || {
+            web::post().to(embeddings::embeddings)
         }),
         keyed(Method::GET, "/v2/{model_id}/openai/v1/models", || {
             web::get().to(openai::models)

@@ -13,4 +13,6 @@ pub use hardware::{
     CpuPrice, CpuType, GpuManufacturer, GpuMaxCount, GpuPrice, GpuType, VcpuRange, availability_of, default_cpus,
     default_gpus,
 };
-pub use models::{ENDPOINT_PREFIX, MAX_AUDIO_SECONDS, ModelCatalog, ModelKind, ModelSpec, Price, is_endpoint_id};
+pub use models::{
+    ENDPOINT_PREFIX, MAX_AUDIO_SECONDS, MAX_EMBEDDING_TOKENS, ModelCatalog, ModelKind, ModelSpec, Price, is_endpoint_id,
+};

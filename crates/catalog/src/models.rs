@@ -11,6 +11,12 @@ use serde::{Deserialize, Serialize};
 /// only known once the worker has decoded it.
 pub const MAX_AUDIO_SECONDS: u32 = 1800;
 
+/// The most tokens an embedding model reads of one input (the longest
+/// position table of the BERT family). An embedding job holds credit for
+/// this many tokens per input, since an input's length in tokens is only
+/// known once the worker has tokenized it.
+pub const MAX_EMBEDDING_TOKENS: usize = 512;
+
 /// What a model produces.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
 #[serde(rename_all = "lowercase")]
@@ -21,6 +27,8 @@ pub enum ModelKind {
     /// Speech to text.
     Transcription,
     Text,
+    /// Text to vectors (sentence embeddings).
+    Embedding,
     Diagnostic,
     /// A user's serverless endpoint (their own container image).
     Endpoint,

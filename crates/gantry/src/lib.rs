@@ -21,8 +21,8 @@ pub use api_role::{http_config, start_api};
 pub use database::{Database, connect_database, job_store};
 pub use scheduler_role::{SchedulerRole, worker_secret};
 pub use settings::{
-    AuthSettings, BillingSettings, CatalogSettings, DiffusionSettings, HttpSettings, RateLimitSettings,
-    SchedulerSettings, Settings, SpeechSettings, TextSettings, TranscriptionSettings, VideoSettings,
+    AuthSettings, BillingSettings, CatalogSettings, DiffusionSettings, EmbeddingSettings, HttpSettings,
+    RateLimitSettings, SchedulerSettings, Settings, SpeechSettings, TextSettings, TranscriptionSettings, VideoSettings,
 };
 pub use workers::{Workers, detect_gpu, ensure_weights, is_text_model, worker_config};
 

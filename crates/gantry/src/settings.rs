@@ -60,6 +60,8 @@ pub struct Settings {
     pub video: VideoSettings,
     /// The Stable Diffusion models.
     pub diffusion: DiffusionSettings,
+    /// The sentence-embedding models.
+    pub embedding: EmbeddingSettings,
     pub catalog: CatalogSettings,
     /// The speech-to-text models (Whisper).
     pub transcription: TranscriptionSettings,
@@ -266,6 +268,27 @@ pub struct DiffusionSettings {
     pub cuda_device: Option<usize>,
     /// Half-precision (F16) weights and arithmetic: half the memory, for GPUs.
     pub half: bool,
+}
+
+/// The sentence-embedding models (candle): batch size and where they run.
+#[derive(Debug, Clone, Serialize, Deserialize)]
+#[serde(default)]
+pub struct EmbeddingSettings {
+    /// Most inputs in one forward pass; inputs of concurrent jobs share
+    /// batches up to this size.
+    pub max_batch: usize,
+    /// CUDA device ordinal to run on; unset means the CPU. Needs a binary
+    /// built with the `cuda` feature.
+    pub cuda_device: Option<usize>,
+}
+
+impl Default for EmbeddingSettings {
+    fn default() -> Self {
+        Self {
+            max_batch: 64,
+            cuda_device: None,
+        }
+    }
 }
 
 /// The speech-to-text models: threads per job and where audio URLs may go.
@@ -479,6 +502,7 @@ impl Default for Settings {
             speech: SpeechSettings::default(),
             video: VideoSettings::default(),
             diffusion: DiffusionSettings::default(),
+            embedding: EmbeddingSettings::default(),
             transcription: TranscriptionSettings::default(),
             auth: AuthSettings::default(),
             catalog: CatalogSettings::default(),

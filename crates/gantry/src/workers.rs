@@ -93,6 +93,10 @@ impl Workers {
                 let loaded = load_video_model(settings, video)?;
                 spawn_runtime(gantry_model_video::runtime(loaded, config), shutdown)
             }
+            embed if is_model_of(settings, embed, ModelKind::Embedding) => {
+                let loaded = load_embedding_model(settings, embed)?;
+                spawn_runtime(gantry_model_embed::runtime(loaded, config), shutdown)
+            }
             heard if is_model_of(settings, heard, ModelKind::Transcription) => {
                 let loaded = load_transcription_model(settings, heard)?;
                 spawn_runtime(gantry_model_transcribe::runtime(loaded, config), shutdown)
@@ -376,6 +380,25 @@ fn load_transcription_model(
     let loaded = gantry_model_transcribe::TranscriptionModel::load(model, dir, &options)
         .map_err(|e| StartError::Config(format!("cannot load '{model}' from {}: {e}", dir.display())))?;
     tracing::info!(%model, ms = started.elapsed().as_millis() as u64, "transcription model loaded");
+    Ok(loaded)
+}
+
+/// Loads a sentence-embedding model from the models directory: the
+/// sentence-transformers files side by side (`model.safetensors`, …).
+fn load_embedding_model(settings: &Settings, model: &str) -> Result<gantry_model_embed::EmbeddingModel, StartError> {
+    let (_, store) = ready_model(settings, model)?;
+    let weights = store.file_path(model, "model.safetensors");
+    let dir = weights
+        .parent()
+        .ok_or_else(|| StartError::Config(format!("model '{model}': no directory for {}", weights.display())))?;
+    let options = gantry_model_embed::Options {
+        max_batch: settings.embedding.max_batch.max(1),
+        cuda_device: settings.embedding.cuda_device,
+    };
+    let started = std::time::Instant::now();
+    let loaded = gantry_model_embed::EmbeddingModel::load(model, dir, &options)
+        .map_err(|e| StartError::Config(format!("cannot load '{model}' from {}: {e}", dir.display())))?;
+    tracing::info!(%model, ms = started.elapsed().as_millis() as u64, "embedding model loaded");
     Ok(loaded)
 }
 

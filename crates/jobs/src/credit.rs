@@ -16,7 +16,7 @@
 //! so as long as a job costs at most its hold, the balance never ends more
 //! than one job's cost below zero, however many jobs race for the last credit.
 
-use gantry_catalog::ModelSpec;
+use gantry_catalog::{ModelKind, ModelSpec};
 use sea_orm::sea_query::Expr;
 use sea_orm::{
     ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, EntityTrait, QueryFilter, QuerySelect, Statement,
@@ -30,7 +30,8 @@ use crate::types::{JobError, JobStatus};
 
 /// The most a job of `model` with `input` may cost, in micro-USD: its price
 /// for an upper bound of the units it can use. Requests: 1. Tokens: the
-/// context of the text models (8192). Characters: the prompt's length (at
+/// context of the text models (8192), or for an embedding model
+/// [`gantry_catalog::MAX_EMBEDDING_TOKENS`] for each of its inputs. Characters: the prompt's length (at
 /// least 1). Megapixels: `width` × `height` × `num_images` (1 MP if absent).
 /// Seconds: `duration` (10 s if absent), rounded up to whole blocks of the
 /// price's `per` (a video billed per started 5 s block holds every block it
@@ -45,6 +46,14 @@ pub fn hold(model: &ModelSpec, input: &Value) -> i64 {
             .filter(|n| n.is_finite() && *n > 0.0)
     };
     let units: f64 = match model.unit.as_str() {
+        "tokens" if model.kind == ModelKind::Embedding => {
+            let inputs = match input.get("input") {
+                // A list of texts or of token lists; a list of numbers is one input.
+                Some(Value::Array(items)) if !items.iter().all(Value::is_number) => items.len().max(1),
+                _ => 1,
+            };
+            (inputs * gantry_catalog::MAX_EMBEDDING_TOKENS) as f64
+        }
         "tokens" => 8192.0,
         "characters" => input
             .get("prompt")
@@ -155,6 +164,21 @@ mod tests {
         assert_eq!(hold(&video(), &json!({})), 1_000_000);
         let per_second = ModelSpec::new("s", ModelKind::Video, "seconds", Price::new(100, 1).unwrap());
         assert_eq!(hold(&per_second, &json!({"duration": 2.5})), 300);
+    }
+
+    #[test]
+    fn embeddings_hold_the_longest_read_of_every_input() {
+        // 0.10 USD per million tokens: 512 tokens an input.
+        let embed = ModelSpec::new(
+            "e",
+            ModelKind::Embedding,
+            "tokens",
+            Price::new(100_000, 1_000_000).unwrap(),
+        );
+        assert_eq!(hold(&embed, &json!({"input": "one"})), 51);
+        assert_eq!(hold(&embed, &json!({"input": ["a", "b", "c"]})), 154);
+        assert_eq!(hold(&embed, &json!({"input": [1, 2, 3]})), 51);
+        assert_eq!(hold(&embed, &json!({"input": [[1], [2]]})), 102);
     }
 
     #[test]

@@ -456,6 +456,7 @@ mod tests {
             [
                 "gantry-echo",
                 "smollm2-135m-instruct",
+                "all-minilm-l6-v2",
                 "kokoro-hibari",
                 "whisper-tiny-en",
                 "dcgan-faces-64",
@@ -469,6 +470,11 @@ mod tests {
         assert_eq!((morph.category, morph.unit.as_str()), (ModelKind::Video, "seconds"));
         assert_eq!(morph.price, Price::new(500_000, 5).unwrap());
         assert_eq!(morph.files[0].converted_name().as_deref(), Some("flownet.safetensors"));
+        // Embeddings: per token, six files out of the zip archive inside one wheel.
+        let embed = manifest.get("all-minilm-l6-v2").unwrap();
+        assert_eq!((embed.category, embed.unit.as_str()), (ModelKind::Embedding, "tokens"));
+        assert_eq!(embed.price, Price::new(100_000, 1_000_000).unwrap());
+        assert!(embed.files.iter().any(|f| f.name == "1_Pooling/config.json"));
         // Speech to text: per second of audio, three files from one wheel.
         let whisper = manifest.get("whisper-tiny-en").unwrap();
         assert_eq!(

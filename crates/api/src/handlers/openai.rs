@@ -25,9 +25,9 @@ use crate::middleware::Caller;
 use crate::problem::{ApiError, PROBLEM_JSON};
 
 /// Largest request body of these routes.
-const BODY_LIMIT: usize = 4 * 1024 * 1024;
+pub(super) const BODY_LIMIT: usize = 4 * 1024 * 1024;
 /// How long a non-streaming request waits for its job.
-const WAIT: Duration = Duration::from_secs(300);
+pub(super) const WAIT: Duration = Duration::from_secs(300);
 
 /// Which OpenAI operation a request is.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -75,7 +75,7 @@ pub struct OpenAiError<'a> {
 }
 
 /// An error in OpenAI's shape: `{"error": {"message", "type", "param", "code"}}`.
-fn error_response(status: StatusCode, message: &str, param: Option<&str>) -> HttpResponse {
+pub(super) fn error_response(status: StatusCode, message: &str, param: Option<&str>) -> HttpResponse {
     let (kind, code) = match status.as_u16() {
         400 | 413 | 415 | 422 => ("invalid_request_error", None),
         401 => ("authentication_error", Some("invalid_api_key")),
@@ -100,23 +100,29 @@ fn error_response(status: StatusCode, message: &str, param: Option<&str>) -> Htt
 }
 
 /// An error of these routes before any job exists, rendered by [`error_response`].
-struct Refusal {
+#[derive(Debug)]
+pub(super) struct Refusal {
     status: StatusCode,
     message: String,
-    param: Option<&'static str>,
+    param: Option<String>,
 }
 
 impl Refusal {
-    fn new(status: StatusCode, message: impl Into<String>, param: Option<&'static str>) -> Self {
+    pub(super) fn new(status: StatusCode, message: impl Into<String>, param: Option<&str>) -> Self {
         Self {
             status,
             message: message.into(),
-            param,
+            param: param.map(str::to_owned),
         }
     }
 
-    fn response(&self) -> HttpResponse {
-        error_response(self.status, &self.message, self.param)
+    #[cfg(test)]
+    pub(super) fn message(&self) -> &str {
+        &self.message
+    }
+
+    pub(super) fn response(&self) -> HttpResponse {
+        error_response(self.status, &self.message, self.param.as_deref())
     }
 }
 
@@ -195,26 +201,56 @@ fn text_model<'a>(state: &'a AppState, caller: &Caller, model_id: &str) -> Resul
 }
 
 /// The members both operations accept (the document's `common` properties).
-const COMMON_PARAMETERS: [&str; 15] = [
+const COMMON_PARAMETERS: [&str; 19] = [
     "model",
     "max_tokens",
     "max_completion_tokens",
     "temperature",
     "top_p",
     "top_k",
+    "min_p",
     "seed",
     "stop",
     "n",
     "presence_penalty",
     "frequency_penalty",
+    "logit_bias",
     "logprobs",
     "user",
     "stream",
     "stream_options",
+    "store",
+    "metadata",
 ];
 
-/// OpenAI members for what the platform does not do: refused by name unless null.
-const UNSUPPORTED: [&str; 5] = ["tools", "functions", "tool_choice", "response_format", "logit_bias"];
+/// The members only chat completions accept.
+const CHAT_PARAMETERS: [&str; 6] = [
+    "messages",
+    "top_logprobs",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
+];
+
+/// The members only (legacy) completions accept.
+const COMPLETION_PARAMETERS: [&str; 4] = ["prompt", "echo", "suffix", "best_of"];
+
+/// OpenAI members for what the platform does not do: refused by name unless
+/// null, with the reason.
+const UNSUPPORTED: [(&str, &str); 5] = [
+    ("functions", "the deprecated `functions` are not supported; use `tools`"),
+    (
+        "function_call",
+        "the deprecated `function_call` is not supported; use `tool_choice`",
+    ),
+    ("audio", "audio output is not supported: these are text models"),
+    ("modalities", "only text output is supported"),
+    ("prediction", "predicted outputs are not supported"),
+];
+
+/// Most log-probability alternatives the legacy `logprobs` may ask for (OpenAI's limit).
+const MAX_COMPLETION_LOGPROBS: u64 = 5;
 
 /// A validated OpenAI request: the model's job input and how to answer.
 struct Request {
@@ -224,10 +260,11 @@ struct Request {
 }
 
 /// Turns an OpenAI request body into the text model's input, collecting
-/// every problem. Fields OpenAI defines that do not change the result at
-/// their default values (`n: 1`, `presence_penalty: 0`, `user`, …) are
-/// accepted; asking for what the platform does not do (`n: 3`, tools,
-/// logprobs) is an error rather than a silently different answer.
+/// every problem. What the model validates itself (the sampling values'
+/// ranges, `response_format`, `tools`) is passed on as is, and its refusal
+/// comes back as a 400 naming the parameter; asking for what the platform
+/// does not do (`echo`, `suffix`, audio) is an error rather than a silently
+/// different answer.
 fn parse(kind: Kind, body: &Value) -> Result<Request, Refusal> {
     let Some(fields) = body.as_object() else {
         return Err(Refusal::new(
@@ -236,21 +273,23 @@ fn parse(kind: Kind, body: &Value) -> Result<Request, Refusal> {
             None,
         ));
     };
-    let mut errors: Vec<String> = Vec::new();
+    // (parameter, problem)
+    let mut errors: Vec<(&str, String)> = Vec::new();
     // What the document lists, and the members refused with a reason below;
     // any other is refused as unknown (`additionalProperties: false`).
     let own: &[&str] = match kind {
-        Kind::Chat => &["messages"],
-        Kind::Completion => &["prompt", "echo", "suffix", "best_of"],
+        Kind::Chat => &CHAT_PARAMETERS,
+        Kind::Completion => &COMPLETION_PARAMETERS,
     };
     for name in fields.keys() {
         if !own.contains(&name.as_str())
             && !COMMON_PARAMETERS.contains(&name.as_str())
-            && !UNSUPPORTED.contains(&name.as_str())
+            && !UNSUPPORTED.iter().any(|(n, _)| n == name)
         {
-            errors.push(format!("{name}: unknown parameter"));
+            errors.push((name, "unknown parameter".into()));
         }
     }
+    let present = |name: &str| fields.get(name).filter(|v| !v.is_null());
     let mut input = Map::new();
     match kind {
         Kind::Chat => match fields.get("messages") {
@@ -259,12 +298,12 @@ fn parse(kind: Kind, body: &Value) -> Result<Request, Refusal> {
                 for (i, message) in list.iter().enumerate() {
                     match chat_message(message) {
                         Ok(m) => messages.push(m),
-                        Err(e) => errors.push(format!("messages[{i}]: {e}")),
+                        Err(e) => errors.push(("messages", format!("[{i}]: {e}"))),
                     }
                 }
                 input.insert("messages".into(), Value::Array(messages));
             }
-            _ => errors.push("messages: required, a non-empty array of messages".into()),
+            _ => errors.push(("messages", "required, a non-empty array of messages".into())),
         },
         Kind::Completion => {
             let prompt = match fields.get("prompt") {
@@ -273,11 +312,14 @@ fn parse(kind: Kind, body: &Value) -> Result<Request, Refusal> {
                     list[0].as_str().map(str::to_string)
                 }
                 Some(Value::Array(_)) => {
-                    errors.push("prompt: one prompt per request (a string, or an array of one string)".into());
+                    errors.push((
+                        "prompt",
+                        "one prompt per request (a string, or an array of one string)".into(),
+                    ));
                     None
                 }
                 _ => {
-                    errors.push("prompt: required, a string".into());
+                    errors.push(("prompt", "required, a string".into()));
                     None
                 }
             };
@@ -285,26 +327,29 @@ fn parse(kind: Kind, body: &Value) -> Result<Request, Refusal> {
                 input.insert("prompt".into(), Value::String(prompt));
                 input.insert("raw".into(), Value::Bool(true));
             }
-            for (name, default) in [("echo", json!(false)), ("suffix", Value::Null), ("best_of", json!(1))] {
-                if let Some(value) = fields.get(name)
-                    && *value != default
-                    && !value.is_null()
-                {
-                    errors.push(format!("{name}: not supported"));
-                }
+            if present("echo").is_some_and(|v| *v != json!(false)) {
+                errors.push(("echo", "not supported: the answer never repeats the prompt".into()));
+            }
+            if present("suffix").is_some_and(|v| *v != json!("")) {
+                errors.push((
+                    "suffix",
+                    "not supported: these models do not fill in text between a prompt and a suffix".into(),
+                ));
+            }
+            if present("best_of").is_some_and(|v| *v != json!(1)) {
+                errors.push(("best_of", "not supported (only 1); ask for `n` choices instead".into()));
             }
         }
     }
-    let tokens = fields
-        .get("max_completion_tokens")
-        .filter(|v| !v.is_null())
-        .or_else(|| fields.get("max_tokens").filter(|v| !v.is_null()));
-    if let Some(value) = tokens {
+    let tokens = present("max_completion_tokens")
+        .map(|v| ("max_completion_tokens", v))
+        .or_else(|| present("max_tokens").map(|v| ("max_tokens", v)));
+    if let Some((name, value)) = tokens {
         match value.as_u64() {
             Some(n) if n >= 1 => {
                 input.insert("max_tokens".into(), json!(n));
             }
-            _ => errors.push("max_tokens: must be a positive integer".into()),
+            _ => errors.push((name, "must be a positive integer".into())),
         }
     }
     for (name, accepts, range) in [
@@ -314,18 +359,21 @@ fn parse(kind: Kind, body: &Value) -> Result<Request, Refusal> {
             "from 0 to 2",
         ),
         ("top_p", |p| p > 0.0 && p <= 1.0, "greater than 0 and at most 1"),
+        ("min_p", |p| (0.0..=1.0).contains(&p), "from 0 to 1"),
+        ("presence_penalty", |p| (-2.0..=2.0).contains(&p), "from -2 to 2"),
+        ("frequency_penalty", |p| (-2.0..=2.0).contains(&p), "from -2 to 2"),
     ] {
-        match fields.get(name) {
-            None | Some(Value::Null) => {}
+        match present(name) {
+            None => {}
             Some(value) if value.as_f64().is_some_and(accepts) => {
                 input.insert(name.into(), value.clone());
             }
-            Some(_) => errors.push(format!("{name}: must be a number {range}")),
+            Some(_) => errors.push((name, format!("must be a number {range}"))),
         }
     }
-    for name in ["top_k", "seed"] {
-        match fields.get(name) {
-            None | Some(Value::Null) => {}
+    for name in ["top_k", "seed", "n"] {
+        match present(name) {
+            None => {}
             // JSON has one number type: 40 and 40.0 are the same integer.
             Some(value) => match value.as_u64().or_else(|| {
                 value
@@ -336,70 +384,114 @@ fn parse(kind: Kind, body: &Value) -> Result<Request, Refusal> {
                 Some(n) => {
                     input.insert(name.into(), n.into());
                 }
-                None => errors.push(format!("{name}: must be a non-negative integer")),
+                None => errors.push((name, "must be a non-negative integer".into())),
             },
         }
     }
-    match fields.get("stop") {
-        None | Some(Value::Null) => {}
+    match present("stop") {
+        None => {}
         Some(value @ (Value::String(_) | Value::Array(_))) => {
             input.insert("stop".into(), value.clone());
         }
-        Some(_) => errors.push("stop: must be a string or an array of strings".into()),
+        Some(_) => errors.push(("stop", "must be a string or an array of strings".into())),
     }
-    match fields.get("n") {
-        None | Some(Value::Null) => {}
-        Some(n) if n.as_u64() == Some(1) => {}
-        Some(_) => errors.push("n: only 1 choice per request is supported".into()),
+    match present("logit_bias") {
+        None => {}
+        Some(value @ Value::Object(_)) => {
+            input.insert("logit_bias".into(), value.clone());
+        }
+        Some(_) => errors.push(("logit_bias", "must be an object mapping token ids to biases".into())),
     }
-    for name in ["presence_penalty", "frequency_penalty"] {
-        if let Some(value) = fields.get(name)
-            && !value.is_null()
-            && value.as_f64() != Some(0.0)
-        {
-            errors.push(format!("{name}: not supported (only 0)"));
+    // Passed on to the model, which checks them (and names them when it refuses).
+    if kind == Kind::Chat {
+        for name in ["response_format", "tools", "tool_choice", "parallel_tool_calls"] {
+            if let Some(value) = present(name) {
+                input.insert(name.into(), value.clone());
+            }
+        }
+        // `{"type": "text"}` is what the model does anyway.
+        if input.get("response_format") == Some(&json!({"type": "text"})) {
+            input.remove("response_format");
         }
     }
-    for name in UNSUPPORTED {
-        if fields.get(name).is_some_and(|v| !v.is_null()) {
-            errors.push(format!("{name}: not supported"));
+    match (kind, present("logprobs")) {
+        (_, None) => {}
+        (Kind::Chat, Some(Value::Bool(b))) => {
+            input.insert("logprobs".into(), json!(b));
         }
+        (Kind::Chat, Some(_)) => errors.push(("logprobs", "must be a boolean".into())),
+        // The legacy operation's `logprobs` is the number of alternatives.
+        (Kind::Completion, Some(value)) => match value.as_u64() {
+            Some(k) if k <= MAX_COMPLETION_LOGPROBS => {
+                input.insert("logprobs".into(), json!(true));
+                input.insert("top_logprobs".into(), json!(k));
+            }
+            _ => errors.push((
+                "logprobs",
+                format!("must be an integer from 0 to {MAX_COMPLETION_LOGPROBS}"),
+            )),
+        },
     }
-    if let Some(value) = fields.get("logprobs")
-        && !value.is_null()
-        && *value != json!(false)
+    if kind == Kind::Chat
+        && let Some(value) = present("top_logprobs")
     {
-        errors.push("logprobs: not supported".into());
+        input.insert("top_logprobs".into(), value.clone());
     }
-    let stream = match fields.get("stream") {
-        None | Some(Value::Null) => false,
+    for name in ["user", "store", "metadata"] {
+        let fits = match name {
+            "metadata" => |v: &Value| v.is_object(),
+            "store" => |v: &Value| v.is_boolean(),
+            _ => |v: &Value| v.is_string(),
+        };
+        if present(name).is_some_and(|v| !fits(v)) {
+            errors.push((name, "has the wrong type".into()));
+        }
+    }
+    for (name, reason) in UNSUPPORTED {
+        if present(name).is_some() {
+            errors.push((name, reason.into()));
+        }
+    }
+    let stream = match present("stream") {
+        None => false,
         Some(Value::Bool(b)) => *b,
         Some(_) => {
-            errors.push("stream: must be a boolean".into());
+            errors.push(("stream", "must be a boolean".into()));
             false
         }
     };
-    let include_usage = match fields.get("stream_options") {
-        None | Some(Value::Null) => false,
+    let include_usage = match present("stream_options") {
+        None => false,
         Some(Value::Object(options)) => match options.get("include_usage") {
             _ if options.keys().any(|k| k != "include_usage") => {
-                errors.push("stream_options: only include_usage is supported".into());
+                errors.push(("stream_options", "only include_usage is supported".into()));
                 false
             }
             None | Some(Value::Null) => false,
             Some(Value::Bool(b)) => *b,
             Some(_) => {
-                errors.push("stream_options.include_usage: must be a boolean".into());
+                errors.push(("stream_options", "include_usage must be a boolean".into()));
                 false
             }
         },
         Some(_) => {
-            errors.push("stream_options: must be an object".into());
+            errors.push(("stream_options", "must be an object".into()));
             false
         }
     };
     if !errors.is_empty() {
-        return Err(Refusal::new(StatusCode::BAD_REQUEST, errors.join("; "), None));
+        let param = errors[0].0;
+        let message: Vec<String> = errors
+            .iter()
+            .map(|(name, problem)| {
+                if problem.starts_with('[') {
+                    format!("{name}{problem}")
+                } else {
+                    format!("{name}: {problem}")
+                }
+            })
+            .collect();
+        return Err(Refusal::new(StatusCode::BAD_REQUEST, message.join("; "), Some(param)));
     }
     Ok(Request {
         input,
@@ -415,15 +507,17 @@ fn chat_message(message: &Value) -> Result<Value, String> {
         Some("system" | "developer") => "system",
         Some("user") => "user",
         Some("assistant") => "assistant",
+        Some("tool") => "tool",
         Some(other) => {
             return Err(format!(
-                "role '{other}' is not supported (system, developer, user, assistant)"
+                "role '{other}' is not supported (system, developer, user, assistant, tool)"
             ));
         }
         None => return Err("role: required".into()),
     };
+    let tool_calls = message.get("tool_calls").filter(|v| !v.is_null());
     let content = match message.get("content") {
-        Some(Value::String(text)) => text.clone(),
+        Some(Value::String(text)) => Value::String(text.clone()),
         Some(Value::Array(parts)) => {
             let mut text = String::new();
             for part in parts {
@@ -435,14 +529,25 @@ fn chat_message(message: &Value) -> Result<Value, String> {
                     _ => return Err("content: only text parts are supported".into()),
                 }
             }
-            text
+            Value::String(text)
         }
+        // An assistant message that only calls tools has no content.
+        None | Some(Value::Null) if role == "assistant" && tool_calls.is_some() => Value::Null,
         _ => return Err("content: required, a string".into()),
     };
-    Ok(json!({ "role": role, "content": content }))
+    let mut out = json!({ "role": role, "content": content });
+    if let Some(calls) = tool_calls {
+        out["tool_calls"] = calls.clone();
+    }
+    if role == "tool"
+        && let Some(id) = message.get("tool_call_id").filter(|v| v.is_string())
+    {
+        out["tool_call_id"] = id.clone();
+    }
+    Ok(out)
 }
 
-fn unix_now() -> u64 {
+pub(super) fn unix_now() -> u64 {
     SystemTime::now()
         .duration_since(UNIX_EPOCH)
         .map(|d| d.as_secs())
@@ -457,7 +562,7 @@ fn usage_of(output: &Value) -> Value {
 }
 
 /// The error of a job that did not complete, as an HTTP status and message.
-fn failure_of(view: &JobView) -> (StatusCode, String) {
+pub(super) fn failure_of(view: &JobView) -> (StatusCode, String) {
     let error = view.error.clone().unwrap_or_default();
     match view.status {
         JobStatus::Failed if error.starts_with("bad input") => (StatusCode::BAD_REQUEST, error),
@@ -503,15 +608,35 @@ async fn complete(
     let id = format!("{}{}", kind.id_prefix(), queued.id);
     let created = unix_now();
     if request.stream {
-        let frames = state.jobs.follow(Follow {
+        let mut frames = state.jobs.follow(Follow {
             user,
             model: model_id.clone(),
             job_id: queued.id,
             from: 0,
             cancel_on_disconnect: true,
         });
+        // A request the model refuses (a schema it cannot enforce, a prompt
+        // too long) fails at once: answer that as an error, not as a stream.
+        let first = frames.recv().await;
+        if let Some(Frame::Final(view)) = &first
+            && view.status != JobStatus::Completed
+        {
+            let (status, message) = failure_of(view);
+            return error_response(status, &message, param_of(&message).as_deref());
+        }
+        let (tx, rest) = tokio::sync::mpsc::channel(16);
+        tokio::spawn(async move {
+            let mut next = first;
+            while let Some(frame) = next {
+                if tx.send(frame).await.is_err() {
+                    // The client left: dropping `frames` cancels the job.
+                    return;
+                }
+                next = frames.recv().await;
+            }
+        });
         return live::sse_response(
-            frames,
+            rest,
             stream_renderer(kind, id, model_id, created, request.include_usage),
         );
     }
@@ -528,31 +653,114 @@ async fn complete(
     }
     if view.status != JobStatus::Completed {
         let (status, message) = failure_of(&view);
-        return error_response(status, &message, None);
+        return error_response(status, &message, param_of(&message).as_deref());
     }
     let output = view.output.clone().unwrap_or(Value::Null);
-    let choice = &output["choices"][0];
-    let text = choice["text"].as_str().unwrap_or_default();
-    let finish = choice["finish_reason"].as_str().unwrap_or("stop");
-    let choice = match kind {
-        Kind::Chat => json!({
-            "index": 0,
-            "message": {"role": "assistant", "content": text},
-            "finish_reason": finish,
-            "logprobs": null,
-        }),
-        Kind::Completion => json!({"index": 0, "text": text, "finish_reason": finish, "logprobs": null}),
-    };
+    let choices: Vec<Value> = output["choices"]
+        .as_array()
+        .map(Vec::as_slice)
+        .unwrap_or_default()
+        .iter()
+        .enumerate()
+        .map(|(i, choice)| {
+            let text = choice["text"].as_str().unwrap_or_default();
+            let finish = choice["finish_reason"].as_str().unwrap_or("stop");
+            match kind {
+                Kind::Chat => {
+                    let calls = choice.get("tool_calls").filter(|c| c.is_array());
+                    let mut message = json!({"role": "assistant", "content": text, "refusal": null});
+                    if let Some(calls) = calls {
+                        message["tool_calls"] = calls.clone();
+                        if text.is_empty() {
+                            message["content"] = Value::Null;
+                        }
+                    }
+                    json!({"index": i, "message": message, "finish_reason": finish,
+                        "logprobs": chat_logprobs(&choice["logprobs"])})
+                }
+                Kind::Completion => json!({"index": i, "text": text, "finish_reason": finish,
+                    "logprobs": completion_logprobs(&choice["logprobs"], 0)}),
+            }
+        })
+        .collect();
     HttpResponse::Ok().json(json!({
         "id": id,
         "object": kind.object(false),
         "created": created,
         "model": model_id,
-        "choices": [choice],
+        "choices": choices,
         "usage": usage_of(&output),
         "system_fingerprint": null,
         "cost": output["cost"],
     }))
+}
+
+/// Chat's `logprobs` from the model's list of entries: `{content, refusal}`,
+/// or null when none were asked for.
+fn chat_logprobs(entries: &Value) -> Value {
+    match entries {
+        Value::Array(list) => json!({"content": list, "refusal": null}),
+        _ => Value::Null,
+    }
+}
+
+/// The legacy operation's `logprobs`: parallel lists of tokens, their
+/// log-probabilities, the alternatives as `{token: logprob}` and each
+/// token's offset in the text (from `offset` on).
+fn completion_logprobs(entries: &Value, offset: usize) -> Value {
+    let Value::Array(list) = entries else {
+        return Value::Null;
+    };
+    let mut tokens = Vec::with_capacity(list.len());
+    let mut logprobs = Vec::with_capacity(list.len());
+    let mut top = Vec::with_capacity(list.len());
+    let mut offsets = Vec::with_capacity(list.len());
+    let mut at = offset;
+    for entry in list {
+        let token = entry["token"].as_str().unwrap_or_default();
+        tokens.push(json!(token));
+        logprobs.push(entry["logprob"].clone());
+        let alternatives: Map<String, Value> = entry["top_logprobs"]
+            .as_array()
+            .map(Vec::as_slice)
+            .unwrap_or_default()
+            .iter()
+            .map(|a| (a["token"].as_str().unwrap_or_default().to_owned(), a["logprob"].clone()))
+            .collect();
+        top.push(Value::Object(alternatives));
+        offsets.push(json!(at));
+        at += token.len();
+    }
+    json!({"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": top, "text_offset": offsets})
+}
+
+/// The OpenAI parameter a model's refusal names: its message quotes the
+/// field first (`` `response_format.json_schema.schema` cannot be ... ``).
+fn param_of(message: &str) -> Option<String> {
+    const PARAMETERS: [&str; 19] = [
+        "messages",
+        "prompt",
+        "max_tokens",
+        "temperature",
+        "top_p",
+        "top_k",
+        "min_p",
+        "stop",
+        "seed",
+        "n",
+        "presence_penalty",
+        "frequency_penalty",
+        "logit_bias",
+        "logprobs",
+        "top_logprobs",
+        "response_format",
+        "tools",
+        "tool_choice",
+        "parallel_tool_calls",
+    ];
+    let quoted = message.split('`').nth(1)?;
+    let name = quoted.split(['.', '[', ' ', '/']).next()?;
+    PARAMETERS.contains(&name).then(|| name.to_owned())
 }
 
 /// Renders the frames of a streaming request as OpenAI chunks.
@@ -563,7 +771,10 @@ fn stream_renderer(
     created: u64,
     include_usage: bool,
 ) -> impl FnMut(Frame) -> Option<String> {
-    let mut first = true;
+    // Which choices have had their first delta (it carries the role), and
+    // how much text each has had (the legacy logprobs' offsets).
+    let mut started: Vec<bool> = Vec::new();
+    let mut offsets: Vec<usize> = Vec::new();
     move |frame| {
         let chunk = |choice: Value| {
             let mut chunk = json!({
@@ -579,26 +790,42 @@ fn stream_renderer(
             }
             chunk
         };
-        let piece = |text: &str, finish: Value, role: bool| match kind {
-            Kind::Chat => {
-                let mut delta = json!({ "content": text });
-                if role {
-                    delta["role"] = json!("assistant");
-                }
-                json!({"index": 0, "delta": delta, "finish_reason": finish, "logprobs": null})
-            }
-            Kind::Completion => json!({"index": 0, "text": text, "finish_reason": finish, "logprobs": null}),
-        };
         let data = |value: &Value| live::event(None, None, &value.to_string());
         match frame {
             Frame::Chunk { output, .. } => {
-                // A text model's chunk holds the pieces made since its last
-                // one: they become one delta.
+                // A text model's chunk holds what one choice made since its
+                // last one: it becomes one delta.
+                let index = output["index"].as_u64().unwrap_or(0) as usize;
+                if started.len() <= index {
+                    started.resize(index + 1, false);
+                    offsets.resize(index + 1, 0);
+                }
                 let pieces = output["tokens"].as_array().map(Vec::as_slice).unwrap_or_default();
                 let joined: String = pieces.iter().filter_map(Value::as_str).collect();
-                let text = data(&chunk(piece(&joined, Value::Null, first)));
-                first = false;
-                Some(text)
+                let choice = match kind {
+                    Kind::Chat => {
+                        let mut delta = json!({});
+                        if !started[index] {
+                            delta["role"] = json!("assistant");
+                        }
+                        let calls = output.get("tool_calls").filter(|c| c.is_array());
+                        if !joined.is_empty() || calls.is_none() {
+                            delta["content"] = json!(joined);
+                        }
+                        if let Some(calls) = calls {
+                            delta["tool_calls"] = calls.clone();
+                        }
+                        json!({"index": index, "delta": delta, "finish_reason": null,
+                            "logprobs": chat_logprobs(&output["logprobs"])})
+                    }
+                    Kind::Completion => {
+                        let logprobs = completion_logprobs(&output["logprobs"], offsets[index]);
+                        json!({"index": index, "text": joined, "finish_reason": null, "logprobs": logprobs})
+                    }
+                };
+                started[index] = true;
+                offsets[index] += joined.len();
+                Some(data(&chunk(choice)))
             }
             Frame::KeepAlive => Some(": keep-alive\n\n".into()),
             Frame::Progress(_) => None,
@@ -606,8 +833,24 @@ fn stream_renderer(
                 let mut text = String::new();
                 if view.status == JobStatus::Completed {
                     let output = view.output.clone().unwrap_or(Value::Null);
-                    let finish = output["choices"][0]["finish_reason"].as_str().unwrap_or("stop");
-                    text.push_str(&data(&chunk(piece("", json!(finish), first))));
+                    let choices = output["choices"].as_array().cloned().unwrap_or_default();
+                    for (index, choice) in choices.iter().enumerate() {
+                        let finish = choice["finish_reason"].as_str().unwrap_or("stop");
+                        let last = match kind {
+                            Kind::Chat => {
+                                let mut delta = json!({});
+                                if !started.get(index).copied().unwrap_or(false) {
+                                    delta["role"] = json!("assistant");
+                                    delta["content"] = json!("");
+                                }
+                                json!({"index": index, "delta": delta, "finish_reason": finish, "logprobs": null})
+                            }
+                            Kind::Completion => {
+                                json!({"index": index, "text": "", "finish_reason": finish, "logprobs": null})
+                            }
+                        };
+                        text.push_str(&data(&chunk(last)));
+                    }
                     if include_usage {
                         let mut last = chunk(Value::Null);
                         last["choices"] = json!([]);
@@ -641,7 +884,7 @@ fn error_body(status: StatusCode, message: &str) -> Value {
     json!({"error": {"message": message, "type": kind, "param": null, "code": null}})
 }
 
-fn api_error(error: &ApiError) -> HttpResponse {
+pub(super) fn api_error(error: &ApiError) -> HttpResponse {
     let status = error.status_code();
     let mut message = error.to_string();
     if let ApiError::BadRequest { errors, .. } | ApiError::Unprocessable(errors) = error
@@ -660,11 +903,15 @@ fn api_error(error: &ApiError) -> HttpResponse {
 
 #[utoipa::path(post, path = "/v2/{model_id}/openai/v1/chat/completions", operation_id = "openaiChatCompletions",
     tag = "OpenAI-compatible",
-    description = "OpenAI chat completions for a text model: `messages` formatted with the model's chat template; \
-`max_tokens` (or `max_completion_tokens`), `temperature`, `top_p`, `top_k`, `stop`, `seed`, `stream`, \
+    description = "OpenAI chat completions for a text model: `messages` (tool results and assistant `tool_calls` \
+included) formatted with the model's chat template; `max_tokens` (or `max_completion_tokens`), `temperature`, \
+`top_p`, `top_k`, `min_p`, `presence_penalty`, `frequency_penalty`, `logit_bias`, `stop`, `seed`, `n` (up to 8), \
+`logprobs` with `top_logprobs`, `response_format` (`text`, `json_object`, `json_schema` enforced by a grammar while \
+generating; a schema the grammar cannot express is refused with 400), `tools` with `tool_choice` and \
+`parallel_tool_calls` (calls in `message.tool_calls`, `finish_reason: tool_calls`), `stream`, \
 `stream_options.include_usage`. With `stream: true`, Server-Sent Events of `chat.completion.chunk` objects \
-ending with `data: [DONE]`; closing the stream cancels the generation. Errors use OpenAI's shape \
-`{error: {message, type, param, code}}`. Requires `endpoints:run`.",
+(tool calls as `delta.tool_calls` fragments) ending with `data: [DONE]`; closing the stream cancels the \
+generation. Errors use OpenAI's shape `{error: {message, type, param, code}}`. Requires `endpoints:run`.",
     params(("model_id" = String, Path, description = "A text model", example = "smollm2-135m-instruct")),
     request_body(content = Object, description = "An OpenAI chat completion request"),
     responses((status = 200, description = "A `chat.completion`, or an event stream of chunks")))]
@@ -681,7 +928,8 @@ pub async fn chat_completions(
 #[utoipa::path(post, path = "/v2/{model_id}/openai/v1/completions", operation_id = "openaiCompletions",
     tag = "OpenAI-compatible",
     description = "OpenAI (legacy) text completions: the `prompt` is continued as is, without a chat template. \
-Same parameters, streaming and errors as chat completions. Requires `endpoints:run`.",
+The sampling parameters, `n`, streaming and errors of chat completions; `logprobs` is the number of alternatives \
+(0 to 5) in the legacy shape. `echo`, `suffix` and `best_of` above 1 are refused. Requires `endpoints:run`.",
     params(("model_id" = String, Path, description = "A text model", example = "smollm2-135m-instruct")),
     request_body(content = Object, description = "An OpenAI completion request"),
     responses((status = 200, description = "A `text_completion`, or an event stream of them")))]
@@ -710,6 +958,128 @@ pub async fn models(state: web::Data<AppState>, caller: Caller, path: web::Path<
     }
 }
 
+/// The request bodies of the two operations, as [`parse`] checks them, for
+/// the OpenAPI document: `(path, schema)`.
+pub(crate) fn request_schemas() -> [(&'static str, Value); 2] {
+    let nullable_number = |low: f64, high: f64| json!({"type": ["number", "null"], "minimum": low, "maximum": high});
+    let common = json!({
+        "model": {"type": ["string", "null"], "description": "Ignored: the model is the one in the path."},
+        "max_tokens": {"type": ["integer", "null"], "minimum": 1},
+        "max_completion_tokens": {"type": ["integer", "null"], "minimum": 1},
+        "temperature": nullable_number(0.0, 2.0),
+        "top_p": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1},
+        "top_k": {"type": ["integer", "null"], "minimum": 0, "description": "An extension: sample among the k likeliest tokens."},
+        "min_p": {"type": ["number", "null"], "minimum": 0, "maximum": 1,
+            "description": "An extension: drop tokens less likely than `min_p` times the likeliest one."},
+        "seed": {"type": ["integer", "null"], "minimum": 0},
+        "stop": {"oneOf": [
+            {"type": "null"},
+            {"type": "string", "minLength": 1},
+            {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 4}
+        ]},
+        "n": {"type": ["integer", "null"], "minimum": 1, "maximum": 8, "description": "Choices to generate; every choice's tokens are billed, the prompt once."},
+        "presence_penalty": nullable_number(-2.0, 2.0),
+        "frequency_penalty": nullable_number(-2.0, 2.0),
+        "logit_bias": {"type": ["object", "null"], "description": "Token id (a string of digits) to a bias from -100 to 100.",
+            "propertyNames": {"pattern": "^[0-9]{1,9}$"},
+            "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}},
+        "logprobs": {"type": ["boolean", "null"]},
+        "user": {"type": ["string", "null"], "description": "Accepted and not used."},
+        "store": {"type": ["boolean", "null"], "description": "Accepted and not used: every request is a job, kept as jobs are."},
+        "metadata": {"type": ["object", "null"], "description": "Accepted and not used."},
+        "stream": {"type": ["boolean", "null"]},
+        "stream_options": {"type": ["object", "null"], "properties": {"include_usage": {"type": ["boolean", "null"]}}, "additionalProperties": false}
+    });
+    let function_call = json!({"type": "object", "required": ["function"], "properties": {
+        "id": {"type": "string"}, "type": {"const": "function"},
+        "function": {"type": "object", "required": ["name", "arguments"], "properties": {
+            "name": {"type": "string"}, "arguments": {"type": "string", "description": "The arguments object as JSON text."}}}}});
+    let mut chat = json!({
+        "type": "object",
+        "required": ["messages"],
+        "additionalProperties": false,
+        "properties": common.clone(),
+    });
+    chat["properties"]["messages"] = json!({
+        "type": "array", "minItems": 1,
+        "items": {"type": "object", "required": ["role"], "properties": {
+            "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
+            "content": {"oneOf": [
+                {"type": "string"},
+                {"type": "null", "description": "Only in an assistant message with `tool_calls`."},
+                {"type": "array", "items": {"type": "object", "required": ["type", "text"],
+                    "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}}
+            ]},
+            "tool_calls": {"type": "array", "items": function_call, "description": "The calls an assistant message made."},
+            "tool_call_id": {"type": "string", "description": "In a `tool` message: the call it answers."}
+        }}
+    });
+    chat["properties"]["logprobs"]["description"] =
+        json!("Each generated token's log-probability under the model (before sampling adjustments).");
+    chat["properties"]["top_logprobs"] = json!({"type": ["integer", "null"], "minimum": 0, "maximum": 20,
+        "description": "Alternatives per token; needs `logprobs: true`."});
+    chat["properties"]["response_format"] = json!({"oneOf": [
+        {"type": "null"},
+        {"type": "object", "required": ["type"], "additionalProperties": false,
+            "properties": {"type": {"enum": ["text", "json_object"]}}},
+        {"type": "object", "required": ["type", "json_schema"], "additionalProperties": false, "properties": {
+            "type": {"const": "json_schema"},
+            "json_schema": {"type": "object", "required": ["name"], "additionalProperties": false, "properties": {
+                "name": {"type": "string"},
+                "description": {"type": "string"},
+                "schema": {"type": "object", "description": "A JSON Schema, enforced while generating. Supported: \
+    type (or a list), properties, required, items, prefixItems, minItems, maxItems, enum, const, anyOf, oneOf, allOf of \
+    one schema, $ref into $defs or definitions, minLength, maxLength, formats date, time, date-time and uuid, small integer \
+    ranges. Anything else that constrains values (pattern, not, multipleOf, ...) is refused with 400."},
+                "strict": {"type": ["boolean", "null"], "description": "Accepted; the schema is always enforced."}
+            }}
+        }}
+    ]});
+    chat["properties"]["tools"] = json!({"type": ["array", "null"], "maxItems": 128, "items": {
+    "type": "object", "required": ["type", "function"], "additionalProperties": false, "properties": {
+        "type": {"const": "function"},
+        "function": {"type": "object", "required": ["name"], "additionalProperties": false, "properties": {
+            "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
+            "description": {"type": "string"},
+            "parameters": {"type": "object", "description": "A JSON Schema of the arguments (the same support as `response_format`)."},
+            "strict": {"type": ["boolean", "null"]}
+        }}
+    }}});
+    chat["properties"]["tool_choice"] = json!({"oneOf": [
+        {"type": "null"},
+        {"enum": ["none", "auto", "required"]},
+        {"type": "object", "required": ["type", "function"], "properties": {
+            "type": {"const": "function"},
+            "function": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}
+        }}
+    ], "description": "`auto` (the default with tools): text or calls; `required`: calls; a function: calls of it; \
+`none`: the tools are not offered. A named function must be in `tools`."});
+    chat["properties"]["parallel_tool_calls"] = json!({"type": ["boolean", "null"],
+        "description": "Up to 4 calls in one answer (the default), or 1 when false."});
+    let mut completion = json!({
+        "type": "object",
+        "required": ["prompt"],
+        "additionalProperties": false,
+        "properties": common,
+    });
+    completion["properties"]["logprobs"] = json!({"type": ["integer", "null"], "minimum": 0, "maximum": MAX_COMPLETION_LOGPROBS,
+        "description": "Log-probabilities of the generated tokens with this many alternatives each."});
+    // Accepted at the values that change nothing.
+    completion["properties"]["echo"] =
+        json!({"enum": [false, null], "description": "Only false: the prompt is never repeated."});
+    completion["properties"]["suffix"] =
+        json!({"enum": ["", null], "description": "Not supported: no fill-in-the-middle."});
+    completion["properties"]["best_of"] = json!({"enum": [1, null]});
+    completion["properties"]["prompt"] = json!({"oneOf": [
+        {"type": "string", "minLength": 1},
+        {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 1}
+    ]});
+    [
+        ("/v2/{model_id}/openai/v1/chat/completions", chat),
+        ("/v2/{model_id}/openai/v1/completions", completion),
+    ]
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -720,7 +1090,8 @@ mod tests {
             "model": "x", "messages": [{"role": "developer", "content": "be brief"},
                 {"role": "user", "content": [{"type": "text", "text": "hi"}]}],
             "max_tokens": 5, "temperature": 0, "seed": 7, "stop": ["\n"], "n": 1, "user": "u",
-            "stream": true, "stream_options": {"include_usage": true}
+            "stream": true, "stream_options": {"include_usage": true}, "response_format": {"type": "text"},
+            "presence_penalty": 0.5, "logprobs": true, "top_logprobs": 2
         });
         let Ok(request) = parse(Kind::Chat, &body) else {
             panic!("valid request refused")
@@ -729,7 +1100,8 @@ mod tests {
         assert_eq!(
             Value::Object(request.input),
             json!({"messages": [{"role": "system", "content": "be brief"}, {"role": "user", "content": "hi"}],
-                "max_tokens": 5, "temperature": 0, "seed": 7, "stop": ["\n"]})
+                "max_tokens": 5, "temperature": 0, "seed": 7, "stop": ["\n"], "n": 1, "presence_penalty": 0.5,
+                "logprobs": true, "top_logprobs": 2})
         );
     }
 
@@ -747,14 +1119,57 @@ mod tests {
         );
         let Err(refusal) = parse(
             Kind::Chat,
-            &json!({"messages": [], "n": 2, "max_tokens": 0, "tools": []}),
+            &json!({"messages": [], "n": -2, "max_tokens": 0, "functions": []}),
         ) else {
             panic!("invalid request accepted")
         };
         assert_eq!(refusal.status, StatusCode::BAD_REQUEST);
-        for field in ["messages", "n:", "max_tokens", "tools"] {
+        assert_eq!(refusal.param.as_deref(), Some("messages"));
+        for field in ["messages", "n:", "max_tokens", "functions: the deprecated"] {
             assert!(refusal.message.contains(field), "{field} in {}", refusal.message);
         }
+        // the legacy operation: logprobs is a count; echo and suffix are refused by name
+        let Ok(request) = parse(Kind::Completion, &json!({"prompt": "a", "logprobs": 2, "n": 2})) else {
+            panic!("valid request refused")
+        };
+        assert_eq!(
+            Value::Object(request.input),
+            json!({"prompt": "a", "raw": true, "logprobs": true, "top_logprobs": 2, "n": 2})
+        );
+        for (body, param) in [
+            (json!({"prompt": "a", "echo": true}), "echo"),
+            (json!({"prompt": "a", "suffix": "end"}), "suffix"),
+            (json!({"prompt": "a", "logprobs": 6}), "logprobs"),
+        ] {
+            let Err(refusal) = parse(Kind::Completion, &body) else {
+                panic!("accepted: {body}")
+            };
+            assert_eq!(refusal.param.as_deref(), Some(param), "{}", refusal.message);
+        }
+        // tools and response formats go to the model as they are
+        let tools = json!([{"type": "function", "function": {"name": "f"}}]);
+        let Ok(request) = parse(
+            Kind::Chat,
+            &json!({"messages": [{"role": "user", "content": "x"},
+                {"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
+                {"role": "tool", "tool_call_id": "c", "content": "done"}],
+                "tools": tools, "tool_choice": "required", "response_format": {"type": "json_object"}}),
+        ) else {
+            panic!("valid request refused")
+        };
+        assert_eq!(request.input["tools"], tools);
+        assert_eq!(request.input["messages"][2]["role"], "tool");
+        assert_eq!(request.input["messages"][1]["content"], Value::Null);
+        assert_eq!(request.input["response_format"], json!({"type": "json_object"}));
+        assert_eq!(
+            param_of("bad input: `response_format.json_schema.schema` cannot be enforced").as_deref(),
+            Some("response_format")
+        );
+        assert_eq!(
+            param_of("bad input: `tools[0].function.parameters/x`: no").as_deref(),
+            Some("tools")
+        );
+        assert_eq!(param_of("bad input: the prompt is 9000 tokens"), None);
     }
 
     /// The parser refuses what the document refuses: unknown members, and
@@ -793,15 +1208,20 @@ mod tests {
             )
             .is_ok()
         );
+        let message = refused(
+            Kind::Chat,
+            json!({"messages": [{"role": "user", "content": "hi"}], "presence_penalty": 3}),
+        );
+        assert!(
+            message.contains("presence_penalty: must be a number from -2 to 2"),
+            "{message}"
+        );
 
         // And the document says so.
         let doc = crate::openapi::public_openapi_json();
         for (path, own) in [
-            ("/v2/{model_id}/openai/v1/chat/completions", &["messages"][..]),
-            (
-                "/v2/{model_id}/openai/v1/completions",
-                &["prompt", "echo", "suffix", "best_of"][..],
-            ),
+            ("/v2/{model_id}/openai/v1/chat/completions", &CHAT_PARAMETERS[..]),
+            ("/v2/{model_id}/openai/v1/completions", &COMPLETION_PARAMETERS[..]),
         ] {
             let schema = &doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"];
             assert_eq!(schema["additionalProperties"], json!(false));

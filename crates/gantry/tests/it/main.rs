@@ -11,6 +11,7 @@ mod cli;
 mod console;
 mod credit;
 mod diffusion;
+mod embeddings;
 mod errors;
 mod files;
 mod hibari;

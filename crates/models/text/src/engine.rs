@@ -22,11 +22,12 @@ use std::sync::mpsc as std_mpsc;
 use std::time::Instant;
 
 use gantry_worker_sdk::{CancellationToken, JobError};
-use tokio::sync::{mpsc, oneshot};
+use tokio::sync::mpsc;
 
 use crate::LoadError;
 use crate::input::Sampling;
 use crate::llama::{Batch, BatchFull, Context, ContextSettings, Sampler, Stage, Token, Weights};
+use crate::logprobs::TokenLogprob;
 use crate::stream::TextStream;
 
 /// Why generation ended.
@@ -52,11 +53,12 @@ impl FinishReason {
 pub struct Request {
     pub prompt: Vec<Token>,
     pub max_tokens: u32,
-    pub sampling: Sampling,
+    /// The request's own sampler chain (grammar and penalties keep state).
+    pub sampler: Sampler,
     pub stop: Vec<String>,
-    /// Never sample an end-of-generation token: only `max_tokens`, a stop
-    /// string or a cancel ends the answer.
-    pub ignore_eos: bool,
+    /// `Some(k)`: report each token's log-probability and its `k` likeliest
+    /// alternatives.
+    pub logprobs: Option<u32>,
 }
 
 impl Request {
@@ -76,36 +78,68 @@ pub struct Finished {
     pub finish_reason: FinishReason,
 }
 
-/// What the engine tells a request's owner, on two channels: the pieces
-/// of text in order, and then the end. Sending a piece wakes the owner only
-/// if it is waiting for one, so an owner that gathers pieces over an interval
-/// sleeps through them (see `TextModel::complete`); the end always wakes it.
+/// What one generated token released: text (possibly empty: held back, or
+/// a stop string) and, when asked for, the token's log-probability.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Emitted {
+    pub piece: String,
+    pub logprob: Option<TokenLogprob>,
+}
+
+/// Where the engine tells a request's owner what happens, on two channels:
+/// the emitted pieces in order, and then the end, each tagged with the
+/// request's index (several requests, the choices of one job, may share
+/// the channels). Sending a piece wakes the owner only if it is waiting for
+/// one, so an owner that gathers pieces over an interval sleeps through
+/// them (see `TextModel::complete`); the end always wakes it.
+#[derive(Debug, Clone)]
+pub struct Listener {
+    pub index: usize,
+    pub pieces: mpsc::UnboundedSender<(usize, Emitted)>,
+    pub done: mpsc::UnboundedSender<(usize, Result<Finished, JobError>)>,
+}
+
+/// The receiving ends of a [`Listener`].
 #[derive(Debug)]
 pub struct Submission {
-    /// The pieces of text, in order (never empty); all are sent before
-    /// `done` resolves.
-    pub pieces: mpsc::UnboundedReceiver<String>,
-    /// The result. An error to receive means the engine died.
-    pub done: oneshot::Receiver<Result<Finished, JobError>>,
+    /// The emitted pieces, in order per request (never both empty); all of a
+    /// request's are sent before its end.
+    pub pieces: mpsc::UnboundedReceiver<(usize, Emitted)>,
+    /// The results. Closed without one: the engine died.
+    pub done: mpsc::UnboundedReceiver<(usize, Result<Finished, JobError>)>,
+}
+
+impl Submission {
+    /// A listener for request `index` and the submission that hears it.
+    pub fn channel() -> (Listener, Self) {
+        let (pieces, pieces_rx) = mpsc::unbounded_channel();
+        let (done, done_rx) = mpsc::unbounded_channel();
+        (
+            Listener { index: 0, pieces, done },
+            Self {
+                pieces: pieces_rx,
+                done: done_rx,
+            },
+        )
+    }
 }
 
 struct Job {
     request: Request,
     cancel: CancellationToken,
-    pieces: mpsc::UnboundedSender<String>,
-    done: oneshot::Sender<Result<Finished, JobError>>,
+    listener: Listener,
     queued_at: Instant,
 }
 
 impl Job {
     /// Cancelled, or nobody is listening any more.
     fn is_abandoned(&self) -> bool {
-        self.cancel.is_cancelled() || self.done.is_closed()
+        self.cancel.is_cancelled() || self.listener.done.is_closed()
     }
 
     /// Tells the owner how the request ended.
     fn end(self, result: Result<Finished, JobError>) {
-        let _ = self.done.send(result);
+        let _ = self.listener.done.send((self.listener.index, result));
     }
 }
 
@@ -159,22 +193,23 @@ impl EngineHandle {
     /// Queues `request`; its pieces and its end arrive on the returned
     /// [`Submission`]. Cancelling `cancel` or dropping the submission's `done`
     /// stops the sequence at its next token.
+    #[cfg(test)]
     pub fn submit(&self, request: Request, cancel: CancellationToken) -> Submission {
-        let (pieces, pieces_rx) = mpsc::unbounded_channel();
-        let (done, done_rx) = oneshot::channel();
+        let (listener, submission) = Submission::channel();
+        self.submit_to(request, cancel, listener);
+        submission
+    }
+
+    /// Queues `request`, telling `listener` what happens.
+    pub fn submit_to(&self, request: Request, cancel: CancellationToken, listener: Listener) {
         let job = Job {
             request,
             cancel,
-            pieces,
-            done,
+            listener,
             queued_at: Instant::now(),
         };
         if let Err(std_mpsc::SendError(job)) = self.inbox.send(job) {
             job.end(Err(JobError::internal("the text engine is not running")));
-        }
-        Submission {
-            pieces: pieces_rx,
-            done: done_rx,
         }
     }
 }
@@ -207,7 +242,6 @@ fn engine_thread(
 struct Sequence {
     id: i32,
     job: Job,
-    sampler: Sampler,
     /// Prompt tokens already in the batch of some decode.
     prefilled: usize,
     /// Tokens of this sequence in the KV cache (= next position).
@@ -222,9 +256,16 @@ struct Sequence {
 }
 
 impl Sequence {
-    fn send(&self, piece: String) {
+    fn send(&self, piece: String, logprob: Option<TokenLogprob>) {
+        if piece.is_empty() && logprob.is_none() {
+            return;
+        }
         // a closed channel is noticed before the next step (`is_abandoned`)
-        let _ = self.job.pieces.send(piece);
+        let _ = self
+            .job
+            .listener
+            .pieces
+            .send((self.job.listener.index, Emitted { piece, logprob }));
     }
 }
 
@@ -241,19 +282,12 @@ struct Engine<'m> {
     active: Vec<Sequence>,
     /// End-of-turn tokens the GGUF does not mark as end of generation.
     extra_eog: Vec<Token>,
-    /// Every token that ends generation (the GGUF's and `extra_eog`): what
-    /// `ignore_eos` bans from sampling.
-    all_eog: Vec<Token>,
 }
 
 impl<'m> Engine<'m> {
     fn new(model: &'m Weights, context: Context<'m>, config: EngineConfig) -> Self {
         let max_sequences = i32::try_from(config.max_sequences).unwrap_or(i32::MAX);
         let extra_eog = crate::family_end_of_turn(model);
-        let mut all_eog = model.end_of_generation_tokens();
-        all_eog.extend(&extra_eog);
-        all_eog.sort_unstable();
-        all_eog.dedup();
         Self {
             model,
             context,
@@ -266,7 +300,6 @@ impl<'m> Engine<'m> {
             waiting: VecDeque::new(),
             active: Vec::new(),
             extra_eog,
-            all_eog,
         }
     }
 
@@ -341,12 +374,6 @@ impl<'m> Engine<'m> {
             );
             self.active.push(Sequence {
                 id,
-                sampler: sampler(
-                    &job.request.sampling,
-                    job.request
-                        .ignore_eos
-                        .then(|| (self.all_eog.as_slice(), self.model.n_vocab())),
-                ),
                 text: TextStream::new(job.request.stop.clone()),
                 job,
                 prefilled: 0,
@@ -429,7 +456,12 @@ impl<'m> Engine<'m> {
                 i += 1;
                 continue;
             };
-            let token = sequence.sampler.sample(&self.context, index);
+            let token = sequence.job.request.sampler.sample(&self.context, index);
+            let logprob = sequence.job.request.logprobs.and_then(|top| {
+                self.context
+                    .logits(index, model.n_vocab())
+                    .map(|logits| TokenLogprob::of(model, logits, token, top as usize))
+            });
             let mut finish = None;
             if model.is_end_of_generation(token) || self.extra_eog.contains(&token) {
                 finish = Some(FinishReason::Stop);
@@ -438,9 +470,7 @@ impl<'m> Engine<'m> {
                 self.piece.clear();
                 model.piece(token, false, &mut self.piece);
                 let released = sequence.text.push(&self.piece);
-                if !released.piece.is_empty() {
-                    sequence.send(released.piece);
-                }
+                sequence.send(released.piece, logprob);
                 if released.stopped {
                     finish = Some(FinishReason::Stop);
                 } else if sequence.generated.len() >= sequence.job.request.max_tokens as usize {
@@ -470,9 +500,7 @@ impl<'m> Engine<'m> {
 
 fn finish_sequence(mut sequence: Sequence, reason: FinishReason) {
     let last = sequence.text.finish();
-    if !last.is_empty() {
-        sequence.send(last);
-    }
+    sequence.send(last, None);
     let elapsed = sequence.started_at.elapsed();
     let generated = sequence.generated.len();
     tracing::debug!(
@@ -498,16 +526,39 @@ fn finish_sequence(mut sequence: Sequence, reason: FinishReason) {
 /// sampler gets a fresh one (600 KB for SmolLM2, freshly mapped and
 /// page-faulted) on every token.
 ///
-/// `ban` (the end-of-generation tokens and the vocabulary's size, for
-/// `ignore_eos`) puts a first stage that never picks those tokens.
-pub fn sampler(sampling: &Sampling, ban: Option<(&[Token], i32)>) -> Sampler {
-    let mut chain = Vec::with_capacity(5);
+/// `grammar` comes first, so that nothing after it can pick a token it
+/// forbids; then `ban` (the end-of-generation tokens and the vocabulary's
+/// size, for `ignore_eos`), the logit biases and the penalties (over the
+/// last `window` tokens), then the truncations and the draw, in llama.cpp's
+/// own order.
+pub fn sampler(
+    sampling: &Sampling,
+    grammar: Option<Sampler>,
+    ban: Option<(&[Token], i32)>,
+    n_vocab: i32,
+    window: u32,
+) -> Sampler {
+    let mut chain = Vec::with_capacity(8);
     if let Some((tokens, n_vocab)) = ban {
         chain.push(Stage::Ban { tokens, n_vocab });
     }
+    if !sampling.logit_bias.is_empty() {
+        chain.push(Stage::Bias {
+            biases: &sampling.logit_bias,
+            n_vocab,
+        });
+    }
+    if sampling.presence_penalty != 0.0 || sampling.frequency_penalty != 0.0 {
+        chain.push(Stage::Penalties {
+            n_vocab,
+            last_n: i32::try_from(window).unwrap_or(i32::MAX),
+            frequency: sampling.frequency_penalty,
+            presence: sampling.presence_penalty,
+        });
+    }
     if sampling.is_greedy() {
         chain.push(Stage::Greedy);
-        return Sampler::chain(&chain);
+        return Sampler::chain_after(grammar, &chain);
     }
     if sampling.top_k > 0 {
         chain.push(Stage::TopK(i32::try_from(sampling.top_k).unwrap_or(i32::MAX)));
@@ -515,9 +566,12 @@ pub fn sampler(sampling: &Sampling, ban: Option<(&[Token], i32)>) -> Sampler {
     if sampling.top_p < 1.0 {
         chain.push(Stage::TopP(sampling.top_p));
     }
+    if sampling.min_p > 0.0 {
+        chain.push(Stage::MinP(sampling.min_p));
+    }
     chain.push(Stage::Temperature(sampling.temperature));
     chain.push(Stage::Draw(seed32(sampling.seed.unwrap_or_else(random_seed))));
-    Sampler::chain(&chain)
+    Sampler::chain_after(grammar, &chain)
 }
 
 /// Folds a 64-bit seed into llama.cpp's 32 bits, avoiding `u32::MAX`, which
@@ -527,7 +581,7 @@ fn seed32(seed: u64) -> u32 {
     if folded == u32::MAX { folded - 1 } else { folded }
 }
 
-fn random_seed() -> u64 {
+pub(crate) fn random_seed() -> u64 {
     let mut hasher = RandomState::new().build_hasher();
     hasher.write_u128(Instant::now().elapsed().as_nanos());
     hasher.finish()

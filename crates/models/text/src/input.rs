@@ -5,6 +5,9 @@
 
 use serde_json::{Map, Value};
 
+use crate::grammar;
+use crate::tools::{Call, Grammar, Tool, ToolChoice, Tools};
+
 /// Most stop strings a request may give.
 pub const MAX_STOP_STRINGS: usize = 4;
 
@@ -18,15 +21,35 @@ pub const DEFAULT_TEMPERATURE: f32 = 0.7;
 /// Highest accepted temperature.
 pub const MAX_TEMPERATURE: f64 = 2.0;
 
-const FIELDS: [&str; 10] = [
+/// Most choices one request may ask for.
+pub const MAX_CHOICES: u64 = 8;
+
+/// Most alternatives per token `top_logprobs` may ask for.
+pub const MAX_TOP_LOGPROBS: u64 = 20;
+
+/// Most tools one request may offer.
+pub const MAX_TOOLS: usize = 128;
+
+const FIELDS: [&str; 21] = [
     "prompt",
     "messages",
     "max_tokens",
     "temperature",
     "top_p",
     "top_k",
+    "min_p",
+    "presence_penalty",
+    "frequency_penalty",
+    "logit_bias",
     "stop",
     "seed",
+    "n",
+    "logprobs",
+    "top_logprobs",
+    "response_format",
+    "tools",
+    "tool_choice",
+    "parallel_tool_calls",
     "raw",
     "ignore_eos",
 ];
@@ -37,6 +60,8 @@ pub enum Role {
     System,
     User,
     Assistant,
+    /// A tool's result.
+    Tool,
 }
 
 impl Role {
@@ -45,6 +70,7 @@ impl Role {
             Self::System => "system",
             Self::User => "user",
             Self::Assistant => "assistant",
+            Self::Tool => "tool",
         }
     }
 
@@ -53,6 +79,7 @@ impl Role {
             "system" => Some(Self::System),
             "user" => Some(Self::User),
             "assistant" => Some(Self::Assistant),
+            "tool" => Some(Self::Tool),
             _ => None,
         }
     }
@@ -63,6 +90,8 @@ impl Role {
 pub struct Message {
     pub role: Role,
     pub content: String,
+    /// The calls an assistant message made.
+    pub tool_calls: Vec<Call>,
 }
 
 /// What to feed the model.
@@ -76,7 +105,7 @@ pub enum Prompt {
 }
 
 /// How to pick each next token.
-#[derive(Debug, Clone, Copy, PartialEq)]
+#[derive(Debug, Clone, PartialEq)]
 pub struct Sampling {
     /// 0 means greedy (argmax).
     pub temperature: f32,
@@ -86,6 +115,29 @@ pub struct Sampling {
     pub top_k: u32,
     /// `None`: a random seed.
     pub seed: Option<u64>,
+    /// Min-p sampling; 0 means off.
+    pub min_p: f32,
+    /// OpenAI's presence penalty (-2 to 2; 0 is off).
+    pub presence_penalty: f32,
+    /// OpenAI's frequency penalty (-2 to 2; 0 is off).
+    pub frequency_penalty: f32,
+    /// Added to the logits of these token ids (-100 to 100).
+    pub logit_bias: Vec<(i32, f32)>,
+}
+
+impl Default for Sampling {
+    fn default() -> Self {
+        Self {
+            temperature: DEFAULT_TEMPERATURE,
+            top_p: 1.0,
+            top_k: 0,
+            seed: None,
+            min_p: 0.0,
+            presence_penalty: 0.0,
+            frequency_penalty: 0.0,
+            logit_bias: Vec::new(),
+        }
+    }
 }
 
 impl Sampling {
@@ -105,6 +157,16 @@ pub struct Params {
     /// Generate until `max_tokens` (or a stop string), never ending at the
     /// model's end-of-sequence tokens: for fixed-length benchmarks and tests.
     pub ignore_eos: bool,
+    /// Choices to generate (1 ..= [`MAX_CHOICES`]).
+    pub n: u32,
+    /// `Some(k)`: report each token's log-probability and the `k` likeliest
+    /// alternatives.
+    pub logprobs: Option<u32>,
+    /// The grammar the answer must follow (`response_format` or tools).
+    pub grammar: Option<Grammar>,
+    /// Tools offered to the model (`None` when none are, or `tool_choice`
+    /// is `none`).
+    pub tools: Option<Tools>,
 }
 
 impl Params {
@@ -206,6 +268,79 @@ impl Params {
 
         let stop = parse_stop(field(object, "stop"), &mut errors);
 
+        let min_p = number_in(object, "min_p", 0.0, 1.0, 0.0, &mut errors);
+        let presence_penalty = number_in(object, "presence_penalty", -2.0, 2.0, 0.0, &mut errors);
+        let frequency_penalty = number_in(object, "frequency_penalty", -2.0, 2.0, 0.0, &mut errors);
+        let logit_bias = parse_logit_bias(field(object, "logit_bias"), &mut errors);
+
+        let n = match field(object, "n") {
+            None => 1,
+            Some(value) => match value.as_u64() {
+                Some(n) if (1..=MAX_CHOICES).contains(&n) => n as u32,
+                _ => {
+                    errors.push(format!("`n` must be an integer from 1 to {MAX_CHOICES}, got {value}"));
+                    1
+                }
+            },
+        };
+
+        let logprobs = match field(object, "logprobs") {
+            None | Some(Value::Bool(false)) => false,
+            Some(Value::Bool(true)) => true,
+            Some(other) => {
+                errors.push(format!("`logprobs` must be a boolean, got {}", kind(other)));
+                false
+            }
+        };
+        let top_logprobs = match field(object, "top_logprobs") {
+            None => 0,
+            Some(value) => match value.as_u64() {
+                Some(k) if k <= MAX_TOP_LOGPROBS => {
+                    if !logprobs && k > 0 {
+                        errors.push("`top_logprobs` needs `logprobs: true`".into());
+                    }
+                    k as u32
+                }
+                _ => {
+                    errors.push(format!(
+                        "`top_logprobs` must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {value}"
+                    ));
+                    0
+                }
+            },
+        };
+
+        let response = parse_response_format(field(object, "response_format"), &mut errors);
+        let tools = parse_tools(object, &mut errors);
+        let tools_grammar = match tools.as_ref().map(Tools::grammar) {
+            Some(Err(error)) => {
+                errors.push(format!("`{}`: {}", error.at, error.reason));
+                None
+            }
+            Some(Ok(grammar)) => grammar,
+            None => None,
+        };
+        let grammar = match (tools_grammar, response) {
+            (None, response) => response,
+            (Some(tools), None) => Some(tools),
+            // Calls only: the answer's text format does not apply.
+            (Some(tools), Some(_)) if tools.trigger.is_none() => Some(tools),
+            (Some(_), Some(_)) => {
+                errors.push(
+                    "`response_format` with `tools` and `tool_choice: auto` is not supported: \
+                     ask for `required` or a named function, or leave `response_format` out"
+                        .into(),
+                );
+                None
+            }
+        };
+        if ignore_eos && grammar.is_some() {
+            errors.push("`ignore_eos` cannot be combined with `response_format` or `tools`".into());
+        }
+        if tools.is_some() && matches!(prompt, Some(Prompt::Raw(_))) {
+            errors.push("`tools` need a chat: send `messages` (or a `prompt` without `raw`)".into());
+        }
+
         if !errors.is_empty() {
             return Err(errors.join("; "));
         }
@@ -218,9 +353,17 @@ impl Params {
                 top_p,
                 top_k,
                 seed,
+                min_p,
+                presence_penalty,
+                frequency_penalty,
+                logit_bias,
             },
             stop,
             ignore_eos,
+            n,
+            logprobs: logprobs.then_some(top_logprobs),
+            grammar,
+            tools,
         })
     }
 }
@@ -265,6 +408,7 @@ fn parse_prompt(object: &Map<String, Value>, raw: bool, errors: &mut Vec<String>
                 Some(Prompt::Chat(vec![Message {
                     role: Role::User,
                     content: text.clone(),
+                    tool_calls: Vec::new(),
                 }]))
             }
         }
@@ -300,9 +444,9 @@ fn parse_messages(messages: &Value, errors: &mut Vec<String>) -> Option<Vec<Mess
             continue;
         };
         for key in message.keys() {
-            if key != "role" && key != "content" {
+            if !["role", "content", "tool_calls", "tool_call_id", "name"].contains(&key.as_str()) {
                 errors.push(format!(
-                    "`messages[{i}]`: unknown field `{key}` (expected `role` and `content`)"
+                    "`messages[{i}]`: unknown field `{key}` (expected `role`, `content`, `tool_calls`, `tool_call_id`, `name`)"
                 ));
             }
         }
@@ -312,8 +456,23 @@ fn parse_messages(messages: &Value, errors: &mut Vec<String>) -> Option<Vec<Mess
         };
         if role.is_none() {
             errors.push(format!(
-                "`messages[{i}].role` must be one of \"system\", \"user\", \"assistant\""
+                "`messages[{i}].role` must be one of \"system\", \"user\", \"assistant\", \"tool\""
             ));
+        }
+        let tool_calls = match message.get("tool_calls") {
+            None | Some(Value::Null) => Vec::new(),
+            Some(calls) if role == Some(Role::Assistant) => parse_calls(calls, i, errors),
+            Some(_) => {
+                errors.push(format!(
+                    "`messages[{i}].tool_calls`: only assistant messages make calls"
+                ));
+                Vec::new()
+            }
+        };
+        for key in ["tool_call_id", "name"] {
+            if message.get(key).is_some_and(|v| !v.is_string() && !v.is_null()) {
+                errors.push(format!("`messages[{i}].{key}` must be a string"));
+            }
         }
         let content = match message.get("content") {
             Some(Value::String(content)) if !content.contains('\0') => Some(content.clone()),
@@ -321,16 +480,282 @@ fn parse_messages(messages: &Value, errors: &mut Vec<String>) -> Option<Vec<Mess
                 errors.push(format!("`messages[{i}].content` must not contain NUL characters"));
                 None
             }
+            // An assistant message that only calls tools has no content.
+            None | Some(Value::Null) if !tool_calls.is_empty() => Some(String::new()),
             _ => {
                 errors.push(format!("`messages[{i}].content` must be a string"));
                 None
             }
         };
         if let (Some(role), Some(content)) = (role, content) {
-            parsed.push(Message { role, content });
+            parsed.push(Message {
+                role,
+                content,
+                tool_calls,
+            });
         }
     }
     (errors.len() == before).then_some(parsed)
+}
+
+/// A number field within `low ..= high`, or `default` when absent.
+fn number_in(
+    object: &Map<String, Value>,
+    name: &str,
+    low: f64,
+    high: f64,
+    default: f32,
+    errors: &mut Vec<String>,
+) -> f32 {
+    match field(object, name) {
+        None => default,
+        Some(value) => match value.as_f64() {
+            Some(x) if (low..=high).contains(&x) => x as f32,
+            _ => {
+                errors.push(format!("`{name}` must be a number from {low} to {high}, got {value}"));
+                default
+            }
+        },
+    }
+}
+
+/// `logit_bias`: `{"<token id>": bias}`, bias from -100 to 100.
+fn parse_logit_bias(value: Option<&Value>, errors: &mut Vec<String>) -> Vec<(i32, f32)> {
+    let Some(value) = value else {
+        return Vec::new();
+    };
+    let Value::Object(map) = value else {
+        errors.push(format!(
+            "`logit_bias` must be an object mapping token ids to numbers, got {}",
+            kind(value)
+        ));
+        return Vec::new();
+    };
+    let mut biases = Vec::with_capacity(map.len());
+    for (token, bias) in map {
+        match (token.parse::<i32>().ok().filter(|t| *t >= 0), bias.as_f64()) {
+            (Some(token), Some(bias)) if (-100.0..=100.0).contains(&bias) => biases.push((token, bias as f32)),
+            (None, _) => errors.push(format!("`logit_bias`: `{token}` is not a token id")),
+            _ => errors.push(format!("`logit_bias.{token}` must be a number from -100 to 100")),
+        }
+    }
+    biases
+}
+
+/// `response_format`: the grammar its JSON answer must follow, if any.
+fn parse_response_format(value: Option<&Value>, errors: &mut Vec<String>) -> Option<Grammar> {
+    let value = value?;
+    let plain = |text: String| Grammar { text, trigger: None };
+    let Value::Object(format) = value else {
+        errors.push(format!("`response_format` must be an object, got {}", kind(value)));
+        return None;
+    };
+    let allowed: &[&str] = match format.get("type").and_then(Value::as_str) {
+        Some("text") => &["type"],
+        Some("json_object") => &["type"],
+        Some("json_schema") => &["type", "json_schema"],
+        _ => {
+            errors.push("`response_format.type` must be \"text\", \"json_object\" or \"json_schema\"".into());
+            return None;
+        }
+    };
+    if let Some(key) = format.keys().find(|k| !allowed.contains(&k.as_str())) {
+        errors.push(format!("`response_format`: unknown field `{key}`"));
+        return None;
+    }
+    match format.get("type").and_then(Value::as_str) {
+        Some("json_object") => Some(plain(grammar::any_object_gbnf())),
+        Some("json_schema") => {
+            let Some(Value::Object(spec)) = format.get("json_schema") else {
+                errors.push("`response_format.json_schema` must be an object with `name` and `schema`".into());
+                return None;
+            };
+            for (key, value) in spec {
+                let fits = match key.as_str() {
+                    "name" | "description" => value.is_string(),
+                    "strict" => value.is_boolean() || value.is_null(),
+                    "schema" => value.is_object() || value.is_boolean(),
+                    _ => {
+                        errors.push(format!("`response_format.json_schema`: unknown field `{key}`"));
+                        return None;
+                    }
+                };
+                if !fits {
+                    errors.push(format!("`response_format.json_schema.{key}` has the wrong type"));
+                    return None;
+                }
+            }
+            let converted = match spec.get("schema") {
+                Some(schema) => grammar::schema_to_gbnf(schema),
+                None => Ok(grammar::any_object_gbnf()),
+            };
+            match converted {
+                Ok(text) => Some(plain(text)),
+                Err(error) => {
+                    errors.push(format!(
+                        "`response_format.json_schema.schema` cannot be enforced: {error}"
+                    ));
+                    None
+                }
+            }
+        }
+        _ => None,
+    }
+}
+
+/// `tools`, `tool_choice` and `parallel_tool_calls`: the tools offered,
+/// `None` when there are none or `tool_choice` is `none`.
+fn parse_tools(object: &Map<String, Value>, errors: &mut Vec<String>) -> Option<Tools> {
+    let parallel = match field(object, "parallel_tool_calls") {
+        None => true,
+        Some(Value::Bool(b)) => *b,
+        Some(other) => {
+            errors.push(format!("`parallel_tool_calls` must be a boolean, got {}", kind(other)));
+            true
+        }
+    };
+    let mut tools = Vec::new();
+    match field(object, "tools") {
+        None => {}
+        Some(Value::Array(list)) if list.len() <= MAX_TOOLS => {
+            for (i, item) in list.iter().enumerate() {
+                match parse_tool(item) {
+                    Ok(tool) if tools.iter().any(|t: &Tool| t.name == tool.name) => {
+                        errors.push(format!("`tools[{i}]`: the name `{}` is used twice", tool.name));
+                    }
+                    Ok(tool) => tools.push(tool),
+                    Err(error) => errors.push(format!("`tools[{i}]`: {error}")),
+                }
+            }
+        }
+        Some(_) => errors.push(format!(
+            "`tools` must be an array of at most {MAX_TOOLS} {{\"type\": \"function\", \"function\": {{...}}}} objects"
+        )),
+    }
+    let choice = match field(object, "tool_choice") {
+        None if tools.is_empty() => ToolChoice::None,
+        None => ToolChoice::Auto,
+        Some(Value::String(choice)) => match choice.as_str() {
+            "none" => ToolChoice::None,
+            "auto" => ToolChoice::Auto,
+            "required" => ToolChoice::Required,
+            _ => {
+                errors.push("`tool_choice` must be \"none\", \"auto\", \"required\" or a function".into());
+                ToolChoice::None
+            }
+        },
+        Some(Value::Object(choice)) => {
+            let name = choice
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+                .filter(|_| choice.get("type").and_then(Value::as_str) == Some("function"));
+            match name {
+                Some(name) if tools.iter().any(|t| t.name == name) => ToolChoice::Named(name.to_owned()),
+                Some(name) => {
+                    errors.push(format!("`tool_choice` names `{name}`, which is not in `tools`"));
+                    ToolChoice::None
+                }
+                None => {
+                    errors.push(
+                        "`tool_choice` must be {\"type\": \"function\", \"function\": {\"name\": ...}} when an object"
+                            .into(),
+                    );
+                    ToolChoice::None
+                }
+            }
+        }
+        Some(other) => {
+            errors.push(format!(
+                "`tool_choice` must be a string or an object, got {}",
+                kind(other)
+            ));
+            ToolChoice::None
+        }
+    };
+    if tools.is_empty()
+        && matches!(choice, ToolChoice::Required | ToolChoice::Auto)
+        && field(object, "tool_choice").is_some()
+    {
+        errors.push("`tool_choice` needs `tools`".into());
+    }
+    let tools = Tools {
+        tools,
+        choice,
+        parallel,
+    };
+    tools.active().then_some(tools)
+}
+
+fn parse_tool(item: &Value) -> Result<Tool, String> {
+    let Some(object) = item.as_object() else {
+        return Err("must be an object".into());
+    };
+    if object.get("type").and_then(Value::as_str) != Some("function") {
+        return Err("`type` must be \"function\"".into());
+    }
+    if let Some(key) = object.keys().find(|k| *k != "type" && *k != "function") {
+        return Err(format!("unknown field `{key}`"));
+    }
+    let Some(function) = object.get("function").and_then(Value::as_object) else {
+        return Err("`function` must be an object with `name`".into());
+    };
+    if let Some(key) = function
+        .keys()
+        .find(|k| !["name", "description", "parameters", "strict"].contains(&k.as_str()))
+    {
+        return Err(format!("`function`: unknown field `{key}`"));
+    }
+    let name = function.get("name").and_then(Value::as_str).unwrap_or_default();
+    if name.is_empty() || name.len() > 64 || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
+        return Err("`function.name` must be 1 to 64 letters, digits, underscores or dashes".into());
+    }
+    let description = match function.get("description") {
+        None | Some(Value::Null) => None,
+        Some(Value::String(text)) => Some(text.clone()),
+        Some(_) => return Err("`function.description` must be a string".into()),
+    };
+    let parameters = match function.get("parameters") {
+        None | Some(Value::Null) => serde_json::json!({"type": "object", "properties": {}}),
+        Some(schema @ Value::Object(_)) => schema.clone(),
+        Some(_) => return Err("`function.parameters` must be a JSON Schema object".into()),
+    };
+    Ok(Tool {
+        name: name.to_owned(),
+        description,
+        parameters,
+    })
+}
+
+/// An assistant message's `tool_calls`, in OpenAI's shape.
+fn parse_calls(calls: &Value, i: usize, errors: &mut Vec<String>) -> Vec<Call> {
+    let Some(list) = calls.as_array() else {
+        errors.push(format!("`messages[{i}].tool_calls` must be an array"));
+        return Vec::new();
+    };
+    let mut parsed = Vec::with_capacity(list.len());
+    for (j, call) in list.iter().enumerate() {
+        let function = call.get("function");
+        let name = function.and_then(|f| f.get("name")).and_then(Value::as_str);
+        let arguments = function.and_then(|f| f.get("arguments"));
+        let arguments = match arguments {
+            Some(Value::String(text)) => Some(text.clone()),
+            Some(object @ Value::Object(_)) => Some(object.to_string()),
+            None | Some(Value::Null) => Some("{}".to_owned()),
+            Some(_) => None,
+        };
+        match (name, arguments) {
+            (Some(name), Some(arguments)) if !name.contains('\0') && !arguments.contains('\0') => parsed.push(Call {
+                id: call.get("id").and_then(Value::as_str).unwrap_or_default().to_owned(),
+                name: name.to_owned(),
+                arguments,
+            }),
+            _ => errors.push(format!(
+                "`messages[{i}].tool_calls[{j}]` must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", \"arguments\"}}}}"
+            )),
+        }
+    }
+    parsed
 }
 
 fn parse_stop(stop: Option<&Value>, errors: &mut Vec<String>) -> Vec<String> {
@@ -369,17 +794,17 @@ mod tests {
             Params {
                 prompt: Prompt::Chat(vec![Message {
                     role: Role::User,
-                    content: "hi".into()
+                    content: "hi".into(),
+                    tool_calls: vec![],
                 }]),
                 max_tokens: None,
-                sampling: Sampling {
-                    temperature: DEFAULT_TEMPERATURE,
-                    top_p: 1.0,
-                    top_k: 0,
-                    seed: None
-                },
+                sampling: Sampling::default(),
                 stop: vec![],
                 ignore_eos: false,
+                n: 1,
+                logprobs: None,
+                grammar: None,
+                tools: None,
             }
         );
     }
@@ -399,7 +824,8 @@ mod tests {
                 temperature: 0.0,
                 top_p: 0.5,
                 top_k: 40,
-                seed: Some(u64::MAX)
+                seed: Some(u64::MAX),
+                ..Sampling::default()
             }
         );
         assert!(params.sampling.is_greedy());
@@ -479,8 +905,8 @@ mod tests {
             ),
             (json!({"messages": [{"role": "user"}]}), "`messages[0].content`"),
             (
-                json!({"messages": [{"role": "user", "content": "x", "name": "n"}]}),
-                "unknown field `name`",
+                json!({"messages": [{"role": "user", "content": "x", "nam": "n"}]}),
+                "unknown field `nam`",
             ),
             (
                 json!({"messages": [{"role": "user", "content": "x"}], "raw": true}),
@@ -499,6 +925,139 @@ mod tests {
             (
                 json!({"messages": [{"role": "user", "content": "a\u{0}"}]}),
                 "`messages[0].content` must not contain NUL",
+            ),
+        ] {
+            let error = parse(input.clone()).unwrap_err();
+            assert!(error.contains(needle), "{input}: {error}");
+        }
+    }
+
+    #[test]
+    fn openai_sampling_fields() {
+        let params = parse(json!({
+            "prompt": "a", "min_p": 0.05, "presence_penalty": 1.5, "frequency_penalty": -0.5,
+            "logit_bias": {"42": -100, "7": 3.5}, "n": 3, "logprobs": true, "top_logprobs": 2
+        }))
+        .unwrap();
+        assert_eq!(params.sampling.min_p, 0.05);
+        assert_eq!(params.sampling.presence_penalty, 1.5);
+        assert_eq!(params.sampling.frequency_penalty, -0.5);
+        let mut biases = params.sampling.logit_bias.clone();
+        biases.sort_by_key(|b| b.0);
+        assert_eq!(biases, [(7, 3.5), (42, -100.0)]);
+        assert_eq!((params.n, params.logprobs), (3, Some(2)));
+        assert_eq!(
+            parse(json!({"prompt": "a", "logprobs": true})).unwrap().logprobs,
+            Some(0)
+        );
+        assert_eq!(parse(json!({"prompt": "a", "logprobs": false})).unwrap().logprobs, None);
+        for (input, needle) in [
+            (json!({"prompt": "a", "n": 9}), "`n`"),
+            (json!({"prompt": "a", "n": 0}), "`n`"),
+            (json!({"prompt": "a", "min_p": 1.5}), "`min_p`"),
+            (json!({"prompt": "a", "presence_penalty": 2.5}), "`presence_penalty`"),
+            (json!({"prompt": "a", "frequency_penalty": "x"}), "`frequency_penalty`"),
+            (json!({"prompt": "a", "logit_bias": {"x": 1}}), "`logit_bias`"),
+            (json!({"prompt": "a", "logit_bias": {"1": 101}}), "`logit_bias.1`"),
+            (json!({"prompt": "a", "top_logprobs": 2}), "needs `logprobs: true`"),
+            (
+                json!({"prompt": "a", "logprobs": true, "top_logprobs": 21}),
+                "`top_logprobs`",
+            ),
+        ] {
+            let error = parse(input.clone()).unwrap_err();
+            assert!(error.contains(needle), "{input}: {error}");
+        }
+    }
+
+    #[test]
+    fn response_formats() {
+        assert!(
+            parse(json!({"prompt": "a", "response_format": {"type": "text"}}))
+                .unwrap()
+                .grammar
+                .is_none()
+        );
+        let object = parse(json!({"prompt": "a", "response_format": {"type": "json_object"}})).unwrap();
+        assert!(object.grammar.unwrap().text.starts_with("root ::= object"));
+        let schema = parse(json!({"prompt": "a", "response_format": {"type": "json_schema",
+            "json_schema": {"name": "x", "strict": true, "schema": {"type": "object",
+                "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}}))
+        .unwrap();
+        assert!(schema.grammar.unwrap().trigger.is_none());
+        for (format, needle) in [
+            (json!("json"), "`response_format` must be an object"),
+            (json!({"type": "yaml"}), "`response_format.type`"),
+            (json!({"type": "json_schema"}), "`response_format.json_schema` must be"),
+            (
+                json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "a+"}}}),
+                "`response_format.json_schema.schema` cannot be enforced: at /: the keyword `pattern`",
+            ),
+            (
+                json!({"type": "json_schema", "json_schema": {"name": "x", "shema": {}}}),
+                "unknown field `shema`",
+            ),
+        ] {
+            let error = parse(json!({"prompt": "a", "response_format": format})).unwrap_err();
+            assert!(error.contains(needle), "{format}: {error}");
+        }
+        let error =
+            parse(json!({"prompt": "a", "ignore_eos": true, "response_format": {"type": "json_object"}})).unwrap_err();
+        assert!(error.contains("`ignore_eos` cannot be combined"), "{error}");
+    }
+
+    #[test]
+    fn tools_and_tool_messages() {
+        let tools = json!([{"type": "function", "function": {"name": "get_weather", "description": "Weather",
+            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]);
+        let params = parse(json!({"messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
+        ], "tools": tools, "tool_choice": "required"}))
+        .unwrap();
+        let Prompt::Chat(messages) = &params.prompt else {
+            panic!("not a chat")
+        };
+        assert_eq!(messages[1].tool_calls[0].name, "get_weather");
+        assert_eq!(messages[2].role, Role::Tool);
+        assert_eq!(params.tools.as_ref().unwrap().choice, ToolChoice::Required);
+        assert!(params.grammar.as_ref().unwrap().trigger.is_none());
+        // auto is lazy; none offers nothing
+        let auto = parse(json!({"prompt": "a", "tools": tools})).unwrap();
+        assert_eq!(auto.grammar.unwrap().trigger.as_deref(), Some("<tool_call>"));
+        let none = parse(json!({"prompt": "a", "tools": tools, "tool_choice": "none"})).unwrap();
+        assert!(none.tools.is_none() && none.grammar.is_none());
+        let named = parse(json!({"prompt": "a", "tools": tools,
+            "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}))
+        .unwrap();
+        assert_eq!(named.tools.unwrap().choice, ToolChoice::Named("get_weather".into()));
+        for (input, needle) in [
+            (
+                json!({"prompt": "a", "tools": tools, "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
+                "not in `tools`",
+            ),
+            (
+                json!({"prompt": "a", "tool_choice": "required"}),
+                "`tool_choice` needs `tools`",
+            ),
+            (
+                json!({"prompt": "a", "tools": [{"type": "function", "function": {"name": "a b"}}]}),
+                "`tools[0]`",
+            ),
+            (
+                json!({"prompt": "a", "tools": [{"type": "function", "function": {"name": "f",
+                "parameters": {"type": "object", "properties": {"x": {"type": "string", "pattern": "x"}}}}}]}),
+                "`tools[0].function.parameters/properties/x`",
+            ),
+            (
+                json!({"prompt": "a", "raw": true, "tools": tools}),
+                "`tools` need a chat",
+            ),
+            (
+                json!({"messages": [{"role": "user", "content": "a", "tool_calls": []}]}),
+                "only assistant messages",
             ),
         ] {
             let error = parse(input.clone()).unwrap_err();

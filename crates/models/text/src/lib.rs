@@ -81,11 +81,14 @@
 //! is chatty at INFO while loading (filter with `llama_cpp=warn`).
 
 mod engine;
+pub mod grammar;
 mod input;
 mod llama;
+mod logprobs;
 mod stream;
 #[cfg(test)]
 mod tests;
+mod tools;
 
 use std::fmt;
 use std::future::Future;
@@ -96,9 +99,12 @@ use std::time::{Duration, Instant};
 use gantry_worker_sdk::{CancellationToken, JobContext, JobError, Model, Output, Usage, WorkerConfig, WorkerRuntime};
 use serde_json::{Value, json};
 
-use crate::engine::{EngineConfig, EngineHandle, Finished, Request, Submission};
-use crate::input::{DEFAULT_MAX_TOKENS, Params, Prompt};
+use crate::engine::{EngineConfig, EngineHandle, FinishReason, Finished, Listener, Request, Submission};
+use crate::input::{DEFAULT_MAX_TOKENS, Params, Prompt, Role};
 use crate::llama::{Batch, ChatTemplate, Context, ContextSettings, Sampler, Stage, Token, Weights};
+pub use crate::logprobs::{Alternative, TokenLogprob};
+pub use crate::tools::CallDelta as ToolCallDelta;
+use crate::tools::{CallDelta, CallParser, Tools};
 
 /// The default [`EngineOptions::stream_interval`].
 pub const DEFAULT_STREAM_INTERVAL: Duration = Duration::from_millis(50);
@@ -209,6 +215,9 @@ fn load_weights(gguf: &Path, gpu_layers: u32) -> Result<Weights, LoadError> {
 /// What jobs share: the weights and how to build prompts.
 struct Shared {
     model: Arc<Weights>,
+    /// Every token that ends generation (the GGUF's and the family's end of
+    /// turn): what `ignore_eos` bans.
+    all_eog: Vec<Token>,
     /// `None` when the GGUF has no chat template llama.cpp understands.
     template: Option<ChatTemplate>,
     /// Most tokens (prompt + output) one request may use.
@@ -249,6 +258,10 @@ impl TextModel {
                 "the model has no usable chat template: only `raw` prompts will work"
             );
         }
+        let mut all_eog = model.end_of_generation_tokens();
+        all_eog.extend(family_end_of_turn(&model));
+        all_eog.sort_unstable();
+        all_eog.dedup();
         let engine = EngineHandle::start(Arc::clone(&model), config, model_id)?;
         tracing::info!(
             model = model_id,
@@ -268,6 +281,7 @@ impl TextModel {
             id: model_id.to_owned(),
             shared: Arc::new(Shared {
                 model,
+                all_eog,
                 template,
                 context_length,
             }),
@@ -283,7 +297,7 @@ impl TextModel {
     }
 
     /// Runs one request: `input` is the job's JSON (see the crate docs),
-    /// `on_pieces` receives the streamed pieces in order, in groups as
+    /// `on_chunk` receives what each choice produces, in order, in groups as
     /// [`EngineOptions::stream_interval`] gathers them (its error ends the
     /// request), `cancel` stops it at the next token with
     /// [`JobError::Cancelled`]. [`Model::run`] is this with the job's context.
@@ -291,21 +305,18 @@ impl TextModel {
         &self,
         input: Value,
         cancel: CancellationToken,
-        on_pieces: F,
+        on_chunk: F,
     ) -> Result<Output, JobError>
     where
-        F: FnMut(Vec<String>) -> Fut + Send,
+        F: FnMut(Chunk) -> Fut + Send,
         Fut: Future<Output = Result<(), JobError>> + Send,
     {
-        let (pieces, finished) = self.complete(input, cancel, on_pieces).await?;
-        let input_tokens = finished.prompt_tokens as u64;
-        let output_tokens = finished.tokens.len() as u64;
+        let (choices, prompt_tokens) = self.complete(input, cancel, on_chunk).await?;
+        let input_tokens = prompt_tokens as u64;
+        let output_tokens: u64 = choices.iter().map(|c| c.finished.tokens.len() as u64).sum();
+        let choices: Vec<Value> = choices.iter().enumerate().map(|(i, c)| c.to_json(i)).collect();
         let output = json!({
-            "choices": [{
-                "tokens": pieces,
-                "text": finished.text,
-                "finish_reason": finished.finish_reason.as_str(),
-            }],
+            "choices": choices,
             "usage": {"input": input_tokens, "output": output_tokens},
         });
         Ok(Output::new(
@@ -314,30 +325,43 @@ impl TextModel {
         ))
     }
 
-    /// [`Self::generate`] without the JSON output: the pieces and the raw
-    /// result (token ids included).
+    /// [`Self::generate`] without the JSON output: every choice's result and
+    /// the prompt's length in tokens.
     async fn complete<F, Fut>(
         &self,
         input: Value,
         cancel: CancellationToken,
-        mut on_pieces: F,
-    ) -> Result<(Vec<String>, Finished), JobError>
+        mut on_chunk: F,
+    ) -> Result<(Vec<ChoiceResult>, usize), JobError>
     where
-        F: FnMut(Vec<String>) -> Fut + Send,
+        F: FnMut(Chunk) -> Fut + Send,
         Fut: Future<Output = Result<(), JobError>> + Send,
     {
         let params = Params::parse(&input, self.shared.context_length).map_err(JobError::BadInput)?;
         let shared = Arc::clone(&self.shared);
+        let tools = params.tools.clone();
+        let logprobs = params.logprobs.is_some();
         // Tokenizing a long prompt takes a while: keep it off the async threads.
-        let request = tokio::task::spawn_blocking(move || shared.request(params))
+        let requests = tokio::task::spawn_blocking(move || shared.requests(params))
             .await
             .map_err(|e| JobError::internal(format!("tokenizer task failed: {e}")))??;
-        // Stops the sequence when this future is dropped, too.
+        let prompt_tokens = requests.first().map_or(0, |r| r.prompt.len());
+        // Stops the sequences when this future is dropped, too.
         let job_cancel = cancel.child_token();
         let _stop_when_dropped = job_cancel.clone().drop_guard();
-        let Submission { mut pieces, mut done } = self.engine.submit(request, job_cancel);
+        let (listener, Submission { mut pieces, mut done }) = Submission::channel();
+        let mut choices: Vec<Choice> = Vec::with_capacity(requests.len());
+        for (index, request) in requests.into_iter().enumerate() {
+            choices.push(Choice::new(tools.as_ref(), logprobs));
+            let listener = Listener {
+                index,
+                ..listener.clone()
+            };
+            self.engine.submit_to(request, job_cancel.clone(), listener);
+        }
+        drop(listener);
         let interval = self.stream_interval;
-        let mut sent = Vec::new();
+        let mut remaining = choices.len();
         // When the last group of pieces went out. Until `interval` after it,
         // this task sleeps: the engine queues the pieces it makes meanwhile
         // without waking it, and they go out together when it wakes. Past
@@ -349,77 +373,250 @@ impl TextModel {
                 .map(|sent| sent + interval)
                 .filter(|due| *due > tokio::time::Instant::now());
             // A cancel wins at once, even over pieces already queued: the
-            // engine drops the sequence at its next step (`job_cancel` is a
+            // engine drops the sequences at its next step (`job_cancel` is a
             // child of `cancel`).
-            let mut group = match due {
+            let mut ended = None;
+            let mut group = Vec::new();
+            match due {
                 Some(due) => tokio::select! {
                     biased;
                     () = cancel.cancelled() => return Err(JobError::Cancelled),
-                    end = &mut done => return end_of(end, &mut pieces, sent, interval, &mut on_pieces).await,
-                    () = tokio::time::sleep_until(due) => Vec::new(),
+                    end = done.recv() => ended = Some(end),
+                    () = tokio::time::sleep_until(due) => {},
                 },
                 None => tokio::select! {
                     biased;
                     () = cancel.cancelled() => return Err(JobError::Cancelled),
                     piece = pieces.recv() => match piece {
-                        Some(piece) => vec![piece],
-                        // The engine let go of the request: its end says why.
-                        None => return end_of((&mut done).await, &mut pieces, sent, interval, &mut on_pieces).await,
+                        Some(piece) => group.push(piece),
+                        // The engine let go of every request: their ends say why.
+                        None => ended = Some(done.recv().await),
                     },
-                    end = &mut done => return end_of(end, &mut pieces, sent, interval, &mut on_pieces).await,
+                    end = done.recv() => ended = Some(end),
                 },
-            };
-            if !interval.is_zero() {
+            }
+            if ended.is_some() || !interval.is_zero() {
+                // Every piece of an ended request was queued before its end.
                 take_queued(&mut pieces, &mut group);
             }
             if !group.is_empty() {
                 last_sent = Some(tokio::time::Instant::now());
-                sent.extend_from_slice(&group);
-                on_pieces(group).await?;
+                send_group(&mut choices, group, interval.is_zero(), &mut on_chunk).await?;
+            }
+            let Some(end) = ended else { continue };
+            let Some((index, result)) = end else {
+                return Err(JobError::internal("the text engine stopped unexpectedly"));
+            };
+            let finished = result?;
+            let choice = &mut choices[index];
+            let last = choice.finish(index, finished);
+            if !last.is_empty() {
+                on_chunk(last).await?;
+            }
+            remaining -= 1;
+            if remaining == 0 {
+                return Ok((choices.into_iter().filter_map(Choice::result).collect(), prompt_tokens));
             }
         }
     }
 }
 
+/// What one choice produced since its last chunk.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub struct Chunk {
+    /// The choice (0 unless the request asked for `n` > 1).
+    pub index: usize,
+    /// Pieces of the answer's text, in order.
+    pub pieces: Vec<String>,
+    /// Pieces of function calls (OpenAI's `delta.tool_calls` items).
+    pub tool_calls: Vec<ToolCallDelta>,
+    /// The generated tokens' log-probabilities, when asked for.
+    pub logprobs: Vec<TokenLogprob>,
+}
+
+impl Chunk {
+    fn is_empty(&self) -> bool {
+        self.pieces.is_empty() && self.tool_calls.is_empty() && self.logprobs.is_empty()
+    }
+
+    /// The job's stream chunk: `{"tokens": [...]}`, with `index`,
+    /// `tool_calls` and `logprobs` when there are any.
+    pub fn to_json(&self) -> Value {
+        let mut chunk = json!({ "tokens": self.pieces });
+        if self.index > 0 {
+            chunk["index"] = json!(self.index);
+        }
+        if !self.tool_calls.is_empty() {
+            chunk["tool_calls"] = self.tool_calls.iter().map(CallDelta::to_json).collect();
+        }
+        if !self.logprobs.is_empty() {
+            chunk["logprobs"] = self.logprobs.iter().map(TokenLogprob::to_json).collect();
+        }
+        chunk
+    }
+}
+
+/// A choice while it runs.
+struct Choice {
+    /// Reads calls out of the text, when tools are offered.
+    parser: Option<CallParser>,
+    /// The content pieces sent.
+    pieces: Vec<String>,
+    logprobs: Option<Vec<TokenLogprob>>,
+    finished: Option<Finished>,
+}
+
+/// A finished choice.
+struct ChoiceResult {
+    pieces: Vec<String>,
+    calls: Vec<tools::Call>,
+    logprobs: Option<Vec<TokenLogprob>>,
+    finished: Finished,
+}
+
+impl ChoiceResult {
+    fn to_json(&self, index: usize) -> Value {
+        let text = self.pieces.concat();
+        let finish_reason = match self.finished.finish_reason {
+            FinishReason::Stop if !self.calls.is_empty() => "tool_calls",
+            reason => reason.as_str(),
+        };
+        let mut choice = json!({
+            "index": index,
+            "tokens": self.pieces,
+            "text": text,
+            "finish_reason": finish_reason,
+        });
+        if !self.calls.is_empty() {
+            choice["tool_calls"] = self.calls.iter().map(tools::Call::to_json).collect();
+        }
+        if let Some(logprobs) = &self.logprobs {
+            choice["logprobs"] = logprobs.iter().map(TokenLogprob::to_json).collect();
+        }
+        choice
+    }
+}
+
+impl Choice {
+    fn new(tools: Option<&Tools>, logprobs: bool) -> Self {
+        Self {
+            parser: tools.map(|_| CallParser::new()),
+            pieces: Vec::new(),
+            logprobs: logprobs.then(Vec::new),
+            finished: None,
+        }
+    }
+
+    /// The chunk for what the engine emitted.
+    fn absorb(&mut self, index: usize, emitted: Vec<engine::Emitted>) -> Chunk {
+        let mut chunk = Chunk {
+            index,
+            ..Chunk::default()
+        };
+        for item in emitted {
+            self.read(&mut chunk, &item.piece);
+            if let Some(logprob) = item.logprob {
+                if let Some(all) = &mut self.logprobs {
+                    all.push(logprob.clone());
+                }
+                chunk.logprobs.push(logprob);
+            }
+        }
+        chunk
+    }
+
+    fn read(&mut self, chunk: &mut Chunk, text: &str) {
+        if text.is_empty() {
+            return;
+        }
+        let (content, calls) = match &mut self.parser {
+            Some(parser) => {
+                let parsed = parser.push(text);
+                (parsed.content, parsed.calls)
+            }
+            None => (text.to_owned(), Vec::new()),
+        };
+        self.add(chunk, content, calls);
+    }
+
+    fn add(&mut self, chunk: &mut Chunk, content: String, calls: Vec<CallDelta>) {
+        if !content.is_empty() {
+            self.pieces.push(content.clone());
+            chunk.pieces.push(content);
+        }
+        chunk.tool_calls.extend(calls);
+    }
+
+    /// The last chunk, once the engine is done with this choice.
+    fn finish(&mut self, index: usize, finished: Finished) -> Chunk {
+        let mut chunk = Chunk {
+            index,
+            ..Chunk::default()
+        };
+        if let Some(parser) = &mut self.parser {
+            let parsed = parser.finish();
+            self.add(&mut chunk, parsed.content, parsed.calls);
+        }
+        self.finished = Some(finished);
+        chunk
+    }
+
+    fn result(self) -> Option<ChoiceResult> {
+        Some(ChoiceResult {
+            calls: self.parser.map(|p| p.calls().to_vec()).unwrap_or_default(),
+            pieces: self.pieces,
+            logprobs: self.logprobs,
+            finished: self.finished?,
+        })
+    }
+}
+
+/// Sends a group of emitted pieces as chunks: one per choice, in the order
+/// the choices first appear, or one per piece when `alone`.
+async fn send_group<F, Fut>(
+    choices: &mut [Choice],
+    group: Vec<(usize, engine::Emitted)>,
+    alone: bool,
+    on_chunk: &mut F,
+) -> Result<(), JobError>
+where
+    F: FnMut(Chunk) -> Fut + Send,
+    Fut: Future<Output = Result<(), JobError>> + Send,
+{
+    let mut batches: Vec<(usize, Vec<engine::Emitted>)> = Vec::new();
+    for (index, emitted) in group {
+        match batches.iter_mut().find(|(i, _)| *i == index) {
+            Some((_, items)) if !alone => items.push(emitted),
+            _ => batches.push((index, vec![emitted])),
+        }
+    }
+    for (index, items) in batches {
+        let Some(choice) = choices.get_mut(index) else { continue };
+        let chunk = choice.absorb(index, items);
+        if !chunk.is_empty() {
+            on_chunk(chunk).await?;
+        }
+    }
+    Ok(())
+}
+
 /// Moves the pieces the engine has queued so far into `group`.
-fn take_queued(pieces: &mut tokio::sync::mpsc::UnboundedReceiver<String>, group: &mut Vec<String>) {
+fn take_queued(
+    pieces: &mut tokio::sync::mpsc::UnboundedReceiver<(usize, engine::Emitted)>,
+    group: &mut Vec<(usize, engine::Emitted)>,
+) {
     while let Ok(piece) = pieces.try_recv() {
         group.push(piece);
     }
 }
 
-/// How [`TextModel::complete`] ends once the engine has: the pieces still
-/// queued go out as one last group (each alone with an interval of zero),
-/// then the result.
-async fn end_of<F, Fut>(
-    end: Result<Result<Finished, JobError>, tokio::sync::oneshot::error::RecvError>,
-    pieces: &mut tokio::sync::mpsc::UnboundedReceiver<String>,
-    mut sent: Vec<String>,
-    interval: Duration,
-    on_pieces: &mut F,
-) -> Result<(Vec<String>, Finished), JobError>
-where
-    F: FnMut(Vec<String>) -> Fut + Send,
-    Fut: Future<Output = Result<(), JobError>> + Send,
-{
-    let finished = end.map_err(|_| JobError::internal("the text engine stopped unexpectedly"))??;
-    // Every piece was queued before the end.
-    let mut rest = Vec::new();
-    take_queued(pieces, &mut rest);
-    let group_size = if interval.is_zero() { 1 } else { rest.len().max(1) };
-    for group in rest.chunks(group_size) {
-        sent.extend_from_slice(group);
-        on_pieces(group.to_vec()).await?;
-    }
-    Ok((sent, finished))
-}
-
 impl Shared {
-    /// Formats and tokenizes the prompt and settles `max_tokens`.
-    fn request(&self, params: Params) -> Result<Request, JobError> {
+    /// Formats and tokenizes the prompt, settles `max_tokens` and builds
+    /// one request per choice.
+    fn requests(&self, params: Params) -> Result<Vec<Request>, JobError> {
         let text = match &params.prompt {
             Prompt::Raw(text) => text.clone(),
-            Prompt::Chat(messages) => self.format_chat(messages)?,
+            Prompt::Chat(messages) => self.format_chat(messages, params.tools.as_ref())?,
         };
         // BOS as the model wants it; special tokens in the text are parsed
         // (llama.cpp's own tools do the same).
@@ -448,26 +645,84 @@ impl Shared {
                 )));
             }
         };
-        Ok(Request {
-            prompt,
-            max_tokens,
-            sampling: params.sampling,
-            stop: params.stop,
-            ignore_eos: params.ignore_eos,
-        })
+        let n_vocab = self.model.n_vocab();
+        if let Some((token, _)) = params.sampling.logit_bias.iter().find(|(t, _)| *t >= n_vocab) {
+            return Err(JobError::bad_input(format!(
+                "`logit_bias`: token {token} is not in the vocabulary (0 to {})",
+                n_vocab - 1
+            )));
+        }
+        let mut requests = Vec::with_capacity(params.n as usize);
+        for i in 0..params.n {
+            let grammar = match &params.grammar {
+                None => None,
+                Some(grammar) => {
+                    let triggers: Vec<&str> = grammar.trigger.iter().map(String::as_str).collect();
+                    Some(Sampler::grammar(&self.model, &grammar.text, &triggers).map_err(|e| {
+                        let field = if params.tools.is_some() {
+                            "tools"
+                        } else {
+                            "response_format"
+                        };
+                        JobError::bad_input(format!("`{field}`: {e}"))
+                    })?)
+                }
+            };
+            let mut sampling = params.sampling.clone();
+            // Each choice its own draw; a seed still repeats all of them.
+            sampling.seed = Some(match sampling.seed {
+                Some(seed) => seed.wrapping_add(u64::from(i)),
+                None => engine::random_seed(),
+            });
+            let ban = params.ignore_eos.then_some((self.all_eog.as_slice(), n_vocab));
+            requests.push(Request {
+                prompt: prompt.clone(),
+                max_tokens,
+                sampler: engine::sampler(&sampling, grammar, ban, n_vocab, max_tokens),
+                stop: params.stop.clone(),
+                logprobs: params.logprobs,
+            });
+        }
+        Ok(requests)
     }
 
-    fn format_chat(&self, messages: &[input::Message]) -> Result<String, JobError> {
+    fn format_chat(&self, messages: &[input::Message], tools: Option<&Tools>) -> Result<String, JobError> {
         let Some(template) = &self.template else {
             return Err(JobError::bad_input(
                 "this model has no chat template; send `prompt` with `raw: true`",
             ));
         };
+        // Tool calls and results become text in the model's own turns; the
+        // tools are described in the system message.
+        let mut chat: Vec<(&str, String)> = Vec::with_capacity(messages.len() + 1);
+        for message in messages {
+            let content = match message.role {
+                Role::Tool => tools::render_result(&message.content),
+                Role::Assistant if !message.tool_calls.is_empty() => {
+                    let calls = tools::render_calls(&message.tool_calls);
+                    if message.content.is_empty() {
+                        calls
+                    } else {
+                        format!("{}\n{calls}", message.content)
+                    }
+                }
+                _ => message.content.clone(),
+            };
+            let role = match message.role {
+                Role::Tool => "user",
+                role => role.as_str(),
+            };
+            chat.push((role, content));
+        }
+        if let Some(tools) = tools {
+            let described = tools.system_text();
+            match chat.first_mut() {
+                Some((role, content)) if *role == "system" => *content = format!("{content}\n\n{described}"),
+                _ => chat.insert(0, ("system", described)),
+            }
+        }
         // `Params::parse` refused NUL characters, the only bad input here.
-        let chat: Vec<(&str, &str)> = messages
-            .iter()
-            .map(|message| (message.role.as_str(), message.content.as_str()))
-            .collect();
+        let chat: Vec<(&str, &str)> = chat.iter().map(|(role, content)| (*role, content.as_str())).collect();
         template
             .apply(&chat, true)
             .map_err(|e| JobError::internal(format!("cannot apply the chat template: {e}")))
@@ -522,9 +777,9 @@ impl Model for TextModel {
 
     async fn run(&self, input: Value, ctx: JobContext) -> Result<Output, JobError> {
         let cancel = ctx.cancellation_token();
-        self.generate(input, cancel, |pieces| {
+        self.generate(input, cancel, |chunk| {
             let ctx = ctx.clone();
-            async move { ctx.chunk(json!({ "tokens": pieces })).await }
+            async move { ctx.chunk(chunk.to_json()).await }
         })
         .await
     }

@@ -285,6 +285,10 @@ impl Drop for Weights {
     }
 }
 
+fn self_vocab(model: &Weights) -> *const sys::llama_vocab {
+    model.vocab.as_ptr()
+}
+
 /// A chat template for llama.cpp's built-in formatter: the GGUF's Jinja
 /// source, which llama.cpp recognises by its markers, or the name of a
 /// built-in format such as `"gemma"`.
@@ -448,6 +452,21 @@ impl<'m> Context<'m> {
         }
     }
 
+    /// The logits (`n_vocab` of them) of batch index `index` of the last
+    /// decode, which must be one whose logits the batch asked for.
+    pub fn logits(&self, index: i32, n_vocab: i32) -> Option<&[f32]> {
+        let n = usize::try_from(n_vocab).ok()?;
+        // SAFETY: a live context; llama.cpp returns null for an index without
+        // logits, else `n_vocab` floats that stay valid until the next decode,
+        // which needs `&mut self`.
+        let logits = unsafe { sys::llama_get_logits_ith(self.raw.as_ptr(), index) };
+        if logits.is_null() {
+            return None;
+        }
+        // SAFETY: see above.
+        Some(unsafe { std::slice::from_raw_parts(logits, n) })
+    }
+
     /// Frees the KV cells of sequence `seq`.
     pub fn remove_sequence(&mut self, seq: i32) -> Result<(), String> {
         // SAFETY: a live context; its memory lives as long as it.
@@ -567,6 +586,18 @@ pub enum Stage<'a> {
     Temperature(f32),
     /// Draw from the distribution with a seeded generator.
     Draw(u32),
+    /// Add a bias to the logits of some tokens, out of a vocabulary of `n_vocab`.
+    Bias { biases: &'a [(Token, f32)], n_vocab: i32 },
+    /// OpenAI's penalties over the last `last_n` sampled tokens: minus
+    /// `frequency` per earlier occurrence, minus `presence` once if any.
+    Penalties {
+        n_vocab: i32,
+        last_n: i32,
+        frequency: f32,
+        presence: f32,
+    },
+    /// Drop the tokens less likely than `p` times the likeliest one.
+    MinP(f32),
 }
 
 /// A chain of sampling stages, with the state of its random generator.
@@ -575,14 +606,32 @@ pub struct Sampler(NonNull<sys::llama_sampler>);
 // SAFETY: the chain owns its stages; nothing else points into them.
 unsafe impl Send for Sampler {}
 
+impl std::fmt::Debug for Sampler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("Sampler")
+    }
+}
+
 impl Sampler {
     /// A chain of `stages`, applied in order. A chain keeps its
     /// vocabulary-sized candidate buffer from token to token.
     pub fn chain(stages: &[Stage<'_>]) -> Self {
+        Self::chain_after(None, stages)
+    }
+
+    /// A chain of `first` (a grammar, say), then `stages`.
+    pub fn chain_after(first: Option<Sampler>, stages: &[Stage<'_>]) -> Self {
         // SAFETY: plain values in; returns a new chain that this value owns
         // (allocation failure aborts inside llama.cpp, as `new` does).
         let chain = unsafe { sys::llama_sampler_chain_init(sys::llama_sampler_chain_params { no_perf: true }) };
         let chain = NonNull::new(chain).unwrap_or_else(|| std::process::abort());
+        if let Some(first) = first {
+            let raw = first.0.as_ptr();
+            // The chain owns it from here on.
+            std::mem::forget(first);
+            // SAFETY: a live sampler that nothing else frees.
+            unsafe { sys::llama_sampler_chain_add(chain.as_ptr(), raw) };
+        }
         for stage in stages {
             // SAFETY: each init returns a new stage; the chain takes
             // ownership of it.
@@ -608,6 +657,25 @@ impl Sampler {
                     Stage::TopP(p) => sys::llama_sampler_init_top_p(p, 1),
                     Stage::Temperature(t) => sys::llama_sampler_init_temp(t),
                     Stage::Draw(seed) => sys::llama_sampler_init_dist(seed),
+                    Stage::Bias { biases, n_vocab } => {
+                        let biases: Vec<sys::llama_logit_bias> = biases
+                            .iter()
+                            .map(|&(token, bias)| sys::llama_logit_bias { token, bias })
+                            .collect();
+                        // The stage copies the biases.
+                        sys::llama_sampler_init_logit_bias(
+                            n_vocab,
+                            i32::try_from(biases.len()).unwrap_or(i32::MAX),
+                            biases.as_ptr(),
+                        )
+                    }
+                    Stage::Penalties {
+                        n_vocab,
+                        last_n,
+                        frequency,
+                        presence,
+                    } => sys::llama_sampler_init_penalties(n_vocab, last_n, 1.0, frequency, presence),
+                    Stage::MinP(p) => sys::llama_sampler_init_min_p(p, 1),
                 };
                 sys::llama_sampler_chain_add(chain.as_ptr(), stage);
             }
@@ -619,6 +687,43 @@ impl Sampler {
     /// records the token in the chain's state. `index` must be a token whose
     /// logits the batch asked for ([`Batch::push`] returned it): llama.cpp
     /// aborts the process otherwise.
+    /// A grammar stage: only texts of the GBNF `grammar` (root rule `root`)
+    /// can be sampled, and an end-of-generation token only once the text is
+    /// complete. With `triggers` (regular expressions), the grammar applies
+    /// only from the first match in the generated text on (llama.cpp's lazy
+    /// grammar); before that, any text. The error is llama.cpp's refusal of
+    /// the grammar.
+    pub fn grammar(model: &Weights, grammar: &str, triggers: &[&str]) -> Result<Self, String> {
+        let text = CString::new(grammar).map_err(|_| "the grammar contains a NUL byte")?;
+        let patterns = triggers
+            .iter()
+            .map(|t| CString::new(*t))
+            .collect::<Result<Vec<_>, _>>()
+            .map_err(|_| "a trigger contains a NUL byte")?;
+        let pattern_ptrs: Vec<*const c_char> = patterns.iter().map(|p| p.as_ptr()).collect();
+        // SAFETY: the vocabulary of a loaded model, NUL-terminated strings
+        // alive for the call (llama.cpp copies them); a null result is a
+        // grammar llama.cpp could not parse.
+        let raw = unsafe {
+            if triggers.is_empty() {
+                sys::llama_sampler_init_grammar(self_vocab(model), text.as_ptr(), c"root".as_ptr())
+            } else {
+                sys::llama_sampler_init_grammar_lazy_patterns(
+                    self_vocab(model),
+                    text.as_ptr(),
+                    c"root".as_ptr(),
+                    pattern_ptrs.as_ptr().cast_mut(),
+                    pattern_ptrs.len(),
+                    std::ptr::null(),
+                    0,
+                )
+            }
+        };
+        NonNull::new(raw)
+            .map(Self)
+            .ok_or_else(|| "llama.cpp refused the grammar".to_owned())
+    }
+
     pub fn sample(&mut self, context: &Context<'_>, index: i32) -> Token {
         // SAFETY: a live chain and context.
         unsafe { sys::llama_sampler_sample(self.0.as_ptr(), context.raw.as_ptr(), index) }

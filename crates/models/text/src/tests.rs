@@ -62,8 +62,8 @@ async fn run_groups(model: &TextModel, input: Value) -> (Result<Output, JobError
     let groups = Arc::new(Mutex::new(Vec::new()));
     let sink = Arc::clone(&groups);
     let result = model
-        .generate(input, CancellationToken::new(), move |pieces| {
-            sink.lock().unwrap().push(pieces);
+        .generate(input, CancellationToken::new(), move |chunk: Chunk| {
+            sink.lock().unwrap().push(chunk.pieces);
             async { Ok(()) }
         })
         .await;
@@ -107,7 +107,7 @@ async fn model_metadata() {
     assert!(model.shared.template.is_some(), "SmolLM2 ships a chat template");
     assert_eq!(model.context_length(), 8192);
     let params = Params::parse(&json!({"prompt": "Hi"}), 8192).unwrap();
-    let request = model.shared.request(params).unwrap();
+    let request = model.shared.requests(params).unwrap().remove(0);
     let mut prompt = Vec::new();
     for &token in &request.prompt {
         model.shared.model.piece(token, true, &mut prompt);
@@ -213,7 +213,7 @@ async fn greedy_generation_is_deterministic() {
 async fn engine_greedy_matches_plain_greedy_decoding() {
     let (_lock, model) = shared_model().await;
     let prompt = "The quick brown fox";
-    let (pieces, finished) = model
+    let (mut choices, _) = model
         .complete(
             json!({"prompt": prompt, "raw": true, "temperature": 0, "max_tokens": 32}),
             CancellationToken::new(),
@@ -221,6 +221,7 @@ async fn engine_greedy_matches_plain_greedy_decoding() {
         )
         .await
         .unwrap();
+    let ChoiceResult { pieces, finished, .. } = choices.remove(0);
     let reference = greedy_tokens(&weights(), prompt, 32).unwrap();
     assert_eq!(finished.tokens, reference);
     assert_eq!(pieces.concat(), finished.text);
@@ -229,17 +230,19 @@ async fn engine_greedy_matches_plain_greedy_decoding() {
 /// Tokenizes `input` for `model`'s engine.
 fn request(model: &TextModel, input: &Value) -> Request {
     let params = Params::parse(input, model.context_length()).unwrap();
-    model.shared.request(params).unwrap()
+    model.shared.requests(params).unwrap().remove(0)
 }
 
 /// Waits for one submission's end: its pieces and the result.
 async fn drain(submission: Submission) -> (Vec<String>, Result<Finished, JobError>) {
-    let Submission { mut pieces, done } = submission;
-    let result = done.await.expect("the engine stopped");
+    let Submission { mut pieces, mut done } = submission;
+    let (_, result) = done.recv().await.expect("the engine stopped");
     let mut all = Vec::new();
     // every piece is queued before the end
-    while let Ok(piece) = pieces.try_recv() {
-        all.push(piece);
+    while let Ok((_, emitted)) = pieces.try_recv() {
+        if !emitted.piece.is_empty() {
+            all.push(emitted.piece);
+        }
     }
     (all, result)
 }
@@ -349,10 +352,11 @@ async fn long_prompts_are_read_in_chunks() {
     });
     let prompt = "The history of the city begins in the year 1200, when a small village grew around a river crossing. ";
     let input = json!({"prompt": prompt.repeat(3), "raw": true, "temperature": 0, "max_tokens": 16});
-    let (pieces, finished) = model
+    let (mut choices, _) = model
         .complete(input, CancellationToken::new(), |_| async { Ok(()) })
         .await
         .unwrap();
+    let ChoiceResult { pieces, finished, .. } = choices.remove(0);
     assert!(finished.prompt_tokens > 8 * 4, "the prompt spans several batches");
     let reference = greedy_tokens(&weights(), &prompt.repeat(3), 16).unwrap();
     assert_eq!(finished.tokens, reference);
@@ -430,9 +434,9 @@ async fn cancellation_stops_generation_and_frees_the_budget() {
     let seen = Arc::clone(&count);
     let trigger = cancel.clone();
     let result = model
-        .generate(whole_budget(), cancel, move |pieces| {
+        .generate(whole_budget(), cancel, move |chunk: Chunk| {
             let mut seen = seen.lock().unwrap();
-            *seen += pieces.len();
+            *seen += chunk.pieces.len();
             if *seen == 3 {
                 trigger.cancel();
             }
@@ -562,4 +566,269 @@ fn invalid_options_are_refused() {
     }
     let missing = TextModel::load("x", Path::new("/nonexistent.gguf"), EngineOptions::default());
     assert!(matches!(missing, Err(LoadError::Model { .. })), "{missing:?}");
+}
+
+/// Schemas of the kinds clients send (Pydantic's output included): every
+/// one converts, and llama.cpp parses every grammar made.
+fn sample_schemas() -> Vec<Value> {
+    vec![
+        json!({"type": "object", "properties": {"name": {"type": "string"}, "age": {"type": "integer"}},
+            "required": ["name", "age"], "additionalProperties": false}),
+        json!({"type": "object", "properties": {"a": {"type": "string"}, "b": {"type": "number"}, "c": {"type": "boolean"}}}),
+        json!({"type": "array", "items": {"type": "integer", "minimum": 1, "maximum": 5}, "minItems": 1, "maxItems": 3}),
+        json!({"type": "array", "items": {"type": "string"}, "minItems": 2}),
+        json!({"type": "array", "items": {"type": "string"}, "maxItems": 1}),
+        json!({"type": "array", "prefixItems": [{"type": "string"}, {"type": "integer"}], "items": false}),
+        json!({"type": "string", "enum": ["red", "green", "blue"]}),
+        json!({"const": {"fixed": [1, "two", null]}}),
+        json!({"type": ["string", "null"], "maxLength": 10}),
+        json!({"type": "string", "minLength": 2, "maxLength": 5}),
+        json!({"type": "string", "format": "date"}),
+        json!({"type": "string", "format": "date-time"}),
+        json!({"type": "string", "format": "uuid"}),
+        json!({"type": "string", "format": "email"}),
+        json!({"type": "integer", "minimum": 0}),
+        json!({"type": "integer", "minimum": 18}),
+        json!({"type": "integer", "exclusiveMinimum": 0}),
+        json!({"type": "number", "minimum": 0}),
+        json!({"anyOf": [{"type": "integer"}, {"type": "null"}], "default": null}),
+        json!({"oneOf": [{"type": "object", "properties": {"kind": {"const": "a"}}, "required": ["kind"]},
+            {"type": "object", "properties": {"kind": {"const": "b"}, "x": {"type": "number"}}, "required": ["kind", "x"]}]}),
+        json!({"type": "object", "additionalProperties": {"type": "integer"}}),
+        json!({"type": "object"}),
+        json!({}),
+        json!(true),
+        json!({"type": "object", "properties": {"value": {"type": "integer"}, "children": {"type": "array", "items": {"$ref": "#"}}},
+            "required": ["value"]}),
+        json!({"allOf": [{"$ref": "#/definitions/Point"}], "definitions": {"Point": {"type": "object",
+            "properties": {"x": {"type": "number"}, "y": {"type": "number"}}, "required": ["x", "y"]}}}),
+        // What `client.beta.chat.completions.parse` sends for a Pydantic model.
+        json!({
+            "$defs": {
+                "Address": {"properties": {"city": {"title": "City", "type": "string"},
+                    "zip": {"anyOf": [{"type": "string"}, {"type": "null"}], "title": "Zip"}},
+                    "required": ["city", "zip"], "title": "Address", "type": "object", "additionalProperties": false},
+                "Color": {"enum": ["red", "green"], "title": "Color", "type": "string"}
+            },
+            "properties": {
+                "name": {"title": "Name", "type": "string"},
+                "tags": {"items": {"type": "string"}, "title": "Tags", "type": "array"},
+                "address": {"$ref": "#/$defs/Address"},
+                "color": {"$ref": "#/$defs/Color"},
+                "score": {"title": "Score", "type": "number"},
+                "born": {"format": "date", "title": "Born", "type": "string"}
+            },
+            "required": ["name", "tags", "address", "color", "score", "born"],
+            "title": "Person", "type": "object", "additionalProperties": false
+        }),
+    ]
+}
+
+#[test]
+fn llama_cpp_accepts_every_converted_grammar() {
+    let model = Weights::load(&weights(), 0).unwrap();
+    for schema in sample_schemas() {
+        let grammar = grammar::schema_to_gbnf(&schema).unwrap_or_else(|e| panic!("{schema}: {e}"));
+        if let Err(error) = Sampler::grammar(&model, &grammar, &[]) {
+            panic!("{schema}: {error}\n{grammar}");
+        }
+    }
+    Sampler::grammar(&model, &grammar::any_object_gbnf(), &[]).unwrap();
+    // tool call grammars, strict and lazy
+    let tools = json!([
+        {"type": "function", "function": {"name": "get_weather", "parameters": sample_schemas()[0]}},
+        {"type": "function", "function": {"name": "person", "parameters": sample_schemas().pop()}},
+        {"type": "function", "function": {"name": "no_arguments"}},
+    ]);
+    for choice in [
+        json!("auto"),
+        json!("required"),
+        json!({"type": "function", "function": {"name": "person"}}),
+    ] {
+        let params = Params::parse(
+            &json!({"prompt": "x", "tools": tools, "tool_choice": choice, "parallel_tool_calls": false}),
+            4096,
+        )
+        .unwrap();
+        let grammar = params.grammar.unwrap();
+        let triggers: Vec<&str> = grammar.trigger.iter().map(String::as_str).collect();
+        if let Err(error) = Sampler::grammar(&model, &grammar.text, &triggers) {
+            panic!("{choice}: {error}\n{}", grammar.text);
+        }
+    }
+    assert!(Sampler::grammar(&model, "root ::= undefined-rule", &[]).is_err());
+}
+
+/// Runs a greedy chat request and returns its first choice.
+async fn chat(model: &TextModel, mut input: Value) -> (Value, Vec<Chunk>) {
+    input["temperature"] = json!(0);
+    let chunks = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&chunks);
+    let output = model
+        .generate(input.clone(), CancellationToken::new(), move |chunk: Chunk| {
+            sink.lock().unwrap().push(chunk);
+            async { Ok(()) }
+        })
+        .await
+        .unwrap_or_else(|e| panic!("{input}: {e}"));
+    let chunks = chunks.lock().unwrap().clone();
+    (output.output, chunks)
+}
+
+#[tokio::test]
+async fn json_outputs_parse_and_match_their_schema() {
+    let (_lock, model) = shared_model().await;
+    let (output, _) = chat(
+        model,
+        json!({"prompt": "What is the capital of France? Answer in JSON, like {\"capital\": \"...\"}.",
+            "max_tokens": 200, "response_format": {"type": "json_object"}}),
+    )
+    .await;
+    assert_eq!(finish_reason(&output), "stop", "{output}");
+    let value: Value = serde_json::from_str(text(&output)).unwrap_or_else(|e| panic!("{e}: {output}"));
+    assert!(value.is_object(), "{value}");
+
+    let schema = json!({"type": "object", "properties": {
+        "name": {"type": "string", "maxLength": 20},
+        "age": {"type": "integer", "minimum": 0},
+        "color": {"enum": ["black", "white", "orange"]},
+        "friends": {"type": "array", "items": {"type": "string", "maxLength": 12}, "maxItems": 2}},
+        "required": ["name", "age", "color", "friends"], "additionalProperties": false});
+    let (output, _) = chat(
+        model,
+        json!({"prompt": "Invent a cat.", "max_tokens": 200, "seed": 1,
+            "response_format": {"type": "json_schema", "json_schema": {"name": "cat", "strict": true, "schema": schema}}}),
+    )
+    .await;
+    assert_eq!(finish_reason(&output), "stop", "{output}");
+    let cat: Value = serde_json::from_str(text(&output)).unwrap_or_else(|e| panic!("{e}: {output}"));
+    assert!(cat["name"].as_str().is_some_and(|n| n.chars().count() <= 20), "{cat}");
+    assert!(cat["age"].as_u64().is_some(), "{cat}");
+    assert!(
+        ["black", "white", "orange"].contains(&cat["color"].as_str().unwrap_or_default()),
+        "{cat}"
+    );
+    assert!(cat["friends"].as_array().is_some_and(|f| f.len() <= 2), "{cat}");
+    assert_eq!(cat.as_object().unwrap().len(), 4, "{cat}");
+}
+
+#[tokio::test]
+async fn forced_tool_calls_are_well_formed_and_stream_as_deltas() {
+    let (_lock, model) = shared_model().await;
+    let tools = json!([{"type": "function", "function": {"name": "get_weather", "description": "The weather in a city",
+        "parameters": {"type": "object", "properties": {"city": {"type": "string", "maxLength": 30},
+            "unit": {"enum": ["celsius", "fahrenheit"]}}, "required": ["city", "unit"]}}},
+        {"type": "function", "function": {"name": "get_time", "parameters": {"type": "object", "properties": {}}}}]);
+    for choice in [
+        json!("required"),
+        json!({"type": "function", "function": {"name": "get_weather"}}),
+    ] {
+        let (output, chunks) = chat(
+            model,
+            json!({"messages": [{"role": "user", "content": "What is the weather in Paris?"}],
+                "tools": tools, "tool_choice": choice, "parallel_tool_calls": false, "max_tokens": 120}),
+        )
+        .await;
+        let choice_out = &output["choices"][0];
+        assert_eq!(choice_out["finish_reason"], "tool_calls", "{output}");
+        let calls = choice_out["tool_calls"].as_array().unwrap();
+        assert_eq!(calls.len(), 1, "{output}");
+        let call = &calls[0];
+        assert!(call["id"].as_str().unwrap().starts_with("call_"));
+        assert_eq!(call["type"], "function");
+        let name = call["function"]["name"].as_str().unwrap();
+        let arguments: Value = serde_json::from_str(call["function"]["arguments"].as_str().unwrap()).unwrap();
+        if choice.is_object() || name == "get_weather" {
+            assert_eq!(name, "get_weather", "{output}");
+            assert!(arguments["city"].is_string(), "{arguments}");
+            assert!(["celsius", "fahrenheit"].contains(&arguments["unit"].as_str().unwrap()));
+        } else {
+            assert_eq!((name, arguments), ("get_time", json!({})));
+        }
+        // the deltas assemble into the same call, as the SDK assembles them
+        let deltas: Vec<Value> = chunks
+            .iter()
+            .flat_map(|c| c.tool_calls.iter().map(ToolCallDelta::to_json))
+            .collect();
+        assert_eq!(deltas[0]["id"], call["id"]);
+        assert_eq!(deltas[0]["function"]["name"], call["function"]["name"]);
+        let assembled: String = deltas
+            .iter()
+            .filter_map(|d| d["function"]["arguments"].as_str())
+            .collect();
+        assert_eq!(assembled, call["function"]["arguments"].as_str().unwrap());
+        assert_eq!(text(&output), "", "no content besides the call");
+    }
+    // a tool's result in the history, and `auto`: text or a call, well formed either way
+    let (output, _) = chat(
+        model,
+        json!({"messages": [
+            {"role": "user", "content": "What is the weather in Paris?"},
+            {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
+                "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"unit\": \"celsius\"}"}}]},
+            {"role": "tool", "tool_call_id": "call_1", "content": "{\"temperature\": 21}"}],
+            "tools": tools, "max_tokens": 60}),
+    )
+    .await;
+    let choice_out = &output["choices"][0];
+    for call in choice_out["tool_calls"].as_array().into_iter().flatten() {
+        serde_json::from_str::<Value>(call["function"]["arguments"].as_str().unwrap()).unwrap();
+    }
+}
+
+#[tokio::test]
+async fn logprobs_choices_and_penalties() {
+    let (_lock, model) = shared_model().await;
+    let (output, chunks) = chat(
+        model,
+        json!({"prompt": "Count: 1, 2, 3,", "raw": true, "max_tokens": 8, "n": 2, "logprobs": true, "top_logprobs": 3}),
+    )
+    .await;
+    let choices = output["choices"].as_array().unwrap();
+    assert_eq!(choices.len(), 2);
+    let mut generated = 0;
+    for (i, choice) in choices.iter().enumerate() {
+        assert_eq!(choice["index"], i);
+        let logprobs = choice["logprobs"].as_array().unwrap();
+        assert_eq!(logprobs.len(), 8, "one per generated token: {choice}");
+        generated += logprobs.len();
+        for entry in logprobs {
+            let top = entry["top_logprobs"].as_array().unwrap();
+            assert_eq!(top.len(), 3);
+            // greedy: the chosen token is the likeliest
+            assert_eq!(top[0]["token"], entry["token"]);
+            assert!(entry["logprob"].as_f64().unwrap() <= 0.0);
+            assert!(top[0]["logprob"].as_f64() >= top[1]["logprob"].as_f64());
+        }
+        // the chunks of each choice carry its pieces
+        let streamed: String = chunks
+            .iter()
+            .filter(|c| c.index == i)
+            .flat_map(|c| c.pieces.clone())
+            .collect();
+        assert_eq!(streamed, choice["text"].as_str().unwrap());
+    }
+    assert_eq!(choices[0]["text"], choices[1]["text"], "greedy choices agree");
+    assert_eq!(output["usage"]["output"], generated, "every choice's tokens are billed");
+
+    // penalties change a repetitive greedy answer; min_p alone keeps it
+    let repeat = json!({"prompt": "a a a a a a a a", "raw": true, "max_tokens": 12});
+    let (plain, _) = chat(model, repeat.clone()).await;
+    let mut penalised = repeat.clone();
+    penalised["frequency_penalty"] = json!(2.0);
+    penalised["presence_penalty"] = json!(2.0);
+    let (penalised, _) = chat(model, penalised).await;
+    assert_ne!(text(&plain), text(&penalised));
+    let mut min_p = repeat.clone();
+    min_p["min_p"] = json!(0.1);
+    assert_eq!(text(&chat(model, min_p).await.0), text(&plain));
+    // a bias of -100 on the greedy first token moves it
+    let first = model
+        .shared
+        .model
+        .tokenize(text(&plain).as_bytes(), false, false)
+        .unwrap()[0];
+    let mut biased = repeat;
+    biased["logit_bias"] = json!({ first.to_string(): -100 });
+    assert_ne!(text(&chat(model, biased).await.0), text(&plain));
 }
