@@ -6,12 +6,11 @@
 //! OpenAI's error shape, like the other OpenAI routes.
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
-use gantry_auth::Scope;
 use gantry_catalog::{ModelKind, ModelSpec};
 use gantry_jobs::{JobStatus, Mode, NewJob};
 use serde_json::{Map, Value, json};
 
-use super::openai::{BODY_LIMIT, Refusal, WAIT, api_error, error_response, failure_of};
+use super::openai::{BODY_LIMIT, Refusal, WAIT, api_error, error_response, failure_of, served_model};
 use crate::app::AppState;
 use crate::body::read_json;
 use crate::middleware::Caller;
@@ -22,22 +21,13 @@ use crate::problem::ApiError;
 const PARAMETERS: [&str; 6] = ["model", "input", "encoding_format", "dimensions", "user", "truncate"];
 
 fn embedding_model<'a>(state: &'a AppState, caller: &Caller, model_id: &str) -> Result<&'a ModelSpec, Refusal> {
-    caller
-        .require(Scope::EndpointsRun)
-        .map_err(|e| Refusal::new(StatusCode::FORBIDDEN, e.to_string(), None))?;
-    match state.models.get(model_id) {
-        Some(spec) if spec.kind == ModelKind::Embedding => Ok(spec),
-        Some(_) => Err(Refusal::new(
-            StatusCode::NOT_FOUND,
-            format!("model '{model_id}' is not an embedding model; embeddings are served by embedding models only"),
-            Some("model"),
-        )),
-        None => Err(Refusal::new(
-            StatusCode::NOT_FOUND,
-            format!("The model '{model_id}' does not exist"),
-            Some("model"),
-        )),
-    }
+    served_model(
+        state,
+        caller,
+        model_id,
+        &[ModelKind::Embedding],
+        "an embedding model; embeddings are served by embedding models only",
+    )
 }
 
 /// The job input of an embeddings request: its members, checked for shape

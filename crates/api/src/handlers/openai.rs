@@ -181,15 +181,23 @@ pub(crate) fn is_openai_path(path: &str) -> bool {
     path.contains("/openai/v1/")
 }
 
-fn text_model<'a>(state: &'a AppState, caller: &Caller, model_id: &str) -> Result<&'a ModelSpec, Refusal> {
+/// The model `model_id` when the caller may run models and it is of one of
+/// `kinds`; otherwise the refusal, saying the model is not `what`.
+pub(super) fn served_model<'a>(
+    state: &'a AppState,
+    caller: &Caller,
+    model_id: &str,
+    kinds: &[ModelKind],
+    what: &str,
+) -> Result<&'a ModelSpec, Refusal> {
     caller
         .require(Scope::EndpointsRun)
         .map_err(|e| Refusal::new(StatusCode::FORBIDDEN, e.to_string(), None))?;
     match state.models.get(model_id) {
-        Some(spec) if spec.kind == ModelKind::Text => Ok(spec),
+        Some(spec) if kinds.contains(&spec.kind) => Ok(spec),
         Some(_) => Err(Refusal::new(
             StatusCode::NOT_FOUND,
-            format!("model '{model_id}' is not a text model; the OpenAI routes serve text models only"),
+            format!("model '{model_id}' is not {what}"),
             Some("model"),
         )),
         None => Err(Refusal::new(
@@ -198,6 +206,16 @@ fn text_model<'a>(state: &'a AppState, caller: &Caller, model_id: &str) -> Resul
             Some("model"),
         )),
     }
+}
+
+fn text_model<'a>(state: &'a AppState, caller: &Caller, model_id: &str) -> Result<&'a ModelSpec, Refusal> {
+    served_model(
+        state,
+        caller,
+        model_id,
+        &[ModelKind::Text],
+        "a text model; chat and completions are served by text models only",
+    )
 }
 
 /// The members both operations accept (the document's `common` properties).
@@ -945,11 +963,12 @@ pub async fn completions(
 
 #[utoipa::path(get, path = "/v2/{model_id}/openai/v1/models", operation_id = "openaiModels",
     tag = "OpenAI-compatible",
-    description = "The model of this route in OpenAI's list shape. Requires `endpoints:run`.",
-    params(("model_id" = String, Path, description = "A text model", example = "smollm2-135m-instruct")),
+    description = "The model of this route (a text or embedding model) in OpenAI's list shape. Requires `endpoints:run`.",
+    params(("model_id" = String, Path, description = "A text or embedding model", example = "smollm2-135m-instruct")),
     responses((status = 200, description = "`{object: \"list\", data: [{id, object: \"model\", created, owned_by}]}`")))]
 pub async fn models(state: web::Data<AppState>, caller: Caller, path: web::Path<String>) -> HttpResponse {
-    match text_model(&state, &caller, &path) {
+    let kinds = [ModelKind::Text, ModelKind::Embedding];
+    match served_model(&state, &caller, &path, &kinds, "a text or embedding model") {
         Ok(spec) => HttpResponse::Ok().json(json!({
             "object": "list",
             "data": [{"id": spec.id, "object": "model", "created": 0, "owned_by": "gantry"}],

@@ -10,7 +10,7 @@ use base64::Engine as _;
 use reqwest::Method;
 use serde_json::{Value, json};
 
-use crate::harness::{Backend, TestApp};
+use crate::harness::{Backend, TestApp, run_client_script};
 use crate::text::models_dir;
 
 const MODEL: &str = "all-minilm-l6-v2";
@@ -238,25 +238,15 @@ async fn concurrent_requests_each_get_their_own_vectors() {
 async fn real_clients_get_the_reference_vectors() {
     let app = embedding_app(Backend::Sqlite).await;
     let (_, key) = app.user_with_key("endpoints:run").await;
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/openai_embeddings.py");
-    let base_url = format!("{}/v2/{MODEL}/openai/v1", app.public_base);
-    let output = tokio::task::spawn_blocking(move || {
-        std::process::Command::new("python3")
-            .arg(&script)
-            .env("OPENAI_BASE_URL", &base_url)
-            .env("OPENAI_API_KEY", &key)
-            .env("GANTRY_MODEL", MODEL)
-            .env("GANTRY_REFERENCE", reference_path())
-            .output()
-            .expect("python3 runs")
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "the clients' script failed (it needs `pip install openai langchain-openai`):\n{stdout}\n{stderr}"
-    );
-    assert!(stdout.contains("embeddings clients: all checks passed"), "{stdout}");
+    let reference = reference_path().display().to_string();
+    run_client_script(
+        &app,
+        "openai_embeddings.py",
+        MODEL,
+        &key,
+        &[("GANTRY_REFERENCE", reference)],
+        "embeddings clients: all checks passed",
+        "openai langchain-openai",
+    )
+    .await;
 }

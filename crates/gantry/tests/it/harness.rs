@@ -154,6 +154,43 @@ impl Drop for TestApp {
 
 pub use gantry_testkit::unique;
 
+/// Runs the Python client script `tests/<script>` against the app's OpenAI
+/// routes of `model` (`OPENAI_BASE_URL`, `OPENAI_API_KEY` and `GANTRY_MODEL`
+/// set, and `extra`), and asserts that it succeeds and prints `done`;
+/// `needs` names the packages it imports, for the failure message.
+pub async fn run_client_script(
+    app: &TestApp,
+    script: &str,
+    model: &str,
+    key: &str,
+    extra: &[(&str, String)],
+    done: &str,
+    needs: &str,
+) {
+    let path = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR"))
+        .join("tests")
+        .join(script);
+    let mut command = std::process::Command::new("python3");
+    command
+        .arg(&path)
+        .env("OPENAI_BASE_URL", format!("{}/v2/{model}/openai/v1", app.public_base))
+        .env("OPENAI_API_KEY", key)
+        .env("GANTRY_MODEL", model);
+    for (name, value) in extra {
+        command.env(name, value);
+    }
+    let output = tokio::task::spawn_blocking(move || command.output().expect("python3 runs"))
+        .await
+        .unwrap();
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        output.status.success(),
+        "{script} failed (it needs `pip install {needs}`):\n{stdout}\n{stderr}"
+    );
+    assert!(stdout.contains(done), "{stdout}");
+}
+
 /// Asserts a problem+json response and returns its body.
 pub async fn problem(response: Response, status: u16) -> Value {
     assert_eq!(response.status().as_u16(), status, "unexpected status");

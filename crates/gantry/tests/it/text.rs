@@ -9,7 +9,7 @@ use reqwest::{Method, Response};
 use sea_orm::{ConnectionTrait, Database, DbBackend, Statement};
 use serde_json::{Value, json};
 
-use crate::harness::{Backend, Event, SseReader, TestApp, parse_sse};
+use crate::harness::{Backend, Event, SseReader, TestApp, parse_sse, run_client_script};
 
 const MODEL: &str = "smollm2-135m-instruct";
 
@@ -462,7 +462,10 @@ async fn choices_structured_output_and_tool_calls_are_billed_once() {
     assert_eq!(answer["choices"].as_array().unwrap().len(), 3, "{answer}");
     let usage = &answer["usage"];
     let job_id = answer["id"].as_str().unwrap().strip_prefix("chatcmpl-").unwrap();
-    assert_eq!(app.charges(job_id).await, [usage["total_tokens"].as_i64().unwrap() * 10]);
+    assert_eq!(
+        app.charges(job_id).await,
+        [usage["total_tokens"].as_i64().unwrap() * 10]
+    );
     // The job's own output says the same: the prompt once, every choice's tokens.
     let job: Value = app
         .public(Method::GET, &format!("/v2/{MODEL}/status/{job_id}"), &key)
@@ -487,17 +490,24 @@ async fn choices_structured_output_and_tool_calls_are_billed_once() {
         "response_format": {"type": "json_schema", "json_schema": {"name": "color", "schema": schema}}});
     let answer: Value = app.chat_completions(&key, &structured).await.json().await.unwrap();
     let content: Value = serde_json::from_str(answer["choices"][0]["message"]["content"].as_str().unwrap()).unwrap();
-    assert!(["red", "green", "blue"].contains(&content["color"].as_str().unwrap()), "{content}");
+    assert!(
+        ["red", "green", "blue"].contains(&content["color"].as_str().unwrap()),
+        "{content}"
+    );
 
     let tools = json!([{"type": "function", "function": {"name": "paint", "parameters": schema}}]);
     let call = json!({"messages": [{"role": "user", "content": "Paint the wall."}], "max_tokens": 60, "temperature": 0,
-        "tools": tools, "tool_choice": "required"});
+        "tools": tools, "tool_choice": "required", "parallel_tool_calls": false});
     let answer: Value = app.chat_completions(&key, &call).await.json().await.unwrap();
     let choice = &answer["choices"][0];
     assert_eq!(choice["finish_reason"], "tool_calls", "{answer}");
     assert_eq!(choice["message"]["content"], Value::Null);
-    let arguments: Value =
-        serde_json::from_str(choice["message"]["tool_calls"][0]["function"]["arguments"].as_str().unwrap()).unwrap();
+    let arguments: Value = serde_json::from_str(
+        choice["message"]["tool_calls"][0]["function"]["arguments"]
+            .as_str()
+            .unwrap(),
+    )
+    .unwrap();
     assert!(arguments["hex"].is_string(), "{arguments}");
     let job_id = answer["id"].as_str().unwrap().strip_prefix("chatcmpl-").unwrap();
     assert_eq!(
@@ -512,7 +522,10 @@ async fn choices_structured_output_and_tool_calls_are_billed_once() {
     assert_eq!(res.status().as_u16(), 400);
     let error: Value = res.json().await.unwrap();
     assert_eq!(error["error"]["param"], "response_format", "{error}");
-    assert!(error["error"]["message"].as_str().unwrap().contains("pattern"), "{error}");
+    assert!(
+        error["error"]["message"].as_str().unwrap().contains("pattern"),
+        "{error}"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -632,56 +645,35 @@ async fn openai_routes_answer_in_openai_shapes() {
 async fn the_official_openai_python_sdk_works_against_it() {
     let app = text_app(Backend::Sqlite).await;
     let (_, key) = app.user_with_key("endpoints:run").await;
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/openai_sdk.py");
-    let base_url = format!("{}/v2/{MODEL}/openai/v1", app.public_base);
-    let key_for_sdk = key.clone();
-    let output = tokio::task::spawn_blocking(move || {
-        std::process::Command::new("python3")
-            .arg(&script)
-            .env("OPENAI_BASE_URL", &base_url)
-            .env("OPENAI_API_KEY", &key_for_sdk)
-            .env("GANTRY_MODEL", MODEL)
-            .output()
-            .expect("python3 runs")
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "the SDK script failed (install the SDK with `pip install openai`):\n{stdout}\n{stderr}"
-    );
-    assert!(stdout.contains("openai sdk: all checks passed"), "{stdout}");
+    run_client_script(
+        &app,
+        "openai_sdk.py",
+        MODEL,
+        &key,
+        &[],
+        "openai sdk: all checks passed",
+        "openai",
+    )
+    .await;
 }
 
 /// LangChain's `ChatOpenAI` (`langchain-openai`), pointed at the OpenAI
 /// routes: a chat, streaming, a forced tool call (whole and streamed), the
-/// tool's result sent back, and structured output (tests/langchain_openai.py).
+/// tool's result sent back, and structured output (tests/langchain_client.py).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn langchain_chat_openai_works_against_it() {
     let app = text_app(Backend::Sqlite).await;
     let (_, key) = app.user_with_key("endpoints:run").await;
-    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/langchain_openai.py");
-    let base_url = format!("{}/v2/{MODEL}/openai/v1", app.public_base);
-    let output = tokio::task::spawn_blocking(move || {
-        std::process::Command::new("python3")
-            .arg(&script)
-            .env("OPENAI_BASE_URL", &base_url)
-            .env("OPENAI_API_KEY", &key)
-            .env("GANTRY_MODEL", MODEL)
-            .output()
-            .expect("python3 runs")
-    })
-    .await
-    .unwrap();
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let stderr = String::from_utf8_lossy(&output.stderr);
-    assert!(
-        output.status.success(),
-        "the LangChain script failed (install it with `pip install langchain-openai`):\n{stdout}\n{stderr}"
-    );
-    assert!(stdout.contains("langchain: all checks passed"), "{stdout}");
+    run_client_script(
+        &app,
+        "langchain_client.py",
+        MODEL,
+        &key,
+        &[],
+        "langchain: all checks passed",
+        "langchain-openai",
+    )
+    .await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -22,7 +22,14 @@
 //! | `top_k`       | integer >= 0                 | 0       | keep the k likeliest tokens (0 = off) |
 //! | `stop`        | string or array of <= 4 strings |      | generation ends before any of them; they are not part of the output |
 //! | `seed`        | integer (u64)                | random  | same seed and input give the same output |
-//! | `ignore_eos`  | bool                         | false   | never sample an end-of-generation token: the answer runs to `max_tokens` unless a stop string or a cancel ends it (fixed-length benchmarks and tests) |
+//! | `ignore_eos`  | bool                         | false   | never sample an end-of-generation token: the answer runs to `max_tokens` unless a stop string or a cancel ends it (fixed-length benchmarks and tests); not with a grammar |
+//! | `min_p`       | number 0 ..= 1               | 0       | min-p sampling (0 = off) |
+//! | `presence_penalty`, `frequency_penalty` | number -2 ..= 2 | 0 | OpenAI's penalties over the generated tokens |
+//! | `logit_bias`  | object `{"<token id>": bias}` |        | bias -100 ..= 100 added to the token's logit |
+//! | `n`           | integer 1 ..= 8              | 1       | choices, each its own sequence; a seed `s` gives choice `i` the seed `s + i` |
+//! | `logprobs`, `top_logprobs` | bool, integer 0 ..= 20 | false, 0 | report each token's log-probability and alternatives (`logprobs.rs`) |
+//! | `response_format` | OpenAI's object          |         | `text`, `json_object` or `json_schema`, enforced by a grammar (`grammar.rs`) |
+//! | `tools`, `tool_choice`, `parallel_tool_calls` | OpenAI's | | function calling (`tools.rs`); `messages` may hold `tool` results and assistant `tool_calls` |
 //!
 //! Exactly one of `prompt` and `messages` is required; other fields are
 //! rejected. `null` counts as absent. All problems are reported together in
@@ -31,9 +38,14 @@
 //! # Output
 //!
 //! ```json
-//! {"choices": [{"tokens": ["Hello", "!"], "text": "Hello!", "finish_reason": "stop"}],
+//! {"choices": [{"index": 0, "tokens": ["Hello", "!"], "text": "Hello!", "finish_reason": "stop"}],
 //!  "usage": {"input": 12, "output": 2}}
 //! ```
+//!
+//! A choice also has `tool_calls` (OpenAI's shape; `finish_reason` is then
+//! `"tool_calls"` and `text` the content beside the calls) and `logprobs`
+//! when there are any. With `n` choices, `usage.output` is every choice's
+//! tokens and the prompt counts once.
 //!
 //! `tokens` are the streamed pieces, in order; they concatenate to `text`
 //! exactly. A piece is usually one token's text, but bytes of a character
@@ -48,7 +60,10 @@
 //! # Streaming
 //!
 //! The job's chunks are `{"tokens": ["<piece>", ...]}`: the pieces again,
-//! in order, so the chunks' lists joined are `tokens`. The first piece is
+//! in order, so the chunks' lists joined are `tokens`. A chunk belongs to one
+//! choice (`index`, absent for the first) and carries its `tool_calls`
+//! fragments (OpenAI's `delta.tool_calls` items) and `logprobs` entries when
+//! there are any. The first piece is
 //! sent alone as soon as it exists; after that, pieces produced within
 //! [`EngineOptions::stream_interval`] of the last chunk travel together in
 //! the next one, so no piece waits longer than the interval and a fast
@@ -544,7 +559,16 @@ impl Choice {
             self.pieces.push(content.clone());
             chunk.pieces.push(content);
         }
-        chunk.tool_calls.extend(calls);
+        // One delta per call and chunk, as OpenAI sends them (clients merge
+        // a chunk's deltas by index, and not all of them merge two of one).
+        for call in calls {
+            match chunk.tool_calls.last_mut() {
+                Some(last) if last.index == call.index && call.start.is_none() => {
+                    last.arguments.push_str(&call.arguments);
+                }
+                _ => chunk.tool_calls.push(call),
+            }
+        }
     }
 
     /// The last chunk, once the engine is done with this choice.

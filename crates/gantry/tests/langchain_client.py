@@ -35,7 +35,7 @@ def get_weather(city: str, unit: str) -> str:
 
 
 # A forced call of the bound tool: LangChain parses it into `tool_calls`.
-with_tools = llm.bind_tools([get_weather], tool_choice="get_weather")
+with_tools = llm.bind_tools([get_weather], tool_choice="get_weather", parallel_tool_calls=False)
 question = HumanMessage("What is the weather in Paris, in celsius?")
 call_message = with_tools.invoke([question])
 assert len(call_message.tool_calls) >= 1, call_message
