@@ -115,7 +115,7 @@ fn run_round(encoder: &Encoder, round: Vec<Request>, max_batch: usize) {
             }
             Err(error) => {
                 tracing::error!(%error, "embedding batch failed");
-                failure = Some(error.to_string());
+                failure = Some(error);
                 break;
             }
         }

@@ -24,6 +24,7 @@ use base64::Engine as _;
 use gantry_worker_sdk::{JobContext, JobError, Model, Output, Usage, WorkerConfig, WorkerRuntime};
 use serde_json::{Value, json};
 
+pub mod bert;
 pub mod encoder;
 pub mod engine;
 pub mod input;

@@ -1,7 +1,8 @@
 //! The engine against sentence-transformers itself: the same token ids and
 //! vectors within 1e-4 cosine on the sentences of `reference/reference.json`
 //! (made once by `reference/make_reference.py` with the real library), one
-//! at a time and batched together, through the worker's own input path.
+//! at a time and batched together, through the worker's own input path, on
+//! the CPU network and on the candle network the GPU path uses.
 //!
 //! Needs the model's files (`gantry models pull all-minilm-l6-v2`) in
 //! `$GANTRY_TEST_MODELS_DIR/all-minilm-l6-v2` (default `~/.cache/gantry/models`).
@@ -96,6 +97,34 @@ async fn vectors_match_sentence_transformers() {
     }
     // Related sentences are nearer than unrelated ones.
     assert!(cosine(&together[0], &together[1]) > cosine(&together[0], &together[4]));
+}
+
+/// The GPU path's network (candle-transformers' BERT on padded batches),
+/// run here on the CPU: the same vectors.
+#[test]
+fn the_candle_network_matches_too() {
+    let reference = reference();
+    let encoder = Encoder::load_with(&model_dir(), candle_core::Device::Cpu, true).unwrap();
+    let tokenizer = encoder.tokenizer();
+    let ids: Vec<Vec<u32>> = reference
+        .sentences
+        .iter()
+        .map(|s| {
+            let mut ids = tokenizer.encode(s);
+            ids.truncate(encoder.max_text_tokens());
+            ids
+        })
+        .collect();
+    let views: Vec<&[u32]> = ids.iter().map(Vec::as_slice).collect();
+    let vectors = encoder.embed(&views).unwrap();
+    for (i, expected) in reference.embeddings.iter().enumerate() {
+        let similarity = cosine(&vectors[i], expected);
+        assert!(
+            similarity > 1.0 - 1e-4,
+            "cosine {similarity} for {:?}",
+            reference.sentences[i]
+        );
+    }
 }
 
 /// Every text as its own request, all in flight at once.
