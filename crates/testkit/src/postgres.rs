@@ -20,8 +20,8 @@ impl PgDatabase {
         let admin_url = postgres_admin_url();
         let admin = Database::connect(&admin_url).await.unwrap_or_else(|e| {
             panic!(
-                "PostgreSQL is not reachable at {admin_url} ({e}). The suite needs it: start it with \
-                 `pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start`, or point \
+                "PostgreSQL is not reachable at {admin_url} ({e}). The suite needs it: run the tests \
+                 with scripts/test (it starts one when none answers), or point \
                  GANTRY_TEST_POSTGRES_URL at a server"
             )
         });

@@ -26,7 +26,7 @@ fn every_console_flow_in_headless_chromium() {
     let axe = axe_js();
     assert!(
         axe.exists(),
-        "axe-core is missing at {} (npm install --prefix ~/.cache/gantry/axe axe-core@4; .ci/run does it)",
+        "axe-core is missing at {} (scripts/test installs it: npm install --prefix ~/.cache/gantry/axe axe-core@4)",
         axe.display()
     );
     for tool in ["/usr/bin/chromium", "/usr/bin/chromedriver"] {
