@@ -7,10 +7,10 @@
 use actix_web::http::StatusCode;
 use actix_web::{HttpRequest, HttpResponse, web};
 use gantry_catalog::{ModelKind, ModelSpec};
-use gantry_jobs::{JobStatus, Mode, NewJob};
+use gantry_jobs::{Mode, NewJob};
 use serde_json::{Map, Value, json};
 
-use super::openai::{BODY_LIMIT, Refusal, WAIT, api_error, error_response, failure_of, served_model};
+use super::openai::{BODY_LIMIT, Refusal, api_error, finished_output, served_model};
 use crate::app::AppState;
 use crate::body::read_json;
 use crate::middleware::Caller;
@@ -158,26 +158,11 @@ pub async fn embeddings(
         Ok(view) => view,
         Err(error) => return api_error(&ApiError::from(error)),
     };
-    let view = match state.jobs.wait(&user, &spec.id, &queued.id, WAIT).await {
-        Ok(view) => view,
-        Err(error) => return api_error(&ApiError::from(error)),
-    };
-    if !view.status.is_final() {
-        return error_response(
-            StatusCode::GATEWAY_TIMEOUT,
-            &format!("no answer within {} s; the job {} goes on", WAIT.as_secs(), view.id),
-            None,
-        );
+    let bad_input = |status: StatusCode, _: &str| (status == StatusCode::BAD_REQUEST).then(|| "input".to_owned());
+    match finished_output(&state, &user, &spec.id, &queued.id, bad_input).await {
+        Ok(output) => HttpResponse::Ok().json(render(&model_id, &output)),
+        Err(response) => response,
     }
-    if view.status != JobStatus::Completed {
-        let (status, message) = failure_of(&view);
-        return error_response(
-            status,
-            &message,
-            Some("input").filter(|_| status == StatusCode::BAD_REQUEST),
-        );
-    }
-    HttpResponse::Ok().json(render(&model_id, view.output.as_ref().unwrap_or(&Value::Null)))
 }
 
 #[cfg(test)]

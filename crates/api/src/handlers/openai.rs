@@ -27,7 +27,7 @@ use crate::problem::{ApiError, PROBLEM_JSON};
 /// Largest request body of these routes.
 pub(super) const BODY_LIMIT: usize = 4 * 1024 * 1024;
 /// How long a non-streaming request waits for its job.
-pub(super) const WAIT: Duration = Duration::from_secs(300);
+const WAIT: Duration = Duration::from_secs(300);
 
 /// Which OpenAI operation a request is.
 #[derive(Clone, Copy, PartialEq, Eq)]
@@ -580,7 +580,37 @@ fn usage_of(output: &Value) -> Value {
 }
 
 /// The error of a job that did not complete, as an HTTP status and message.
-pub(super) fn failure_of(view: &JobView) -> (StatusCode, String) {
+/// Waits (up to [`WAIT`]) for the job `job_id` of `model` to end and returns
+/// its output. A job that goes on past the wait, or that did not complete,
+/// is the error response instead; `param` names the field a failure's
+/// status and message point at.
+pub(super) async fn finished_output(
+    state: &AppState,
+    user: &str,
+    model: &str,
+    job_id: &str,
+    param: impl FnOnce(StatusCode, &str) -> Option<String>,
+) -> Result<Value, HttpResponse> {
+    let view = state
+        .jobs
+        .wait(user, model, job_id, WAIT)
+        .await
+        .map_err(|error| api_error(&ApiError::from(error)))?;
+    if !view.status.is_final() {
+        return Err(error_response(
+            StatusCode::GATEWAY_TIMEOUT,
+            &format!("no answer within {} s; the job {} goes on", WAIT.as_secs(), view.id),
+            None,
+        ));
+    }
+    if view.status != JobStatus::Completed {
+        let (status, message) = failure_of(&view);
+        return Err(error_response(status, &message, param(status, &message).as_deref()));
+    }
+    Ok(view.output.unwrap_or(Value::Null))
+}
+
+fn failure_of(view: &JobView) -> (StatusCode, String) {
     let error = view.error.clone().unwrap_or_default();
     match view.status {
         JobStatus::Failed if error.starts_with("bad input") => (StatusCode::BAD_REQUEST, error),
@@ -658,22 +688,10 @@ async fn complete(
             stream_renderer(kind, id, model_id, created, request.include_usage),
         );
     }
-    let view = match state.jobs.wait(&user, &spec.id, &queued.id, WAIT).await {
-        Ok(view) => view,
-        Err(error) => return api_error(&ApiError::from(error)),
+    let output = match finished_output(&state, &user, &spec.id, &queued.id, |_, message| param_of(message)).await {
+        Ok(output) => output,
+        Err(response) => return response,
     };
-    if !view.status.is_final() {
-        return error_response(
-            StatusCode::GATEWAY_TIMEOUT,
-            &format!("no answer within {} s; the job {} goes on", WAIT.as_secs(), view.id),
-            None,
-        );
-    }
-    if view.status != JobStatus::Completed {
-        let (status, message) = failure_of(&view);
-        return error_response(status, &message, param_of(&message).as_deref());
-    }
-    let output = view.output.clone().unwrap_or(Value::Null);
     let choices: Vec<Value> = output["choices"]
         .as_array()
         .map(Vec::as_slice)

@@ -6,6 +6,8 @@
 //! sequences and [`BATCH_TOKENS`] padded tokens, and answers each request when its last vector is made. A
 //! request whose job was cancelled meanwhile (its answer no longer awaited)
 //! is dropped before it costs any work.
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc;
 use std::thread;
 
@@ -25,6 +27,8 @@ struct Request {
 #[derive(Clone)]
 pub struct Engine {
     requests: mpsc::Sender<Request>,
+    /// Forward passes run so far.
+    passes: Arc<AtomicU64>,
 }
 
 impl Engine {
@@ -32,10 +36,18 @@ impl Engine {
     pub fn start(encoder: Encoder, max_batch: usize) -> std::io::Result<Self> {
         let (requests, queue) = mpsc::channel::<Request>();
         let max_batch = max_batch.max(1);
+        let passes = Arc::new(AtomicU64::new(0));
+        let counted = Arc::clone(&passes);
         thread::Builder::new()
             .name("embed-engine".into())
-            .spawn(move || serve(&encoder, &queue, max_batch))?;
-        Ok(Self { requests })
+            .spawn(move || serve(&encoder, &queue, max_batch, &counted))?;
+        Ok(Self { requests, passes })
+    }
+
+    /// How many forward passes the engine has run: fewer than the sequences
+    /// it embedded when requests shared batches.
+    pub fn passes(&self) -> u64 {
+        self.passes.load(Ordering::Relaxed)
     }
 
     /// The vectors of `sequences` (already cut to the model's length).
@@ -77,7 +89,7 @@ fn batches<T: Copy>(order: &[T], length: impl Fn(T) -> usize, max_batch: usize) 
     out
 }
 
-fn serve(encoder: &Encoder, queue: &mpsc::Receiver<Request>, max_batch: usize) {
+fn serve(encoder: &Encoder, queue: &mpsc::Receiver<Request>, max_batch: usize, passes: &AtomicU64) {
     while let Ok(first) = queue.recv() {
         let mut round = vec![first];
         let mut count = round[0].sequences.len();
@@ -91,11 +103,11 @@ fn serve(encoder: &Encoder, queue: &mpsc::Receiver<Request>, max_batch: usize) {
             }
         }
         round.retain(|request| !request.reply.is_closed());
-        run_round(encoder, round, max_batch);
+        run_round(encoder, round, max_batch, passes);
     }
 }
 
-fn run_round(encoder: &Encoder, round: Vec<Request>, max_batch: usize) {
+fn run_round(encoder: &Encoder, round: Vec<Request>, max_batch: usize, passes: &AtomicU64) {
     // Every sequence of the round as (request, position), shortest first.
     let mut order: Vec<(usize, usize)> = round
         .iter()
@@ -107,6 +119,7 @@ fn run_round(encoder: &Encoder, round: Vec<Request>, max_batch: usize) {
     let mut failure = None;
     for batch in batches(&order, |(r, i)| round[r].sequences[i].len() + 2, max_batch) {
         let sequences: Vec<&[u32]> = batch.iter().map(|&(r, i)| round[r].sequences[i].as_slice()).collect();
+        passes.fetch_add(1, Ordering::Relaxed);
         match encoder.embed(&sequences) {
             Ok(made) => {
                 for (&(r, i), vector) in batch.iter().zip(made) {

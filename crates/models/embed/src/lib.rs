@@ -95,16 +95,15 @@ impl EmbeddingModel {
         self.max_text_tokens
     }
 
+    /// The engine that runs this model's forward passes.
+    pub fn engine(&self) -> &Engine {
+        &self.engine
+    }
+
     /// The vectors of `texts` (cut to the model's length), in order.
     pub async fn embed_texts(&self, texts: &[&str]) -> Result<Vec<Vec<f32>>, String> {
-        let sequences = texts
-            .iter()
-            .map(|text| {
-                let mut ids = self.tokenizer.encode(text);
-                ids.truncate(self.max_text_tokens);
-                ids
-            })
-            .collect();
+        let texts = Inputs::Texts(texts.iter().map(|&t| t.to_owned()).collect());
+        let (sequences, _) = prepare(&self.tokenizer, texts, self.max_text_tokens, true)?;
         self.engine.embed(sequences).await
     }
 }

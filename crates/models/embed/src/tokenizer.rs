@@ -80,6 +80,8 @@ fn hundred() -> usize {
 #[derive(Debug, Clone)]
 pub struct Tokenizer {
     vocab: HashMap<String, u32>,
+    /// One more than the largest id (read per job: kept, not recounted).
+    size: usize,
     /// Special tokens matched literally in the raw text, longest first.
     specials: Vec<(String, u32)>,
     unk: u32,
@@ -125,8 +127,10 @@ impl Tokenizer {
             .map(|t| (t.content, t.id))
             .collect();
         specials.sort_by(|a, b| b.0.len().cmp(&a.0.len()).then_with(|| a.0.cmp(&b.0)));
+        let size = vocab.values().map(|&id| id as usize + 1).max().unwrap_or(0);
         Ok(Self {
             vocab,
+            size,
             specials,
             unk,
             cls,
@@ -142,7 +146,7 @@ impl Tokenizer {
 
     /// Number of ids (the vocabulary's size, special tokens included).
     pub fn vocab_size(&self) -> usize {
-        self.vocab.values().map(|&id| id as usize + 1).max().unwrap_or(0)
+        self.size
     }
 
     /// The id of `[CLS]`, which opens every sequence.

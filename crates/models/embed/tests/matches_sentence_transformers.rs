@@ -74,11 +74,23 @@ async fn vectors_match_sentence_transformers() {
     // All at once (one batch of mixed lengths), one at a time, and from
     // concurrent requests that the engine batches together.
     let together = model.embed_texts(&texts).await.unwrap();
+    // One request's inputs share passes: the short ones one batch, the long
+    // one (cut to 256 tokens) past the batch's token bound another.
+    assert_eq!(model.engine().passes(), 2);
     let mut alone = Vec::new();
     for text in &texts {
         alone.push(model.embed_texts(&[text]).await.unwrap().remove(0));
     }
+    let before = model.engine().passes();
     let concurrent = futures_join(&model, &texts).await;
+    // The concurrent requests shared forward passes (sent together, they
+    // wait while the first pass runs, then go in one round).
+    let passes = model.engine().passes() - before;
+    assert!(
+        passes < texts.len() as u64,
+        "{} concurrent requests took {passes} passes",
+        texts.len()
+    );
     for (i, expected) in reference.embeddings.iter().enumerate() {
         for (how, got) in [
             ("batched", &together[i]),
