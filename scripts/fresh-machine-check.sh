@@ -175,7 +175,6 @@ mount_in --rbind /sys "$FS/sys"
 mount_in --make-rslave "$FS/sys"
 mount_in --rbind /dev "$FS/dev"
 mount_in --make-rslave "$FS/dev"
-mount_in -t tmpfs tmpfs "$FS/tmp"
 mount_in -t tmpfs tmpfs "$FS/run"
 
 # A login shell as root in the root, in the namespace, with a clean environment: only what a
