@@ -167,7 +167,16 @@ iptables -t nat -A POSTROUTING -s "$NET.0/30" -j MASQUERADE
 iptables -I FORWARD -s "$NET.0/30" -j ACCEPT
 iptables -I FORWARD -d "$NET.0/30" -j ACCEPT
 cp /etc/resolv.conf "$FS/etc/resolv.conf"
-# pip's and apt's certificates come from the root's own ca-certificates once installed.
+# The certificate authorities this machine's network adds (a TLS-inspecting egress proxy, say)
+# go where Debian's ca-certificates takes local ones from, so that the root's own bundle, made
+# when scripts/run installs ca-certificates, trusts them too. Nothing else of this machine is
+# copied in.
+local_cas=(/usr/local/share/ca-certificates/*.crt)
+if [ -e "${local_cas[0]}" ]; then
+  mkdir -p "$FS/usr/local/share/ca-certificates"
+  cp "${local_cas[@]}" "$FS/usr/local/share/ca-certificates/"
+  echo "- this machine's local certificate authorities were copied into the root (${#local_cas[@]} files under /usr/local/share/ca-certificates)" >>"$NOTES"
+fi
 
 mount_in() { mount "$@"; mounted+=("${!#}"); }
 mount_in -t proc proc "$FS/proc"

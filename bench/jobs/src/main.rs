@@ -25,7 +25,7 @@
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 /// mimalloc: the request path allocates and frees many small buffers across
-/// threads; glibc's allocator spent ~6 % of the CPU there (docs/decisions/0016-mimalloc.md).
+/// threads; glibc's allocator spent ~6 % of the CPU there (decision 0016 in docs/decisions/http-and-process.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -1,6 +1,6 @@
 //! `gantry`: runs the platform and administers users and API keys.
 /// mimalloc: the request path allocates and frees many small buffers across
-/// threads; glibc's allocator spent ~6 % of the CPU there (docs/decisions/0016-mimalloc.md).
+/// threads; glibc's allocator spent ~6 % of the CPU there (decision 0016 in docs/decisions/http-and-process.md).
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -590,7 +590,7 @@ impl Settings {
     /// thread per core (`http.workers`), so its runtime gets half the cores,
     /// rounded up, rather than another thread per core; on two cores the
     /// second runtime thread only added context switches
-    /// (docs/decisions/0026-runtime-threads.md). Other processes get one per core.
+    /// (decision 0026 in docs/decisions/http-and-process.md). Other processes get one per core.
     pub fn runtime_threads(&self, with_http: bool) -> usize {
         let cores = std::thread::available_parallelism().map_or(2, |n| n.get());
         match self.runtime_threads {

@@ -784,7 +784,7 @@ pub fn retention_expr(config: &SchedulerConfig, now: i64) -> Expr {
 }
 
 /// What a scheduler shares with the job store of its process, part by part
-/// (decision 0031): the scheduler holds these, not the store's hub.
+/// (decision 0031 in docs/decisions/crate-structure.md): the scheduler holds these, not the store's hub.
 #[derive(Clone)]
 pub struct SchedulerParts {
     /// Serializes this process's writes on SQLite (see `serialize_writes`).

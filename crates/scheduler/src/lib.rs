@@ -109,7 +109,7 @@ impl Scheduler {
         core.sweep().await?;
         // Every submit may take the lane, on both backends. (Until the
         // PostgreSQL claim was fixed, `/run` jobs did not on PostgreSQL: see
-        // "Claims" in docs/scheduler.md and docs/decisions/0021-fast-lane-run-on-postgres.md.)
+        // "Claims" in docs/scheduler.md and decision 0021 in docs/decisions/dispatch-path.md.)
         core.fast_lane = core.parts.lane.open(&core.instance, millis(core.store.config.lease));
         // Chunks and progress reach live readers as they arrive, before they
         // are stored (see live.rs).
