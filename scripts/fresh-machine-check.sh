@@ -172,10 +172,13 @@ cp /etc/resolv.conf "$FS/etc/resolv.conf"
 # when scripts/run installs ca-certificates, trusts them too. Nothing else of this machine is
 # copied in.
 local_cas=(/usr/local/share/ca-certificates/*.crt)
+ca_env=()
 if [ -e "${local_cas[0]}" ]; then
   mkdir -p "$FS/usr/local/share/ca-certificates"
   cp "${local_cas[@]}" "$FS/usr/local/share/ca-certificates/"
-  echo "- this machine's local certificate authorities were copied into the root (${#local_cas[@]} files under /usr/local/share/ca-certificates)" >>"$NOTES"
+  # npm and pip keep bundles of their own: pointed at the system's, as on this machine.
+  ca_env=(NODE_EXTRA_CA_CERTS=/etc/ssl/certs/ca-certificates.crt PIP_CERT=/etc/ssl/certs/ca-certificates.crt)
+  echo "- this machine's local certificate authorities (its network's egress proxy) were copied into the root (${#local_cas[@]} files under /usr/local/share/ca-certificates), and npm and pip pointed at the system bundle" >>"$NOTES"
 fi
 
 mount_in() { mount "$@"; mounted+=("${!#}"); }
@@ -190,7 +193,7 @@ mount_in -t tmpfs tmpfs "$FS/run"
 # fresh machine's shell has.
 inside() {
   ip netns exec "$NS" chroot "$FS" /usr/bin/env -i HOME=/root TERM=dumb LANG=C.UTF-8 \
-    PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin CI=true \
+    PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin CI=true "${ca_env[@]}" \
     /bin/bash -lc "$1"
 }
 

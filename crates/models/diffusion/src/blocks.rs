@@ -4,7 +4,7 @@
 //! candle-transformers has these blocks too, but their convolutions are
 //! candle's `conv2d`, which on the CPU is im2col plus a general matrix
 //! product, 1.4–2.8x slower on Stable Diffusion's shapes than the packed
-//! kernels of [`gantry_model_image::conv`] (`docs/benchmarks.md`). Here a
+//! kernels of [`gantry_model_image::conv`] (`bench/results/2026-11-27-stable-diffusion.md`). Here a
 //! convolution runs on those when its weights are float32 on the CPU
 //! ([`Kernels::Packed`]), and on candle's everywhere else (CUDA, half
 //! precision). The blocks read the diffusers tensor names, honour the
@@ -98,7 +98,7 @@ impl Conv {
 /// 1280 by 640 (2.25x fewer for 1.8x the memory), and the direct product
 /// for the wider layers of the UNet, whose weights are most of its memory,
 /// and for inputs of fewer than 16 channels (the models' first layers).
-/// The measured speeds are in `docs/benchmarks.md`.
+/// The measured speeds are in `bench/results/2026-11-27-stable-diffusion.md`.
 pub fn winograd_tile(cin: usize, cout: usize) -> Option<Tile> {
     if cin < 16 || !cout.is_multiple_of(8) {
         None

@@ -259,7 +259,7 @@ impl Kind for F4 {
 /// tiles: they are written once and read once per chunk, from the
 /// last-level cache.
 const CHUNK_FLOATS: usize = 1024 * 1024;
-/// Bounds of the tiles per chunk (`docs/benchmarks.md` has the measured
+/// Bounds of the tiles per chunk (`bench/results/2026-11-27-stable-diffusion.md` has the measured
 /// choices: 48 to 455 tiles changed the times by less than this machine's
 /// noise, except that fewer than about 96 slowed the 512-channel layers).
 const MIN_TILES: usize = 96;

@@ -5,7 +5,7 @@
 //! for one reason: its context runs on a ggml threadpool of its own,
 //! attached once ([`Context::new`]). Without one, llama.cpp starts and joins
 //! its decode threads inside every `llama_decode`, which costs a few per
-//! cent of every token (docs/benchmarks.md), and the wrapper crate had no
+//! cent of every token (bench/results/2026-11-27-text.md), and the wrapper crate had no
 //! way to attach one.
 //!
 //! Ownership: a [`Weights`] is read-only once loaded and shared between the
