@@ -22,8 +22,9 @@
 #   FRESH_DIR      where the root and the logs go          default /var/tmp/gantry-fresh
 #   FRESH_MIRROR   Debian mirror                           default: read from apt's sources
 #   FRESH_SUITE    Debian suite                            default bookworm
+#   FRESH_REPO     the repository whose HEAD is cloned      default: the one holding this script
 set -euo pipefail
-ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+ROOT="${FRESH_REPO:-$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)}"
 DIR=${FRESH_DIR:-/var/tmp/gantry-fresh}
 SUITE=${FRESH_SUITE:-bookworm}
 RUN_ONLY=0
