@@ -183,6 +183,11 @@ if [ -e "${local_cas[0]}" ]; then
 fi
 
 mount_in() { mount "$@"; mounted+=("${!#}"); }
+# The root is a mount point of its own, as a machine's / is: dockerd (run by scripts/test)
+# remounts / while it unpacks an image, which fails on a directory that is not one
+# ("remount /, flags: 0x84000: invalid argument").
+mount_in --bind "$FS" "$FS"
+mount_in --make-private "$FS"
 mount_in -t proc proc "$FS/proc"
 mount_in --rbind /sys "$FS/sys"
 mount_in --make-rslave "$FS/sys"
