@@ -6,7 +6,7 @@ use std::collections::{HashMap, HashSet};
 use std::sync::Arc;
 use std::time::Duration;
 
-use gantry_dispatch::{DEADLINE_EXCEEDED, Event};
+use gantry_dispatch::{DEADLINE_EXCEEDED, Event, Timings};
 use sea_orm::{DatabaseConnection, DbErr, TransactionTrait};
 use serde_json::Value;
 
@@ -67,13 +67,45 @@ impl Core {
     ) {
         match done {
             Ok(settled) => {
+                // What the workers reported of the completed jobs that
+                // committed: metrics by model, and attributes of their spans.
+                let reported: HashMap<&str, &Timings> = batch
+                    .iter()
+                    .filter_map(|event| match event {
+                        Event::Completed { job_id, timings, .. } => Some((job_id.as_str(), timings)),
+                        _ => None,
+                    })
+                    .collect();
+                let observed = gantry_telemetry::metrics();
+                for row in &settled.finals {
+                    if let Some(t) = reported.get(row.id.as_str()) {
+                        observed.job_worker_timings(
+                            &row.model,
+                            Duration::from_nanos(t.queue_ns),
+                            Duration::from_nanos(t.load_ns),
+                            Duration::from_nanos(t.run_ns),
+                        );
+                    }
+                }
                 // One span per job whose final status committed, in its
                 // trace, and one for the batch (a trace of its own) linking
                 // the jobs it settled in one transaction.
                 if gantry_telemetry::trace::enabled() && !settled.finals.is_empty() {
                     let batch = tracing::info_span!(parent: None, "settlement", jobs = settled.finals.len());
                     for row in &settled.finals {
-                        let span = tracing::info_span!("job.settle", job_id = %row.id, status = %row.status);
+                        let span = tracing::info_span!(
+                            "job.settle",
+                            job_id = %row.id,
+                            status = %row.status,
+                            worker.queue_ms = tracing::field::Empty,
+                            worker.load_ms = tracing::field::Empty,
+                            worker.run_ms = tracing::field::Empty,
+                        );
+                        if let Some(t) = reported.get(row.id.as_str()) {
+                            span.record("worker.queue_ms", millis(t.queue_ns));
+                            span.record("worker.load_ms", millis(t.load_ns));
+                            span.record("worker.run_ms", millis(t.run_ns));
+                        }
                         gantry_telemetry::trace::set_parent(&span, row.trace_context.as_deref());
                         gantry_telemetry::trace::add_link(&batch, row.trace_context.as_deref());
                     }
@@ -553,4 +585,9 @@ fn output_with_cost(output: &Value, amount: i64) -> String {
         }
         other => other.to_string(),
     }
+}
+
+/// Nanoseconds as fractional milliseconds, for span attributes.
+fn millis(ns: u64) -> f64 {
+    ns as f64 / 1e6
 }

@@ -106,6 +106,8 @@ pub struct Metrics {
     ratelimit: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
     job_delay: Mutex<BTreeMap<String, Histogram>>,
     job_execution: Mutex<BTreeMap<String, Histogram>>,
+    /// What workers reported of the jobs settled here, by (model, phase).
+    job_worker: Mutex<BTreeMap<(String, &'static str), Histogram>>,
     /// A worker's jobs by (model, outcome), and its run times by model.
     worker_jobs: Mutex<BTreeMap<(String, &'static str), u64>>,
     worker_run: Mutex<BTreeMap<String, Histogram>>,
@@ -160,6 +162,18 @@ impl Metrics {
                 .entry(model.to_string())
                 .or_insert_with(|| Histogram::new(JOB_BUCKETS))
                 .observe(execution);
+        }
+    }
+
+    /// The timings a worker reported with a completed job of `model`: from
+    /// the assignment reaching it to the model starting (`queue`), loading
+    /// done for the job (`load`), and the model's run (`run`).
+    pub fn job_worker_timings(&self, model: &str, queue: Duration, load: Duration, run: Duration) {
+        let mut map = lock(&self.job_worker);
+        for (phase, took) in [("queue", queue), ("load", load), ("run", run)] {
+            map.entry((model.to_string(), phase))
+                .or_insert_with(|| Histogram::new(JOB_BUCKETS))
+                .observe(took);
         }
     }
 
@@ -246,6 +260,15 @@ impl Metrics {
             for (model, histogram) in lock(map).iter() {
                 histogram.write(out, name, &[("model", model)]);
             }
+        }
+        out.family(
+            "gantry_job_worker_seconds",
+            "histogram",
+            "What workers reported of the jobs settled by this process, by model and phase: queue (the assignment \
+             reaching the worker to the model starting), load (loading done for the job), run (in the model).",
+        );
+        for ((model, phase), histogram) in lock(&self.job_worker).iter() {
+            histogram.write(out, "gantry_job_worker_seconds", &[("model", model), ("phase", phase)]);
         }
         out.family(
             "gantry_worker_jobs_total",

@@ -925,7 +925,8 @@ pub async fn playground(
          <h3>Python (runpod)</h3><pre><code id=\"code-runpod\"></code></pre>",
         origin = esc(&public)
     );
-    if is_text {
+    // Text and embedding models are also served on the OpenAI routes.
+    if is_text || matches!(spec.kind, ModelKind::Embedding) {
         body.push_str("<h3>Python (OpenAI SDK)</h3><pre><code id=\"code-openai\"></code></pre>");
     }
     body.push_str("</section>");

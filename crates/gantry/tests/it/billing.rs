@@ -237,7 +237,7 @@ async fn storage_accrues_by_the_hour_until_deletion(backend: Backend) {
     let balance = app.balance(&key).await;
     assert_eq!(
         balance["balanceUsd"],
-        gantry_billing::credit::usd_string(-6 * (4_795 + 1_918))
+        gantry_billing::credit::usd_string(app.starting_credit_micro_usd - 6 * (4_795 + 1_918))
     );
 
     // Deleted: charged up to the hour in progress, then never again.

@@ -54,7 +54,9 @@ async fn sign_in_attempts_are_throttled_per_address() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn operator_pages_and_actions_need_the_admin_role() {
-    let app = TestApp::spawn(Backend::Sqlite).await;
+    let mut app = TestApp::spawn(Backend::Sqlite).await;
+    // The top-up below is the user's first credit.
+    app.starting_credit_micro_usd = 0;
     let user = Browser::signed_in(&app, Role::User).await;
     let res = user.get("/console/admin").await;
     assert_eq!(res.status(), 403);
@@ -161,6 +163,13 @@ async fn the_playground_runs_jobs_as_the_signed_in_user_and_lists_them() {
     let browser = Browser::signed_in(&app, Role::User).await;
     let page = browser.get_text("/console/playground/gantry-echo").await;
     assert!(page.contains("id=\"playground\""), "{page}");
+    // Text and embedding models show the OpenAI SDK's call as well; the others do not.
+    assert!(!page.contains("id=\"code-openai\""));
+    let embedding = browser.get_text("/console/playground/all-minilm-l6-v2").await;
+    assert!(
+        embedding.contains("data-kind=\"embedding\"") && embedding.contains("id=\"code-openai\""),
+        "{embedding}"
+    );
     let res = browser
         .api(
             Method::POST,

@@ -14,8 +14,11 @@ gantry_testkit::on_both_backends!(
     jobs_racing_for_the_last_credit_never_overdraw,
 );
 
+/// Credit required (the default), and users who start with none.
 async fn with_credit(backend: Backend) -> TestApp {
-    TestApp::spawn_with(backend, |s| s.billing.require_credit = true).await
+    let mut app = TestApp::spawn_with(backend, |s| s.billing.require_credit = true).await;
+    app.starting_credit_micro_usd = 0;
+    app
 }
 
 impl TestApp {

@@ -22,6 +22,11 @@ pub struct TestApp {
     pub jobs: gantry_jobs::JobStore,
     pub database_url: String,
     pub settings: Settings,
+    /// What each user made by [`TestApp::user_with_key`] starts with, in
+    /// micro-dollars: 100 USD, as the first start's admin gets. Tests about
+    /// credit itself set it to 0 before making users.
+    pub starting_credit_micro_usd: i64,
+    db: sea_orm::DatabaseConnection,
     pub scheduler: gantry::SchedulerRole,
     /// Users' serverless workers.
     pub fleet: Arc<gantry_containers::Fleet>,
@@ -66,8 +71,8 @@ impl TestApp {
         // The echo model only; the text model tests add theirs.
         settings.scheduler.bundled_workers = vec!["gantry-echo".into()];
         settings.pull_on_start = false;
-        // Credit is tested on its own (credit.rs); elsewhere users need none.
-        settings.billing.require_credit = false;
+        // Credit is required, as it is by default for users: every job takes
+        // the path of admission with a credit hold. Users start with credit.
         // The tests' webhook receivers listen on loopback.
         settings.scheduler.webhook_allow_ranges = vec!["127.0.0.0/8".into()];
         tweak(&mut settings);
@@ -83,6 +88,7 @@ impl TestApp {
         let public_base = format!("http://{}", app.public_addr());
         let auth = app.state().auth.clone();
         let jobs = app.state().jobs.clone();
+        let db = app.state().db.clone();
         let handles = app.handles();
         tokio::spawn(app.run_until_stopped());
         TestApp {
@@ -97,6 +103,8 @@ impl TestApp {
             jobs,
             database_url,
             settings,
+            starting_credit_micro_usd: 100_000_000,
+            db,
             handles,
             _database: database,
             _dir: dir,
@@ -109,6 +117,17 @@ impl TestApp {
         let user = self.auth.create_user(&email).await.expect("create user");
         let scopes = ScopeSet::parse(scopes).expect("scopes");
         let issued = self.auth.issue_key(&user, scopes, None, None).await.expect("issue key");
+        if self.starting_credit_micro_usd > 0 {
+            gantry_billing::credit::add_credit(
+                &self.db,
+                &user.id,
+                self.starting_credit_micro_usd,
+                "test",
+                gantry_jobs::db::now_ms(),
+            )
+            .await
+            .expect("add credit");
+        }
         (user.email, issued.key.expose().to_string())
     }
 

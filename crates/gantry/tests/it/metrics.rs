@@ -145,6 +145,16 @@ async fn completed_jobs_show_in_usage_dollars_and_latency() {
     assert_eq!(value(&samples, "gantry_files_stored_bytes", &[]), Some(5.0));
     // Observed by every scheduler of this test process: at least this app's two.
     assert!(value(&samples, "gantry_job_execution_seconds_count", &echo).is_some_and(|n| n >= 2.0));
+    // What the worker reported of each job is kept, by phase.
+    for phase in ["queue", "load", "run"] {
+        let labels = [("model", "gantry-echo"), ("phase", phase)];
+        assert!(
+            value(&samples, "gantry_job_worker_seconds_count", &labels).is_some_and(|n| n >= 2.0),
+            "{phase}"
+        );
+    }
+    let run = [("model", "gantry-echo"), ("phase", "run")];
+    assert!(value(&samples, "gantry_job_worker_seconds_sum", &run).is_some_and(|s| s > 0.0));
     assert_eq!(
         value(
             &samples,

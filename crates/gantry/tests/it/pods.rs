@@ -50,8 +50,10 @@ impl TestApp {
     /// The lines of the pod's log, `(source, line)`.
     async fn pod_log(&self, id: &str, key: &str) -> Vec<(String, String)> {
         let res = self.get(&format!("/v2/pods/{id}/logs?tail=1000"), key).await;
-        assert_eq!(res.status().as_u16(), 200);
-        parse_sse(&res.text().await.unwrap())
+        let status = res.status().as_u16();
+        let body = res.text().await.unwrap();
+        assert_eq!(status, 200, "{body}");
+        parse_sse(&body)
             .into_iter()
             .map(|(_, _, data)| {
                 (
@@ -689,7 +691,7 @@ async fn a_pod_survives_a_crash_of_gantry_and_is_billed_across_it() {
 #[tokio::test]
 async fn a_pod_is_stopped_when_its_owners_credit_runs_out() {
     let host = docker_host();
-    let app = TestApp::spawn_with(Backend::Sqlite, move |settings| {
+    let mut app = TestApp::spawn_with(Backend::Sqlite, move |settings| {
         settings.serverless.docker_host = Some(host);
         settings.serverless.tick_ms = 200;
         settings.serverless.stop_grace_ms = 1_000;
@@ -697,6 +699,7 @@ async fn a_pod_is_stopped_when_its_owners_credit_runs_out() {
         settings.billing.require_credit = true;
     })
     .await;
+    app.starting_credit_micro_usd = 0;
     let (email, key) = app.user_with_key("all").await;
     let body = json!({"name": "short", "image": BUSYBOX, "args": "sleep 3600", "cpu": {"id": "cpu3c", "vcpuCount": 2}});
     let refused = problem(app.send_json(Method::POST, "/v2/pods", &key, &body).await, 402).await;

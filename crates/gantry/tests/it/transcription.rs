@@ -60,8 +60,15 @@ async fn transcription_app_fetching(backend: Backend, ranges: &[&str]) -> TestAp
 
 impl TestApp {
     pub(crate) async fn job(&self, model: &str, endpoint: &str, key: &str, input: Value) -> Value {
+        // runsync waits as long as it may (300 s), so that a slow machine
+        // gets the finished job rather than its id.
+        let path = match endpoint {
+            "runsync" => format!("/v2/{model}/runsync?wait=300000"),
+            _ => format!("/v2/{model}/{endpoint}"),
+        };
         let res = self
-            .public(Method::POST, &format!("/v2/{model}/{endpoint}"), key)
+            .public(Method::POST, &path, key)
+            .timeout(Duration::from_secs(330))
             .json(&json!({ "input": input }))
             .send()
             .await

@@ -201,7 +201,12 @@
       "import os, runpod\nrunpod.api_key = os.environ[\"GANTRY_API_KEY\"]\nrunpod.endpoint_url_base = \"" + origin + "/v2\"\n" +
       "endpoint = runpod.Endpoint(\"" + model + "\")\nprint(endpoint.run_sync(" + JSON.stringify(input, null, 1).replace(/\btrue\b/g, "True").replace(/\bfalse\b/g, "False").replace(/\bnull\b/g, "None") + "))";
     const openai = document.getElementById("code-openai");
-    if (openai) {
+    if (openai && form.dataset.kind === "embedding") {
+      openai.textContent =
+        "import os\nfrom openai import OpenAI\nclient = OpenAI(base_url=\"" + origin + "/v2/" + model + "/openai/v1\", api_key=os.environ[\"GANTRY_API_KEY\"])\n" +
+        "result = client.embeddings.create(model=\"" + model + "\", input=" + JSON.stringify(input.input === undefined ? "" : input.input) + ")\n" +
+        "for item in result.data:\n    print(item.index, len(item.embedding), item.embedding[:4])";
+    } else if (openai) {
       openai.textContent =
         "import os\nfrom openai import OpenAI\nclient = OpenAI(base_url=\"" + origin + "/v2/" + model + "/openai/v1\", api_key=os.environ[\"GANTRY_API_KEY\"])\n" +
         "stream = client.chat.completions.create(model=\"" + model + "\", stream=True,\n    messages=" + JSON.stringify(input.messages || []) + ")\n" +
