@@ -1521,7 +1521,10 @@ pub(crate) async fn log_response(
         let since_secs = since_ns.map(|ns| ns.div_euclid(1_000_000_000));
         match runtime.logs(container, Some(tail), since_secs).await {
             Ok(lines) => events.extend(lines.into_iter().map(|l| (l.ts_unix_nanos, "container", l.line))),
-            Err(gantry_runtime::RuntimeError::NotFound(_)) => {}
+            // No container, or one the engine is removing (a replaced or
+            // terminated one: "dead or marked for removal"): its lines are
+            // gone, the system lines are still the log.
+            Err(gantry_runtime::RuntimeError::NotFound(_) | gantry_runtime::RuntimeError::Conflict(_)) => {}
             Err(error) => {
                 return Err(ApiError::Unavailable(format!(
                     "the container runtime does not answer: {error}"
