@@ -32,6 +32,8 @@ struct Received {
     parent_span_id: String,
     /// Trace ids of the spans this one links to.
     links: Vec<String>,
+    /// The span's attributes that are numbers, by key.
+    numbers: Vec<(String, f64)>,
 }
 
 /// An OTLP trace receiver on 127.0.0.1 keeping every span it is sent.
@@ -66,6 +68,15 @@ impl TraceService for Receiver {
                     span_id: hex(&span.span_id),
                     parent_span_id: hex(&span.parent_span_id),
                     links: span.links.iter().map(|link| hex(&link.trace_id)).collect(),
+                    numbers: span
+                        .attributes
+                        .iter()
+                        .filter_map(|a| match a.value.as_ref()?.value.as_ref()? {
+                            any_value::Value::DoubleValue(v) => Some((a.key.clone(), *v)),
+                            any_value::Value::IntValue(v) => Some((a.key.clone(), *v as f64)),
+                            _ => None,
+                        })
+                        .collect(),
                 });
             }
         }
@@ -305,6 +316,18 @@ async fn one_process_exports_the_request_and_its_job_in_the_callers_trace() {
         .await;
     let request = span(&trace, "gantry", "POST /v2/{model_id}/runsync");
     assert_one_tree(&trace, &caller_span_id, request);
+    // The job's settlement carries what the worker reported of its run.
+    let settle = span(&trace, "gantry", "job.settle");
+    for key in ["worker.queue_ms", "worker.load_ms", "worker.run_ms"] {
+        assert!(
+            settle.numbers.iter().any(|(k, v)| k == key && *v >= 0.0),
+            "{key} missing: {settle:?}"
+        );
+    }
+    assert!(
+        settle.numbers.iter().any(|(k, v)| k == "worker.run_ms" && *v > 0.0),
+        "{settle:?}"
+    );
     // The settlement batch that committed the job is a trace of its own,
     // linked to the job's.
     let batch = receiver.linking("settlement", &trace_id).await;
