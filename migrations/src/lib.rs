@@ -18,6 +18,7 @@ mod m20261124_000014_job_progress;
 mod m20261128_000015_containers;
 mod m20261128_000016_pods;
 mod m20261128_000017_console;
+mod m20261128_000018_pod_disk;
 
 pub struct Migrator;
 
@@ -42,6 +43,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261128_000015_containers::Migration),
             Box::new(m20261128_000016_pods::Migration),
             Box::new(m20261128_000017_console::Migration),
+            Box::new(m20261128_000018_pod_disk::Migration),
         ]
     }
 }

@@ -272,7 +272,8 @@ pub async fn job_charges<C: ConnectionTrait>(db: &C, user: &str, window: &Window
     let sql = placeholders(
         db.get_database_backend(),
         "SELECT created_at, amount_micro_usd FROM ledger_entries WHERE user_id = ? AND created_at >= ? AND created_at < ? \
-         AND unit NOT IN ('gpu_worker_seconds', 'cpu_worker_seconds')",
+         AND unit NOT IN ('gpu_worker_seconds', 'cpu_worker_seconds', 'gpu_pod_seconds', 'cpu_pod_seconds', \
+         'pod_disk_seconds')",
     );
     let rows = db
         .query_all_raw(Statement::from_sql_and_values(
@@ -292,12 +293,23 @@ pub const CPU_WORKER_SECONDS: &str = "cpu_worker_seconds";
 /// Ledger units of pods' time (GPU and CPU pods).
 pub const GPU_POD_SECONDS: &str = "gpu_pod_seconds";
 pub const CPU_POD_SECONDS: &str = "cpu_pod_seconds";
+/// Ledger unit of a stopped pod's disk (the seconds it is kept).
+pub const POD_DISK_SECONDS: &str = "pod_disk_seconds";
 
 /// Compute charged by the second: serverless workers or pods.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Compute {
     Workers,
     Pods,
+}
+
+/// What a per-second charge paid for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Part {
+    Gpu,
+    Cpu,
+    /// A stopped pod's disk.
+    Disk,
 }
 
 impl Compute {
@@ -308,26 +320,47 @@ impl Compute {
             Compute::Pods => (GPU_POD_SECONDS, CPU_POD_SECONDS),
         }
     }
+
+    /// The ledger unit of `part` (a worker has no disk charged: its CPU unit).
+    pub fn unit(self, part: Part) -> &'static str {
+        let (gpu, cpu) = self.units();
+        match (self, part) {
+            (_, Part::Gpu) => gpu,
+            (Compute::Pods, Part::Disk) => POD_DISK_SECONDS,
+            _ => cpu,
+        }
+    }
+
+    fn part_of(self, unit: &str) -> Part {
+        let (gpu, _) = self.units();
+        if unit == gpu {
+            Part::Gpu
+        } else if unit == POD_DISK_SECONDS {
+            Part::Disk
+        } else {
+            Part::Cpu
+        }
+    }
 }
 
 /// A user's charges for `compute` in the window: (charged at ms, endpoint or
-/// pod id, on GPUs?, micro-USD), optionally of one endpoint or pod.
+/// pod id, what it paid for, micro-USD), optionally of one endpoint or pod.
 pub async fn compute_charges<C: ConnectionTrait>(
     db: &C,
     user: &str,
     window: &Window,
     compute: Compute,
     subject: Option<&str>,
-) -> Result<Vec<(i64, String, bool, i64)>, DbErr> {
-    let (gpu_unit, cpu_unit) = compute.units();
+) -> Result<Vec<(i64, String, Part, i64)>, DbErr> {
     let mut sql = String::from(
         "SELECT created_at, model, unit, amount_micro_usd FROM ledger_entries WHERE user_id = ? \
-         AND unit IN (?, ?) AND created_at >= ? AND created_at < ?",
+         AND unit IN (?, ?, ?) AND created_at >= ? AND created_at < ?",
     );
     let mut values: Vec<sea_orm::Value> = vec![
         user.into(),
-        gpu_unit.into(),
-        cpu_unit.into(),
+        compute.unit(Part::Gpu).into(),
+        compute.unit(Part::Cpu).into(),
+        compute.unit(Part::Disk).into(),
         window.start.into(),
         window.end.into(),
     ];
@@ -345,7 +378,7 @@ pub async fn compute_charges<C: ConnectionTrait>(
             Ok((
                 r.try_get_by_index(0)?,
                 r.try_get_by_index(1)?,
-                unit == gpu_unit,
+                compute.part_of(&unit),
                 r.try_get_by_index(3)?,
             ))
         })

@@ -28,6 +28,13 @@ pub struct StoragePrices {
     pub standard_micro_usd_per_gb_month: i64,
     /// `HIGH_PERFORMANCE` volumes: 0.14 USD per GB-month by default.
     pub high_performance_micro_usd_per_gb_month: i64,
+    /// A job's output files, kept until their URLs expire: 0.07 USD per
+    /// GB-month by default (the `STANDARD` volume price). Charged with the
+    /// job, for the whole time the files are kept ([`Self::kept_files`]).
+    pub output_files_micro_usd_per_gb_month: i64,
+    /// What a stopped pod keeps (its container disk and volume): 0.20 USD
+    /// per GB-month by default, charged per second while it is stopped.
+    pub stopped_pod_disk_micro_usd_per_gb_month: i64,
 }
 
 impl Default for StoragePrices {
@@ -35,6 +42,8 @@ impl Default for StoragePrices {
         Self {
             standard_micro_usd_per_gb_month: 70_000,
             high_performance_micro_usd_per_gb_month: 140_000,
+            output_files_micro_usd_per_gb_month: 70_000,
+            stopped_pod_disk_micro_usd_per_gb_month: 200_000,
         }
     }
 }
@@ -47,10 +56,36 @@ impl StoragePrices {
         } else {
             self.standard_micro_usd_per_gb_month
         };
-        let numerator = i128::from(size_gb.max(0)) * i128::from(per_month.max(0));
-        let denominator = i128::from(HOURS_PER_MONTH);
+        per_hour(size_gb, per_month)
+    }
+
+    /// An hour of a stopped pod's `size_gb` GB of disk, in micro-USD (half
+    /// up; charged per second from this hourly price).
+    pub fn stopped_pod_disk_hourly(&self, size_gb: i64) -> i64 {
+        per_hour(size_gb, self.stopped_pod_disk_micro_usd_per_gb_month)
+    }
+
+    /// Keeping `bytes` of output files for `kept_ms`, in micro-USD: the
+    /// prorated monthly price (GB = 10⁹ bytes, 730 hours a month), rounded
+    /// half up to a whole micro-dollar. A job's files are stored at once and
+    /// kept until their URLs expire, so the whole stay is charged with the
+    /// job: at the default price 20 MiB for 7 days is 338 µUSD, a 100 KB
+    /// image 2 µUSD, and a 10 KB one nothing.
+    pub fn kept_files(&self, bytes: u64, kept_ms: i64) -> i64 {
+        let numerator = i128::from(bytes)
+            * i128::from(self.output_files_micro_usd_per_gb_month.max(0))
+            * i128::from(kept_ms.max(0));
+        let denominator = 1_000_000_000i128 * i128::from(HOURS_PER_MONTH) * i128::from(HOUR_MS);
         i64::try_from((numerator * 2 + denominator) / (denominator * 2)).unwrap_or(i64::MAX)
     }
+}
+
+/// An hour of `size_gb` GB at `per_month` micro-USD per GB-month, rounded
+/// half up.
+fn per_hour(size_gb: i64, per_month: i64) -> i64 {
+    let numerator = i128::from(size_gb.max(0)) * i128::from(per_month.max(0));
+    let denominator = i128::from(HOURS_PER_MONTH);
+    i64::try_from((numerator * 2 + denominator) / (denominator * 2)).unwrap_or(i64::MAX)
 }
 
 /// The start of the hour `ms` falls in.
@@ -185,7 +220,29 @@ mod tests {
         // 10 GB × 0.14 USD / 730 h = 1917.80… µUSD.
         assert_eq!(prices.hourly("HIGH_PERFORMANCE", 10), 1918);
         assert_eq!(prices.hourly("STANDARD", 0), 0);
+        // A stopped pod with 20 GB of disk and 30 GB of volume:
+        // 50 GB × 0.20 USD / 730 h = 13698.63… µUSD.
+        assert_eq!(prices.stopped_pod_disk_hourly(50), 13_699);
         assert_eq!(hour_of(7_199_999), 3_600_000);
         assert_eq!(hour_of(-1), -3_600_000);
+    }
+
+    #[test]
+    fn kept_output_files_are_prorated_and_round_half_up() {
+        let prices = StoragePrices::default();
+        let week = 7 * 24 * HOUR_MS;
+        // 20 MiB × 0.07 USD/GB-month × 168 h / 730 h = 337.85… µUSD.
+        assert_eq!(prices.kept_files(20 << 20, week), 338);
+        // 100 KB: 1.61… µUSD; 10 KB: 0.16… µUSD.
+        assert_eq!(prices.kept_files(100_000, week), 2);
+        assert_eq!(prices.kept_files(10_000, week), 0);
+        // A GB for a whole month is the monthly price.
+        assert_eq!(prices.kept_files(1_000_000_000, HOURS_PER_MONTH * HOUR_MS), 70_000);
+        assert_eq!(prices.kept_files(0, week), 0);
+        let free = StoragePrices {
+            output_files_micro_usd_per_gb_month: 0,
+            ..prices
+        };
+        assert_eq!(free.kept_files(20 << 20, week), 0);
     }
 }

@@ -158,6 +158,9 @@ pub mod pod {
         pub updated_at_ms: i64,
         pub started_at_ms: Option<i64>,
         pub deleted_at_ms: Option<i64>,
+        /// What its disk costs per hour while it is stopped (migration
+        /// `m20261128_000018_pod_disk`).
+        pub disk_hourly_micro_usd: i64,
     }
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
@@ -169,8 +172,9 @@ pub mod pod {
 pub mod pod_run {
     use sea_orm::entity::prelude::*;
 
-    /// One stretch of a pod's container running: billed from its start to
-    /// its end, second by second.
+    /// One stretch of a pod's container running (`kind` [`RUN`]), or of
+    /// its disk kept while it is stopped ([`DISK`]): billed from its start
+    /// to its end, second by second.
     #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
     #[sea_orm(table_name = "pod_runs")]
     pub struct Model {
@@ -183,7 +187,11 @@ pub mod pod_run {
         pub created_at_ms: i64,
         pub billed_until_ms: i64,
         pub ended_at_ms: Option<i64>,
+        pub kind: String,
     }
+
+    pub const RUN: &str = "run";
+    pub const DISK: &str = "disk";
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
     pub enum Relation {}

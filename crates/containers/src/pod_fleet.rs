@@ -11,7 +11,9 @@
 //! - desired TERMINATED: the container and the persistent volume are removed.
 //!
 //! Each stretch a container runs is a `pod_runs` row, opened when the
-//! engine has started it and closed when it is seen stopped, which is what
+//! engine has started it and closed when it is seen stopped; from then until
+//! the next start, or until the pod is terminated and its disk removed, a
+//! `disk` row charges what the stopped pod keeps. Both are what
 //! [`ContainerService::accrue_pods`] charges. Slow engine calls (a stop
 //! waits for the grace period) run in tasks of their own, one per pod.
 
@@ -95,7 +97,7 @@ impl Fleet {
                     Some(c) if !is_running(c) => stopped_at(runtime, c).await,
                     _ => now_ms(),
                 };
-                service.close_pod_run(&pod.id, end).await?;
+                service.close_pod_run(pod, end).await?;
                 if let Some(c) = &container {
                     runtime.remove(&c.id).await.map_err(runtime_error)?;
                     service.pod_event(&pod.id, "container removed").await?;
@@ -106,6 +108,8 @@ impl Fleet {
                     tracing::warn!(pod = %pod.id, %error, "the pod's volume could not be removed; the next look tries again");
                     return Ok(());
                 }
+                // Its disk is charged until it is gone.
+                service.close_pod_disk(&pod.id, now_ms()).await?;
                 service.set_pod_status(pod, PodStatus::Terminated, None, None).await?;
             }
             PodStatus::Exited => {
@@ -118,7 +122,7 @@ impl Fleet {
                         .await
                         .map_err(runtime_error)?;
                     let code = runtime.inspect(&c.id).await.ok().and_then(|c| c.exit_code);
-                    service.close_pod_run(&pod.id, stopped_at(runtime, c).await).await?;
+                    service.close_pod_run(pod, stopped_at(runtime, c).await).await?;
                     service
                         .pod_event(&pod.id, &format!("container stopped{}", exit_text(code)))
                         .await?;
@@ -130,7 +134,7 @@ impl Fleet {
                         Some(c) => stopped_at(runtime, c).await,
                         None => now_ms(),
                     };
-                    service.close_pod_run(&pod.id, end).await?;
+                    service.close_pod_run(pod, end).await?;
                 }
                 if pod.status != PodStatus::Exited && pod.status != PodStatus::Error {
                     service
@@ -148,7 +152,7 @@ impl Fleet {
                     } else {
                         stopped_at(runtime, &c).await
                     };
-                    service.close_pod_run(&pod.id, end).await?;
+                    service.close_pod_run(pod, end).await?;
                     runtime.remove(&c.id).await.map_err(runtime_error)?;
                     // Created anew on the next look.
                     service.set_pod_status(pod, PodStatus::Provisioning, None, None).await?;
@@ -166,7 +170,7 @@ impl Fleet {
                         .stop(&c.id, self.config().stop_grace)
                         .await
                         .map_err(runtime_error)?;
-                    service.close_pod_run(&pod.id, stopped_at(runtime, &c).await).await?;
+                    service.close_pod_run(pod, stopped_at(runtime, &c).await).await?;
                     service.pod_exited(pod, PodStatus::Exited, reason).await?;
                     self.unpaid_past_grace(&pod.id, false);
                 }
@@ -179,7 +183,7 @@ impl Fleet {
                                 .stop(&c.id, self.config().stop_grace)
                                 .await
                                 .map_err(runtime_error)?;
-                            service.close_pod_run(&pod.id, stopped_at(runtime, &c).await).await?;
+                            service.close_pod_run(pod, stopped_at(runtime, &c).await).await?;
                             self.start_existing(runtime, pod, &c).await?;
                         }
                         Some(_) => {
@@ -206,7 +210,7 @@ impl Fleet {
                             Ok(inspected) => inspected.exit_code,
                             Err(_) => c.exit_code,
                         };
-                        service.close_pod_run(&pod.id, stopped_at(runtime, &c).await).await?;
+                        service.close_pod_run(pod, stopped_at(runtime, &c).await).await?;
                         service
                             .pod_exited(pod, PodStatus::Exited, &format!("container exited{}", exit_text(code)))
                             .await?;

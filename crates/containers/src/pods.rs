@@ -19,7 +19,7 @@ use utoipa::ToSchema;
 use crate::entity::{pod, pod_event, pod_run, ssh_key};
 use crate::service::{ContainerError, ContainerService, Stretch, accrue, new_id, now_ms};
 use crate::spec::Container;
-use gantry_billing::history::Compute;
+use gantry_billing::history::{Compute, Part};
 
 /// Prefix of pod ids.
 pub const POD_PREFIX: &str = "pod_";
@@ -187,6 +187,8 @@ pub struct PodRecord {
     pub version: u32,
     pub restart_at_ms: i64,
     pub hourly_micro_usd: i64,
+    /// The price of its disk while it is stopped.
+    pub disk_hourly_micro_usd: i64,
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
     pub started_at_ms: Option<i64>,
@@ -212,6 +214,7 @@ impl PodRecord {
             version: u32::try_from(row.version).unwrap_or(0),
             restart_at_ms: row.restart_at_ms,
             hourly_micro_usd: row.hourly_micro_usd,
+            disk_hourly_micro_usd: row.disk_hourly_micro_usd,
             created_at_ms: row.created_at_ms,
             updated_at_ms: row.updated_at_ms,
             started_at_ms: row.started_at_ms,
@@ -219,14 +222,24 @@ impl PodRecord {
         })
     }
 
-    /// Price per hour in USD while it runs (0 when it does not).
+    /// Its price per hour in USD now: its compute while it runs, its disk
+    /// while it is stopped after a run, nothing otherwise.
     pub fn cost(&self) -> f64 {
-        if self.status == PodStatus::Running {
-            self.hourly_micro_usd as f64 / 1e6
-        } else {
-            0.0
-        }
+        let micro_usd = match self.status {
+            PodStatus::Running => self.hourly_micro_usd,
+            PodStatus::Exited if self.started_at_ms.is_some() => self.disk_hourly_micro_usd,
+            _ => 0,
+        };
+        micro_usd as f64 / 1e6
     }
+}
+
+/// What a pod costs per hour, in micro-USD: running (its GPUs or vCPUs), and
+/// stopped (its disk).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct PodPrices {
+    pub hourly_micro_usd: i64,
+    pub disk_hourly_micro_usd: i64,
 }
 
 /// What an update changes; `None` leaves a field alone.
@@ -279,7 +292,7 @@ impl ContainerService {
         owner: &str,
         name: &str,
         spec: PodSpec,
-        hourly_micro_usd: i64,
+        prices: PodPrices,
     ) -> Result<PodRecord, ContainerError> {
         let now = now_ms();
         let id = new_id(POD_PREFIX);
@@ -296,7 +309,8 @@ impl ContainerService {
             volume_id: Set(spec.mounts.network.first().map(|m| m.volume_id.clone())),
             version: Set(1),
             restart_at_ms: Set(0),
-            hourly_micro_usd: Set(hourly_micro_usd),
+            hourly_micro_usd: Set(prices.hourly_micro_usd),
+            disk_hourly_micro_usd: Set(prices.disk_hourly_micro_usd),
             created_at_ms: Set(now),
             updated_at_ms: Set(now),
             started_at_ms: Set(None),
@@ -315,7 +329,7 @@ impl ContainerService {
         owner: &str,
         id: &str,
         change: PodChange,
-        hourly_micro_usd: Option<i64>,
+        prices: Option<PodPrices>,
     ) -> Result<PodRecord, ContainerError> {
         let current = self.get_pod(owner, id).await?;
         let mut update = pod::Entity::update_many()
@@ -341,8 +355,13 @@ impl ContainerService {
                     sea_orm::sea_query::ExprTrait::add(Expr::col(pod::Column::Version), 1),
                 )
                 .col_expr(pod::Column::Reason, Expr::value(Option::<String>::None));
-            if let Some(hourly) = hourly_micro_usd {
-                update = update.col_expr(pod::Column::HourlyMicroUsd, Expr::value(hourly));
+            if let Some(prices) = prices {
+                update = update
+                    .col_expr(pod::Column::HourlyMicroUsd, Expr::value(prices.hourly_micro_usd))
+                    .col_expr(
+                        pod::Column::DiskHourlyMicroUsd,
+                        Expr::value(prices.disk_hourly_micro_usd),
+                    );
             }
             // A pod that could not start is tried again with the fix.
             if current.status == PodStatus::Error && current.desired == PodStatus::Running {
@@ -505,57 +524,103 @@ impl ContainerService {
         self.pod_event(&pod.id, reason).await
     }
 
-    /// Starts a billed run of `pod` at `at_ms`, unless one is open.
+    /// Starts a billed run of `pod` at `at_ms`, unless one is open; the
+    /// charge for its stopped disk ends there.
     pub async fn open_pod_run(&self, pod: &PodRecord, at_ms: i64) -> Result<(), ContainerError> {
+        self.end_stretch(&pod.id, pod_run::DISK, at_ms).await?;
         if self.open_run_of(&pod.id).await?.is_some() {
             return Ok(());
         }
+        self.begin_stretch(pod, pod_run::RUN, at_ms).await
+    }
+
+    async fn begin_stretch(&self, pod: &PodRecord, kind: &str, at_ms: i64) -> Result<(), ContainerError> {
+        let (gpu_count, hourly) = if kind == pod_run::RUN {
+            (pod.spec.gpu_count() as i32, pod.hourly_micro_usd)
+        } else {
+            (0, pod.disk_hourly_micro_usd)
+        };
         pod_run::Entity::insert(pod_run::ActiveModel {
-            id: Set(new_id("run_")),
+            id: Set(new_id(if kind == pod_run::RUN { "run_" } else { "disk_" })),
             pod_id: Set(pod.id.clone()),
             user_id: Set(pod.user_id.clone()),
-            gpu_count: Set(pod.spec.gpu_count() as i32),
-            hourly_micro_usd: Set(pod.hourly_micro_usd),
+            gpu_count: Set(gpu_count),
+            hourly_micro_usd: Set(hourly),
             created_at_ms: Set(at_ms),
             billed_until_ms: Set(at_ms),
             ended_at_ms: Set(None),
+            kind: Set(kind.to_owned()),
         })
         .exec_without_returning(self.db())
         .await?;
         Ok(())
     }
 
+    /// Ends the open stretch of `kind` of a pod at `at_ms`; whether one was open.
+    async fn end_stretch(&self, pod_id: &str, kind: &str, at_ms: i64) -> Result<bool, ContainerError> {
+        let done = pod_run::Entity::update_many()
+            .col_expr(pod_run::Column::EndedAtMs, Expr::value(at_ms))
+            .filter(pod_run::Column::PodId.eq(pod_id))
+            .filter(pod_run::Column::Kind.eq(kind))
+            .filter(pod_run::Column::EndedAtMs.is_null())
+            .exec(self.db())
+            .await?;
+        Ok(done.rows_affected > 0)
+    }
+
     /// The open run of a pod, if its container runs.
     pub async fn open_run_of(&self, pod_id: &str) -> Result<Option<pod_run::Model>, ContainerError> {
         Ok(pod_run::Entity::find()
             .filter(pod_run::Column::PodId.eq(pod_id))
+            .filter(pod_run::Column::Kind.eq(pod_run::RUN))
             .filter(pod_run::Column::EndedAtMs.is_null())
             .one(self.db())
             .await?)
     }
 
-    /// Ends the open run of a pod at `at_ms` (billing stops there).
-    pub async fn close_pod_run(&self, pod_id: &str, at_ms: i64) -> Result<(), ContainerError> {
-        pod_run::Entity::update_many()
-            .col_expr(pod_run::Column::EndedAtMs, Expr::value(at_ms))
-            .filter(pod_run::Column::PodId.eq(pod_id))
-            .filter(pod_run::Column::EndedAtMs.is_null())
-            .exec(self.db())
-            .await?;
+    /// Ends the open run of a pod at `at_ms` (billing of its compute stops
+    /// there). Unless the pod is being terminated, the charge for the disk
+    /// it keeps while stopped begins there, until its next run or its end.
+    pub async fn close_pod_run(&self, pod: &PodRecord, at_ms: i64) -> Result<(), ContainerError> {
+        let ended = self.end_stretch(&pod.id, pod_run::RUN, at_ms).await?;
+        if ended && pod.desired != PodStatus::Terminated && pod.disk_hourly_micro_usd > 0 {
+            let open = pod_run::Entity::find()
+                .filter(pod_run::Column::PodId.eq(pod.id.as_str()))
+                .filter(pod_run::Column::Kind.eq(pod_run::DISK))
+                .filter(pod_run::Column::EndedAtMs.is_null())
+                .one(self.db())
+                .await?;
+            if open.is_none() {
+                self.begin_stretch(pod, pod_run::DISK, at_ms).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Ends the charge for a stopped pod's disk at `at_ms`: the disk is gone.
+    pub async fn close_pod_disk(&self, pod_id: &str, at_ms: i64) -> Result<(), ContainerError> {
+        self.end_stretch(pod_id, pod_run::DISK, at_ms).await?;
         Ok(())
     }
 
     /// Every run of a pod, oldest first.
     pub async fn pod_runs(&self, pod_id: &str) -> Result<Vec<pod_run::Model>, ContainerError> {
+        self.pod_stretches(pod_id, pod_run::RUN).await
+    }
+
+    /// Every stretch of `kind` (runs, or stopped disk) of a pod, oldest first.
+    pub async fn pod_stretches(&self, pod_id: &str, kind: &str) -> Result<Vec<pod_run::Model>, ContainerError> {
         Ok(pod_run::Entity::find()
             .filter(pod_run::Column::PodId.eq(pod_id))
+            .filter(pod_run::Column::Kind.eq(kind))
             .order_by_asc(pod_run::Column::CreatedAtMs)
             .all(self.db())
             .await?)
     }
 
-    /// Charges every pod run up to the last whole second (or its end), once:
-    /// each charge moves `billed_until_ms` in the same transaction.
+    /// Charges every pod run and stopped disk up to the last whole second
+    /// (or its end), once: each charge moves `billed_until_ms` in the same
+    /// transaction.
     pub async fn accrue_pods(&self, now_ms: i64) -> Result<i64, ContainerError> {
         let rows = pod_run::Entity::find()
             .filter(
@@ -569,13 +634,19 @@ impl ContainerService {
             id: row.id,
             user_id: row.user_id,
             subject: row.pod_id,
-            gpu: row.gpu_count > 0,
+            unit: Compute::Pods.unit(if row.kind == pod_run::DISK {
+                Part::Disk
+            } else if row.gpu_count > 0 {
+                Part::Gpu
+            } else {
+                Part::Cpu
+            }),
             created_at_ms: row.created_at_ms,
             billed_until_ms: row.billed_until_ms,
             ended_at_ms: row.ended_at_ms,
             hourly_micro_usd: row.hourly_micro_usd,
         });
-        accrue(self.db(), "pod_runs", Compute::Pods, stretches, now_ms).await
+        accrue(self.db(), "pod_runs", stretches, now_ms).await
     }
 
     /// Adds a system line to a pod's log.

@@ -12,7 +12,7 @@ use sea_orm::{
 };
 use serde_json::{Value, json};
 
-use gantry_billing::history::Compute;
+use gantry_billing::history::{Compute, Part};
 use gantry_catalog::ENDPOINT_PREFIX;
 
 use crate::entity::{endpoint, registry, release, template, worker};
@@ -562,13 +562,13 @@ impl ContainerService {
             id: row.id,
             user_id: row.user_id,
             subject: row.endpoint_id,
-            gpu: row.gpu_count > 0,
+            unit: Compute::Workers.unit(if row.gpu_count > 0 { Part::Gpu } else { Part::Cpu }),
             created_at_ms: row.created_at_ms,
             billed_until_ms: row.billed_until_ms,
             ended_at_ms: row.ended_at_ms,
             hourly_micro_usd: row.hourly_micro_usd,
         });
-        accrue(&self.db, "endpoint_workers", Compute::Workers, stretches, now_ms).await
+        accrue(&self.db, "endpoint_workers", stretches, now_ms).await
     }
 }
 
@@ -615,7 +615,8 @@ pub(crate) struct Stretch {
     pub user_id: String,
     /// The endpoint or pod, as the ledger's `model`.
     pub subject: String,
-    pub gpu: bool,
+    /// The ledger unit (see [`Compute::unit`]).
+    pub unit: &'static str,
     pub created_at_ms: i64,
     pub billed_until_ms: i64,
     pub ended_at_ms: Option<i64>,
@@ -630,11 +631,9 @@ pub(crate) struct Stretch {
 pub(crate) async fn accrue(
     db: &DatabaseConnection,
     table: &'static str,
-    compute: Compute,
     stretches: impl IntoIterator<Item = Stretch>,
     now_ms: i64,
 ) -> Result<i64, ContainerError> {
-    let (gpu_unit, cpu_unit) = compute.units();
     let backend = db.get_database_backend();
     let sql = if backend == sea_orm::DbBackend::Postgres {
         format!("UPDATE {table} SET billed_until_ms = $1 WHERE id = $2 AND billed_until_ms = $3")
@@ -656,7 +655,7 @@ pub(crate) async fn accrue(
             user_id: row.user_id,
             job_id: format!("{}@{}", row.id, row.billed_until_ms),
             model: row.subject,
-            unit: if row.gpu { gpu_unit } else { cpu_unit }.into(),
+            unit: row.unit.into(),
             quantity_micros: (until - row.billed_until_ms) * 1000,
             amount_micro_usd: amount,
         };

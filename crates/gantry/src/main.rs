@@ -1,6 +1,9 @@
 //! `gantry`: runs the platform and administers users and API keys.
 /// mimalloc: the request path allocates and frees many small buffers across
 /// threads; glibc's allocator spent ~6 % of the CPU there (decision 0016 in docs/decisions/http-and-process.md).
+/// The `system-allocator` feature leaves the C library's malloc in place, for
+/// heap profilers.
+#[cfg(not(feature = "system-allocator"))]
 #[global_allocator]
 static ALLOCATOR: mimalloc::MiMalloc = mimalloc::MiMalloc;
 

@@ -294,7 +294,7 @@ impl JobStore {
     /// The user's storage charges in a billing window: (hour ms, volume,
     /// tier, micro-USD).
     /// The user's charges for serverless workers' or pods' time in a
-    /// billing window: (charged at ms, endpoint or pod, on GPUs?, micro-USD),
+    /// billing window: (charged at ms, endpoint or pod, what it paid for, micro-USD),
     /// of one endpoint or pod when given.
     pub async fn billing_compute_charges(
         &self,
@@ -302,7 +302,7 @@ impl JobStore {
         window: &gantry_billing::history::Window,
         compute: gantry_billing::history::Compute,
         subject: Option<&str>,
-    ) -> Result<Vec<(i64, String, bool, i64)>, JobError> {
+    ) -> Result<Vec<(i64, String, gantry_billing::history::Part, i64)>, JobError> {
         Ok(gantry_billing::history::compute_charges(&self.db, user, window, compute, subject).await?)
     }
 

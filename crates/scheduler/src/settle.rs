@@ -276,6 +276,11 @@ impl Core {
                     files,
                     ..
                 } => {
+                    // The files are kept until their URLs expire: that stay is
+                    // charged with the job, beside the model's usage.
+                    let kept_bytes = files.iter().map(|file| file.size).fold(0u64, u64::saturating_add);
+                    let config = &self.store.config;
+                    let kept = config.storage_prices.kept_files(kept_bytes, config.file_lifetime_ms());
                     let files = (!files.is_empty()).then(|| serde_json::to_string(files).unwrap_or_default());
                     let Some(running) = current(job_id, *attempt) else {
                         tracing::debug!(%job_id, attempt, "ignoring a result for an attempt not running here");
@@ -292,10 +297,14 @@ impl Core {
                             .map_err(|e| format!("cannot bill the result: {e}")),
                         None => Err(format!("model {:?} is not in the catalog", running.model)),
                     };
-                    let priced = priced.map(|amount| Usage {
-                        unit: usage.unit.clone(),
-                        quantity_micros: usage.quantity_micros,
-                        amount,
+                    let priced = priced.and_then(|amount| {
+                        Ok(Usage {
+                            unit: usage.unit.clone(),
+                            quantity_micros: usage.quantity_micros,
+                            amount: amount
+                                .checked_add(kept)
+                                .ok_or_else(|| "cannot bill the result: its cost does not fit in 64 bits".to_owned())?,
+                        })
                     });
                     if let Some(row) = row {
                         outcome.stored.push(job_id.clone());

@@ -1,4 +1,5 @@
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::SystemTime;
 
 use gantry_proto::v1::{FileChunk, OutputFile, Progress, StreamChunk, WorkerMessage, worker_message::Kind};
@@ -29,8 +30,10 @@ struct Inner {
     /// Next chunk sequence number; the lock is held while the chunk is
     /// queued so sequence numbers and stream order always agree.
     next_seq: Mutex<u64>,
-    /// Files sent so far, listed in the result.
+    /// Files sent whole so far, listed in the result.
     files: Mutex<Vec<OutputFile>>,
+    /// The id of the next file begun.
+    next_file: AtomicU32,
 }
 
 /// Size of one [`FileChunk`]: well below the gRPC message limit, large
@@ -54,6 +57,7 @@ impl JobContext {
                 out,
                 next_seq: Mutex::new(0),
                 files: Mutex::new(Vec::new()),
+                next_file: AtomicU32::new(0),
             }),
         }
     }
@@ -124,8 +128,23 @@ impl JobContext {
     /// place of whatever the output holds at that spot. The bytes travel now,
     /// in chunks of [`FILE_CHUNK_BYTES`], and the scheduler stores them; they
     /// become part of the result only if the job then succeeds, and are
-    /// deleted otherwise.
+    /// deleted otherwise. A file made piece by piece need not be held whole:
+    /// see [`Self::create_file`].
     pub async fn put_file(&self, json_pointer: &str, media_type: &str, data: &[u8]) -> Result<(), JobError> {
+        let mut file = self.create_file(json_pointer, media_type)?;
+        file.write(data).await?;
+        file.finish().await
+    }
+
+    /// Begins an output file that is written piece by piece
+    /// ([`FileWriter::write`]) and sent as it grows, so that at most
+    /// [`FILE_CHUNK_BYTES`] of it is in the worker's memory at a time. It is
+    /// part of the result once [`FileWriter::finish`] returns; a writer
+    /// dropped unfinished leaves nothing behind. Several files may be
+    /// written at once. The scheduler bounds each file and all the files of
+    /// a job (`files.max_file_bytes`, `files.max_job_bytes`): past either,
+    /// the job fails for good, whatever it returns.
+    pub fn create_file(&self, json_pointer: &str, media_type: &str) -> Result<FileWriter, JobError> {
         if !json_pointer.starts_with('/') {
             return Err(JobError::internal(format!(
                 "file pointer {json_pointer:?} must start with '/'"
@@ -136,35 +155,18 @@ impl JobContext {
         } else {
             media_type
         };
-        let mut files = self.inner.files.lock().await;
-        let file_id = u32::try_from(files.len()).map_err(|_| JobError::internal("too many output files"))?;
-        let mut offset = 0usize;
-        loop {
-            let end = (offset + FILE_CHUNK_BYTES).min(data.len());
-            let chunk = FileChunk {
-                job_id: self.inner.job_id.clone(),
-                attempt: self.inner.attempt,
-                file_id,
-                media_type: if offset == 0 {
-                    media_type.to_owned()
-                } else {
-                    String::new()
-                },
-                offset: offset as u64,
-                data: data[offset..end].to_vec(),
-                last: end == data.len(),
-            };
-            self.send(Kind::FileChunk(chunk)).await?;
-            offset = end;
-            if offset == data.len() {
-                break;
-            }
+        let file_id = self.inner.next_file.fetch_add(1, Ordering::Relaxed);
+        if file_id == u32::MAX {
+            return Err(JobError::internal("too many output files"));
         }
-        files.push(OutputFile {
+        Ok(FileWriter {
+            ctx: self.clone(),
             file_id,
             json_pointer: json_pointer.to_owned(),
-        });
-        Ok(())
+            media_type: media_type.to_owned(),
+            sent: 0,
+            buffer: Vec::new(),
+        })
     }
 
     /// The files sent so far (for the result).
@@ -176,6 +178,88 @@ impl JobContext {
         let lost = || JobError::internal("connection to the scheduler was lost");
         let out = self.inner.out.upgrade().ok_or_else(lost)?;
         out.send(WorkerMessage { kind: Some(kind) }).await.map_err(|_| lost())
+    }
+}
+
+/// An output file being written: bytes given to [`Self::write`] go to the
+/// scheduler a chunk ([`FILE_CHUNK_BYTES`]) at a time. Made by
+/// [`JobContext::create_file`].
+pub struct FileWriter {
+    ctx: JobContext,
+    file_id: u32,
+    json_pointer: String,
+    media_type: String,
+    /// Bytes sent so far (the offset of the buffer's first byte).
+    sent: u64,
+    buffer: Vec<u8>,
+}
+
+impl FileWriter {
+    /// Appends `data`, sending every whole chunk it completes.
+    pub async fn write(&mut self, mut data: &[u8]) -> Result<(), JobError> {
+        while !data.is_empty() {
+            let room = FILE_CHUNK_BYTES - self.buffer.len();
+            let (now, rest) = data.split_at(room.min(data.len()));
+            self.buffer.extend_from_slice(now);
+            data = rest;
+            if self.buffer.len() == FILE_CHUNK_BYTES {
+                self.send(false).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Bytes written so far.
+    pub fn len(&self) -> u64 {
+        self.sent + self.buffer.len() as u64
+    }
+
+    /// Whether nothing was written yet.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Sends what is left and adds the file to the job's result.
+    pub async fn finish(mut self) -> Result<(), JobError> {
+        self.send(true).await?;
+        self.ctx.inner.files.lock().await.push(OutputFile {
+            file_id: self.file_id,
+            json_pointer: std::mem::take(&mut self.json_pointer),
+        });
+        Ok(())
+    }
+
+    /// Sends the buffer as the next chunk (the first one names the media
+    /// type; the last one may be empty).
+    async fn send(&mut self, last: bool) -> Result<(), JobError> {
+        let data = std::mem::take(&mut self.buffer);
+        let len = data.len() as u64;
+        let chunk = FileChunk {
+            job_id: self.ctx.inner.job_id.clone(),
+            attempt: self.ctx.inner.attempt,
+            file_id: self.file_id,
+            media_type: if self.sent == 0 {
+                self.media_type.clone()
+            } else {
+                String::new()
+            },
+            offset: self.sent,
+            data,
+            last,
+        };
+        self.ctx.send(Kind::FileChunk(chunk)).await?;
+        self.sent += len;
+        Ok(())
+    }
+}
+
+impl std::fmt::Debug for FileWriter {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("FileWriter")
+            .field("file_id", &self.file_id)
+            .field("json_pointer", &self.json_pointer)
+            .field("len", &self.len())
+            .finish_non_exhaustive()
     }
 }
 

@@ -41,7 +41,7 @@ mod model;
 mod runtime;
 
 pub use config::{Credentials, WorkerConfig};
-pub use context::{FILE_CHUNK_BYTES, JobContext};
+pub use context::{FILE_CHUNK_BYTES, FileWriter, JobContext};
 pub use gantry_proto::v1::Usage;
 pub use model::{JobError, Model, Output};
 pub use runtime::{WorkerError, WorkerRuntime};

@@ -205,8 +205,13 @@ async fn spend(state: &AppState, user: &str, from: i64, to: i64, size: i64) -> R
         .map(|(at, unit, subject, micro_usd)| Spend {
             at,
             kind: match unit.as_str() {
-                "gpu_worker_seconds" | "cpu_worker_seconds" => "endpoint workers",
-                "gpu_pod_seconds" | "cpu_pod_seconds" => "pod",
+                gantry_billing::history::GPU_WORKER_SECONDS | gantry_billing::history::CPU_WORKER_SECONDS => {
+                    "endpoint workers"
+                }
+                // A pod's running time and its disk while stopped.
+                gantry_billing::history::GPU_POD_SECONDS
+                | gantry_billing::history::CPU_POD_SECONDS
+                | gantry_billing::history::POD_DISK_SECONDS => "pod",
                 _ => "model",
             },
             subject,

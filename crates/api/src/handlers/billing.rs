@@ -2,7 +2,7 @@
 use actix_web::{HttpRequest, HttpResponse, web};
 use gantry_auth::Scope;
 use gantry_billing::credit::usd_string;
-use gantry_billing::history::{BucketSize, Compute, Window, format_rfc3339, parse_rfc3339};
+use gantry_billing::history::{BucketSize, Compute, Part, Window, format_rfc3339, parse_rfc3339};
 use gantry_billing::usd;
 use serde::Serialize;
 use serde_json::{Value, json};
@@ -136,9 +136,8 @@ fn range(bucket: (i64, i64)) -> serde_json::Map<String, Value> {
 }
 
 /// The cost components of `GET /v2/billing` that Gantry has no resource for
-/// or does not charge (pods, clusters, serverless disk and fees): always 0.
-const ABSENT_COMPONENTS: [&str; 6] = [
-    "podDiskAmount",
+/// or does not charge (clusters, serverless disk and fees): always 0.
+const ABSENT_COMPONENTS: [&str; 5] = [
     "serverlessDiskAmount",
     "serverlessFeeAmount",
     "clusterGpuAmount",
@@ -157,6 +156,7 @@ struct Sums {
     serverless_cpu: i64,
     pod_gpu: i64,
     pod_cpu: i64,
+    pod_disk: i64,
 }
 
 impl std::ops::AddAssign for Sums {
@@ -168,6 +168,7 @@ impl std::ops::AddAssign for Sums {
         self.serverless_cpu += other.serverless_cpu;
         self.pod_gpu += other.pod_gpu;
         self.pod_cpu += other.pod_cpu;
+        self.pod_disk += other.pod_disk;
     }
 }
 
@@ -180,14 +181,16 @@ fn aggregate_amounts(sums: Sums) -> serde_json::Map<String, Value> {
         serverless_cpu,
         pod_gpu,
         pod_cpu,
+        pod_disk,
     } = sums;
     let mut amounts = serde_json::Map::new();
     amounts.insert(
         "totalAmount".into(),
-        usd(endpoint + standard + high + serverless_gpu + serverless_cpu + pod_gpu + pod_cpu).into(),
+        usd(endpoint + standard + high + serverless_gpu + serverless_cpu + pod_gpu + pod_cpu + pod_disk).into(),
     );
     amounts.insert("podGpuAmount".into(), usd(pod_gpu).into());
     amounts.insert("podCpuAmount".into(), usd(pod_cpu).into());
+    amounts.insert("podDiskAmount".into(), usd(pod_disk).into());
     amounts.insert("serverlessGpuAmount".into(), usd(serverless_gpu).into());
     amounts.insert("serverlessCpuAmount".into(), usd(serverless_cpu).into());
     for component in ABSENT_COMPONENTS {
@@ -202,9 +205,9 @@ fn aggregate_amounts(sums: Sums) -> serde_json::Map<String, Value> {
 #[utoipa::path(get, path = "/v2/billing", operation_id = "listBilling", tag = "Billing",
     description = "Total spend per time bucket, with its components: `endpointAmount` (model jobs), \
 `storageStandardAmount` and `storageHighPerformanceAmount` (network volumes), `serverlessGpuAmount` and \
-`serverlessCpuAmount` (serverless workers' time), `podGpuAmount` and `podCpuAmount` (pods' running time); the \
-cluster components, pod and serverless disk and serverless fees are 0 (Gantry has no clusters yet, and charges no \
-disk or fee). See `/v2/billing/endpoints` for the query parameters.",
+`serverlessCpuAmount` (serverless workers' time), `podGpuAmount` and `podCpuAmount` (pods' running time), \
+`podDiskAmount` (stopped pods' disk); the cluster components, serverless disk and serverless fees are 0 (Gantry has \
+no clusters yet, and charges no serverless disk or fee). See `/v2/billing/endpoints` for the query parameters.",
     params(
         ("startTime" = Option<String>, Query, description = "Start (RFC 3339), inclusive"),
         ("endTime" = Option<String>, Query, description = "End (RFC 3339), exclusive"),
@@ -237,14 +240,15 @@ pub async fn history(req: HttpRequest, state: web::Data<AppState>, caller: Calle
             .jobs
             .billing_compute_charges(&user, &window, compute, None)
             .await?;
-        for (at, _, gpu, amount) in charges {
+        for (at, _, part, amount) in charges {
             if let Some(i) = window.index_of(&buckets, at) {
                 let sum = &mut sums[i];
-                let slot = match (compute, gpu) {
-                    (Compute::Workers, true) => &mut sum.serverless_gpu,
-                    (Compute::Workers, false) => &mut sum.serverless_cpu,
-                    (Compute::Pods, true) => &mut sum.pod_gpu,
-                    (Compute::Pods, false) => &mut sum.pod_cpu,
+                let slot = match (compute, part) {
+                    (Compute::Workers, Part::Gpu) => &mut sum.serverless_gpu,
+                    (Compute::Workers, Part::Cpu | Part::Disk) => &mut sum.serverless_cpu,
+                    (Compute::Pods, Part::Gpu) => &mut sum.pod_gpu,
+                    (Compute::Pods, Part::Cpu) => &mut sum.pod_cpu,
+                    (Compute::Pods, Part::Disk) => &mut sum.pod_disk,
                 };
                 *slot += amount;
             }
@@ -335,8 +339,9 @@ pub async fn serverless(
 #[utoipa::path(get, path = "/v2/billing/pods", operation_id = "listPodBilling", tag = "Billing",
     description = "What the caller's pods cost per time bucket: one record per pod per bucket in which it was \
 charged (a pod is charged per second while its container runs, at the catalog's price of its GPUs or vCPUs for its \
-cloud), split into `gpuAmount` and `cpuAmount` (`diskAmount` is 0: a stopped pod's disk is not charged). `podId` \
-keeps one pod (deleted ones included). See `/v2/billing/endpoints` for the other parameters.",
+cloud), split into `gpuAmount` and `cpuAmount`, and `diskAmount`: a stopped pod's container disk and volume, \
+charged per second from the end of a run until the next start or its termination at \
+`billing.storage.stopped_pod_disk_micro_usd_per_gb_month`). `podId` keeps one pod (deleted ones included). See `/v2/billing/endpoints` for the other parameters.",
     params(
         ("startTime" = Option<String>, Query, description = "Start (RFC 3339), inclusive"),
         ("endTime" = Option<String>, Query, description = "End (RFC 3339), exclusive"),
@@ -368,26 +373,26 @@ async fn compute_history(
     };
     let window = query.window;
     let buckets = window.buckets();
-    // (bucket, subject) -> (gpu, cpu)
-    let mut sums: std::collections::BTreeMap<(usize, String), (i64, i64)> = std::collections::BTreeMap::new();
+    // (bucket, subject) -> (gpu, cpu, disk)
+    let mut sums: std::collections::BTreeMap<(usize, String), (i64, i64, i64)> = std::collections::BTreeMap::new();
     let charges = state
         .jobs
         .billing_compute_charges(&user, &window, compute, subject.as_deref())
         .await?;
-    for (at, id, gpu, amount) in charges {
+    for (at, id, part, amount) in charges {
         if let Some(i) = window.index_of(&buckets, at) {
             let entry = sums.entry((i, id)).or_default();
-            if gpu {
-                entry.0 += amount;
-            } else {
-                entry.1 += amount;
+            match part {
+                Part::Gpu => entry.0 += amount,
+                Part::Cpu => entry.1 += amount,
+                Part::Disk => entry.2 += amount,
             }
         }
     }
     let mut subjects = std::collections::BTreeSet::new();
-    let (mut gpu_total, mut cpu_total) = (0i64, 0i64);
-    let amounts = |gpu: i64, cpu: i64| {
-        let mut amounts = serverless_amounts(gpu, cpu);
+    let (mut gpu_total, mut cpu_total, mut disk_total) = (0i64, 0i64, 0i64);
+    let amounts = |gpu: i64, cpu: i64, disk: i64| {
+        let mut amounts = serverless_amounts(gpu, cpu, disk);
         if compute == Compute::Pods {
             amounts.remove("feeAmount");
         }
@@ -395,12 +400,13 @@ async fn compute_history(
     };
     let records: Vec<Value> = sums
         .iter()
-        .map(|((i, id), (gpu, cpu))| {
+        .map(|((i, id), (gpu, cpu, disk))| {
             subjects.insert(id.clone());
             gpu_total += gpu;
             cpu_total += cpu;
+            disk_total += disk;
             let mut record = range(buckets[*i]);
-            record.extend(amounts(*gpu, *cpu));
+            record.extend(amounts(*gpu, *cpu, *disk));
             record.insert(param.into(), id.clone().into());
             Value::Object(record)
         })
@@ -413,17 +419,17 @@ async fn compute_history(
             "query": echo,
             "recordCount": records.len(),
             unique: subjects.len(),
-            "totals": Value::Object(amounts(gpu_total, cpu_total)),
+            "totals": Value::Object(amounts(gpu_total, cpu_total, disk_total)),
         }
     })))
 }
 
-fn serverless_amounts(gpu: i64, cpu: i64) -> serde_json::Map<String, Value> {
+fn serverless_amounts(gpu: i64, cpu: i64, disk: i64) -> serde_json::Map<String, Value> {
     let mut amounts = serde_json::Map::new();
-    amounts.insert("totalAmount".into(), usd(gpu + cpu).into());
+    amounts.insert("totalAmount".into(), usd(gpu + cpu + disk).into());
     amounts.insert("gpuAmount".into(), usd(gpu).into());
     amounts.insert("cpuAmount".into(), usd(cpu).into());
-    amounts.insert("diskAmount".into(), 0.0.into());
+    amounts.insert("diskAmount".into(), usd(disk).into());
     amounts.insert("feeAmount".into(), 0.0.into());
     amounts
 }

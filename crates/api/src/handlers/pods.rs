@@ -7,7 +7,8 @@ use std::collections::BTreeMap;
 use actix_web::{HttpRequest, HttpResponse, web};
 use gantry_auth::Scope;
 use gantry_containers::pods::{
-    ActionRefused, PodChange, PodCpu, PodGpu, PodMounts, PodPersistentMount, check_ssh_key, pod_container_name,
+    ActionRefused, PodChange, PodCpu, PodGpu, PodMounts, PodPersistentMount, PodPrices, check_ssh_key,
+    pod_container_name,
 };
 use gantry_containers::{Container, PodAction, PodRecord, PodSpec, PodStatus, check_name};
 use serde::{Deserialize, Serialize};
@@ -290,7 +291,8 @@ pub struct Pod {
     cuda_version: Option<String>,
     ssh: PodSsh,
     template: Option<String>,
-    /// USD per hour now (0 unless RUNNING).
+    /// USD per hour now: its compute while RUNNING, its disk (container disk
+    /// and volume) while EXITED after a run, 0 otherwise.
     cost: f64,
     locked: bool,
     global_networking: GlobalNetworking,
@@ -419,6 +421,17 @@ async fn pod_view(state: &AppState, record: PodRecord, live: bool) -> Pod {
 }
 
 // --- building a pod's configuration ----------------------------------------
+
+/// What a pod costs per hour: its compute while it runs, and while it is
+/// stopped the disk it keeps (container disk and volume) at
+/// `billing.storage.stopped_pod_disk_micro_usd_per_gb_month`.
+fn prices_of(state: &AppState, spec: &PodSpec) -> PodPrices {
+    let disk_gb = i64::from(spec.container.disk) + spec.mounts.persistent.as_ref().map_or(0, |m| i64::from(m.size));
+    PodPrices {
+        hourly_micro_usd: hourly_of(state, spec),
+        disk_hourly_micro_usd: state.jobs.config.storage_prices.stopped_pod_disk_hourly(disk_gb),
+    }
+}
 
 /// The hourly price of a pod's compute, micro-USD.
 fn hourly_of(state: &AppState, spec: &PodSpec) -> i64 {
@@ -673,10 +686,10 @@ pub async fn create_pod(
     require_credit(&state, caller.user_id()).await?;
     let name = body.name.clone();
     let spec = new_pod_spec(&state, caller.user_id(), body).await?;
-    let hourly = hourly_of(&state, &spec);
+    let prices = prices_of(&state, &spec);
     let record = state
         .containers
-        .create_pod(caller.user_id(), &name, spec, hourly)
+        .create_pod(caller.user_id(), &name, spec, prices)
         .await?;
     poke(&state);
     Ok(HttpResponse::Created().json(pod_view(&state, record, false).await))
@@ -761,13 +774,13 @@ pub async fn update_pod(
     if !failures.is_empty() {
         return Err(failures.into_api_error());
     }
-    let hourly = hourly_of(&state, &spec);
+    let prices = prices_of(&state, &spec);
     let change = PodChange {
         name: body.name,
         spec: Some(spec),
         locked: body.locked,
     };
-    let record = state.containers.update_pod(owner, &id, change, Some(hourly)).await?;
+    let record = state.containers.update_pod(owner, &id, change, Some(prices)).await?;
     poke(&state);
     Ok(HttpResponse::Ok().json(pod_view(&state, record, false).await))
 }

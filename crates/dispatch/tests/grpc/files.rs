@@ -174,3 +174,72 @@ async fn without_a_file_store_a_result_with_files_fails_retryably() {
         other => panic!("expected Failed, got {other:?}"),
     }
 }
+
+/// Writes two files at once, piece by piece (`{"pieces": n}` pieces of
+/// 100,000 bytes each), and begins a third that it drops unfinished after
+/// its first chunk went out.
+struct Weaver;
+
+fn piece(file: u8, i: usize) -> Vec<u8> {
+    (0..100_000).map(|b| ((b + i) % 241) as u8 ^ file).collect()
+}
+
+impl Model for Weaver {
+    fn id(&self) -> &str {
+        "weaver"
+    }
+
+    async fn run(&self, input: Value, ctx: JobContext) -> Result<Output, JobError> {
+        let pieces = input["pieces"].as_u64().unwrap_or(0) as usize;
+        let mut a = ctx.create_file("/a_url", "text/plain")?;
+        let mut b = ctx.create_file("/b_url", "audio/wav")?;
+        let mut dropped = ctx.create_file("/dropped_url", "text/plain")?;
+        for i in 0..11 {
+            dropped.write(&piece(9, i)).await?;
+        }
+        drop(dropped);
+        for i in 0..pieces {
+            a.write(&piece(1, i)).await?;
+            b.write(&piece(2, i)).await?;
+            assert_eq!(a.len(), 100_000 * (i as u64 + 1));
+        }
+        b.finish().await?;
+        a.finish().await?;
+        Ok(Output::new(json!({}), Usage::whole("files", 2)))
+    }
+}
+
+#[tokio::test]
+async fn files_written_piece_by_piece_stream_in_whole_chunks() {
+    let sink = MemorySink::default();
+    let mut server = Server::start_with(sink_config(&sink));
+    let _worker = Worker::spawn(Weaver, worker_config(&server.url(), "w-weave", 1));
+    server.wait_capacity("weaver").await;
+    server
+        .dispatcher
+        .assign(Assignment::new("job-w", 1, "weaver", json!({"pieces": 25})))
+        .unwrap();
+    let Event::Completed { files, .. } = server.terminal("job-w").await else {
+        panic!("expected Completed");
+    };
+    // Only the finished files are in the result, in the order they were
+    // finished; the dropped one is not, and nothing of it is kept.
+    let listed: Vec<(&str, u64, &str)> = files
+        .iter()
+        .map(|f| (f.pointer.as_str(), f.size, f.media_type.as_str()))
+        .collect();
+    assert_eq!(
+        listed,
+        vec![("/b_url", 2_500_000, "audio/wav"), ("/a_url", 2_500_000, "text/plain")]
+    );
+    let stored = sink.files.lock().unwrap().clone();
+    assert_eq!(stored.len(), 2, "{:?}", stored.keys());
+    for (file, key) in [(1u8, "job-w/1/0"), (2, "job-w/1/1")] {
+        let expected: Vec<u8> = (0..25).flat_map(|i| piece(file, i)).collect();
+        assert!(stored[key] == expected, "{key}");
+    }
+    // 2,500,000 bytes: two whole 1 MiB chunks, then the rest with `last`.
+    let mut writes = sink.writes.lock().unwrap().clone();
+    writes.sort();
+    assert_eq!(writes, vec![("job-w/1/0".to_owned(), 3), ("job-w/1/1".to_owned(), 3)]);
+}

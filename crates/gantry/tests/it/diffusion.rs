@@ -151,7 +151,8 @@ async fn an_operator_manifest_serves_stable_diffusion_billed_by_its_pixels(backe
     let img = image::load_from_memory(&bytes).unwrap().to_rgb8();
     assert_eq!(img.dimensions(), (64, 96));
     // 6144 pixels at 0.02 USD per megapixel: 122.88 micro-USD, rounded once.
-    assert_eq!(app.charges(job["id"].as_str().unwrap()).await, [123]);
+    let id = job["id"].as_str().unwrap();
+    assert_eq!(app.charges(id).await, [123 + app.kept_files_charge(id).await]);
 
     // Same seed, same bytes; another prompt, another image.
     let again = app.paint(&key, input).await;
@@ -176,7 +177,8 @@ async fn an_operator_manifest_serves_stable_diffusion_billed_by_its_pixels(backe
     let urls = job["output"]["images"].as_array().unwrap();
     assert_eq!(urls.len(), 2);
     // 2 x 4096 pixels x 20000 / 10^6 = 163.84 micro-USD.
-    assert_eq!(app.charges(job["id"].as_str().unwrap()).await, [164]);
+    let id = job["id"].as_str().unwrap();
+    assert_eq!(app.charges(id).await, [164 + app.kept_files_charge(id).await]);
 
     // What the model cannot honour fails before any work and costs nothing.
     for (input, needle) in [
@@ -274,7 +276,8 @@ async fn an_sdxl_model_answers_with_its_extra_conditioning(backend: Backend) {
         (64, 72)
     );
     // 4608 pixels at 0.02 USD per megapixel: 92.16 micro-USD.
-    assert_eq!(app.charges(job["id"].as_str().unwrap()).await, [92]);
+    let id = job["id"].as_str().unwrap();
+    assert_eq!(app.charges(id).await, [92 + app.kept_files_charge(id).await]);
 
     // Same seed, same bytes; a negative prompt replaces the zeros, and the
     // requested size enters the conditioning, so both change the image.

@@ -13,6 +13,7 @@ use crate::harness::{Backend, TestApp, problem};
 gantry_testkit::on_both_backends!(
     a_file_url_works_until_it_expires_and_refuses_tampering,
     files_of_a_failed_job_are_deleted_and_cost_nothing,
+    kept_files_are_charged_with_their_job,
 );
 
 /// The files under the local store's directory.
@@ -167,6 +168,33 @@ async fn a_file_url_works_until_it_expires_and_refuses_tampering(backend: Backen
         app.count("SELECT COUNT(*) FROM files").await == 0
     })
     .await;
+}
+
+/// A job's files stay until their URLs expire (7 days here): the job's
+/// charge is the model's price plus that stay at the output-file storage
+/// price (0.07 USD per GB-month), in its one ledger entry.
+async fn kept_files_are_charged_with_their_job(backend: Backend) {
+    let app = TestApp::spawn(backend).await;
+    let (_, key) = app.user_with_key("endpoints:run").await;
+    // 3,000,000 bytes for 168 h of 730: 48.33 µUSD, beside echo's 10 µUSD.
+    let body = app
+        .echo_file(&key, json!({"text": "0123456789", "repeat": 300_000}))
+        .await;
+    assert_eq!(body["output"]["cost"], json!(0.000058), "{body}");
+    let id = body["id"].as_str().unwrap();
+    let charged = format!("SELECT amount_micro_usd FROM ledger_entries WHERE job_id = '{id}'");
+    assert_eq!(app.count(&charged).await, 58);
+    // A few bytes cost nothing more than the job.
+    let body = app.echo_file(&key, json!({"text": "small"})).await;
+    assert_eq!(body["output"]["cost"], json!(0.00001), "{body}");
+    // A job without files costs its price.
+    let res = app.submit("runsync", &key, json!({"input": {"n": 1}})).await;
+    assert_eq!(res.json::<Value>().await.unwrap()["output"]["cost"], json!(0.00001));
+    assert_eq!(
+        app.count("SELECT CAST(COALESCE(SUM(amount_micro_usd), 0) AS BIGINT) FROM ledger_entries")
+            .await,
+        78
+    );
 }
 
 async fn files_of_a_failed_job_are_deleted_and_cost_nothing(backend: Backend) {

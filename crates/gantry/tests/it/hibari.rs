@@ -65,10 +65,11 @@ async fn a_sentence_is_read_the_same_every_time_and_billed_by_characters(backend
     assert!((2.5..9.0).contains(&seconds), "{seconds} s for {prompt:?}");
     assert_speech(&samples, "the file");
 
-    // Characters x price, charged once, in exact micro-USD.
-    let micro = characters * MICRO_USD_PER_CHARACTER;
+    // Characters x price, plus the kept WAV, charged once, in exact micro-USD.
+    let id = job["id"].as_str().unwrap();
+    let micro = characters * MICRO_USD_PER_CHARACTER + app.kept_files_charge(id).await;
     assert_eq!(output["cost"].as_f64().unwrap(), micro as f64 / 1e6);
-    assert_eq!(app.charges(job["id"].as_str().unwrap()).await, [micro]);
+    assert_eq!(app.charges(id).await, [micro]);
 
     // The vocoder's noise is seeded by the text: the same request, the same bytes.
     let again = app

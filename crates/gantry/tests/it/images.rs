@@ -83,8 +83,11 @@ async fn a_face_is_a_real_png_billed_by_its_pixels(backend: Backend) {
     );
 
     // 4096 pixels at 0.0024 USD per megapixel: 9.8304 micro-USD, rounded once.
-    assert_eq!(app.charges(job["id"].as_str().unwrap()).await, [10]);
-    assert_eq!(output["cost"].as_f64(), Some(0.00001));
+    // Plus the PNG kept for 7 days.
+    let id = job["id"].as_str().unwrap();
+    let micro = 10 + app.kept_files_charge(id).await;
+    assert_eq!(app.charges(id).await, [micro]);
+    assert_eq!(output["cost"].as_f64(), Some(micro as f64 / 1e6));
 
     // Same seed, same bytes; another seed, another face.
     let again = app.draw(FACES, &key, json!({"seed": 7})).await;
@@ -118,7 +121,8 @@ async fn a_face_is_a_real_png_billed_by_its_pixels(backend: Backend) {
     }
     assert_ne!(decoded[0], decoded[1]);
     // 3 x 65536 pixels x 2400 / 10^6 = 471.8592 micro-USD.
-    assert_eq!(app.charges(job["id"].as_str().unwrap()).await, [472]);
+    let id = job["id"].as_str().unwrap();
+    assert_eq!(app.charges(id).await, [472 + app.kept_files_charge(id).await]);
     // The first image of the batch is the 64x64 face of seed 7, upscaled.
     let small = image::imageops::resize(&decoded[0], 64, 64, image::imageops::FilterType::Triangle);
     let diff: f64 = small
@@ -190,7 +194,8 @@ async fn the_prompt_picks_the_eye_colour() {
         }
         blueness.push(total / 4.0);
         // 4 x 16384 pixels at 0.02 USD per megapixel: 1310.72 micro-USD.
-        assert_eq!(app.charges(job["id"].as_str().unwrap()).await, [1311]);
+        let id = job["id"].as_str().unwrap();
+        assert_eq!(app.charges(id).await, [1311 + app.kept_files_charge(id).await]);
     }
     assert!(
         blueness[0] > blueness[1] + 10.0,
@@ -247,7 +252,8 @@ async fn terrain_heightfields_follow_the_difficulty() {
         }
         rough.push(total / 4.0);
         // 4 x 16384 pixels at 0.02 USD per megapixel.
-        assert_eq!(app.charges(job["id"].as_str().unwrap()).await, [1311]);
+        let id = job["id"].as_str().unwrap();
+        assert_eq!(app.charges(id).await, [1311 + app.kept_files_charge(id).await]);
     }
     assert!(rough[1] > rough[0], "difficulty 100 is rougher than 1: {rough:?}");
     // A terrain is continuous: neighbours differ by a few percent of the range at most.

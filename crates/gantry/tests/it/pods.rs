@@ -187,7 +187,10 @@ async fn a_pod_lives_on_docker_keeps_its_files_and_is_billed_by_the_second() {
     assert_eq!(app.action(&id, &key, "stop").await.status(), 200);
     let stopped = app.pod_until(&id, &key, "EXITED").await;
     assert_eq!(stopped["actions"], json!(["start", "terminate"]));
-    assert_eq!(stopped["cost"], 0.0);
+    // Stopped, it costs what its disk does: GB × 0.20 USD / 730 h.
+    let disk = stopped["disk"].as_i64().unwrap();
+    let disk_hourly = (disk * 200_000 * 2 + 730) / (730 * 2);
+    assert_eq!(stopped["cost"].as_f64(), Some(disk_hourly as f64 / 1e6), "{stopped}");
     assert!(stopped["runtime"].is_null());
     let refused = problem(app.action(&id, &key, "stop").await, 409).await;
     let detail = refused["detail"].as_str().unwrap();
@@ -286,15 +289,41 @@ async fn a_pod_lives_on_docker_keeps_its_files_and_is_billed_by_the_second() {
     );
     let db = sea_orm::Database::connect(&app.database_url).await.unwrap();
     use sea_orm::ConnectionTrait;
+    // Between runs its disk was charged: from the end of one run to the
+    // start of the next, never after the terminate.
+    let disks = app.fleet.service().pod_stretches(&id, "disk").await.unwrap();
+    assert!(!disks.is_empty(), "the stop left its disk charged");
+    for disk in &disks {
+        assert_eq!(disk.hourly_micro_usd, disk_hourly);
+        assert!(
+            runs.iter().any(|r| r.ended_at_ms == Some(disk.created_at_ms)),
+            "{disk:?} {runs:?}"
+        );
+        assert!(
+            runs.iter().any(|r| Some(r.created_at_ms) == disk.ended_at_ms),
+            "{disk:?} {runs:?}"
+        );
+    }
+    let stop_gap = disks
+        .iter()
+        .map(|d| d.ended_at_ms.unwrap() - d.created_at_ms)
+        .max()
+        .unwrap();
+    assert!(stop_gap > 0, "{disks:?}");
     let mut charged = 0i64;
-    for run in &runs {
+    let mut disk_charged = 0i64;
+    for (run, unit) in runs
+        .iter()
+        .map(|r| (r, "cpu_pod_seconds"))
+        .chain(disks.iter().map(|d| (d, "pod_disk_seconds")))
+    {
         let ended = run.ended_at_ms.expect("every run ended");
         assert_eq!(run.billed_until_ms, ended, "charged up to its end");
         let charges = db
             .query_all_raw(sea_orm::Statement::from_string(
                 db.get_database_backend(),
                 format!(
-                    "SELECT quantity_micros, amount_micro_usd FROM ledger_entries WHERE job_id LIKE '{}@%' AND unit = 'cpu_pod_seconds' AND model = '{id}'",
+                    "SELECT quantity_micros, amount_micro_usd FROM ledger_entries WHERE job_id LIKE '{}@%' AND unit = '{unit}' AND model = '{id}'",
                     run.id
                 ),
             ))
@@ -312,7 +341,11 @@ async fn a_pod_lives_on_docker_keeps_its_files_and_is_billed_by_the_second() {
             amount,
             (i128::from(ended - run.created_at_ms) * i128::from(run.hourly_micro_usd) / 3_600_000) as i64
         );
-        charged += amount;
+        if unit == "pod_disk_seconds" {
+            disk_charged += amount;
+        } else {
+            charged += amount;
+        }
     }
     // The billing history shows the same, as CPU pod time.
     let billed: Value = app
@@ -324,6 +357,11 @@ async fn a_pod_lives_on_docker_keeps_its_files_and_is_billed_by_the_second() {
     let total = billed["metadata"]["totals"]["cpuAmount"].as_f64().unwrap();
     assert!((total - charged as f64 / 1e6).abs() < 1e-6, "{billed} vs {charged}");
     assert_eq!(billed["metadata"]["totals"]["gpuAmount"], 0.0);
+    let disk_total = billed["metadata"]["totals"]["diskAmount"].as_f64().unwrap();
+    assert!(
+        (disk_total - disk_charged as f64 / 1e6).abs() < 1e-6,
+        "{billed} vs {disk_charged}"
+    );
     assert_eq!(billed["metadata"]["uniquePodCount"], 1, "{billed}");
     assert!(
         billed["records"]
@@ -339,8 +377,22 @@ async fn a_pod_lives_on_docker_keeps_its_files_and_is_billed_by_the_second() {
         .json()
         .await
         .unwrap();
-    let pods = history["metadata"]["totals"]["podCpuAmount"].as_f64().unwrap();
+    let totals = &history["metadata"]["totals"];
+    let pods = totals["podCpuAmount"].as_f64().unwrap();
     assert!((pods - charged as f64 / 1e6).abs() < 1e-6, "{history} vs {charged}");
+    let disks = totals["podDiskAmount"].as_f64().unwrap();
+    assert!(
+        (disks - disk_charged as f64 / 1e6).abs() < 1e-6,
+        "{history} vs {disk_charged}"
+    );
+    // A pod's charges are no model job's, and count once in the total (with
+    // the volume's storage).
+    assert_eq!(totals["endpointAmount"], 0.0, "{history}");
+    let sum = pods + disks + totals["storageStandardAmount"].as_f64().unwrap();
+    assert!(
+        (totals["totalAmount"].as_f64().unwrap() - sum).abs() < 1e-6,
+        "{history}"
+    );
     // Runs do not overlap: a pod is billed once at a time.
     for pair in runs.windows(2) {
         assert!(pair[0].ended_at_ms.unwrap() <= pair[1].created_at_ms, "{runs:?}");
@@ -655,7 +707,7 @@ async fn a_pod_survives_a_crash_of_gantry_and_is_billed_across_it() {
         }
     };
     let runs = row(format!(
-        "SELECT id, created_at_ms, ended_at_ms, billed_until_ms FROM pod_runs WHERE pod_id = '{id}'"
+        "SELECT id, created_at_ms, ended_at_ms, billed_until_ms FROM pod_runs WHERE pod_id = '{id}' AND kind = 'run'"
     ))
     .await;
     assert_eq!(runs.len(), 1, "one run across the crash");

@@ -105,10 +105,11 @@ async fn a_sentence_is_a_real_wav_billed_by_characters(backend: Backend) {
     assert!((8.0..30.0).contains(&per_second), "{per_second} characters a second");
     assert_speech(&samples, "the file");
 
-    // Characters x price, charged once, in exact micro-USD.
-    let micro = characters * MICRO_USD_PER_CHARACTER;
+    // Characters x price, plus the kept WAV, charged once, in exact micro-USD.
+    let id = job["id"].as_str().unwrap();
+    let micro = characters * MICRO_USD_PER_CHARACTER + app.kept_files_charge(id).await;
     assert_eq!(output["cost"].as_f64().unwrap(), micro as f64 / 1e6);
-    assert_eq!(app.charges(job["id"].as_str().unwrap()).await, [micro]);
+    assert_eq!(app.charges(id).await, [micro]);
 
     // Twice the speed, about half the audio.
     let fast = app
@@ -206,7 +207,7 @@ async fn sentences_stream_in_order_as_playable_wavs_before_the_job_ends() {
     let (_, whole) = read_wav(&res.bytes().await.unwrap());
     assert_eq!(whole, streamed);
     let micro = prompt.chars().count() as i64 * MICRO_USD_PER_CHARACTER;
-    assert_eq!(app.charges(&id).await, [micro]);
+    assert_eq!(app.charges(&id).await, [micro + app.kept_files_charge(&id).await]);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -332,6 +333,6 @@ async fn flac_and_ogg_files_are_what_they_say() {
             );
         }
         let micro = prompt.chars().count() as i64 * MICRO_USD_PER_CHARACTER;
-        assert_eq!(app.charges(&id).await, [micro]);
+        assert_eq!(app.charges(&id).await, [micro + app.kept_files_charge(&id).await]);
     }
 }

@@ -90,6 +90,19 @@ impl TestApp {
             .collect()
     }
 
+    /// The part of `job_id`'s charge that pays for keeping its output files
+    /// (their bytes for the files' lifetime at the default price; see
+    /// `files::kept_files_are_charged_with_their_job` for literal figures).
+    pub async fn kept_files_charge(&self, job_id: &str) -> i64 {
+        let bytes = self
+            .count(&format!(
+                "SELECT CAST(COALESCE(SUM(size), 0) AS BIGINT) FROM files WHERE job_id = '{job_id}'"
+            ))
+            .await;
+        let lifetime_ms = i64::try_from(self.settings.files.lifetime_secs * 1000).unwrap();
+        gantry_billing::storage::StoragePrices::default().kept_files(u64::try_from(bytes).unwrap(), lifetime_ms)
+    }
+
     /// Reads a job's Server-Sent Events until the stream ends.
     pub async fn sse(&self, key: &str, job_id: &str, last_event_id: Option<i64>) -> Vec<(Option<i64>, String, Value)> {
         let mut request = self

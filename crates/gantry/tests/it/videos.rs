@@ -173,8 +173,11 @@ async fn a_face_morph_is_an_h264_video_that_browsers_play() {
     assert_eq!(output["faces"], 3, "a face a second: at 0, 1 and 2 s (the last frame)");
     // 2 s is one started 5 s block: 0.50 USD.
     assert_eq!(output["billed_seconds"], 5);
-    assert_eq!(app.charges(job["id"].as_str().unwrap()).await, [BLOCK_MICRO_USD]);
-    assert_eq!(output["cost"].as_f64(), Some(0.5));
+    // Plus the MP4 kept for 7 days.
+    let id = job["id"].as_str().unwrap();
+    let micro = BLOCK_MICRO_USD + app.kept_files_charge(id).await;
+    assert_eq!(app.charges(id).await, [micro]);
+    assert_eq!(output["cost"].as_f64(), Some(micro as f64 / 1e6));
 
     let (path, bytes) = app.save_video(&job, dir.path(), "faces.mp4").await;
     let probed = probe(&path);
@@ -300,7 +303,11 @@ async fn images_become_a_video_that_moves_between_them() {
         (output["frames"].as_u64(), output["keyframes"].as_u64()),
         (Some(16), Some(3))
     );
-    assert_eq!(app.charges(job["id"].as_str().unwrap()).await, [BLOCK_MICRO_USD]);
+    let id = job["id"].as_str().unwrap();
+    assert_eq!(
+        app.charges(id).await,
+        [BLOCK_MICRO_USD + app.kept_files_charge(id).await]
+    );
 
     let (path, _) = app.save_video(&job, dir.path(), "disk.mp4").await;
     let probed = probe(&path);

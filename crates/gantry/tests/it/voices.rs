@@ -145,8 +145,12 @@ async fn a_matched_voice_is_closer_to_every_reference_speaker_than_the_plain_voi
             "{fit}"
         );
         // Billed like any reading: characters of the prompt.
-        let charges = app.charges(job["id"].as_str().unwrap()).await;
-        assert_eq!(charges, [TEXT.chars().count() as i64 * 50]);
+        let id = job["id"].as_str().unwrap();
+        let charges = app.charges(id).await;
+        assert_eq!(
+            charges,
+            [TEXT.chars().count() as i64 * 50 + app.kept_files_charge(id).await]
+        );
         assert!(
             after > before,
             "{speaker}: matched {after} is not closer than plain {before}\n{report:#?}"

@@ -61,8 +61,22 @@ impl Model for EchoModel {
         // A file goes first, so that `fail` after it shows a failed job's
         // files being discarded.
         if let Some(file) = &options.file {
-            let data = file.text.repeat(usize::try_from(file.repeat).unwrap_or(usize::MAX));
-            ctx.put_file("/file_url", &file.media_type, data.as_bytes()).await?;
+            // Written as it is made: the worker holds a chunk of it at most.
+            let mut out = ctx.create_file("/file_url", &file.media_type)?;
+            // Whole copies of the text in blocks of about 64 KiB.
+            let per_block = (64 * 1024 / file.text.len().max(1)).max(1) as u64;
+            let block = file.text.repeat(per_block.min(file.repeat) as usize);
+            let mut left = if file.text.is_empty() { 0 } else { file.repeat };
+            while left > 0 {
+                if ctx.is_cancelled() {
+                    return Err(JobError::Cancelled);
+                }
+                let copies = per_block.min(left);
+                out.write(&block.as_bytes()[..file.text.len() * copies as usize])
+                    .await?;
+                left -= copies;
+            }
+            out.finish().await?;
         }
         if let Some(message) = options.fail {
             return Err(JobError::BadInput(message));
@@ -117,10 +131,11 @@ struct FileOption {
     media_type: String,
 }
 
-/// Largest echo file (text × repeat), in bytes: the file is made whole in
-/// memory before it is sent. The platform's own bound on output files
-/// (`files.max_file_bytes`) applies on top.
-const MAX_FILE_BYTES: u64 = 32 << 20;
+/// Largest echo file (text × repeat), in bytes. The file streams to the
+/// scheduler as it is made, so this bounds the worker's time, not its
+/// memory; the platform's own bounds on output files
+/// (`files.max_file_bytes`, `files.max_job_bytes`) apply on top.
+const MAX_FILE_BYTES: u64 = 256 << 20;
 
 impl FileOption {
     fn parse(value: &Value) -> Result<Option<Self>, JobError> {
