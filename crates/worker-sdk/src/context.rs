@@ -4,7 +4,7 @@ use std::time::SystemTime;
 
 use gantry_proto::v1::{FileChunk, OutputFile, Progress, StreamChunk, WorkerMessage, worker_message::Kind};
 use serde_json::Value;
-use tokio::sync::{Mutex, mpsc};
+use tokio::sync::{Mutex, Semaphore, mpsc};
 use tokio_util::sync::CancellationToken;
 
 use crate::JobError;
@@ -27,6 +27,9 @@ struct Inner {
     /// Weak, so a context kept alive past its job does not hold the stream
     /// open.
     out: mpsc::WeakSender<WorkerMessage>,
+    /// Places for file chunks in the stream's queue: a file writer takes
+    /// one per chunk, and the stream gives it back when it sends the chunk.
+    file_chunks: Arc<Semaphore>,
     /// Next chunk sequence number; the lock is held while the chunk is
     /// queued so sequence numbers and stream order always agree.
     next_seq: Mutex<u64>,
@@ -47,6 +50,7 @@ impl JobContext {
         deadline: Option<SystemTime>,
         cancel: CancellationToken,
         out: mpsc::WeakSender<WorkerMessage>,
+        file_chunks: Arc<Semaphore>,
     ) -> Self {
         Self {
             inner: Arc::new(Inner {
@@ -55,6 +59,7 @@ impl JobContext {
                 deadline,
                 cancel,
                 out,
+                file_chunks,
                 next_seq: Mutex::new(0),
                 files: Mutex::new(Vec::new()),
                 next_file: AtomicU32::new(0),
@@ -175,9 +180,10 @@ impl JobContext {
     }
 
     async fn send(&self, kind: Kind) -> Result<(), JobError> {
-        let lost = || JobError::internal("connection to the scheduler was lost");
-        let out = self.inner.out.upgrade().ok_or_else(lost)?;
-        out.send(WorkerMessage { kind: Some(kind) }).await.map_err(|_| lost())
+        let out = self.inner.out.upgrade().ok_or_else(lost_connection)?;
+        out.send(WorkerMessage { kind: Some(kind) })
+            .await
+            .map_err(|_| lost_connection())
     }
 }
 
@@ -232,6 +238,17 @@ impl FileWriter {
     /// Sends the buffer as the next chunk (the first one names the media
     /// type; the last one may be empty).
     async fn send(&mut self, last: bool) -> Result<(), JobError> {
+        // Wait for a place in the queue first: a fast writer is held to the
+        // pace of the stream rather than queueing the whole file in memory,
+        // and a write given up while it waits here keeps its bytes.
+        let place = self
+            .ctx
+            .inner
+            .file_chunks
+            .acquire()
+            .await
+            .map_err(|_| lost_connection())?;
+        place.forget();
         let data = std::mem::take(&mut self.buffer);
         let len = data.len() as u64;
         let chunk = FileChunk {
@@ -263,6 +280,10 @@ impl std::fmt::Debug for FileWriter {
     }
 }
 
+fn lost_connection() -> JobError {
+    JobError::internal("connection to the scheduler was lost")
+}
+
 impl std::fmt::Debug for JobContext {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("JobContext")
@@ -270,5 +291,58 @@ impl std::fmt::Debug for JobContext {
             .field("attempt", &self.inner.attempt)
             .field("cancelled", &self.is_cancelled())
             .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A writer is held to the pace of the stream: with two places for
+    /// chunks and nothing taking them, the third chunk waits until the
+    /// stream takes one (gives its place back).
+    #[tokio::test]
+    async fn a_file_writer_waits_for_the_stream_to_take_its_chunks() {
+        let (tx, mut rx) = mpsc::channel(256);
+        let places = Arc::new(Semaphore::new(2));
+        let ctx = JobContext::new(
+            "job".into(),
+            1,
+            None,
+            CancellationToken::new(),
+            tx.downgrade(),
+            Arc::clone(&places),
+        );
+        let mut file = ctx.create_file("/file_url", "text/plain").unwrap();
+        let chunk = vec![7u8; FILE_CHUNK_BYTES];
+        file.write(&chunk).await.unwrap();
+        file.write(&chunk).await.unwrap();
+        let third = tokio::time::timeout(std::time::Duration::from_millis(200), file.write(&chunk)).await;
+        assert!(third.is_err(), "a third chunk went out with no place free");
+        // The stream takes the first chunk; with places free, the third
+        // (kept while it waited), a fourth and the end go out.
+        let taken = rx.recv().await.unwrap();
+        assert!(matches!(taken.kind, Some(Kind::FileChunk(ref c)) if c.offset == 0 && c.media_type == "text/plain"));
+        places.add_permits(3);
+        file.write(&chunk).await.unwrap();
+        file.finish().await.unwrap();
+        let mut offsets = Vec::new();
+        while let Ok(message) = rx.try_recv() {
+            if let Some(Kind::FileChunk(c)) = message.kind {
+                offsets.push((c.offset, c.data.len(), c.last));
+            }
+        }
+        let mib = FILE_CHUNK_BYTES as u64;
+        assert_eq!(
+            offsets,
+            vec![
+                (mib, FILE_CHUNK_BYTES, false),
+                (2 * mib, FILE_CHUNK_BYTES, false),
+                (3 * mib, FILE_CHUNK_BYTES, false),
+                (4 * mib, 0, true)
+            ]
+        );
+        assert_eq!(ctx.take_files().await.len(), 1);
+        drop(tx);
     }
 }

@@ -12,9 +12,10 @@ use gantry_proto::v1::{
     Assign, Cancelled, Draining, Failure, Heartbeat, Hello, SchedulerMessage, SlotCredit, Timings, WorkerMessage,
     scheduler_message, worker_message::Kind,
 };
-use tokio::sync::mpsc;
+use tokio::sync::{Semaphore, mpsc};
 use tokio::task::{JoinError, JoinSet};
 use tokio::time::Instant;
+use tokio_stream::StreamExt as _;
 use tokio_stream::wrappers::ReceiverStream;
 use tokio_util::sync::CancellationToken;
 use tonic::transport::Endpoint;
@@ -24,6 +25,10 @@ use crate::{Credentials, JobContext, JobError, Model, Output, WorkerConfig};
 
 /// Messages queued towards the scheduler before senders wait.
 const OUTBOUND_CAPACITY: usize = 256;
+/// File chunks (1 MiB each) queued towards the scheduler before a file
+/// writer waits: a worker that makes a file faster than the stream carries
+/// it holds at most this many of its chunks, however large the file.
+const FILE_CHUNKS_IN_FLIGHT: usize = 4;
 
 /// Why a [`WorkerRuntime`] stopped with an error.
 #[derive(Debug, thiserror::Error)]
@@ -138,7 +143,7 @@ impl<M: Model> WorkerRuntime<M> {
         shutdown: Pin<&mut F>,
         state: &mut State,
     ) -> Result<(), SessionError> {
-        let (out, inbound, ack_interval) = self.handshake(endpoint).await?;
+        let (out, file_chunks, inbound, ack_interval) = self.handshake(endpoint).await?;
         let interval = match ack_interval {
             0 => self.config.heartbeat_interval,
             ms => Duration::from_millis(ms),
@@ -148,6 +153,7 @@ impl<M: Model> WorkerRuntime<M> {
             model: &self.model,
             config: &self.config,
             out,
+            file_chunks,
             jobs: HashMap::new(),
             tasks: JoinSet::new(),
             task_jobs: HashMap::new(),
@@ -164,7 +170,15 @@ impl<M: Model> WorkerRuntime<M> {
     async fn handshake(
         &self,
         endpoint: &Endpoint,
-    ) -> Result<(mpsc::Sender<WorkerMessage>, Streaming<SchedulerMessage>, u64), SessionError> {
+    ) -> Result<
+        (
+            mpsc::Sender<WorkerMessage>,
+            Arc<Semaphore>,
+            Streaming<SchedulerMessage>,
+            u64,
+        ),
+        SessionError,
+    > {
         let timeout = self.config.connect_timeout;
         let channel = endpoint
             .connect()
@@ -185,7 +199,16 @@ impl<M: Model> WorkerRuntime<M> {
         };
         send(&out, Kind::Hello(hello)).await?;
 
-        let mut request = Request::new(ReceiverStream::new(rx));
+        // A file chunk's place is free again once the stream has taken it.
+        let file_chunks = Arc::new(Semaphore::new(FILE_CHUNKS_IN_FLIGHT));
+        let taken = Arc::clone(&file_chunks);
+        let outbound = ReceiverStream::new(rx).map(move |message| {
+            if matches!(message.kind, Some(Kind::FileChunk(_))) {
+                taken.add_permits(1);
+            }
+            message
+        });
+        let mut request = Request::new(outbound);
         let bearer = self.bearer().map_err(SessionError::Fatal)?;
         let bearer = bearer
             .parse()
@@ -202,7 +225,7 @@ impl<M: Model> WorkerRuntime<M> {
             .map_err(|_| SessionError::lost("timed out waiting for HelloAck"))?
             .map_err(SessionError::from_status)?;
         match first.and_then(|m| m.kind) {
-            Some(scheduler_message::Kind::HelloAck(ack)) => Ok((out, inbound, ack.heartbeat_interval_ms)),
+            Some(scheduler_message::Kind::HelloAck(ack)) => Ok((out, file_chunks, inbound, ack.heartbeat_interval_ms)),
             other => Err(SessionError::lost(format!("expected HelloAck, got {other:?}"))),
         }
     }
@@ -263,6 +286,8 @@ struct Session<'a, M> {
     model: &'a Arc<M>,
     config: &'a WorkerConfig,
     out: mpsc::Sender<WorkerMessage>,
+    /// Places for file chunks in the outbound queue ([`FILE_CHUNKS_IN_FLIGHT`]).
+    file_chunks: Arc<Semaphore>,
     jobs: HashMap<String, RunningJob>,
     tasks: JoinSet<JobReport>,
     task_jobs: HashMap<tokio::task::Id, String>,
@@ -396,7 +421,14 @@ impl<M: Model> Session<'_, M> {
         };
 
         let cancel = CancellationToken::new();
-        let ctx = JobContext::new(job_id.clone(), attempt, deadline, cancel.clone(), self.out.downgrade());
+        let ctx = JobContext::new(
+            job_id.clone(),
+            attempt,
+            deadline,
+            cancel.clone(),
+            self.out.downgrade(),
+            Arc::clone(&self.file_chunks),
+        );
         let expires = remaining.flatten().map(|left| Instant::now() + left);
         let model = Arc::clone(self.model);
         let grace = self.config.cancel_grace;
