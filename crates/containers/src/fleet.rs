@@ -26,7 +26,12 @@ use gantry_runtime::{Container as RuntimeContainer, ContainerSpec, ContainerStat
 use hmac::{KeyInit, Mac};
 use sea_orm::{ConnectionTrait, DbBackend, Statement};
 
+use crate::pods::network_volume_name;
 use crate::service::{ContainerError, ContainerService, EndpointRecord, WorkerRecord, new_id, now_ms};
+
+/// Where a worker container finds its endpoint's network volume (RunPod's
+/// serverless path).
+pub const WORKER_VOLUME_PATH: &str = "/runpod-volume";
 use crate::spec::{Scaling, split_args};
 
 /// Label keys every container of Gantry carries.
@@ -810,7 +815,13 @@ impl Fleet {
             memory_bytes: (memory_gb > 0).then(|| u64::from(memory_gb) << 30),
             nano_cpus: (vcpus > 0).then(|| u64::from(vcpus) * 1_000_000_000),
             gpus: gpu_count,
-            binds: Vec::new(),
+            // The endpoint's network volume, where RunPod workers find it.
+            binds: spec
+                .network_volumes
+                .first()
+                .map(|id| format!("{}:{WORKER_VOLUME_PATH}", network_volume_name(id)))
+                .into_iter()
+                .collect(),
             stop_timeout_secs: Some(u32::try_from(self.config.stop_grace.as_secs()).unwrap_or(10)),
             auto_remove: false,
             tty: false,

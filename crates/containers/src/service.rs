@@ -313,6 +313,18 @@ impl ContainerService {
         rows.into_iter().map(endpoint_of).collect()
     }
 
+    /// The owner's endpoints (not deleted) whose workers mount network
+    /// volume `volume_id`.
+    pub async fn endpoints_using_volume(&self, owner: &str, volume_id: &str) -> Result<Vec<String>, ContainerError> {
+        Ok(self
+            .list_endpoints(owner)
+            .await?
+            .into_iter()
+            .filter(|endpoint| endpoint.spec.network_volumes.iter().any(|id| id == volume_id))
+            .map(|endpoint| endpoint.id)
+            .collect())
+    }
+
     pub async fn get_endpoint(&self, owner: &str, id: &str) -> Result<EndpointRecord, ContainerError> {
         endpoint::Entity::find_by_id(id)
             .filter(endpoint::Column::UserId.eq(owner))

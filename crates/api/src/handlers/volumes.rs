@@ -188,7 +188,7 @@ pub async fn update(
 #[utoipa::path(delete, path = "/v2/network-volumes/{id}", operation_id = "deleteNetworkVolume", tag = "Network Volumes",
     description = "Permanently deletes a network volume. Its storage is charged up to the hour in progress \
 first (volumes are charged by the started hour), and its files are removed. A volume a pod mounts is 409 until \
-the pod is terminated. Requires `volumes:write`.",
+the pod is terminated, and one a serverless endpoint's workers mount is 409 while the endpoint has it. Requires `volumes:write`.",
     params(("id" = String, Path, description = "Network volume identifier")),
     responses((status = 204, description = "Deleted. Response has no body.")))]
 pub async fn delete(
@@ -202,6 +202,13 @@ pub async fn delete(
         return Err(ApiError::Conflict(format!(
             "the volume is mounted by pod {}: terminate or delete it first",
             users.join(", ")
+        )));
+    }
+    let endpoints = state.containers.endpoints_using_volume(&principal.user_id, &id).await?;
+    if !endpoints.is_empty() {
+        return Err(ApiError::Conflict(format!(
+            "the volume is mounted by the workers of endpoint {}: remove it from their networkVolumes or delete them first",
+            endpoints.join(", ")
         )));
     }
     // Only the caller's own volume is accrued (another's id is answered

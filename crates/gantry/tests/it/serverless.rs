@@ -816,3 +816,88 @@ async fn an_endpoint_on_docker_scales_from_zero_to_max_and_back_and_bills_worker
             .all(|r| r["serverlessId"] == endpoint.as_str())
     );
 }
+
+/// An endpoint's network volume is mounted into each of its workers at
+/// `/runpod-volume`: a file one worker writes, a later worker reads. The
+/// volume cannot be deleted while the endpoint has it.
+#[tokio::test]
+async fn an_endpoints_workers_share_its_network_volume() {
+    let app = spawn(Backend::Sqlite).await;
+    let (_, key) = app.user_with_key("all").await;
+    let volume = app
+        .create(
+            "/v2/network-volumes",
+            &key,
+            json!({"name": "shared", "size": 10, "dataCenter": "EU-RO-1"}),
+        )
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let endpoint = app
+        .create(
+            "/v2/serverless",
+            &key,
+            json!({
+                "name": "volume endpoint",
+                "type": "QUEUE",
+                "image": WORKER_IMAGE,
+                "scaling": {"type": "QUEUE_DELAY", "queueDelay": 0.5},
+                "workers": {"min": 0, "max": 1, "idleTimeout": 1},
+                "cpu": [{"id": "cpu3c", "vcpuCount": 2}],
+                "networkVolumes": [volume],
+            }),
+        )
+        .await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+
+    let wrote = app
+        .endpoint_job(
+            &endpoint,
+            &key,
+            "runsync?wait=300000",
+            json!({"write": {"name": "note", "text": "kept"}}),
+        )
+        .await;
+    assert_eq!(wrote["status"], "COMPLETED", "{wrote}");
+    let first = wrote["output"]["worker"].as_str().unwrap().to_owned();
+
+    let res = app
+        .request(Method::DELETE, &format!("/v2/network-volumes/{volume}"), Some(&key))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 409);
+    let problem: Value = res.json().await.unwrap();
+    assert!(problem["detail"].as_str().unwrap().contains(&endpoint), "{problem}");
+
+    // Idle past its timeout, the worker goes; the next job gets a new one,
+    // which finds the file.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while app.workers_of(&endpoint, &key).await["summary"]["total"] != 0 {
+        assert!(Instant::now() < deadline, "never scaled back to 0");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let read = app
+        .endpoint_job(&endpoint, &key, "runsync?wait=300000", json!({"read": "note"}))
+        .await;
+    assert_eq!(read["status"], "COMPLETED", "{read}");
+    assert_eq!(read["output"]["read"], "kept", "{read}");
+    assert_ne!(read["output"]["worker"], first.as_str(), "{read}");
+
+    // Without the endpoint, the volume goes.
+    let res = app
+        .request(Method::DELETE, &format!("/v2/serverless/{endpoint}"), Some(&key))
+        .send()
+        .await
+        .unwrap();
+    assert!(res.status().is_success(), "{}", res.status());
+    let res = app
+        .request(Method::DELETE, &format!("/v2/network-volumes/{volume}"), Some(&key))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status().as_u16(), 204);
+}
