@@ -16,7 +16,13 @@ import time
 import urllib.request
 
 from selenium import webdriver
-from selenium.common.exceptions import NoAlertPresentException, TimeoutException
+from selenium.common.exceptions import (
+    NoAlertPresentException,
+    NoSuchElementException,
+    StaleElementReferenceException,
+    TimeoutException,
+    WebDriverException,
+)
 from selenium.webdriver.chrome.service import Service
 from selenium.webdriver.common.by import By
 from selenium.webdriver.common.keys import Keys
@@ -54,6 +60,26 @@ options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
 driver = webdriver.Chrome(service=Service(os.environ.get("CHROMEDRIVER", "/usr/bin/chromedriver")), options=options)
 driver.set_script_timeout(60)
 wait = WebDriverWait(driver, 120)
+
+
+def text_in(locator, text):
+    """A wait condition: `text` is in the element's text. The console's
+    script replaces parts of the page as they change; an element found just
+    before it is replaced is read again, not an error. (Chromium reports such
+    a node as "does not belong to the document" rather than as stale.)"""
+
+    def check(d):
+        try:
+            return text in d.find_element(*locator).text
+        except (StaleElementReferenceException, NoSuchElementException):
+            return False
+        except WebDriverException as e:
+            if "does not belong to the document" in str(e):
+                return False
+            raise
+
+    return check
+
 checked_pages = []
 
 
@@ -132,7 +158,7 @@ try:
     email = driver.find_element(By.ID, "email")
     email.send_keys("nobody@example.test")
     driver.find_element(By.ID, "password").send_keys("not the password" + Keys.ENTER)
-    wait.until(EC.text_to_be_present_in_element((By.ID, "form-error"), "Wrong email or password"))
+    wait.until(text_in((By.ID, "form-error"), "Wrong email or password"))
     driver.find_element(By.ID, "email").clear()
     driver.find_element(By.ID, "email").send_keys(EMAIL)
     driver.find_element(By.ID, "password").send_keys(PASSWORD + Keys.ENTER)
@@ -174,7 +200,7 @@ try:
     size.clear()
     size.send_keys("5")
     driver.find_element(By.CSS_SELECTOR, "form[data-api$='network-volumes'] button[type=submit]").click()
-    wait.until(EC.text_to_be_present_in_element((By.ID, "err-vol-size"), "10"))
+    wait.until(text_in((By.ID, "err-vol-size"), "10"))
     log("size error next to its field:", driver.find_element(By.ID, "err-vol-size").text)
     if driver.find_element(By.ID, "vol-size").get_attribute("aria-invalid") != "true":
         fail("the size field is not marked invalid")
@@ -190,7 +216,7 @@ try:
     rename = driver.find_element(By.CSS_SELECTOR, "article.row input[name=name]")
     rename.clear()
     rename.send_keys("renamed" + Keys.ENTER)
-    wait.until(EC.text_to_be_present_in_element((By.CSS_SELECTOR, ".vol-name"), "renamed"))
+    wait.until(text_in((By.CSS_SELECTOR, ".vol-name"), "renamed"))
     driver.find_element(By.CSS_SELECTOR, "article.row button.danger").click()
     WebDriverWait(driver, 10).until(EC.alert_is_present())
     driver.switch_to.alert.accept()
@@ -263,10 +289,10 @@ try:
     driver.get(BASE + f"/console/playground/{STT_MODEL}")
     record = wait.until(EC.element_to_be_clickable((By.CSS_SELECTOR, "[data-record]")))
     record.click()
-    wait.until(EC.text_to_be_present_in_element((By.CSS_SELECTOR, "[data-record]"), "Stop recording"))
+    wait.until(text_in((By.CSS_SELECTOR, "[data-record]"), "Stop recording"))
     time.sleep(1.5)
     record.click()
-    wait.until(EC.text_to_be_present_in_element((By.CSS_SELECTOR, "[data-record]"), "Recorded"))
+    wait.until(text_in((By.CSS_SELECTOR, "[data-record]"), "Recorded"))
     recorded = driver.execute_script("return document.getElementById('in-audio').dataset.recorded || ''")
     if not recorded.startswith("UklGR"):  # base64 of "RIFF"
         fail(f"the recording is not a WAV file: {recorded[:16]!r}")
@@ -344,10 +370,10 @@ try:
         time.sleep(0.5)
         driver.get(BASE + f"/console/pods/{pod}")
     # The page follows the log: "later line", written 5 s after the start, appears without a reload.
-    wait.until(EC.text_to_be_present_in_element((By.ID, "logs"), "later line"))
+    wait.until(text_in((By.ID, "logs"), "later line"))
     log("pod log followed live:", driver.find_element(By.ID, "logs").text.replace("\n", " | ")[:200])
     check_page("pod", f"/console/pods/{pod}")
-    wait.until(EC.text_to_be_present_in_element((By.ID, "logs"), "first line"))
+    wait.until(text_in((By.ID, "logs"), "first line"))
     shot("pod")
     driver.find_element(By.CSS_SELECTOR, "button.danger").click()
     WebDriverWait(driver, 10).until(EC.alert_is_present())
