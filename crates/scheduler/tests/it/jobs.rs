@@ -175,7 +175,17 @@ async fn execution_timeout_and_ttl(backend: Backend) {
         ..NewJob::new(json!({}))
     };
     let short = env.store.submit(USER, &env.echo(), short, Mode::Async).await.unwrap();
-    assert_eq!(env.get(&short.id).await.status, JobStatus::InQueue);
+    let seen = env.get(&short.id).await;
+    // (Seen once in CI under load: IN_PROGRESS here. What the worker held
+    // then is printed, to find out why.)
+    assert_eq!(
+        seen.status,
+        JobStatus::InQueue,
+        "{seen:?}; blocker {:?}; workers {:?}; health {:?}",
+        env.get(&blocker.id).await,
+        node.dispatcher.workers(),
+        node.dispatcher.health()
+    );
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let gone = env.store.get(USER, ECHO, &short.id).await;
     assert!(matches!(gone, Err(JobError::NotFound)), "{gone:?}");
