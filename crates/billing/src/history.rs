@@ -269,18 +269,23 @@ impl Window {
 
 /// A user's job charges in the window: (created ms, micro-USD).
 pub async fn job_charges<C: ConnectionTrait>(db: &C, user: &str, window: &Window) -> Result<Vec<(i64, i64)>, DbErr> {
+    // Every charge but the per-second ones (workers' and pods' time).
+    let per_second: Vec<&str> = [Compute::Workers, Compute::Pods]
+        .iter()
+        .flat_map(|compute| compute.parts().iter().map(|(unit, _)| *unit))
+        .collect();
     let sql = placeholders(
         db.get_database_backend(),
-        "SELECT created_at, amount_micro_usd FROM ledger_entries WHERE user_id = ? AND created_at >= ? AND created_at < ? \
-         AND unit NOT IN ('gpu_worker_seconds', 'cpu_worker_seconds', 'gpu_pod_seconds', 'cpu_pod_seconds', \
-         'pod_disk_seconds')",
+        &format!(
+            "SELECT created_at, amount_micro_usd FROM ledger_entries WHERE user_id = ? AND created_at >= ? \
+             AND created_at < ? AND unit NOT IN ({})",
+            vec!["?"; per_second.len()].join(", ")
+        ),
     );
+    let mut values: Vec<sea_orm::Value> = vec![user.into(), window.start.into(), window.end.into()];
+    values.extend(per_second.into_iter().map(sea_orm::Value::from));
     let rows = db
-        .query_all_raw(Statement::from_sql_and_values(
-            db.get_database_backend(),
-            sql,
-            [user.into(), window.start.into(), window.end.into()],
-        ))
+        .query_all_raw(Statement::from_sql_and_values(db.get_database_backend(), sql, values))
         .await?;
     rows.iter()
         .map(|r| Ok((r.try_get_by_index(0)?, r.try_get_by_index(1)?)))
@@ -313,32 +318,16 @@ pub enum Part {
 }
 
 impl Compute {
-    /// The (GPU, CPU) ledger units.
-    pub fn units(self) -> (&'static str, &'static str) {
+    /// Its ledger units, each with what it pays for (a worker's disk is not
+    /// charged).
+    pub fn parts(self) -> &'static [(&'static str, Part)] {
         match self {
-            Compute::Workers => (GPU_WORKER_SECONDS, CPU_WORKER_SECONDS),
-            Compute::Pods => (GPU_POD_SECONDS, CPU_POD_SECONDS),
-        }
-    }
-
-    /// The ledger unit of `part` (a worker has no disk charged: its CPU unit).
-    pub fn unit(self, part: Part) -> &'static str {
-        let (gpu, cpu) = self.units();
-        match (self, part) {
-            (_, Part::Gpu) => gpu,
-            (Compute::Pods, Part::Disk) => POD_DISK_SECONDS,
-            _ => cpu,
-        }
-    }
-
-    fn part_of(self, unit: &str) -> Part {
-        let (gpu, _) = self.units();
-        if unit == gpu {
-            Part::Gpu
-        } else if unit == POD_DISK_SECONDS {
-            Part::Disk
-        } else {
-            Part::Cpu
+            Compute::Workers => &[(GPU_WORKER_SECONDS, Part::Gpu), (CPU_WORKER_SECONDS, Part::Cpu)],
+            Compute::Pods => &[
+                (GPU_POD_SECONDS, Part::Gpu),
+                (CPU_POD_SECONDS, Part::Cpu),
+                (POD_DISK_SECONDS, Part::Disk),
+            ],
         }
     }
 }
@@ -352,18 +341,15 @@ pub async fn compute_charges<C: ConnectionTrait>(
     compute: Compute,
     subject: Option<&str>,
 ) -> Result<Vec<(i64, String, Part, i64)>, DbErr> {
-    let mut sql = String::from(
+    let parts = compute.parts();
+    let mut sql = format!(
         "SELECT created_at, model, unit, amount_micro_usd FROM ledger_entries WHERE user_id = ? \
-         AND unit IN (?, ?, ?) AND created_at >= ? AND created_at < ?",
+         AND unit IN ({}) AND created_at >= ? AND created_at < ?",
+        vec!["?"; parts.len()].join(", ")
     );
-    let mut values: Vec<sea_orm::Value> = vec![
-        user.into(),
-        compute.unit(Part::Gpu).into(),
-        compute.unit(Part::Cpu).into(),
-        compute.unit(Part::Disk).into(),
-        window.start.into(),
-        window.end.into(),
-    ];
+    let mut values: Vec<sea_orm::Value> = vec![user.into()];
+    values.extend(parts.iter().map(|(unit, _)| sea_orm::Value::from(*unit)));
+    values.extend([window.start.into(), window.end.into()]);
     if let Some(subject) = subject {
         sql.push_str(" AND model = ?");
         values.push(subject.into());
@@ -378,7 +364,10 @@ pub async fn compute_charges<C: ConnectionTrait>(
             Ok((
                 r.try_get_by_index(0)?,
                 r.try_get_by_index(1)?,
-                compute.part_of(&unit),
+                parts
+                    .iter()
+                    .find(|(known, _)| *known == unit)
+                    .map_or(Part::Cpu, |(_, part)| *part),
                 r.try_get_by_index(3)?,
             ))
         })

@@ -75,16 +75,25 @@ impl StoragePrices {
         let numerator = i128::from(bytes)
             * i128::from(self.output_files_micro_usd_per_gb_month.max(0))
             * i128::from(kept_ms.max(0));
-        let denominator = 1_000_000_000i128 * i128::from(HOURS_PER_MONTH) * i128::from(HOUR_MS);
-        i64::try_from((numerator * 2 + denominator) / (denominator * 2)).unwrap_or(i64::MAX)
+        half_up(
+            numerator,
+            1_000_000_000i128 * i128::from(HOURS_PER_MONTH) * i128::from(HOUR_MS),
+        )
     }
 }
 
 /// An hour of `size_gb` GB at `per_month` micro-USD per GB-month, rounded
 /// half up.
 fn per_hour(size_gb: i64, per_month: i64) -> i64 {
-    let numerator = i128::from(size_gb.max(0)) * i128::from(per_month.max(0));
-    let denominator = i128::from(HOURS_PER_MONTH);
+    half_up(
+        i128::from(size_gb.max(0)) * i128::from(per_month.max(0)),
+        i128::from(HOURS_PER_MONTH),
+    )
+}
+
+/// `numerator / denominator` (both positive) rounded half up, at most
+/// `i64::MAX`.
+fn half_up(numerator: i128, denominator: i128) -> i64 {
     i64::try_from((numerator * 2 + denominator) / (denominator * 2)).unwrap_or(i64::MAX)
 }
 

@@ -28,11 +28,11 @@ use sea_orm::{ConnectionTrait, DbBackend, Statement};
 
 use crate::pods::network_volume_name;
 use crate::service::{ContainerError, ContainerService, EndpointRecord, WorkerRecord, new_id, now_ms};
+use crate::spec::{Scaling, split_args};
 
 /// Where a worker container finds its endpoint's network volume (RunPod's
 /// serverless path).
 pub const WORKER_VOLUME_PATH: &str = "/runpod-volume";
-use crate::spec::{Scaling, split_args};
 
 /// Label keys every container of Gantry carries.
 pub const LABEL_KIND: &str = "gantry.kind";

@@ -19,7 +19,7 @@ use utoipa::ToSchema;
 use crate::entity::{pod, pod_event, pod_run, ssh_key};
 use crate::service::{ContainerError, ContainerService, Stretch, accrue, new_id, now_ms};
 use crate::spec::Container;
-use gantry_billing::history::{Compute, Part};
+use gantry_billing::history::{CPU_POD_SECONDS, GPU_POD_SECONDS, POD_DISK_SECONDS};
 
 /// Prefix of pod ids.
 pub const POD_PREFIX: &str = "pod_";
@@ -634,13 +634,13 @@ impl ContainerService {
             id: row.id,
             user_id: row.user_id,
             subject: row.pod_id,
-            unit: Compute::Pods.unit(if row.kind == pod_run::DISK {
-                Part::Disk
+            unit: if row.kind == pod_run::DISK {
+                POD_DISK_SECONDS
             } else if row.gpu_count > 0 {
-                Part::Gpu
+                GPU_POD_SECONDS
             } else {
-                Part::Cpu
-            }),
+                CPU_POD_SECONDS
+            },
             created_at_ms: row.created_at_ms,
             billed_until_ms: row.billed_until_ms,
             ended_at_ms: row.ended_at_ms,

@@ -12,7 +12,7 @@ use sea_orm::{
 };
 use serde_json::{Value, json};
 
-use gantry_billing::history::{Compute, Part};
+use gantry_billing::history::{CPU_WORKER_SECONDS, GPU_WORKER_SECONDS};
 use gantry_catalog::ENDPOINT_PREFIX;
 
 use crate::entity::{endpoint, registry, release, template, worker};
@@ -574,7 +574,11 @@ impl ContainerService {
             id: row.id,
             user_id: row.user_id,
             subject: row.endpoint_id,
-            unit: Compute::Workers.unit(if row.gpu_count > 0 { Part::Gpu } else { Part::Cpu }),
+            unit: if row.gpu_count > 0 {
+                GPU_WORKER_SECONDS
+            } else {
+                CPU_WORKER_SECONDS
+            },
             created_at_ms: row.created_at_ms,
             billed_until_ms: row.billed_until_ms,
             ended_at_ms: row.ended_at_ms,
@@ -627,7 +631,7 @@ pub(crate) struct Stretch {
     pub user_id: String,
     /// The endpoint or pod, as the ledger's `model`.
     pub subject: String,
-    /// The ledger unit (see [`Compute::unit`]).
+    /// The ledger unit (one of [`gantry_billing::history::Compute::parts`]).
     pub unit: &'static str,
     pub created_at_ms: i64,
     pub billed_until_ms: i64,

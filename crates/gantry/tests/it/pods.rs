@@ -33,7 +33,7 @@ impl TestApp {
         }
     }
 
-    async fn delete(&self, path: &str, key: &str) -> reqwest::Response {
+    pub(crate) async fn delete(&self, path: &str, key: &str) -> reqwest::Response {
         self.request(Method::DELETE, path, Some(key)).send().await.unwrap()
     }
 

@@ -93,21 +93,24 @@ impl TestApp {
 
     /// A CPU endpoint of `image` with the given workers and scaling.
     async fn endpoint(&self, key: &str, image: &str, workers: Value) -> String {
-        let body = self
-            .create(
-                "/v2/serverless",
-                key,
-                json!({
-                    "name": "test endpoint",
-                    "type": "QUEUE",
-                    "image": image,
-                    "scaling": {"type": "QUEUE_DELAY", "queueDelay": 0.5},
-                    "workers": workers,
-                    "cpu": [{"id": "cpu3c", "vcpuCount": 2}],
-                }),
-            )
-            .await;
-        body["id"].as_str().unwrap().to_owned()
+        self.endpoint_with(key, image, workers, json!({})).await
+    }
+
+    /// [`Self::endpoint`] with the fields of `extra` added to its body.
+    async fn endpoint_with(&self, key: &str, image: &str, workers: Value, extra: Value) -> String {
+        let mut body = json!({
+            "name": "test endpoint",
+            "type": "QUEUE",
+            "image": image,
+            "scaling": {"type": "QUEUE_DELAY", "queueDelay": 0.5},
+            "workers": workers,
+            "cpu": [{"id": "cpu3c", "vcpuCount": 2}],
+        });
+        if let (Some(body), Value::Object(extra)) = (body.as_object_mut(), extra) {
+            body.extend(extra);
+        }
+        let created = self.create("/v2/serverless", key, body).await;
+        created["id"].as_str().unwrap().to_owned()
     }
 
     async fn endpoint_job(&self, endpoint: &str, key: &str, route: &str, input: Value) -> Value {
@@ -835,23 +838,13 @@ async fn an_endpoints_workers_share_its_network_volume() {
         .unwrap()
         .to_owned();
     let endpoint = app
-        .create(
-            "/v2/serverless",
+        .endpoint_with(
             &key,
-            json!({
-                "name": "volume endpoint",
-                "type": "QUEUE",
-                "image": WORKER_IMAGE,
-                "scaling": {"type": "QUEUE_DELAY", "queueDelay": 0.5},
-                "workers": {"min": 0, "max": 1, "idleTimeout": 1},
-                "cpu": [{"id": "cpu3c", "vcpuCount": 2}],
-                "networkVolumes": [volume],
-            }),
+            WORKER_IMAGE,
+            json!({"min": 0, "max": 1, "idleTimeout": 1}),
+            json!({"networkVolumes": [volume]}),
         )
-        .await["id"]
-        .as_str()
-        .unwrap()
-        .to_owned();
+        .await;
 
     let wrote = app
         .endpoint_job(
@@ -864,11 +857,7 @@ async fn an_endpoints_workers_share_its_network_volume() {
     assert_eq!(wrote["status"], "COMPLETED", "{wrote}");
     let first = wrote["output"]["worker"].as_str().unwrap().to_owned();
 
-    let res = app
-        .request(Method::DELETE, &format!("/v2/network-volumes/{volume}"), Some(&key))
-        .send()
-        .await
-        .unwrap();
+    let res = app.delete(&format!("/v2/network-volumes/{volume}"), &key).await;
     assert_eq!(res.status().as_u16(), 409);
     let problem: Value = res.json().await.unwrap();
     assert!(problem["detail"].as_str().unwrap().contains(&endpoint), "{problem}");
@@ -888,16 +877,8 @@ async fn an_endpoints_workers_share_its_network_volume() {
     assert_ne!(read["output"]["worker"], first.as_str(), "{read}");
 
     // Without the endpoint, the volume goes.
-    let res = app
-        .request(Method::DELETE, &format!("/v2/serverless/{endpoint}"), Some(&key))
-        .send()
-        .await
-        .unwrap();
+    let res = app.delete(&format!("/v2/serverless/{endpoint}"), &key).await;
     assert!(res.status().is_success(), "{}", res.status());
-    let res = app
-        .request(Method::DELETE, &format!("/v2/network-volumes/{volume}"), Some(&key))
-        .send()
-        .await
-        .unwrap();
+    let res = app.delete(&format!("/v2/network-volumes/{volume}"), &key).await;
     assert_eq!(res.status().as_u16(), 204);
 }
