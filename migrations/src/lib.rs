@@ -19,6 +19,7 @@ mod m20261128_000015_containers;
 mod m20261128_000016_pods;
 mod m20261128_000017_console;
 mod m20261128_000018_pod_disk;
+mod m20261129_000019_worker_timings;
 
 pub struct Migrator;
 
@@ -44,6 +45,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261128_000016_pods::Migration),
             Box::new(m20261128_000017_console::Migration),
             Box::new(m20261128_000018_pod_disk::Migration),
+            Box::new(m20261129_000019_worker_timings::Migration),
         ]
     }
 }

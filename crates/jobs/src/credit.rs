@@ -18,13 +18,9 @@
 
 use gantry_catalog::{ModelKind, ModelSpec};
 use sea_orm::sea_query::Expr;
-use sea_orm::{
-    ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, EntityTrait, QueryFilter, QuerySelect, Statement,
-    TransactionTrait,
-};
+use sea_orm::{ColumnTrait, ConnectionTrait, DbBackend, EntityTrait, QueryFilter, QuerySelect, Statement};
 use serde_json::Value;
 
-use crate::db::serialize_writes;
 use crate::entity::job;
 use crate::types::{JobError, JobStatus};
 
@@ -87,50 +83,23 @@ pub async fn held<C: ConnectionTrait>(db: &C, user: &str) -> Result<i64, sea_orm
     Ok(sum.flatten().unwrap_or(0))
 }
 
-/// Inserts `row` if its owner has credit left, else `PaymentRequired` and
-/// nothing is written.
-pub async fn admit(
-    db: &DatabaseConnection,
-    engine: Option<&crate::engine::Engine>,
-    write_lock: &tokio::sync::Mutex<()>,
-    row: &job::Model,
-) -> Result<(), JobError> {
-    use sea_orm::{ActiveModelTrait, IntoActiveModel};
-    // The SQLite writer thread admits in its own batches (one commit for
-    // many), serialized by that thread.
-    if let Some(engine) = engine {
-        return match engine.admit(row.clone()).await? {
-            Ok(()) => Ok(()),
-            Err((balance, held)) => Err(JobError::PaymentRequired { balance, held }),
-        };
-    }
-    let _guard = serialize_writes(write_lock, db).await;
-    let txn = db.begin().await?;
-    // Only PostgreSQL gets here: SQLite admits on its writer thread (above).
-    let backend = DbBackend::Postgres;
-    // The account row is the per-user lock, taken by the transaction's first
-    // statement, a write: it locks the row (admissions of one user queue
-    // here, and a settlement's debit waits for this commit).
+/// Takes the per-user lock of an admission on PostgreSQL (see
+/// `JobWriter::admit`): a write to the user's `credit_accounts` row as the
+/// transaction's first statement. Returns the balance.
+pub(crate) async fn lock_account<C: ConnectionTrait>(db: &C, user: &str, now: i64) -> Result<i64, sea_orm::DbErr> {
     let lock = "INSERT INTO credit_accounts (user_id, balance_micro_usd, updated_at_ms) VALUES ($1, 0, $2) \
          ON CONFLICT (user_id) DO UPDATE SET updated_at_ms = credit_accounts.updated_at_ms \
          RETURNING balance_micro_usd";
-    let balance = txn
+    Ok(db
         .query_one_raw(Statement::from_sql_and_values(
-            backend,
+            DbBackend::Postgres,
             lock,
-            [row.user_id.as_str().into(), row.created_at_ms.into()],
+            [user.into(), now.into()],
         ))
         .await?
         .map(|r| r.try_get_by_index::<i64>(0))
         .transpose()?
-        .unwrap_or(0);
-    let held = held(&txn, &row.user_id).await?;
-    if balance.saturating_sub(held) <= 0 {
-        return Err(JobError::PaymentRequired { balance, held });
-    }
-    row.clone().into_active_model().reset_all().insert(&txn).await?;
-    txn.commit().await?;
-    Ok(())
+        .unwrap_or(0))
 }
 
 /// Whether the user could start one more job now (for a retry; not

@@ -1,29 +1,11 @@
-//! What every writer of the job layer shares: the clock, job ids, column
-//! arithmetic, and the rule for SQLite's in-process write lock. A leaf: it
-//! imports nothing else of this crate but the entities.
+//! What the job layer's modules share: the clock, job ids and the webhook column's
+//! pending rule. A leaf: it imports nothing of this crate. (The SQLite write lock is the job writer's own:
+//! `transition/mod.rs`.)
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{SystemTime, UNIX_EPOCH};
 
 use rand::RngExt;
-use sea_orm::sea_query::Expr;
-use sea_orm::{DatabaseConnection, DbBackend};
-
-use crate::entity::job;
-
-/// On SQLite, takes the in-process write lock: writers queue here (woken in
-/// order) instead of in SQLite's busy handler, which sleeps for milliseconds.
-/// PostgreSQL locks rows, so nothing is taken there.
-pub async fn serialize_writes<'a>(
-    lock: &'a tokio::sync::Mutex<()>,
-    db: &DatabaseConnection,
-) -> Option<tokio::sync::MutexGuard<'a, ()>> {
-    if db.get_database_backend() == DbBackend::Sqlite {
-        Some(lock.lock().await)
-    } else {
-        None
-    }
-}
 
 pub fn now_ms() -> i64 {
     SystemTime::now()
@@ -57,12 +39,6 @@ pub fn new_job_id(now: i64) -> String {
         0x8000 | ((random >> 48) & 0x3fff),
         random & 0xffff_ffff_ffff
     )
-}
-
-/// `column + n`, for guarded updates.
-pub fn plus(column: job::Column, n: i64) -> Expr {
-    use sea_orm::sea_query::ExprTrait;
-    Expr::col(column).add(n)
 }
 
 /// `webhook_due_ms` of a job submitted or retried now: pending (0) when it

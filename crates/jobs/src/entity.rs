@@ -59,6 +59,9 @@ pub mod job {
         /// The most the job may cost (micro-USD), counted against its
         /// owner's balance while it is queued or running (`credit.rs`).
         pub hold_micro_usd: i64,
+        /// What the worker reported with the completed attempt (JSON:
+        /// `{"queueMs", "loadMs", "runMs"}`); shown in the job's status.
+        pub worker_timings: Option<String>,
     }
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
@@ -102,6 +105,7 @@ pub mod job {
             trace_context: None,
             files: None,
             hold_micro_usd: 0,
+            worker_timings: None,
         }
     }
 }

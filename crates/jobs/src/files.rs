@@ -10,27 +10,27 @@
 //! default: far longer than any result takes to commit after its files).
 //! Several schedulers may sweep the same store: deletes are idempotent.
 
-use std::sync::Arc;
 use std::time::Duration;
 
 use gantry_files::Files;
 use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 
-use crate::db::{now_ms, serialize_writes};
+use crate::db::now_ms;
 use crate::entity::file;
+use crate::transition::JobWriter;
 
 /// Expired files deleted per round.
 const BATCH: u64 = 256;
 
 /// Runs until aborted.
-pub async fn sweep(files: Files, db: DatabaseConnection, write_lock: Arc<tokio::sync::Mutex<()>>) {
+pub async fn sweep(files: Files, db: DatabaseConnection, writer: JobWriter) {
     // Expired files are looked for every 10 s (more often for short
     // lifetimes), orphans a few times per grace period.
     let expiry_period = (files.lifetime() / 4).clamp(Duration::from_millis(250), Duration::from_secs(10));
     let orphan_period = (files.orphan_grace() / 4).clamp(Duration::from_millis(500), Duration::from_secs(900));
     let mut last_orphans: Option<tokio::time::Instant> = None;
     loop {
-        match delete_expired(&files, &db, &write_lock, now_ms()).await {
+        match delete_expired(&files, &db, &writer, now_ms()).await {
             Ok(n) if n > 0 => tracing::info!(deleted = n, "expired output files deleted"),
             Ok(_) => {}
             Err(error) => tracing::warn!(%error, "deleting expired output files failed"),
@@ -51,7 +51,7 @@ pub async fn sweep(files: Files, db: DatabaseConnection, write_lock: Arc<tokio::
 pub async fn delete_expired(
     files: &Files,
     db: &DatabaseConnection,
-    write_lock: &tokio::sync::Mutex<()>,
+    writer: &JobWriter,
     now: i64,
 ) -> Result<usize, String> {
     let mut total = 0;
@@ -73,7 +73,7 @@ pub async fn delete_expired(
         // answers 404), an object without a row would be an orphan.
         files.delete(&keys).await.map_err(|e| e.to_string())?;
         {
-            let _guard = serialize_writes(write_lock, db).await;
+            let _turn = writer.turn().await;
             file::Entity::delete_many()
                 .filter(file::Column::Key.is_in(keys.iter().map(String::as_str)))
                 .exec(db)

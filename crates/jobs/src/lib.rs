@@ -9,28 +9,27 @@
 //! webhook outbox is `gantry-webhooks`. Any number of schedulers may share one
 //! PostgreSQL database. See `docs/scheduler.md` for the lifecycle, leases and
 //! billing rules.
-// Every module is public: `gantry-scheduler` (the loop) and `gantry-webhooks`
-// (the outbox) work on the store's tables and plans directly, and the loop
-// gets the parts it shares with the store as `store::SchedulerParts`. API
-// processes need only the re-exports below.
+// Every write of `jobs` is a transition in `transition/`, run by a
+// [`JobWriter`]: the scheduler (the loop) and `gantry-webhooks` (the outbox)
+// submit transitions and settlement plans to the writer they get with
+// `store::SchedulerParts`, and read the tables directly. API processes need
+// only the re-exports below.
 pub mod config;
-pub mod credit;
+mod credit;
 pub mod db;
-pub mod engine;
 pub mod entity;
 pub mod files;
-pub mod follow;
+mod follow;
 pub mod lane;
-pub mod live;
+mod live;
 pub mod metrics;
-pub mod plan;
 pub mod signals;
 pub mod signing;
 pub mod store;
+pub mod transition;
 pub mod types;
-pub mod waiters;
+mod waiters;
 pub mod wakeups;
-pub mod writes;
 
 pub use config::SchedulerConfig;
 pub use follow::{Follow, Frame};
@@ -38,4 +37,7 @@ pub use gantry_net::{AddressPolicy, IpRange};
 pub use live::{Cursor, LiveStream, Taken};
 pub use signing::webhook_secret;
 pub use store::JobStore;
-pub use types::{JobCounts, JobError, JobPolicy, JobStatus, JobView, Mode, NewJob, SchedulerError, StreamView};
+pub use transition::{JobWriter, Retention, WriteTurn};
+pub use types::{
+    JobCounts, JobError, JobPolicy, JobStatus, JobView, Mode, NewJob, SchedulerError, StreamView, WorkerTimings,
+};

@@ -6,20 +6,19 @@ use std::time::Duration;
 use gantry_catalog::ModelSpec;
 use gantry_dispatch::Event;
 use sea_orm::sea_query::Expr;
-use sea_orm::{ColumnTrait, Condition, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
+use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 use serde_json::Value;
 
 use crate::config::{SchedulerConfig, millis};
-use crate::db::{new_job_id, now_ms, plus, serialize_writes};
-use crate::engine::Engine;
+use crate::db::{new_job_id, now_ms};
 use crate::entity::{chunk, job, presence};
 use crate::lane::FastLane;
 use crate::live::{LiveJobs, LiveStream};
 use crate::signals::{Listener, Signal, Signals};
+use crate::transition::{JobWriter, Retention};
 use crate::types::{JobCounts, JobError, JobStatus, JobView, Mode, NewJob, SchedulerError, StreamView};
 use crate::waiters::{Waiters, Wake};
 use crate::wakeups::Wakeups;
-use crate::writes::Writes;
 
 use job::Column as J;
 
@@ -33,6 +32,8 @@ pub struct JobStore {
     /// What this store shares with the schedulers of its process; they get
     /// its parts by name ([`JobStore::scheduler_parts`]), never the hub.
     hub: Arc<Hub>,
+    /// Every write of `jobs` goes through it (see `transition/mod.rs`).
+    writer: JobWriter,
 }
 
 impl JobStore {
@@ -40,14 +41,12 @@ impl JobStore {
     /// writer thread of this store's own (see `engine.rs`), which needs a
     /// database file: an in-memory SQLite database is refused.
     pub fn new(db: DatabaseConnection, config: SchedulerConfig) -> Result<Self, SchedulerError> {
-        let hub = Hub {
-            writes: Writes::open(&db)?,
-            ..Hub::default()
-        };
+        let writer = JobWriter::open(&db)?;
         Ok(Self {
             db,
             config: Arc::new(config),
-            hub: Arc::new(hub),
+            hub: Arc::new(Hub::default()),
+            writer,
         })
     }
 
@@ -58,8 +57,7 @@ impl JobStore {
     /// The parts a scheduler of this process shares with this store.
     pub fn scheduler_parts(&self) -> SchedulerParts {
         SchedulerParts {
-            write_lock: Arc::clone(&self.hub.writes.lock),
-            engine: self.hub.writes.engine.clone(),
+            writer: self.writer.clone(),
             lane: Arc::clone(&self.hub.lane),
             wakeups: Arc::clone(&self.hub.wakeups),
             live: Arc::clone(&self.hub.live),
@@ -171,6 +169,7 @@ impl JobStore {
             trace_context: gantry_telemetry::trace::current_traceparent(),
             files: None,
             hold_micro_usd: crate::credit::hold(model, &req.input),
+            worker_timings: None,
         };
         tracing::Span::current().record("job_id", row.id.as_str());
         // What the caller is told: accepted into the queue.
@@ -210,7 +209,7 @@ impl JobStore {
             return Ok(view);
         }
         let inserted = if self.config.require_credit {
-            crate::credit::admit(&self.db, self.hub.writes.engine.as_ref(), &self.hub.writes.lock, &row).await
+            self.writer.admit(&row).await
         } else {
             self.insert(&row).await.map_err(JobError::from)
         };
@@ -233,9 +232,9 @@ impl JobStore {
         Ok(view)
     }
 
-    /// Inserts one job row, committed when this returns (see [`Writes::insert`]).
+    /// Inserts one job row, committed when this returns (see [`JobWriter::insert`]).
     async fn insert(&self, row: &job::Model) -> Result<(), DbErr> {
-        self.hub.writes.insert(&self.db, row).await
+        self.writer.insert(row).await
     }
 
     /// The job, if it belongs to `user` and `model_id` and has not expired.
@@ -318,7 +317,7 @@ impl JobStore {
     /// Charges the started hours of network volumes not charged yet (of
     /// `volume` alone when given), as of `now_ms`; returns the hours charged.
     pub async fn accrue_storage(&self, now_ms: i64, volume: Option<&str>) -> Result<u64, JobError> {
-        let _guard = serialize_writes(&self.hub.writes.lock, &self.db).await;
+        let _turn = self.writer.turn().await;
         Ok(gantry_billing::storage::accrue(&self.db, &self.config.storage_prices, now_ms, volume).await?)
     }
 
@@ -358,7 +357,7 @@ impl JobStore {
             let nap = poll.min(deadline.saturating_duration_since(now));
             tokio::select! {
                 notified = waiter.receiver(), if waiter.is_open() => match notified {
-                    Some(Wake::Final(view)) => return Ok(self.linked(view).await),
+                    Some(Wake::Final(view)) => return Ok(self.linked(*view).await),
                     // Changed elsewhere: read it now, registered again first
                     // so that a result settled in between is not missed.
                     Some(Wake::Reread) => {
@@ -376,22 +375,14 @@ impl JobStore {
     /// Cancels a queued or running job (a running one is also stopped on its
     /// worker). A job that is already final is returned unchanged.
     pub async fn cancel(&self, user: &str, model_id: &str, job_id: &str) -> Result<JobView, JobError> {
-        let guard = serialize_writes(&self.hub.writes.lock, &self.db).await;
         let now = now_ms();
-        let rows = job::Entity::update_many()
-            .col_expr(J::Status, Expr::value(JobStatus::Cancelled.as_str()))
-            .col_expr(J::CompletedAtMs, Expr::value(now))
-            .col_expr(J::ExpiresAtMs, retention_expr(&self.config, now))
-            .col_expr(J::LeaseUntilMs, Expr::value(Option::<i64>::None))
-            .col_expr(J::RunDeadlineMs, Expr::value(Option::<i64>::None))
-            .filter(callers_job(user, model_id, job_id, now))
-            .filter(J::Status.is_in([JobStatus::InQueue.as_str(), JobStatus::InProgress.as_str()]))
-            .exec_with_returning(&self.db)
+        let row = self
+            .writer
+            .cancel(user, model_id, job_id, Retention::of(&self.config, now))
             .await?;
-        drop(guard);
-        match rows.first() {
+        match row {
             Some(row) => {
-                let view = JobView::of(row, now);
+                let view = JobView::of(&row, now);
                 self.hub.wakeups.cancel(job_id);
                 if row.owner.is_some() {
                     // It was running, perhaps under another process's scheduler.
@@ -410,32 +401,13 @@ impl JobStore {
         if self.config.require_credit {
             crate::credit::has_credit(&self.db, user).await?;
         }
-        let guard = serialize_writes(&self.hub.writes.lock, &self.db).await;
         let now = now_ms();
         let attempts = i64::from(self.config.max_attempts);
-        let rows = job::Entity::update_many()
-            .col_expr(J::Status, Expr::value(JobStatus::InQueue.as_str()))
-            .col_expr(J::Output, Expr::value(Option::<String>::None))
-            .col_expr(J::Error, Expr::value(Option::<String>::None))
-            .col_expr(J::WorkerId, Expr::value(Option::<String>::None))
-            .col_expr(J::Owner, Expr::value(Option::<String>::None))
-            .col_expr(J::StartedAtMs, Expr::value(Option::<i64>::None))
-            .col_expr(J::CompletedAtMs, Expr::value(Option::<i64>::None))
-            .col_expr(J::QueuedAtMs, Expr::value(now))
-            .col_expr(J::ExpiresAtMs, Expr::cust(format!("{now} + ttl_ms")))
-            .col_expr(J::Retries, plus(J::Retries, 1))
-            .col_expr(J::MaxAttempts, plus(J::Attempt, attempts))
-            // A new outcome, a new delivery.
-            .col_expr(J::WebhookDueMs, crate::db::pending_if_any())
-            .filter(callers_job(user, model_id, job_id, now))
-            .filter(J::Status.is_in([JobStatus::Failed.as_str(), JobStatus::TimedOut.as_str()]))
-            .exec_with_returning(&self.db)
-            .await?;
-        drop(guard);
-        match rows.first() {
+        let row = self.writer.retry(user, model_id, job_id, now, attempts).await?;
+        match row {
             Some(row) => {
                 self.hub.queued(&row.model);
-                Ok(JobView::of(row, now))
+                Ok(JobView::of(&row, now))
             }
             None => {
                 let view = self.get(user, model_id, job_id).await?;
@@ -475,14 +447,8 @@ impl JobStore {
                 });
             }
             let cursor = row.chunks_read + chunks.len() as i64;
-            let _guard = serialize_writes(&self.hub.writes.lock, &self.db).await;
-            let moved = job::Entity::update_many()
-                .col_expr(J::ChunksRead, Expr::value(cursor))
-                .filter(J::Id.eq(job_id))
-                .filter(J::ChunksRead.eq(row.chunks_read))
-                .exec(&self.db)
-                .await?;
-            if moved.rows_affected == 1 {
+            let moved = self.writer.advance_cursor(job_id, row.chunks_read, cursor).await?;
+            if moved {
                 let progress = self.progress_of(&row).await?;
                 return Ok(StreamView {
                     status,
@@ -546,19 +512,10 @@ impl JobStore {
     /// Cancels every queued job of `user` on `model_id`; returns how many.
     /// Running jobs are not touched.
     pub async fn purge_queue(&self, user: &str, model_id: &str) -> Result<u64, JobError> {
-        let _guard = serialize_writes(&self.hub.writes.lock, &self.db).await;
-        let now = now_ms();
-        let result = job::Entity::update_many()
-            .col_expr(J::Status, Expr::value(JobStatus::Cancelled.as_str()))
-            .col_expr(J::CompletedAtMs, Expr::value(now))
-            .col_expr(J::ExpiresAtMs, retention_expr(&self.config, now))
-            .filter(J::UserId.eq(user))
-            .filter(J::Model.eq(model_id))
-            .filter(crate::plan::queued_jobs())
-            .filter(J::ExpiresAtMs.gt(now))
-            .exec(&self.db)
-            .await?;
-        Ok(result.rows_affected)
+        Ok(self
+            .writer
+            .purge_queue(user, model_id, Retention::of(&self.config, now_ms()))
+            .await?)
     }
 
     /// Counts of the jobs of `model_id` currently kept, over all users.
@@ -764,7 +721,8 @@ impl JobStore {
             .collect())
     }
 
-    /// Reads by primary key only and applies the rest of [`callers_job`] here:
+    /// Reads by primary key only and applies the rest of the visibility rule here (`callers_job` in
+    /// `transition/guarded.rs`):
     /// given the caller's other columns too, PostgreSQL without fresh statistics
     /// may pick the `(user_id, model, status)` index and walk all of the user's jobs.
     async fn find(&self, user: &str, model_id: &str, job_id: &str, now: i64) -> Result<job::Model, JobError> {
@@ -776,21 +734,12 @@ impl JobStore {
     }
 }
 
-/// `expires_at_ms` of a job finishing at `now`: the retention of its mode.
-pub fn retention_expr(config: &SchedulerConfig, now: i64) -> Expr {
-    let sync = now.saturating_add(config.retention_ms(true));
-    let async_ = now.saturating_add(config.retention_ms(false));
-    Expr::cust(format!("CASE WHEN sync THEN {sync} ELSE {async_} END"))
-}
-
 /// What a scheduler shares with the job store of its process, part by part
 /// (decision 0031 in docs/decisions/crate-structure.md): the scheduler holds these, not the store's hub.
 #[derive(Clone)]
 pub struct SchedulerParts {
-    /// Serializes this process's writes on SQLite (see `serialize_writes`).
-    pub write_lock: Arc<tokio::sync::Mutex<()>>,
-    /// The SQLite writer thread, when the database is a SQLite file.
-    pub engine: Option<Engine>,
+    /// The executor of job transitions this process's writers share.
+    pub writer: JobWriter,
     /// Submits written already claimed for this process's scheduler, and
     /// the `runsync` jobs it runs unwritten.
     pub lane: Arc<FastLane>,
@@ -854,9 +803,6 @@ pub(crate) struct Hub {
     pub waiters: Arc<Waiters>,
     /// What this process's scheduler is woken for.
     pub wakeups: Arc<Wakeups>,
-    /// How this process writes jobs: the SQLite write lock, grouped
-    /// inserts, the SQLite writer thread.
-    pub writes: Writes,
     /// Submits written already claimed for this process's scheduler, and
     /// the `runsync` jobs it runs unwritten.
     pub lane: Arc<FastLane>,
@@ -987,16 +933,6 @@ impl Listener for Hub {
         self.live.ended_all();
         self.wakeups.refill_all();
     }
-}
-
-/// The one visibility rule: the caller's own job of this model, still within its
-/// TTL or retention. Anything else reads as not found.
-fn callers_job(user: &str, model_id: &str, job_id: &str, now: i64) -> Condition {
-    Condition::all()
-        .add(J::Id.eq(job_id))
-        .add(J::UserId.eq(user))
-        .add(J::Model.eq(model_id))
-        .add(J::ExpiresAtMs.gt(now))
 }
 
 #[cfg(test)]

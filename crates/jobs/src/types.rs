@@ -88,6 +88,34 @@ impl NewJob {
     }
 }
 
+/// What a worker reported of the attempt it completed, in milliseconds (to
+/// the microsecond): time in the worker's own queue, loading the model,
+/// running the job.
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize, utoipa::ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct WorkerTimings {
+    pub queue_ms: f64,
+    pub load_ms: f64,
+    pub run_ms: f64,
+}
+
+impl WorkerTimings {
+    /// From the nanoseconds a worker sends; `None` when it sent none (all zero).
+    pub fn from_nanos(queue: u64, load: u64, run: u64) -> Option<Self> {
+        let ms = |ns: u64| (ns / 1_000) as f64 / 1_000.0;
+        (queue | load | run != 0).then(|| WorkerTimings {
+            queue_ms: ms(queue),
+            load_ms: ms(load),
+            run_ms: ms(run),
+        })
+    }
+
+    /// As stored in `jobs.worker_timings`.
+    pub fn stored(&self) -> String {
+        serde_json::to_string(self).unwrap_or_default()
+    }
+}
+
 /// A job as clients see it: `{"id","status","delayTime","executionTime","workerId","output"|"error"}`;
 /// members that do not apply are left out, never `null`.
 // The OpenAPI schema `Job` is derived from this struct.
@@ -120,6 +148,11 @@ pub struct JobView {
     #[serde(skip_serializing_if = "Option::is_none")]
     #[schema(value_type = Object, nullable = false)]
     pub progress: Option<Value>,
+    /// Set when `COMPLETED`, if its worker reported them: how long the
+    /// attempt waited on the worker, loaded the model and ran, ms.
+    #[serde(rename = "workerTimings", skip_serializing_if = "Option::is_none")]
+    #[schema(nullable = false)]
+    pub worker_timings: Option<WorkerTimings>,
     /// The stored output files whose URLs [`JobView::linked`] puts into
     /// `output` (empty once it has).
     #[serde(skip)]
@@ -138,6 +171,7 @@ impl JobView {
             output: None,
             error: None,
             progress: None,
+            worker_timings: None,
             files: Vec::new(),
         }
     }
@@ -185,6 +219,10 @@ impl JobView {
             JobStatus::Failed | JobStatus::TimedOut => row.error.clone(),
             _ => None,
         };
+        let worker_timings = match status {
+            JobStatus::Completed => row.worker_timings.as_deref().and_then(|t| serde_json::from_str(t).ok()),
+            _ => None,
+        };
         let files = match (status, row.files.as_deref()) {
             (JobStatus::Completed, Some(files)) => serde_json::from_str(files).unwrap_or_default(),
             _ => Vec::new(),
@@ -198,6 +236,7 @@ impl JobView {
             output,
             error,
             progress: None,
+            worker_timings,
             files,
         }
     }
@@ -285,6 +324,7 @@ mod tests {
             output: Some(json!({"a": 1})),
             error: None,
             progress: None,
+            worker_timings: None,
             files: Vec::new(),
         };
         assert_eq!(

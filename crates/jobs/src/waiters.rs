@@ -19,7 +19,7 @@ type ByJob = HashMap<String, Vec<(u64, oneshot::Sender<Wake>)>>;
 /// What a waiter is woken with.
 pub enum Wake {
     /// The job's final view, from a scheduler of this process.
-    Final(JobView),
+    Final(Box<JobView>),
     /// Read the row now: it changed in another process (a Redis signal), or
     /// signals may have been missed (resubscribed).
     Reread,
@@ -101,7 +101,7 @@ impl Waiters {
         }
         for (view, list) in woken {
             for (_, sender) in list {
-                let _ = sender.send(Wake::Final(view.clone()));
+                let _ = sender.send(Wake::Final(Box::new(view.clone())));
             }
         }
         unwaited

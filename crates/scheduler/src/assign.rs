@@ -6,17 +6,13 @@
 use std::collections::HashSet;
 
 use gantry_dispatch::{AssignError, Assignment};
-use sea_orm::sea_query::Expr;
-use sea_orm::{ColumnTrait, DbErr, EntityTrait, QueryFilter};
+use sea_orm::DbErr;
 
-use gantry_jobs::db::{now_ms, plus, serialize_writes};
+use gantry_jobs::db::now_ms;
 use gantry_jobs::entity::job;
 use gantry_jobs::lane::Handed;
-use gantry_jobs::plan::{Plan, Store};
 use gantry_jobs::signals::Signal;
-use gantry_jobs::types::JobStatus;
-
-use job::Column as J;
+use gantry_jobs::transition::plan::{Plan, Store};
 
 use super::{Core, Running, system_time};
 
@@ -333,20 +329,7 @@ impl Core {
     /// Returns just-claimed jobs no worker took; the attempt was never sent,
     /// so it is not counted.
     pub(super) async fn put_back(&self, ids: &[String]) -> Result<(), DbErr> {
-        let _guard = serialize_writes(&self.parts.write_lock, &self.db).await;
-        job::Entity::update_many()
-            .col_expr(J::Status, Expr::value(JobStatus::InQueue.as_str()))
-            .col_expr(J::Attempt, plus(J::Attempt, -1))
-            .col_expr(J::Owner, Expr::value(Option::<String>::None))
-            .col_expr(J::LeaseUntilMs, Expr::value(Option::<i64>::None))
-            .col_expr(J::RunDeadlineMs, Expr::value(Option::<i64>::None))
-            .col_expr(J::StartedAtMs, Expr::value(Option::<i64>::None))
-            .filter(J::Id.is_in(ids.iter().map(String::as_str)))
-            .filter(J::Owner.eq(self.instance.as_str()))
-            .filter(J::Status.eq(JobStatus::InProgress.as_str()))
-            .exec(&self.db)
-            .await?;
-        Ok(())
+        self.parts.writer.put_back(ids, &self.instance).await
     }
 
     // ---- sweeps ----
@@ -375,19 +358,7 @@ impl Core {
             self.run_plan(plan).await?;
             self.parts.lane.stored(&written);
         }
-        let _guard = serialize_writes(&self.parts.write_lock, &self.db).await;
-        job::Entity::update_many()
-            .col_expr(J::Status, Expr::value(JobStatus::InQueue.as_str()))
-            .col_expr(J::Owner, Expr::value(Option::<String>::None))
-            .col_expr(J::LeaseUntilMs, Expr::value(Option::<i64>::None))
-            .col_expr(J::RunDeadlineMs, Expr::value(Option::<i64>::None))
-            .col_expr(J::WorkerId, Expr::value(Option::<String>::None))
-            .col_expr(J::QueuedAtMs, Expr::value(now_ms()))
-            .col_expr(J::MaxAttempts, plus(J::MaxAttempts, 1))
-            .filter(J::Owner.eq(self.instance.as_str()))
-            .filter(J::Status.eq(JobStatus::InProgress.as_str()))
-            .exec(&self.db)
-            .await?;
+        self.parts.writer.release(&self.instance, now_ms()).await?;
         // Back in the queue: the other processes' schedulers may take them now.
         for model in models {
             self.parts.outcomes.signal(Signal::Queued(model));

@@ -28,8 +28,8 @@ use gantry_jobs::config::millis;
 use gantry_jobs::db::now_ms;
 use gantry_jobs::entity::job;
 use gantry_jobs::lane::FastLane;
-use gantry_jobs::plan::Settled;
 use gantry_jobs::store::{JobStore, Outcomes, SchedulerParts};
+use gantry_jobs::transition::plan::Settled;
 use gantry_jobs::types::SchedulerError;
 use gantry_jobs::wakeups::Attached;
 use gantry_webhooks as webhooks;
@@ -41,8 +41,6 @@ mod worker_presence;
 
 /// Most events settled in one transaction.
 const EVENT_BATCH: usize = 256;
-/// Ids per `IN (…)` list.
-const ID_CHUNK: usize = 500;
 /// How long a batch of only stream chunks and progress messages waits to be
 /// stored together with later events: live readers already have them (see
 /// `live.rs`), so a token stream costs one transaction per this period, not
@@ -78,7 +76,7 @@ impl Scheduler {
     ) -> Result<Scheduler, SchedulerError> {
         let instance_id = format!("sched-{:016x}", rand::rng().random::<u64>());
         let parts = store.scheduler_parts();
-        let webhooks = webhooks::Deliveries::new(&store.config, store.db.clone(), Arc::clone(&parts.write_lock))?;
+        let webhooks = webhooks::Deliveries::new(&store.config, store.db.clone(), parts.writer.clone())?;
         let mut core = Core {
             _attached: Attached::new(&parts.wakeups),
             parts,
@@ -120,7 +118,7 @@ impl Scheduler {
             background.push(tokio::spawn(gantry_jobs::files::sweep(
                 files,
                 core.db.clone(),
-                Arc::clone(&core.parts.write_lock),
+                core.parts.writer.clone(),
             )));
         }
         background.push(tokio::spawn(accrue_storage(core.store.clone())));

@@ -3,19 +3,18 @@
 //! what the commit produced is published to waiters, live readers and other processes.
 
 use std::collections::{HashMap, HashSet};
-use std::sync::Arc;
 use std::time::Duration;
 
 use gantry_dispatch::{DEADLINE_EXCEEDED, Event, Timings};
-use sea_orm::{DatabaseConnection, DbErr, TransactionTrait};
+use sea_orm::DbErr;
 use serde_json::Value;
 
-use gantry_jobs::db::{now_ms, serialize_writes};
-use gantry_jobs::engine::Engine;
+use gantry_jobs::JobWriter;
+use gantry_jobs::db::now_ms;
 use gantry_jobs::entity::job;
-use gantry_jobs::plan::{self, Plan, Settled, Step, Store, Usage};
 use gantry_jobs::signals::Signal;
-use gantry_jobs::types::{JobStatus, JobView};
+use gantry_jobs::transition::plan::{Plan, Settled, Step, Store, Usage};
+use gantry_jobs::types::{JobStatus, JobView, WorkerTimings};
 
 use super::{Core, InFlight, Outcome, Running, Settling, stream_job, terminal_job};
 
@@ -32,23 +31,19 @@ impl Core {
         let work: Settling = if plan.is_empty() {
             Box::pin(std::future::ready(Ok(Settled::default())))
         } else {
-            let (engine, db, lock) = (
-                self.parts.engine.clone(),
-                self.db.clone(),
-                Arc::clone(&self.parts.write_lock),
-            );
+            let writer = self.parts.writer.clone();
             // Its own task, so it makes progress while the loop is busy elsewhere.
             let task = tokio::spawn(async move {
                 let mut attempt = 0u32;
                 loop {
-                    match execute(engine.as_ref(), &db, &lock, plan.clone()).await {
+                    match writer.settle(plan.clone()).await {
                         Ok(settled) => return Ok(settled),
                         Err(error) if attempt < 2 => {
                             tracing::warn!(%error, attempt, "settling worker events failed");
                             tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
                             attempt += 1;
                         }
-                        Err(error) => return settle_each(engine.as_ref(), &db, &lock, &plan, error).await,
+                        Err(error) => return settle_each(&writer, &plan, error).await,
                     }
                 }
             });
@@ -274,7 +269,7 @@ impl Core {
                     output,
                     usage,
                     files,
-                    ..
+                    timings,
                 } => {
                     // The files are kept until their URLs expire: that stay is
                     // charged with the job, beside the model's usage.
@@ -282,6 +277,8 @@ impl Core {
                     let config = &self.store.config;
                     let kept = config.storage_prices.kept_files(kept_bytes, config.file_lifetime_ms());
                     let files = (!files.is_empty()).then(|| serde_json::to_string(files).unwrap_or_default());
+                    let timings = WorkerTimings::from_nanos(timings.queue_ns, timings.load_ns, timings.run_ns)
+                        .map(|t| t.stored());
                     let Some(running) = current(job_id, *attempt) else {
                         tracing::debug!(%job_id, attempt, "ignoring a result for an attempt not running here");
                         continue;
@@ -321,6 +318,7 @@ impl Core {
                                     },
                                     &usage,
                                     files,
+                                    timings,
                                 ),
                                 charge: Some(usage),
                             },
@@ -344,6 +342,7 @@ impl Core {
                             },
                             usage,
                             files,
+                            timings,
                         },
                         Err(error) => Step::Finish {
                             job_id: job_id.clone(),
@@ -517,9 +516,9 @@ impl Core {
 
     // ---- claiming and assigning ----
 
-    /// Runs `plan` now, waiting for its commit (see [`execute`]).
+    /// Runs `plan` now, waiting for its commit (see `JobWriter::settle`).
     pub(super) async fn run_plan(&self, plan: Plan) -> Result<Settled, DbErr> {
-        execute(self.parts.engine.as_ref(), &self.db, &self.parts.write_lock, plan).await
+        self.parts.writer.settle(plan).await
     }
 }
 
@@ -528,17 +527,11 @@ impl Core {
 /// `FAILED` instead, alone, and every other job of the batch settles as
 /// planned. Fails with `error` only when nothing could be written (the
 /// database is unreachable): the batch is then given up as before.
-async fn settle_each(
-    engine: Option<&Engine>,
-    db: &DatabaseConnection,
-    lock: &tokio::sync::Mutex<()>,
-    plan: &Plan,
-    error: DbErr,
-) -> Result<Settled, DbErr> {
+async fn settle_each(writer: &JobWriter, plan: &Plan, error: DbErr) -> Result<Settled, DbErr> {
     let mut settled = Settled::default();
     let mut committed = false;
     for (job_id, part) in plan.split_by_job() {
-        let refused = match execute(engine, db, lock, part.clone()).await {
+        let refused = match writer.settle(part.clone()).await {
             Ok(done) => {
                 committed = true;
                 settled.finals.extend(done.finals);
@@ -553,7 +546,7 @@ async fn settle_each(
         };
         tracing::error!(%job_id, error = %refused, "the database refused a job's result; the job fails alone");
         let instead = part.failed_instead(&format!("the job's result could not be stored: {refused}"));
-        match execute(engine, db, lock, instead).await {
+        match writer.settle(instead).await {
             Ok(done) => {
                 committed = true;
                 settled.finals.extend(done.finals);
@@ -562,24 +555,6 @@ async fn settle_each(
         }
     }
     if committed { Ok(settled) } else { Err(error) }
-}
-
-/// Runs `plan` as one transaction: on the SQLite writer thread, or (on
-/// PostgreSQL) through sea-orm.
-async fn execute(
-    engine: Option<&Engine>,
-    db: &DatabaseConnection,
-    write_lock: &tokio::sync::Mutex<()>,
-    plan: Plan,
-) -> Result<Settled, DbErr> {
-    if let Some(engine) = engine {
-        return engine.settle(plan).await;
-    }
-    let _guard = serialize_writes(write_lock, db).await;
-    let txn = db.begin().await?;
-    let settled = plan::execute(&txn, &plan).await?;
-    txn.commit().await?;
-    Ok(settled)
 }
 
 /// The stored output: an object gets `"cost"` (USD); anything else is stored

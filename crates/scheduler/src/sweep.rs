@@ -3,24 +3,20 @@
 //! deleting expired jobs, and refreshing PostgreSQL's statistics as the table grows.
 
 use std::collections::HashSet;
-use std::sync::Arc;
 
-use sea_orm::sea_query::Expr;
-use sea_orm::{
-    ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, QueryFilter, QuerySelect, TransactionTrait,
-};
+use sea_orm::{ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, QueryFilter, QuerySelect};
 
+use gantry_jobs::Retention;
 use gantry_jobs::config::millis;
-use gantry_jobs::db::{now_ms, serialize_writes};
-use gantry_jobs::entity::{chunk, job};
-use gantry_jobs::plan::{self, Plan, is_final, running_jobs};
+use gantry_jobs::db::now_ms;
+use gantry_jobs::entity::job;
 use gantry_jobs::signals::Signal;
-use gantry_jobs::store::retention_expr;
+use gantry_jobs::transition::plan::is_final;
 use gantry_jobs::types::JobStatus;
 
 use job::Column as J;
 
-use super::{Core, ID_CHUNK};
+use super::Core;
 
 /// Expired jobs deleted per round, and rounds per sweep.
 const EXPIRE_BATCH: u64 = 1000;
@@ -78,22 +74,13 @@ impl Core {
     /// cancel signalled by another process does it for that job at once.
     pub(super) async fn recheck(&mut self, ids: Vec<String>) -> Result<(), DbErr> {
         let lease_until = now_ms().saturating_add(millis(self.store.config.lease));
-        let mut alive: HashSet<(String, i32)> = HashSet::new();
-        let lock = Arc::clone(&self.parts.write_lock);
-        for part in ids.chunks(ID_CHUNK) {
-            let _guard = serialize_writes(&lock, &self.db).await;
-            let rows: Vec<(String, i32)> = job::Entity::update_many()
-                .col_expr(J::LeaseUntilMs, Expr::value(lease_until))
-                .filter(J::Id.is_in(part.iter().map(String::as_str)))
-                .filter(J::Owner.eq(self.instance.as_str()))
-                .filter(J::Status.eq(JobStatus::InProgress.as_str()))
-                .exec_with_returning(&self.db)
-                .await?
-                .into_iter()
-                .map(|row| (row.id, row.attempt))
-                .collect();
-            alive.extend(rows);
-        }
+        let alive: HashSet<(String, i32)> = self
+            .parts
+            .writer
+            .renew(&ids, &self.instance, lease_until)
+            .await?
+            .into_iter()
+            .collect();
         let gone: Vec<String> = ids
             .into_iter()
             .filter(|id| {
@@ -112,20 +99,12 @@ impl Core {
 
     /// Ends every running job (of any scheduler) past its execution timeout.
     pub(super) async fn time_out(&mut self) -> Result<(), DbErr> {
-        let lock = Arc::clone(&self.parts.write_lock);
-        let guard = serialize_writes(&lock, &self.db).await;
         let now = now_ms();
-        let rows = job::Entity::update_many()
-            .col_expr(J::Status, Expr::value(JobStatus::TimedOut.as_str()))
-            .col_expr(J::Error, Expr::value("execution timeout exceeded"))
-            .col_expr(J::CompletedAtMs, Expr::value(now))
-            .col_expr(J::ExpiresAtMs, retention_expr(&self.store.config, now))
-            .col_expr(J::LeaseUntilMs, Expr::value(Option::<i64>::None))
-            .filter(running_jobs())
-            .filter(J::RunDeadlineMs.lte(now))
-            .exec_with_returning(&self.db)
+        let rows = self
+            .parts
+            .writer
+            .time_out(Retention::of(&self.store.config, now))
             .await?;
-        drop(guard);
         // Every job of ours that is due has now ended: timed out by this
         // statement, or already finished elsewhere. Stop them all (but those
         // not written yet: they are written first, see `store_due`).
@@ -148,20 +127,16 @@ impl Core {
     /// the database), or fails them once out of attempts; with `all`, every
     /// running job, leased or not (at the start of the database's sole owner).
     pub(super) async fn requeue_orphans(&mut self, all: bool) -> Result<(), DbErr> {
-        let lock = Arc::clone(&self.parts.write_lock);
-        let guard = serialize_writes(&lock, &self.db).await;
         let now = now_ms();
-        let until = Plan::new(now, &self.store.config, &self.instance);
         let lapsed = if all { i64::MAX } else { now };
-        let rows = plan::requeue_or_fail("scheduler lost", now, until.sync_until, until.async_until)
-            .filter(running_jobs())
-            .filter(J::LeaseUntilMs.lt(lapsed))
-            .exec_with_returning(&self.db)
+        let rows = self
+            .parts
+            .writer
+            .requeue_orphans(Retention::of(&self.store.config, now), lapsed)
             .await?;
         if all && !rows.is_empty() {
             tracing::info!(jobs = rows.len(), "requeued the jobs a previous process left running");
         }
-        drop(guard);
         let mut requeued = HashSet::new();
         for row in &rows {
             if self.running.remove(&row.id).is_some() {
@@ -203,26 +178,8 @@ impl Core {
             .all(&self.db)
             .await?;
         let found = doomed.len() as u64;
-        let lock = Arc::clone(&self.parts.write_lock);
-        for part in doomed.chunks(ID_CHUNK) {
-            let _guard = serialize_writes(&lock, &self.db).await;
-            let txn = self.db.begin().await?;
-            chunk::Entity::delete_many()
-                .filter(chunk::Column::JobId.is_in(part.iter().map(String::as_str)))
-                .exec(&txn)
-                .await?;
-            gantry_jobs::entity::progress::Entity::delete_many()
-                .filter(gantry_jobs::entity::progress::Column::JobId.is_in(part.iter().map(String::as_str)))
-                .exec(&txn)
-                .await?;
-            job::Entity::delete_many()
-                .filter(J::Id.is_in(part.iter().map(String::as_str)))
-                .filter(J::ExpiresAtMs.lte(now))
-                .exec(&txn)
-                .await?;
-            txn.commit().await?;
-        }
-        for job_id in doomed {
+        // A job retried since it was listed is kept (the writer's guard).
+        for job_id in self.parts.writer.expire(&doomed, now).await? {
             if self.running.remove(&job_id).is_some() {
                 self.pending_workers.remove(&job_id);
                 self.dispatcher.cancel(&job_id, "ttl expired");

@@ -2,19 +2,15 @@
 //! GPUs they report (`worker_gpus`), and worker ids not yet written to their job rows.
 
 use std::collections::HashMap;
-use std::sync::Arc;
 
 use gantry_dispatch::Health;
-use sea_orm::sea_query::{Expr, OnConflict, Query};
+use sea_orm::sea_query::{OnConflict, Query};
 use sea_orm::{ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter};
 
-use gantry_jobs::db::{now_ms, serialize_writes};
-use gantry_jobs::entity::{job, presence, worker_gpu};
-use gantry_jobs::types::JobStatus;
+use gantry_jobs::db::now_ms;
+use gantry_jobs::entity::{presence, worker_gpu};
 
-use job::Column as J;
-
-use super::{Core, ID_CHUNK};
+use super::Core;
 
 /// `worker_presence` rows of any instance not refreshed for this long (and
 /// at least the freshness window) are deleted, at most once per this period.
@@ -53,8 +49,8 @@ impl Core {
             .collect();
         let prune_before = now.saturating_sub(self.store.config.presence_window_ms().max(PRESENCE_PRUNE_MS));
         let prune = now.saturating_sub(self.presence_pruned_ms) >= PRESENCE_PRUNE_MS;
-        let lock = Arc::clone(&self.parts.write_lock);
-        let guard = serialize_writes(&lock, &self.db).await;
+        let writer = self.parts.writer.clone();
+        let turn = writer.turn().await;
         if !counts.is_empty() {
             let mut upsert = Query::insert();
             upsert.into_table(presence::Entity).columns([
@@ -100,7 +96,7 @@ impl Core {
                 .await?;
         }
         self.publish_gpus(now).await?;
-        drop(guard);
+        drop(turn);
         if prune {
             self.presence_pruned_ms = now;
         }
@@ -165,7 +161,7 @@ impl Core {
     /// On shutdown: deletes this instance's `worker_presence` rows, so its
     /// workers stop counting at once.
     pub(super) async fn withdraw_presence(&mut self) -> Result<(), DbErr> {
-        let _guard = serialize_writes(&self.parts.write_lock, &self.db).await;
+        let _turn = self.parts.writer.turn().await;
         worker_gpu::Entity::delete_many()
             .filter(worker_gpu::Column::SchedulerId.eq(self.instance.as_str()))
             .exec(&self.db)
@@ -198,18 +194,8 @@ impl Core {
                 by_worker.entry(worker_id).or_default().push(job_id);
             }
         }
-        let lock = Arc::clone(&self.parts.write_lock);
         for (worker_id, jobs) in by_worker {
-            for part in jobs.chunks(ID_CHUNK) {
-                let _guard = serialize_writes(&lock, &self.db).await;
-                job::Entity::update_many()
-                    .col_expr(J::WorkerId, Expr::value(worker_id.as_str()))
-                    .filter(J::Id.is_in(part.iter().map(String::as_str)))
-                    .filter(J::Owner.eq(self.instance.as_str()))
-                    .filter(J::Status.eq(JobStatus::InProgress.as_str()))
-                    .exec(&self.db)
-                    .await?;
-            }
+            self.parts.writer.set_worker(&jobs, &self.instance, &worker_id).await?;
         }
         Ok(())
     }

@@ -14,8 +14,9 @@ use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 use tokio::task::JoinSet;
 
+use gantry_jobs::JobWriter;
 use gantry_jobs::SchedulerConfig;
-use gantry_jobs::db::{now_ms, serialize_writes};
+use gantry_jobs::db::now_ms;
 use gantry_jobs::entity::job;
 use gantry_jobs::{JobStatus, JobView, SchedulerError};
 use gantry_net::{AddressPolicy, error_chain};
@@ -46,7 +47,8 @@ pub struct Deliveries {
     client: reqwest::Client,
     policy: Arc<AddressPolicy>,
     db: DatabaseConnection,
-    write_lock: Arc<tokio::sync::Mutex<()>>,
+    /// Where the delivery marks of `jobs` are written.
+    writer: JobWriter,
     attempts: u32,
     window: Duration,
     /// Puts the URLs of output files into the delivered output.
@@ -57,16 +59,12 @@ pub struct Deliveries {
 }
 
 impl Deliveries {
-    pub fn new(
-        config: &SchedulerConfig,
-        db: DatabaseConnection,
-        write_lock: Arc<tokio::sync::Mutex<()>>,
-    ) -> Result<Self, SchedulerError> {
+    pub fn new(config: &SchedulerConfig, db: DatabaseConnection, writer: JobWriter) -> Result<Self, SchedulerError> {
         Ok(Deliveries {
             client: config.webhook_client()?,
             policy: Arc::new(config.webhook_policy()?),
             db,
-            write_lock,
+            writer,
             attempts: config.webhook_attempts.max(1),
             window: window(config),
             files: config.files.clone(),
@@ -81,11 +79,11 @@ impl Deliveries {
     /// (a retry's outcome gets its own).
     pub fn send(&mut self, url: String, user_id: String, view: JobView, finished_at: Option<i64>) {
         while self.running.try_join_next().is_some() {}
-        let (client, policy, db, lock, attempts, files) = (
+        let (client, policy, db, writer, attempts, files) = (
             self.client.clone(),
             Arc::clone(&self.policy),
             self.db.clone(),
-            Arc::clone(&self.write_lock),
+            self.writer.clone(),
             self.attempts,
             self.files.clone(),
         );
@@ -109,7 +107,7 @@ impl Deliveries {
                     }
                 }
             }
-            if let Err(error) = done(&db, &lock, &view.id, finished_at).await {
+            if let Err(error) = writer.delivered(&view.id, finished_at).await {
                 // The row stays pending: a sweep delivers it again later.
                 tracing::warn!(job_id = %view.id, %error, "could not record a webhook delivery");
             }
@@ -133,20 +131,13 @@ impl Deliveries {
             .all(&self.db)
             .await?;
         for row in rows {
-            let Some(url) = row.webhook.clone() else {
+            let (Some(url), Some(due)) = (row.webhook.clone(), row.webhook_due_ms) else {
                 continue;
             };
-            let taken = {
-                let _guard = serialize_writes(&self.write_lock, &self.db).await;
-                job::Entity::update_many()
-                    .col_expr(J::WebhookDueMs, Expr::value(now.saturating_add(window)))
-                    .filter(J::Id.eq(row.id.as_str()))
-                    .filter(J::WebhookDueMs.eq(row.webhook_due_ms))
-                    .exec(&self.db)
-                    .await?
-                    .rows_affected
-                    == 1
-            };
+            let taken = self
+                .writer
+                .hold_delivery(&row.id, due, now.saturating_add(window))
+                .await?;
             if !taken {
                 continue;
             }
@@ -164,24 +155,6 @@ impl Deliveries {
 const TAKE_OVER_MARGIN_MS: i64 = 2_000;
 /// Deliveries taken over per sweep.
 const TAKE_OVER_BATCH: u64 = 64;
-
-/// Marks the job's delivery as ended, unless the job was retried since it
-/// finished at `finished_at` (then the retry's delivery is pending).
-async fn done(
-    db: &DatabaseConnection,
-    lock: &tokio::sync::Mutex<()>,
-    job_id: &str,
-    finished_at: Option<i64>,
-) -> Result<(), DbErr> {
-    let _guard = serialize_writes(lock, db).await;
-    job::Entity::update_many()
-        .col_expr(J::WebhookDueMs, Expr::value(Option::<i64>::None))
-        .filter(J::Id.eq(job_id))
-        .filter(J::CompletedAtMs.eq(finished_at))
-        .exec(db)
-        .await?;
-    Ok(())
-}
 
 /// Where one delivery goes and how it is signed.
 struct Delivery<'a> {

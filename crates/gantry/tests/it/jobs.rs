@@ -79,12 +79,20 @@ async fn runsync_returns_the_output_with_its_cost(backend: Backend) {
     assert!(job["id"].as_str().is_some_and(|id| !id.is_empty()));
     assert!(job["workerId"].as_str().is_some_and(|w| w.starts_with("gantry-echo")));
     assert!(job["delayTime"].is_u64() && job["executionTime"].is_u64());
-    // The same job is visible through status.
+    // What the worker reported of the attempt, by phase.
+    for phase in ["queueMs", "loadMs", "runMs"] {
+        assert!(
+            job["workerTimings"][phase].as_f64().is_some_and(|ms| ms >= 0.0),
+            "{phase}: {job}"
+        );
+    }
+    // The same job is visible through status, as it was stored.
     let id = job["id"].as_str().unwrap();
     let again: Value = app
         .public_ok(Method::GET, &format!("/v2/gantry-echo/status/{id}"), &key)
         .await;
     assert_eq!(again["output"], job["output"]);
+    assert_eq!(again["workerTimings"], job["workerTimings"]);
 }
 
 async fn run_then_poll_until_completed(backend: Backend) {
@@ -98,6 +106,11 @@ async fn run_then_poll_until_completed(backend: Backend) {
     let job = app.until_final(&key, queued["id"].as_str().unwrap()).await;
     assert_eq!(job["status"], "COMPLETED");
     assert!(job["executionTime"].as_u64().unwrap() >= 150, "{job}");
+    // The worker ran it for its 200 ms sleep, and said so.
+    assert!(
+        job["workerTimings"]["runMs"].as_f64().is_some_and(|ms| ms >= 150.0),
+        "{job}"
+    );
     let health: Value = app.public_ok(Method::GET, "/v2/gantry-echo/health", &key).await;
     assert_eq!(health["jobs"]["completed"], 1, "{health}");
     assert_eq!(health["jobs"]["inQueue"], 0);
@@ -210,6 +223,10 @@ async fn bad_input_fails_is_retryable_and_costs_nothing(backend: Backend) {
     assert_eq!(job["status"], "FAILED", "{job}");
     assert!(job["error"].as_str().is_some_and(|e| e.contains("bad prompt")), "{job}");
     assert!(job.get("output").is_none(), "a failed job has no output and no cost");
+    assert!(
+        job.get("workerTimings").is_none(),
+        "only a completed job shows them: {job}"
+    );
     let id = job["id"].as_str().unwrap();
     let res = app
         .public(Method::POST, &format!("/v2/gantry-echo/retry/{id}"), &key)

@@ -1,9 +1,12 @@
-//! What one settlement writes, decided before any statement runs, and its
-//! statements on PostgreSQL (through sea-orm). On SQLite the writer thread
-//! (`engine.rs`) executes the same plan with its own statements: one set
-//! per backend. The rows of jobs kept only in memory (the fast lane's
-//! unwritten `runsync` jobs) change here too, by the functions that mirror
-//! each statement (`Plan::completed` and its siblings).
+//! A settlement: what one transaction writes, decided before any statement
+//! runs. Its transitions (complete, finish, requeue, claim, and the first
+//! write of a job kept in memory) are each written here in every form they
+//! take: the guard, the PostgreSQL statement (run by [`execute`] through
+//! sea-orm), the SQLite statement beside it ([`sqlite`], run by the writer
+//! thread in `engine.rs`), and the function that applies the step to a row
+//! kept only in memory (the fast lane's unwritten `runsync` jobs:
+//! [`Plan::completed`] and its siblings). Every step is guarded on `(id,
+//! attempt, IN_PROGRESS)`, so a stale attempt or a duplicate changes nothing.
 
 use std::collections::HashMap;
 
@@ -18,7 +21,7 @@ use crate::types::JobStatus;
 
 use job::Column as J;
 
-/// Jobs completed by one `UPDATE … FROM (VALUES …)` statement (8 bind values each).
+/// Jobs completed by one `UPDATE … FROM (VALUES …)` statement (9 bind values each).
 const COMPLETE_CHUNK: usize = 224;
 
 /// Writes of one transaction: rows of unstored jobs (see [`Store`]), stream
@@ -56,6 +59,8 @@ pub enum Step {
         usage: Usage,
         /// The stored output files (JSON), written with the completion.
         files: Option<String>,
+        /// What the worker reported of the attempt (`WorkerTimings`, JSON).
+        timings: Option<String>,
     },
     /// Another final status; `error` and `worker_id` are kept when `None`.
     Finish {
@@ -155,10 +160,12 @@ impl Plan {
         output: String,
         usage: &Usage,
         files: Option<String>,
+        timings: Option<String>,
     ) -> job::Model {
         row.status = JobStatus::Completed.as_str().to_string();
         row.output = Some(output);
         row.files = files;
+        row.worker_timings = timings;
         row.error = None;
         row.worker_id = Some(worker_id.to_string());
         row.cost_micro_usd = Some(usage.amount);
@@ -296,6 +303,7 @@ impl Plan {
                 row.cost_micro_usd = None;
                 row.usage_unit = None;
                 row.usage_quantity_micros = None;
+                row.worker_timings = None;
                 Store {
                     row: self.finished(row, JobStatus::Failed, Some(error.clone()), None),
                     charge: None,
@@ -364,7 +372,7 @@ pub fn is_final(row: &job::Model) -> bool {
 }
 
 /// Runs `plan` on `db` (a transaction, so it commits as one).
-pub async fn execute<C: ConnectionTrait>(db: &C, plan: &Plan) -> Result<Settled, DbErr> {
+pub(super) async fn execute<C: ConnectionTrait>(db: &C, plan: &Plan) -> Result<Settled, DbErr> {
     let mut settled = Settled::default();
     store_all(db, &plan.stores, plan.now, plan.file_lifetime_ms, &mut settled).await?;
     insert_chunks(db, &plan.chunks).await?;
@@ -527,8 +535,10 @@ async fn complete_all<C: ConnectionTrait>(
     let mut changed = Vec::with_capacity(completions.len());
     for part in completions.chunks(COMPLETE_CHUNK) {
         let mut sql = String::with_capacity(256 + part.len() * 128 + returning.len());
-        let mut values: Vec<sea_orm::Value> = Vec::with_capacity(part.len() * 8);
-        sql.push_str("WITH b (b_id, b_attempt, b_output, b_worker, b_cost, b_unit, b_quantity, b_files) AS (VALUES ");
+        let mut values: Vec<sea_orm::Value> = Vec::with_capacity(part.len() * 9);
+        sql.push_str(
+            "WITH b (b_id, b_attempt, b_output, b_worker, b_cost, b_unit, b_quantity, b_files, b_timings) AS (VALUES ",
+        );
         for (i, step) in part.iter().enumerate() {
             let Step::Complete {
                 job_id,
@@ -537,6 +547,7 @@ async fn complete_all<C: ConnectionTrait>(
                 output,
                 usage,
                 files,
+                timings,
             } = step
             else {
                 continue;
@@ -544,7 +555,7 @@ async fn complete_all<C: ConnectionTrait>(
             if i > 0 {
                 sql.push_str(", ");
             }
-            let row: [(sea_orm::Value, &str); 8] = [
+            let row: [(sea_orm::Value, &str); 9] = [
                 (job_id.as_str().into(), "TEXT"),
                 ((*attempt).into(), "INTEGER"),
                 (output.as_str().into(), "TEXT"),
@@ -553,6 +564,7 @@ async fn complete_all<C: ConnectionTrait>(
                 (usage.unit.as_str().into(), "TEXT"),
                 (usage.quantity_micros.into(), "BIGINT"),
                 (files.clone().into(), "TEXT"),
+                (timings.clone().into(), "TEXT"),
             ];
             sql.push('(');
             for (k, (value, ty)) in row.into_iter().enumerate() {
@@ -568,7 +580,7 @@ async fn complete_all<C: ConnectionTrait>(
             ") UPDATE jobs SET status = '{completed}', output = b.b_output, error = NULL, worker_id = b.b_worker, \
              cost_micro_usd = b.b_cost, usage_unit = b.b_unit, usage_quantity_micros = b.b_quantity, \
              completed_at_ms = {now}, expires_at_ms = CASE WHEN sync THEN {sync_until} ELSE {async_until} END, \
-             lease_until_ms = NULL, files = b.b_files \
+             lease_until_ms = NULL, files = b.b_files, worker_timings = b.b_timings \
              FROM b WHERE jobs.id = b.b_id AND jobs.attempt = b.b_attempt \
              AND (jobs.status = '{in_progress}') IS TRUE \
              RETURNING {returning}",
@@ -589,7 +601,12 @@ async fn complete_all<C: ConnectionTrait>(
 
 /// Back to IN_QUEUE while attempts remain, else FAILED with `error`. The
 /// caller adds the filters.
-pub fn requeue_or_fail(error: &str, now: i64, sync_until: i64, async_until: i64) -> sea_orm::UpdateMany<job::Entity> {
+pub(super) fn requeue_or_fail(
+    error: &str,
+    now: i64,
+    sync_until: i64,
+    async_until: i64,
+) -> sea_orm::UpdateMany<job::Entity> {
     let more = "attempt < max_attempts";
     job::Entity::update_many()
         .col_expr(
@@ -719,6 +736,103 @@ async fn insert_chunks<C: ConnectionTrait>(db: &C, chunks: &[(String, i64, Strin
     );
     db.execute(&insert).await?;
     Ok(())
+}
+
+/// The SQLite form of each statement of a settlement, beside the
+/// PostgreSQL forms above (same guards, same columns; `?n` parameters, and
+/// SQLite's `WHERE id IN (…)` claim, which has no planner trap to avoid).
+/// Built once per process; the writer thread caches them prepared.
+pub(super) mod sqlite {
+    use std::sync::LazyLock;
+
+    use crate::types::JobStatus;
+
+    /// Every column of `jobs`, in the order of `job::Model`'s fields.
+    pub const COLUMNS: &str = "id, user_id, model, status, input, output, error, webhook, low_priority, sync, \
+        execution_timeout_ms, ttl_ms, attempt, max_attempts, retries, worker_id, owner, lease_until_ms, \
+        run_deadline_ms, created_at_ms, queued_at_ms, started_at_ms, completed_at_ms, expires_at_ms, \
+        cost_micro_usd, usage_unit, usage_quantity_micros, chunks_read, webhook_due_ms, trace_context, files, \
+        hold_micro_usd, worker_timings";
+
+    /// A whole row (a submit, or the first write of an unstored job).
+    pub static INSERT_JOB: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "INSERT INTO jobs ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, \
+             ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32, ?33)"
+        )
+    });
+
+    /// `Step::Complete`: ?1 id, ?2 attempt, ?3 output, ?4 worker, ?5 cost,
+    /// ?6 unit, ?7 quantity, ?8 now, ?9/?10 sync/async retention, ?11 files,
+    /// ?12 worker timings.
+    pub static COMPLETE_JOB: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "UPDATE jobs SET status = '{completed}', output = ?3, error = NULL, worker_id = ?4, \
+             cost_micro_usd = ?5, usage_unit = ?6, usage_quantity_micros = ?7, completed_at_ms = ?8, \
+             expires_at_ms = CASE WHEN sync THEN ?9 ELSE ?10 END, lease_until_ms = NULL, files = ?11, \
+             worker_timings = ?12 WHERE id = ?1 AND attempt = ?2 AND status = '{in_progress}' RETURNING {COLUMNS}",
+            completed = JobStatus::Completed.as_str(),
+            in_progress = JobStatus::InProgress.as_str(),
+        )
+    });
+
+    /// `Step::Finish`: ?1 id, ?2 attempt, ?3 status, ?4 now, ?5/?6
+    /// retention, ?7 error and ?8 worker (kept when NULL).
+    pub static FINISH_JOB: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "UPDATE jobs SET status = ?3, completed_at_ms = ?4, \
+             expires_at_ms = CASE WHEN sync THEN ?5 ELSE ?6 END, lease_until_ms = NULL, \
+             error = COALESCE(?7, error), worker_id = COALESCE(?8, worker_id) \
+             WHERE id = ?1 AND attempt = ?2 AND status = '{in_progress}' RETURNING {COLUMNS}",
+            in_progress = JobStatus::InProgress.as_str(),
+        )
+    });
+
+    /// `Step::Requeue` (as `requeue_or_fail`): ?1 id, ?2 attempt, ?3 error,
+    /// ?4 now, ?5/?6 retention.
+    pub static REQUEUE_JOB: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "UPDATE jobs SET \
+             status = CASE WHEN attempt < max_attempts THEN '{queued}' ELSE '{failed}' END, error = ?3, \
+             retries = CASE WHEN attempt < max_attempts THEN retries + 1 ELSE retries END, \
+             queued_at_ms = CASE WHEN attempt < max_attempts THEN ?4 ELSE queued_at_ms END, \
+             completed_at_ms = CASE WHEN attempt < max_attempts THEN NULL ELSE ?4 END, \
+             expires_at_ms = CASE WHEN attempt < max_attempts THEN expires_at_ms \
+               WHEN sync THEN ?5 ELSE ?6 END, \
+             owner = NULL, lease_until_ms = NULL, run_deadline_ms = NULL \
+             WHERE id = ?1 AND attempt = ?2 AND status = '{in_progress}' RETURNING {COLUMNS}",
+            queued = JobStatus::InQueue.as_str(),
+            failed = JobStatus::Failed.as_str(),
+            in_progress = JobStatus::InProgress.as_str(),
+        )
+    });
+
+    /// A claim (as `postgres_claim_sql`): ?1 model, ?2 instance, ?3 lease
+    /// end, ?4 now, ?5 limit.
+    pub static CLAIM_JOBS: LazyLock<String> = LazyLock::new(|| {
+        format!(
+            "UPDATE jobs SET status = '{in_progress}', attempt = attempt + 1, owner = ?2, lease_until_ms = ?3, \
+             started_at_ms = ?4, worker_id = NULL, run_deadline_ms = ?4 + execution_timeout_ms \
+             WHERE id IN (SELECT id FROM jobs WHERE model = ?1 AND status = '{queued}' AND expires_at_ms > ?4 \
+               ORDER BY low_priority ASC, id ASC LIMIT ?5) \
+             AND status = '{queued}' RETURNING {COLUMNS}",
+            queued = JobStatus::InQueue.as_str(),
+            in_progress = JobStatus::InProgress.as_str(),
+        )
+    });
+
+    /// Stream chunks, skipping sequence numbers an earlier attempt stored.
+    pub const INSERT_CHUNK: &str =
+        "INSERT INTO job_chunks (job_id, seq, output) VALUES (?1, ?2, ?3) ON CONFLICT (job_id, seq) DO NOTHING";
+
+    /// The latest progress message of a running attempt.
+    pub const UPSERT_PROGRESS: &str = "INSERT INTO job_progress (job_id, attempt, message, updated_at_ms) \
+         VALUES (?1, ?2, ?3, ?4) ON CONFLICT (job_id) DO UPDATE SET attempt = excluded.attempt, \
+         message = excluded.message, updated_at_ms = excluded.updated_at_ms";
+
+    /// The stored objects of a completed job.
+    pub const INSERT_FILE: &str = "INSERT INTO files (key, job_id, user_id, media_type, size, created_at_ms, \
+         expires_at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (key) DO NOTHING";
 }
 
 #[cfg(test)]

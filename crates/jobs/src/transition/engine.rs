@@ -9,31 +9,24 @@
 //! and gets its error; the others commit. Replies are sent only after the
 //! commit, so a caller that hears `Ok` holds a durable write.
 //!
-//! The thread takes the process's write lock (the one `serialize_writes`
+//! The thread takes the process's write lock (the one `JobWriter::turn`
 //! takes) for each transaction, so it queues behind sea-orm writes of the
 //! same process instead of meeting them in SQLite's busy handler.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc as std_mpsc;
-use std::sync::{Arc, LazyLock};
 
 use rusqlite::{CachedStatement, Connection, OptionalExtension, Row, params};
 use sea_orm::DbErr;
 use tokio::sync::oneshot;
 
+use super::plan::{Plan, Settled, Step, Usage, is_final, sqlite};
 use crate::entity::job;
-use crate::plan::{Plan, Settled, Step, Usage, is_final};
-use crate::types::JobStatus;
 
 /// Most operations in one transaction.
 const MAX_OPS: usize = 1024;
-
-/// Every column of `jobs`, in the order of `job::Model`'s fields.
-const COLUMNS: &str = "id, user_id, model, status, input, output, error, webhook, low_priority, sync, \
-    execution_timeout_ms, ttl_ms, attempt, max_attempts, retries, worker_id, owner, lease_until_ms, \
-    run_deadline_ms, created_at_ms, queued_at_ms, started_at_ms, completed_at_ms, expires_at_ms, \
-    cost_micro_usd, usage_unit, usage_quantity_micros, chunks_read, webhook_due_ms, trace_context, files, hold_micro_usd";
 
 /// One queued operation and where its result goes.
 struct Op {
@@ -285,28 +278,6 @@ fn copy(error: &DbErr) -> DbErr {
     DbErr::Custom(error.to_string())
 }
 
-/// The SQL of the hot statements, built once per process.
-static INSERT_JOB: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "INSERT INTO jobs ({COLUMNS}) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7, ?8, ?9, ?10, ?11, ?12, ?13, ?14, ?15, \
-         ?16, ?17, ?18, ?19, ?20, ?21, ?22, ?23, ?24, ?25, ?26, ?27, ?28, ?29, ?30, ?31, ?32)"
-    )
-});
-
-const INSERT_FILE: &str = "INSERT INTO files (key, job_id, user_id, media_type, size, created_at_ms, \
-     expires_at_ms) VALUES (?1, ?2, ?3, ?4, ?5, ?6, ?7) ON CONFLICT (key) DO NOTHING";
-
-static COMPLETE_JOB: LazyLock<String> = LazyLock::new(|| {
-    format!(
-        "UPDATE jobs SET status = '{completed}', output = ?3, error = NULL, worker_id = ?4, \
-         cost_micro_usd = ?5, usage_unit = ?6, usage_quantity_micros = ?7, completed_at_ms = ?8, \
-         expires_at_ms = CASE WHEN sync THEN ?9 ELSE ?10 END, lease_until_ms = NULL, files = ?11 \
-         WHERE id = ?1 AND attempt = ?2 AND status = '{in_progress}' RETURNING {COLUMNS}",
-        completed = JobStatus::Completed.as_str(),
-        in_progress = JobStatus::InProgress.as_str(),
-    )
-});
-
 /// The statements one transaction runs again and again (an insert and a
 /// charge per job, a completion per job), each looked up in rusqlite's cache
 /// once per transaction instead of once per job (the lookup hashes the whole
@@ -340,7 +311,7 @@ impl<'c> Statements<'c> {
     }
 
     fn insert(&mut self, row: &job::Model) -> rusqlite::Result<()> {
-        let statement = Self::prepared(self.conn, &mut self.insert, &INSERT_JOB)?;
+        let statement = Self::prepared(self.conn, &mut self.insert, &sqlite::INSERT_JOB)?;
         statement.execute(params![
             row.id,
             row.user_id,
@@ -374,6 +345,7 @@ impl<'c> Statements<'c> {
             row.trace_context,
             row.files,
             row.hold_micro_usd,
+            row.worker_timings,
         ])?;
         Ok(())
     }
@@ -405,7 +377,7 @@ impl<'c> Statements<'c> {
         if row.files.is_none() {
             return Ok(());
         }
-        let mut statement = self.conn.prepare_cached(INSERT_FILE)?;
+        let mut statement = self.conn.prepare_cached(sqlite::INSERT_FILE)?;
         for file in crate::entity::file::of_job(row, lifetime_ms) {
             statement.execute(params![
                 file.key,
@@ -478,6 +450,7 @@ fn job_of(row: &Row<'_>) -> rusqlite::Result<job::Model> {
         trace_context: row.get(29)?,
         files: row.get(30)?,
         hold_micro_usd: row.get(31)?,
+        worker_timings: row.get(32)?,
     })
 }
 
@@ -495,24 +468,17 @@ fn settle(statements: &mut Statements<'_>, plan: &Plan) -> rusqlite::Result<Sett
         // (`with_stored_finals`), moved out of the plan.
     }
     if !plan.chunks.is_empty() {
-        let mut statement = conn.prepare_cached(
-            "INSERT INTO job_chunks (job_id, seq, output) VALUES (?1, ?2, ?3) ON CONFLICT (job_id, seq) DO NOTHING",
-        )?;
+        let mut statement = conn.prepare_cached(sqlite::INSERT_CHUNK)?;
         for (job_id, seq, output) in &plan.chunks {
             statement.execute(params![job_id, seq, output])?;
         }
     }
     if !plan.progress.is_empty() {
-        let mut statement = conn.prepare_cached(
-            "INSERT INTO job_progress (job_id, attempt, message, updated_at_ms) VALUES (?1, ?2, ?3, ?4) \
-             ON CONFLICT (job_id) DO UPDATE SET attempt = excluded.attempt, message = excluded.message, \
-             updated_at_ms = excluded.updated_at_ms",
-        )?;
+        let mut statement = conn.prepare_cached(sqlite::UPSERT_PROGRESS)?;
         for (job_id, attempt, message) in &plan.progress {
             statement.execute(params![job_id, attempt, message, plan.now])?;
         }
     }
-    let in_progress = JobStatus::InProgress.as_str();
     for step in &plan.steps {
         match step {
             Step::Complete {
@@ -522,8 +488,9 @@ fn settle(statements: &mut Statements<'_>, plan: &Plan) -> rusqlite::Result<Sett
                 output,
                 usage,
                 files,
+                timings,
             } => {
-                let complete = Statements::prepared(conn, &mut statements.complete, &COMPLETE_JOB)?;
+                let complete = Statements::prepared(conn, &mut statements.complete, &sqlite::COMPLETE_JOB)?;
                 let row = complete
                     .query_row(
                         params![
@@ -537,7 +504,8 @@ fn settle(statements: &mut Statements<'_>, plan: &Plan) -> rusqlite::Result<Sett
                             plan.now,
                             plan.sync_until,
                             plan.async_until,
-                            files
+                            files,
+                            timings
                         ],
                         job_of,
                     )
@@ -554,12 +522,7 @@ fn settle(statements: &mut Statements<'_>, plan: &Plan) -> rusqlite::Result<Sett
                 error,
                 worker_id,
             } => {
-                let mut finish = conn.prepare_cached(&format!(
-                    "UPDATE jobs SET status = ?3, completed_at_ms = ?4, \
-                     expires_at_ms = CASE WHEN sync THEN ?5 ELSE ?6 END, lease_until_ms = NULL, \
-                     error = COALESCE(?7, error), worker_id = COALESCE(?8, worker_id) \
-                     WHERE id = ?1 AND attempt = ?2 AND status = '{in_progress}' RETURNING {COLUMNS}"
-                ))?;
+                let mut finish = conn.prepare_cached(&sqlite::FINISH_JOB)?;
                 let row = finish
                     .query_row(
                         params![
@@ -578,17 +541,7 @@ fn settle(statements: &mut Statements<'_>, plan: &Plan) -> rusqlite::Result<Sett
                 settled.finals.extend(row);
             }
             Step::Requeue { job_id, attempt, error } => {
-                let mut requeue = conn.prepare_cached(&format!(
-                    "UPDATE jobs SET \
-                     status = CASE WHEN attempt < max_attempts THEN 'IN_QUEUE' ELSE 'FAILED' END, error = ?3, \
-                     retries = CASE WHEN attempt < max_attempts THEN retries + 1 ELSE retries END, \
-                     queued_at_ms = CASE WHEN attempt < max_attempts THEN ?4 ELSE queued_at_ms END, \
-                     completed_at_ms = CASE WHEN attempt < max_attempts THEN NULL ELSE ?4 END, \
-                     expires_at_ms = CASE WHEN attempt < max_attempts THEN expires_at_ms \
-                       WHEN sync THEN ?5 ELSE ?6 END, \
-                     owner = NULL, lease_until_ms = NULL, run_deadline_ms = NULL \
-                     WHERE id = ?1 AND attempt = ?2 AND status = '{in_progress}' RETURNING {COLUMNS}"
-                ))?;
+                let mut requeue = conn.prepare_cached(&sqlite::REQUEUE_JOB)?;
                 let row = requeue
                     .query_row(
                         params![job_id, attempt, error, plan.now, plan.sync_until, plan.async_until],
@@ -600,13 +553,7 @@ fn settle(statements: &mut Statements<'_>, plan: &Plan) -> rusqlite::Result<Sett
         }
     }
     for (model, limit) in &plan.claims {
-        let mut claim = conn.prepare_cached(&format!(
-            "UPDATE jobs SET status = '{in_progress}', attempt = attempt + 1, owner = ?2, lease_until_ms = ?3, \
-             started_at_ms = ?4, worker_id = NULL, run_deadline_ms = ?4 + execution_timeout_ms \
-             WHERE id IN (SELECT id FROM jobs WHERE model = ?1 AND status = 'IN_QUEUE' AND expires_at_ms > ?4 \
-               ORDER BY low_priority ASC, id ASC LIMIT ?5) \
-             AND status = 'IN_QUEUE' RETURNING {COLUMNS}"
-        ))?;
+        let mut claim = conn.prepare_cached(&sqlite::CLAIM_JOBS)?;
         let most = i64::try_from(*limit).unwrap_or(i64::MAX);
         let rows = claim
             .query_map(params![model, plan.instance, plan.lease_until, plan.now, most], job_of)?
@@ -677,6 +624,7 @@ mod tests {
                 amount: 10,
             },
             files: Some(r#"[{"pointer":"/image_url","key":"jobs/a/1/0.png","media_type":"image/png","size":3,"created_ms":20}]"#.into()),
+            timings: None,
         });
         // A stale attempt changes nothing, charges nothing and records no file.
         plan.steps.push(Step::Complete {
@@ -690,6 +638,7 @@ mod tests {
                 amount: 10,
             },
             files: Some(r#"[{"pointer":"/image_url","key":"jobs/b/7/0.png","media_type":"image/png","size":3,"created_ms":20}]"#.into()),
+            timings: None,
         });
         let settled = engine.settle(plan).await.unwrap();
         assert_eq!(settled.finals.len(), 1);
@@ -753,8 +702,8 @@ mod tests {
                     amount: 10,
                 };
                 let output = r#"{"cost":0.00001,"prompt":"hello from the benchmark"}"#.to_string();
-                let row = plan.completed(row, "gantry-echo-bundled-22712", output, &usage, None);
-                plan.stores.push(crate::plan::Store {
+                let row = plan.completed(row, "gantry-echo-bundled-22712", output, &usage, None, None);
+                plan.stores.push(crate::transition::plan::Store {
                     row,
                     charge: Some(usage),
                 });
