@@ -5,50 +5,15 @@ use std::time::Duration;
 use actix_web::dev::ServerHandle;
 use actix_web::middleware::ErrorHandlers;
 use actix_web::{App, HttpServer, web};
-use gantry_auth::AuthService;
-use gantry_catalog::{Catalog, ModelCatalog};
+use gantry_catalog::ModelCatalog;
 use gantry_dispatch::Dispatcher;
 use gantry_jobs::JobStore;
-use gantry_ratelimit::{Policy, RateLimiter};
-use gantry_volumes::VolumeService;
-use sea_orm::DatabaseConnection;
+use gantry_ratelimit::Policy;
 
 use crate::connection::ProblemIo;
 use crate::middleware::ensure_problem;
 use crate::routes::{self, Endpoint};
-
-/// The services the handlers use, built and configured by the caller (the
-/// `gantry` crate composes them from its settings); this crate only serves them.
-pub struct Services {
-    pub db: DatabaseConnection,
-    pub auth: Arc<AuthService>,
-    pub volumes: VolumeService,
-    pub catalog: Arc<Catalog>,
-    /// The GPU types and CPU flavors of `/v2/catalog/gpus` and `/cpus`.
-    pub gpus: Arc<Vec<gantry_catalog::GpuType>>,
-    pub cpus: Arc<Vec<gantry_catalog::CpuType>>,
-    pub limiter: RateLimiter,
-    pub jobs: JobStore,
-    pub models: Arc<ModelCatalog>,
-    /// The model manifest in effect (descriptions and input schemas).
-    pub manifest: &'static gantry_manifest::Manifest,
-    /// The in-process scheduler's dispatcher, when this process runs one
-    /// (it only feeds the workers' counts of `/health`).
-    pub dispatcher: Option<Dispatcher>,
-    /// The store of generated files (`GET /files/…` reads the local one).
-    pub files: Option<gantry_files::Files>,
-    /// Templates, registry credentials and serverless endpoints.
-    pub containers: gantry_containers::ContainerService,
-    /// The worker containers and their sessions, in a process that runs a
-    /// scheduler (`serve`); an API-only process stores endpoints and serves
-    /// their jobs, and the scheduler's process runs them.
-    pub fleet: Option<std::sync::Arc<gantry_containers::Fleet>>,
-    /// The public listener's origin as clients reach it (`http.public_url`);
-    /// by default `http://<public listen address>`.
-    pub public_url: Option<String>,
-    /// The web console on the management listener (`/console`).
-    pub console: crate::console::ConsoleConfig,
-}
+use crate::state::{AppState, Services, Surface};
 
 /// How the two listeners behave.
 #[derive(Debug, Clone)]
@@ -69,60 +34,6 @@ pub struct HttpConfig {
     /// Default quotas of each listener (users can have their own).
     pub management_policy: Policy,
     pub public_policy: Policy,
-}
-
-/// Everything a handler can reach; one instance shared by all workers: the
-/// services (read through `Deref`), and what the listeners add to them.
-pub struct AppState {
-    services: Services,
-    pub body_limit: usize,
-    /// How long a request body may take to arrive (`http.body_timeout_ms`).
-    pub body_timeout: Duration,
-    /// Default quotas: (management, public).
-    pub(crate) policies: (Policy, Policy),
-    pub(crate) openapi: web::Bytes,
-    pub(crate) openapi_public: web::Bytes,
-    /// `http://<public address>`, known once the listener is bound.
-    public_origin: std::sync::OnceLock<String>,
-}
-
-impl std::ops::Deref for AppState {
-    type Target = Services;
-
-    fn deref(&self) -> &Services {
-        &self.services
-    }
-}
-
-impl AppState {
-    /// The origin of the public listener, for the URLs of endpoints' jobs.
-    pub fn public_origin(&self) -> String {
-        match &self.services.public_url {
-            Some(url) => url.trim_end_matches('/').to_owned(),
-            None => self.public_origin.get().cloned().unwrap_or_default(),
-        }
-    }
-
-    /// Idle and running workers of `model`: exact and free from the
-    /// in-process dispatcher; an API-only process reads what the live
-    /// schedulers publish.
-    pub async fn worker_counts(&self, model: &str) -> Result<(u64, u64), gantry_jobs::JobError> {
-        match &self.dispatcher {
-            Some(dispatcher) => Ok(dispatcher
-                .health()
-                .models
-                .get(model)
-                .map_or((0, 0), |m| (m.idle_workers as u64, m.running_workers as u64))),
-            None => self.jobs.workers(model).await,
-        }
-    }
-}
-
-/// Which listener a request came in on; each has its own rate limit policy and counters.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Surface {
-    Management,
-    Public,
 }
 
 /// Why a listener could not start.

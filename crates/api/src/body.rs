@@ -41,7 +41,7 @@ pub async fn read_json(req: &HttpRequest, mut payload: web::Payload, limit: usiz
     // A client that stalls mid-body must not hold the connection: the whole
     // body has `http.body_timeout_ms` to arrive.
     let timeout = req
-        .app_data::<web::Data<crate::app::AppState>>()
+        .app_data::<web::Data<crate::state::AppState>>()
         .map_or(std::time::Duration::from_secs(10), |state| state.body_timeout);
     let deadline = tokio::time::Instant::now() + timeout;
     loop {

@@ -9,8 +9,8 @@ use actix_web::{FromRequest, HttpMessage, HttpRequest, web};
 use gantry_auth::{Principal, Scope};
 use gantry_ratelimit::{Decision, FailMode, Outcome, Policy};
 
-use crate::app::{AppState, Surface};
 use crate::problem::{ApiError, PROBLEM_JSON, problem_response};
+use crate::state::{AppState, Surface};
 
 /// Answers `404` for a path with a percent-encoded NUL (`%00`): no resource
 /// has one in its name, and PostgreSQL's text cannot hold it, so it never
@@ -197,7 +197,7 @@ pub fn ensure_problem<B>(res: ServiceResponse<B>) -> actix_web::Result<ErrorHand
         .headers()
         .get(header::CONTENT_TYPE)
         .is_some_and(|v| v.as_bytes().starts_with(b"text/html"));
-    if is_problem || is_page || crate::handlers::openai::is_openai_path(res.request().path()) {
+    if is_problem || is_page || crate::problem::is_openai_path(res.request().path()) {
         return Ok(ErrorHandlerResponse::Response(res.map_into_left_body()));
     }
     let status = res.status();

@@ -259,7 +259,7 @@ fn openai_error(description: &str) -> Response {
 }
 
 fn decorate(op: &mut Operation, endpoint: &Endpoint) {
-    let openai = openai::is_openai_path(endpoint.path);
+    let openai = crate::problem::is_openai_path(endpoint.path);
     let mut add = |status: &str, description: &str| {
         op.responses.responses.entry(status.to_string()).or_insert_with(|| {
             if openai {

@@ -145,3 +145,10 @@ pub fn problem_response(status: StatusCode, detail: String, errors: Vec<String>)
     let body = serde_json::to_vec(&problem).unwrap_or_default();
     HttpResponse::build(status).content_type(PROBLEM_JSON).body(body)
 }
+
+/// Whether a path is one of the OpenAI routes, which answer in OpenAI's
+/// error shape: the problem+json safety net leaves their errors alone, and
+/// their OpenAPI entries document that shape.
+pub(crate) fn is_openai_path(path: &str) -> bool {
+    path.contains("/openai/v1/")
+}

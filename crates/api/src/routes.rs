@@ -254,7 +254,7 @@ fn register_with(cfg: &mut web::ServiceConfig, endpoints: &[Endpoint], bearer: b
         }
         if !bearer {
             cfg.service(resource);
-        } else if openai::is_openai_path(path) {
+        } else if crate::problem::is_openai_path(path) {
             // OpenAI clients read OpenAI's error shape, authentication's included.
             cfg.service(
                 resource

@@ -9,8 +9,8 @@ use serde_json::{Value, json};
 
 use super::pages::{CredentialsForm, safe_next};
 use super::session::{self, FORM_COOKIE, Signed, same_token};
-use crate::app::AppState;
 use crate::problem::ApiError;
+use crate::state::AppState;
 
 #[derive(Deserialize)]
 pub struct Credentials {

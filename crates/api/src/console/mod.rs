@@ -13,45 +13,18 @@
 //!   console's own.
 //! - A small script (`assets/console.js`, no build step) sends those
 //!   requests; the pages are plain HTML forms and tables besides.
-use std::time::Duration;
 
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::middleware::{Next, from_fn};
 use actix_web::{body::MessageBody, dev::ServiceRequest, dev::ServiceResponse, web};
-use gantry_ratelimit::Policy;
 
-use crate::app::Surface;
 use crate::routes::Endpoint;
+use crate::state::Surface;
 
 mod actions;
 mod html;
 mod pages;
 mod session;
-
-/// How the console behaves (`[console]` in the settings).
-#[derive(Debug, Clone)]
-pub struct ConsoleConfig {
-    /// Serve `/console` at all.
-    pub enabled: bool,
-    /// Let anyone create an account at `/console/sign-up` (off: accounts come
-    /// from an operator, `gantry users create` and `set-password`).
-    pub self_signup: bool,
-    /// How long a session lasts after sign-in.
-    pub session_ttl: Duration,
-    /// Sign-in attempts allowed per account and, separately, per client address.
-    pub sign_in_policy: Policy,
-}
-
-impl Default for ConsoleConfig {
-    fn default() -> Self {
-        Self {
-            enabled: true,
-            self_signup: false,
-            session_ttl: Duration::from_secs(12 * 3600),
-            sign_in_policy: Policy::new(10, 50, 200),
-        }
-    }
-}
 
 /// The Content-Security-Policy of every console response: scripts and styles
 /// only from the console itself (no inline script), no framing, forms and
@@ -109,7 +82,7 @@ pub fn register(cfg: &mut web::ServiceConfig, management: &[Endpoint], public: &
     let mirror = |endpoints: &[Endpoint]| -> Vec<Endpoint> {
         endpoints
             .iter()
-            .filter(|e| e.authenticated && !crate::handlers::openai::is_openai_path(e.path))
+            .filter(|e| e.authenticated && !crate::problem::is_openai_path(e.path))
             .cloned()
             .collect()
     };

@@ -12,8 +12,8 @@ use serde_json::Value;
 
 use super::html::{self, bar_chart, esc, page, usd};
 use super::session::{self, FORM_COOKIE, Signed};
-use crate::app::AppState;
 use crate::problem::ApiError;
+use crate::state::AppState;
 
 const CSS: &str = include_str!("assets/console.css");
 const JS: &str = include_str!("assets/console.js");

@@ -9,8 +9,8 @@ use actix_web::middleware::Next;
 use actix_web::{FromRequest, HttpMessage, HttpRequest, HttpResponse, ResponseError, web};
 use gantry_auth::{ConsoleSession, Principal, ScopeSet};
 
-use crate::app::AppState;
 use crate::problem::ApiError;
+use crate::state::AppState;
 
 /// The session's token (HttpOnly: no script reads it).
 pub const SESSION_COOKIE: &str = "gantry_session";

@@ -8,10 +8,10 @@ use serde::Serialize;
 use serde_json::{Value, json};
 use utoipa::ToSchema;
 
-use crate::app::AppState;
 use crate::handlers::catalog::query_pairs;
 use crate::middleware::Caller;
 use crate::problem::ApiError;
+use crate::state::AppState;
 
 /// A credit balance. Amounts are exact decimal strings in USD (6 decimals).
 #[derive(Serialize, ToSchema)]

@@ -7,10 +7,10 @@ use gantry_catalog::{
 use serde::Serialize;
 use utoipa::ToSchema;
 
-use crate::app::AppState;
 use crate::body::query_list;
 use crate::middleware::Caller;
 use crate::problem::ApiError;
+use crate::state::AppState;
 
 #[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]

@@ -11,10 +11,10 @@ use gantry_jobs::{Mode, NewJob};
 use serde_json::{Map, Value, json};
 
 use super::openai::{BODY_LIMIT, Refusal, api_error, finished_output, served_model};
-use crate::app::AppState;
 use crate::body::read_json;
 use crate::middleware::Caller;
 use crate::problem::ApiError;
+use crate::state::AppState;
 
 /// The members of an OpenAI embeddings request, all passed to the model
 /// (`truncate` is Gantry's own: cut long inputs, the default, or refuse them).

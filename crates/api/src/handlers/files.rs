@@ -14,8 +14,8 @@ use actix_web::{HttpRequest, HttpResponse, web};
 use futures_util::StreamExt;
 use gantry_files::{Denied, RangeRequest, ReadError};
 
-use crate::app::AppState;
 use crate::problem::{ApiError, problem_response};
+use crate::state::AppState;
 
 #[utoipa::path(get, path = "/files/jobs/{job_id}/{attempt}/{name}", operation_id = "getFile", tag = "Files",
     description = "A generated file (image, audio, video) by the URL a job's output holds. The URL is signed and \

@@ -11,11 +11,11 @@ use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use utoipa::ToSchema;
 
-use crate::app::AppState;
 use crate::body::{Failures, RequestBody, present, present_object, read_body};
 use crate::handlers::live;
 use crate::middleware::Caller;
 use crate::problem::ApiError;
+use crate::state::AppState;
 
 /// Largest `/run` request body.
 pub const RUN_BODY_LIMIT: usize = 10 * 1024 * 1024;

@@ -1,8 +1,8 @@
 use actix_web::{HttpResponse, web};
 use serde_json::json;
 
-use crate::app::{AppState, Surface};
 use crate::problem::ApiError;
+use crate::state::{AppState, Surface};
 
 #[utoipa::path(get, path = "/v2/openapi.json", operation_id = "getOpenApiDocument", tag = "Meta",
     description = "This document.", security(()),

@@ -5,9 +5,9 @@ use actix_web::{HttpResponse, web};
 use gantry_auth::Scope;
 use serde_json::{Value, json};
 
-use crate::app::AppState;
 use crate::middleware::Caller;
 use crate::problem::ApiError;
+use crate::state::AppState;
 
 #[utoipa::path(get, path = "/v2/models", operation_id = "listModels", tag = "Model endpoints",
     description = "Every model served under `/v2/{model_id}/…`: `{models: [{id, category, description, unit, \

@@ -18,11 +18,11 @@ use gantry_catalog::{ModelKind, ModelSpec};
 use gantry_jobs::{Follow, Frame, JobStatus, JobView, Mode, NewJob};
 use serde_json::{Map, Value, json};
 
-use crate::app::AppState;
 use crate::body::read_json;
 use crate::handlers::live;
 use crate::middleware::Caller;
 use crate::problem::{ApiError, PROBLEM_JSON};
+use crate::state::AppState;
 
 /// Largest request body of these routes.
 pub(super) const BODY_LIMIT: usize = 4 * 1024 * 1024;
@@ -173,12 +173,6 @@ async fn openai_shape<B: MessageBody + 'static>(res: ServiceResponse<B>) -> Serv
         }
     }
     ServiceResponse::new(req, new)
-}
-
-/// Whether a response belongs to an OpenAI route (left alone by the
-/// problem+json safety net).
-pub(crate) fn is_openai_path(path: &str) -> bool {
-    path.contains("/openai/v1/")
 }
 
 /// The model `model_id` when the caller may run models and it is of one of

@@ -14,7 +14,6 @@ use gantry_containers::{Container, PodAction, PodRecord, PodSpec, PodStatus, che
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::app::AppState;
 use crate::body::{Failures, RequestBody, present, present_object, read_body};
 use crate::handlers::serverless::{
     LogRequest, check_container_into, check_registry_into, empty_container, log_response, merge_container, poke,
@@ -22,6 +21,7 @@ use crate::handlers::serverless::{
 };
 use crate::middleware::Caller;
 use crate::problem::ApiError;
+use crate::state::AppState;
 
 // --- request bodies -------------------------------------------------------
 

@@ -15,10 +15,10 @@ use gantry_containers::{
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::app::AppState;
 use crate::body::{Failures, RequestBody, present, present_object, read_body};
 use crate::middleware::Caller;
 use crate::problem::ApiError;
+use crate::state::AppState;
 
 impl From<ContainerError> for ApiError {
     fn from(err: ContainerError) -> Self {

@@ -5,10 +5,10 @@ use gantry_volumes::{NetworkVolume, NewVolume, VolumeError, VolumeName, VolumeSi
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use crate::app::AppState;
 use crate::body::{Failures, RequestBody, present, read_body};
 use crate::middleware::Caller;
 use crate::problem::ApiError;
+use crate::state::AppState;
 
 /// The caller's network volumes.
 // Serialized from the service's list by reference: no copy of the list.

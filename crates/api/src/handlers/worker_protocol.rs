@@ -18,8 +18,8 @@ use gantry_dispatch::{PolledWorker, Report};
 use serde::Deserialize;
 use serde_json::{Value, json};
 
-use crate::app::AppState;
 use crate::problem::{ApiError, problem_response};
+use crate::state::AppState;
 
 /// The longest a take or a stop waits for something to hand out (the SDK
 /// gives each call 90 s).
