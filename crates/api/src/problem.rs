@@ -2,6 +2,9 @@ use actix_web::http::StatusCode;
 use actix_web::http::header::{self, HeaderValue};
 use actix_web::{HttpResponse, ResponseError};
 use gantry_auth::VerifyError;
+use gantry_containers::ContainerError;
+use gantry_jobs::JobError;
+use gantry_volumes::VolumeError;
 use serde::Serialize;
 use utoipa::ToSchema;
 
@@ -82,12 +85,60 @@ impl ApiError {
     }
 }
 
+// ---- every service error's mapping to HTTP, in one place ----
+
 impl From<VerifyError> for ApiError {
     fn from(err: VerifyError) -> Self {
         match err {
             VerifyError::Unavailable => ApiError::Unavailable(err.to_string()),
             other => ApiError::Unauthorized(other.to_string()),
         }
+    }
+}
+
+impl From<JobError> for ApiError {
+    fn from(err: JobError) -> Self {
+        match err {
+            JobError::NotFound => ApiError::NotFound("job not found".into()),
+            JobError::Invalid(message) => ApiError::Unprocessable(vec![message]),
+            JobError::InvalidInput(errors) => ApiError::Unprocessable(errors),
+            JobError::NotRetryable(_) => ApiError::Conflict(err.to_string()),
+            JobError::Lost => ApiError::Unavailable(err.to_string()),
+            JobError::PaymentRequired { .. } => ApiError::PaymentRequired(err.to_string()),
+            JobError::Database(db) => ApiError::internal("job storage failed", &db),
+        }
+    }
+}
+
+impl From<VolumeError> for ApiError {
+    fn from(err: VolumeError) -> Self {
+        match err {
+            VolumeError::NotFound => ApiError::NotFound("network volume not found".into()),
+            VolumeError::SizeDecrease { current, .. } => ApiError::BadRequest {
+                detail: err.to_string(),
+                errors: vec![format!("$.size: must not be smaller than the current size ({current})")],
+            },
+            VolumeError::EmptyUpdate => ApiError::Unprocessable(vec![format!("$: {err}")]),
+            VolumeError::Database(db) => ApiError::internal("network volume storage failed", &db),
+        }
+    }
+}
+
+impl From<ContainerError> for ApiError {
+    fn from(err: ContainerError) -> Self {
+        match err {
+            ContainerError::NotFound(what) => ApiError::NotFound(format!("{what} not found")),
+            ContainerError::InUse(detail) => ApiError::Conflict(detail),
+            ContainerError::Database(db) => ApiError::internal("container storage failed", &db),
+            other => ApiError::internal("container storage failed", &other),
+        }
+    }
+}
+
+/// A database error outside a service (the billing history's reads).
+impl From<sea_orm::DbErr> for ApiError {
+    fn from(err: sea_orm::DbErr) -> Self {
+        ApiError::internal("storage failed", &err)
     }
 }
 

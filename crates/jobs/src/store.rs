@@ -281,39 +281,6 @@ impl JobStore {
         Ok((balance, held))
     }
 
-    /// The user's job charges in a billing window: (created ms, micro-USD).
-    pub async fn billing_job_charges(
-        &self,
-        user: &str,
-        window: &gantry_billing::history::Window,
-    ) -> Result<Vec<(i64, i64)>, JobError> {
-        Ok(gantry_billing::history::job_charges(&self.db, user, window).await?)
-    }
-
-    /// The user's storage charges in a billing window: (hour ms, volume,
-    /// tier, micro-USD).
-    /// The user's charges for serverless workers' or pods' time in a
-    /// billing window: (charged at ms, endpoint or pod, what it paid for, micro-USD),
-    /// of one endpoint or pod when given.
-    pub async fn billing_compute_charges(
-        &self,
-        user: &str,
-        window: &gantry_billing::history::Window,
-        compute: gantry_billing::history::Compute,
-        subject: Option<&str>,
-    ) -> Result<Vec<(i64, String, gantry_billing::history::Part, i64)>, JobError> {
-        Ok(gantry_billing::history::compute_charges(&self.db, user, window, compute, subject).await?)
-    }
-
-    pub async fn billing_storage_charges(
-        &self,
-        user: &str,
-        window: &gantry_billing::history::Window,
-        volume: Option<&str>,
-    ) -> Result<Vec<(i64, String, String, i64)>, JobError> {
-        Ok(gantry_billing::history::storage_charges(&self.db, user, window, volume).await?)
-    }
-
     /// Charges the started hours of network volumes not charged yet (of
     /// `volume` alone when given), as of `now_ms`; returns the hours charged.
     pub async fn accrue_storage(&self, now_ms: i64, volume: Option<&str>) -> Result<u64, JobError> {

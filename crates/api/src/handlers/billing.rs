@@ -221,12 +221,12 @@ pub async fn history(req: HttpRequest, state: web::Data<AppState>, caller: Calle
     let window = query.window;
     let buckets = window.buckets();
     let mut sums: Vec<Sums> = vec![Sums::default(); buckets.len()];
-    for (at, amount) in state.jobs.billing_job_charges(&user, &window).await? {
+    for (at, amount) in gantry_billing::history::job_charges(&state.db, &user, &window).await? {
         if let Some(i) = window.index_of(&buckets, at) {
             sums[i].endpoint += amount;
         }
     }
-    for (at, _, tier, amount) in state.jobs.billing_storage_charges(&user, &window, None).await? {
+    for (at, _, tier, amount) in gantry_billing::history::storage_charges(&state.db, &user, &window, None).await? {
         if let Some(i) = window.index_of(&buckets, at) {
             if tier == "HIGH_PERFORMANCE" {
                 sums[i].high += amount;
@@ -236,10 +236,7 @@ pub async fn history(req: HttpRequest, state: web::Data<AppState>, caller: Calle
         }
     }
     for compute in [Compute::Workers, Compute::Pods] {
-        let charges = state
-            .jobs
-            .billing_compute_charges(&user, &window, compute, None)
-            .await?;
+        let charges = gantry_billing::history::compute_charges(&state.db, &user, &window, compute, None).await?;
         for (at, _, part, amount) in charges {
             if let Some(i) = window.index_of(&buckets, at) {
                 let sum = &mut sums[i];
@@ -291,7 +288,7 @@ pub async fn endpoints(req: HttpRequest, state: web::Data<AppState>, caller: Cal
     let window = history_query(&req, &[])?.window;
     let buckets = window.buckets();
     let mut sums = vec![0i64; buckets.len()];
-    for (at, amount) in state.jobs.billing_job_charges(&user, &window).await? {
+    for (at, amount) in gantry_billing::history::job_charges(&state.db, &user, &window).await? {
         if let Some(i) = window.index_of(&buckets, at) {
             sums[i] += amount;
         }
@@ -375,10 +372,8 @@ async fn compute_history(
     let buckets = window.buckets();
     // (bucket, subject) -> (gpu, cpu, disk)
     let mut sums: std::collections::BTreeMap<(usize, String), (i64, i64, i64)> = std::collections::BTreeMap::new();
-    let charges = state
-        .jobs
-        .billing_compute_charges(&user, &window, compute, subject.as_deref())
-        .await?;
+    let charges =
+        gantry_billing::history::compute_charges(&state.db, &user, &window, compute, subject.as_deref()).await?;
     for (at, id, part, amount) in charges {
         if let Some(i) = window.index_of(&buckets, at) {
             let entry = sums.entry((i, id)).or_default();
@@ -458,10 +453,8 @@ pub async fn network_volumes(
     let buckets = window.buckets();
     // (bucket, volume) -> (standard, high performance)
     let mut sums: std::collections::BTreeMap<(usize, String), (i64, i64)> = std::collections::BTreeMap::new();
-    let charges = state
-        .jobs
-        .billing_storage_charges(&user, &window, query.network_volume_id.as_deref())
-        .await?;
+    let charges =
+        gantry_billing::history::storage_charges(&state.db, &user, &window, query.network_volume_id.as_deref()).await?;
     for (at, volume, tier, amount) in charges {
         if let Some(i) = window.index_of(&buckets, at) {
             let entry = sums.entry((i, volume)).or_default();

@@ -6,7 +6,7 @@ use std::time::Duration;
 use actix_web::{HttpRequest, HttpResponse, web};
 use gantry_auth::Scope;
 use gantry_catalog::ModelSpec;
-use gantry_jobs::{Follow, Frame, JobError, JobPolicy, JobStatus, JobView, Mode, NewJob};
+use gantry_jobs::{Follow, Frame, JobPolicy, JobStatus, JobView, Mode, NewJob};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
 use utoipa::ToSchema;
@@ -23,20 +23,6 @@ pub const RUN_BODY_LIMIT: usize = 10 * 1024 * 1024;
 pub const RUNSYNC_BODY_LIMIT: usize = 20 * 1024 * 1024;
 const WAIT_DEFAULT_MS: u64 = 90_000;
 const WAIT_RANGE_MS: std::ops::RangeInclusive<u64> = 1_000..=300_000;
-
-impl From<JobError> for ApiError {
-    fn from(err: JobError) -> Self {
-        match err {
-            JobError::NotFound => ApiError::NotFound("job not found".into()),
-            JobError::Invalid(message) => ApiError::Unprocessable(vec![message]),
-            JobError::InvalidInput(errors) => ApiError::Unprocessable(errors),
-            JobError::NotRetryable(_) => ApiError::Conflict(err.to_string()),
-            JobError::Lost => ApiError::Unavailable(err.to_string()),
-            JobError::PaymentRequired { .. } => ApiError::PaymentRequired(err.to_string()),
-            JobError::Database(db) => ApiError::internal("job storage failed", &db),
-        }
-    }
-}
 
 /// `{id, status}`: what `/run` answers, and `/runsync` when the job is not done in time.
 /// Exactly these two members (`additionalProperties: false`), so that a

@@ -8,7 +8,7 @@ use actix_web::http::header;
 use actix_web::{HttpRequest, HttpResponse, web};
 use gantry_auth::Scope;
 use gantry_containers::{
-    Container, ContainerError, CpuConfig, Endpoint, EndpointGpu, EndpointRecord, EndpointSpec, EndpointType, FlashBoot,
+    Container, CpuConfig, Endpoint, EndpointGpu, EndpointRecord, EndpointSpec, EndpointType, FlashBoot,
     PersistentMount, Registry, Release, RequestUrls, Scaling, Template, TemplateCategory, TemplateMounts, Workers,
     check_container, check_name, is_cuda_version,
 };
@@ -19,17 +19,6 @@ use crate::body::{Failures, RequestBody, present, present_object, read_body};
 use crate::middleware::Caller;
 use crate::problem::ApiError;
 use crate::state::AppState;
-
-impl From<ContainerError> for ApiError {
-    fn from(err: ContainerError) -> Self {
-        match err {
-            ContainerError::NotFound(what) => ApiError::NotFound(format!("{what} not found")),
-            ContainerError::InUse(detail) => ApiError::Conflict(detail),
-            ContainerError::Database(db) => ApiError::internal("container storage failed", &db),
-            other => ApiError::internal("container storage failed", &other),
-        }
-    }
-}
 
 /// Default container disk, GB.
 const DEFAULT_DISK_GB: u32 = 20;

@@ -1,7 +1,7 @@
 use actix_web::{HttpRequest, HttpResponse, web};
 use gantry_auth::Scope;
 use gantry_catalog::{Catalog, TierError, VolumeType};
-use gantry_volumes::{NetworkVolume, NewVolume, VolumeError, VolumeName, VolumeSize, VolumeUpdate};
+use gantry_volumes::{NetworkVolume, NewVolume, VolumeName, VolumeSize, VolumeUpdate};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
@@ -115,20 +115,6 @@ impl RequestBody for UpdateNetworkVolumeRequest {
             name: self.name,
             size: self.size,
         })
-    }
-}
-
-impl From<VolumeError> for ApiError {
-    fn from(err: VolumeError) -> Self {
-        match err {
-            VolumeError::NotFound => ApiError::NotFound("network volume not found".into()),
-            VolumeError::SizeDecrease { current, .. } => ApiError::BadRequest {
-                detail: err.to_string(),
-                errors: vec![format!("$.size: must not be smaller than the current size ({current})")],
-            },
-            VolumeError::EmptyUpdate => ApiError::Unprocessable(vec![format!("$: {err}")]),
-            VolumeError::Database(db) => ApiError::internal("network volume storage failed", &db),
-        }
     }
 }
 
