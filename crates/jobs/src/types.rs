@@ -103,7 +103,7 @@ impl WorkerTimings {
     /// From the nanoseconds a worker sends; `None` when it sent none (all zero).
     pub fn from_nanos(queue: u64, load: u64, run: u64) -> Option<Self> {
         let ms = |ns: u64| (ns / 1_000) as f64 / 1_000.0;
-        (queue | load | run != 0).then(|| WorkerTimings {
+        ((queue | load | run) != 0).then(|| WorkerTimings {
             queue_ms: ms(queue),
             load_ms: ms(load),
             run_ms: ms(run),

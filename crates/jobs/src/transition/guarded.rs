@@ -37,7 +37,7 @@ impl Retention {
     }
 
     /// `expires_at_ms` of the row the statement changes.
-    fn expr(&self) -> Expr {
+    pub(super) fn expr(&self) -> Expr {
         Expr::cust(format!(
             "CASE WHEN sync THEN {} ELSE {} END",
             self.sync_until, self.async_until
@@ -198,7 +198,7 @@ impl JobWriter {
     /// IN_PROGRESS, `lease_until_ms < lapsed`.
     pub async fn requeue_orphans(&self, at: Retention, lapsed: i64) -> Result<Vec<job::Model>, DbErr> {
         let _turn = self.turn().await;
-        requeue_or_fail("scheduler lost", at.now, at.sync_until, at.async_until)
+        requeue_or_fail("scheduler lost", at)
             .filter(running_jobs())
             .filter(J::LeaseUntilMs.lt(lapsed))
             .exec_with_returning(&self.db)

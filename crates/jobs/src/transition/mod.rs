@@ -7,7 +7,8 @@
 //! function that applies it to a row in memory. The API half
 //! ([`crate::JobStore`]), the scheduler and the webhook outbox submit
 //! transitions to a [`JobWriter`]; none of them holds a statement on `jobs`
-//! or the write lock (`tests/one_writer.rs` checks the source tree for it).
+//! or the write lock (`tests::nothing_outside_this_module_writes_jobs`
+//! below checks the source tree for it).
 //!
 //! - `plan.rs`: a settlement, decided before any statement runs (complete,
 //!   finish, requeue, claim, first writes of unstored jobs), the in-memory

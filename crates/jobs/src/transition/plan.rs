@@ -16,6 +16,7 @@ use sea_orm::{
     ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, IdenStatic, Iterable, QueryFilter, Statement,
 };
 
+use super::Retention;
 use crate::entity::{chunk, file, job};
 use crate::types::JobStatus;
 
@@ -129,10 +130,11 @@ pub struct Settled {
 
 impl Plan {
     pub fn new(now: i64, config: &crate::SchedulerConfig, instance: &str) -> Self {
+        let at = Retention::of(config, now);
         Plan {
             now,
-            sync_until: now.saturating_add(config.retention_ms(true)),
-            async_until: now.saturating_add(config.retention_ms(false)),
+            sync_until: at.sync_until,
+            async_until: at.async_until,
             stores: Vec::new(),
             chunks: Vec::new(),
             progress: Vec::new(),
@@ -141,6 +143,15 @@ impl Plan {
             instance: instance.to_string(),
             lease_until: now.saturating_add(crate::config::millis(config.lease)),
             file_lifetime_ms: config.file_lifetime_ms(),
+        }
+    }
+
+    /// When a job finishing at this plan's time stops being kept.
+    pub fn retention(&self) -> Retention {
+        Retention {
+            now: self.now,
+            sync_until: self.sync_until,
+            async_until: self.async_until,
         }
     }
 
@@ -377,10 +388,7 @@ pub(super) async fn execute<C: ConnectionTrait>(db: &C, plan: &Plan) -> Result<S
     store_all(db, &plan.stores, plan.now, plan.file_lifetime_ms, &mut settled).await?;
     insert_chunks(db, &plan.chunks).await?;
     upsert_progress(db, &plan.progress, plan.now).await?;
-    let retention = Expr::cust(format!(
-        "CASE WHEN sync THEN {} ELSE {} END",
-        plan.sync_until, plan.async_until
-    ));
+    let retention = plan.retention().expr();
     let mut completions = Vec::new();
     for step in &plan.steps {
         match step {
@@ -412,7 +420,7 @@ pub(super) async fn execute<C: ConnectionTrait>(db: &C, plan: &Plan) -> Result<S
                 settled.finals.extend(rows);
             }
             Step::Requeue { job_id, attempt, error } => {
-                let rows = requeue_or_fail(error, plan.now, plan.sync_until, plan.async_until)
+                let rows = requeue_or_fail(error, plan.retention())
                     .filter(J::Id.eq(job_id.as_str()))
                     .filter(J::Attempt.eq(*attempt))
                     .filter(J::Status.eq(JobStatus::InProgress.as_str()))
@@ -601,12 +609,12 @@ async fn complete_all<C: ConnectionTrait>(
 
 /// Back to IN_QUEUE while attempts remain, else FAILED with `error`. The
 /// caller adds the filters.
-pub(super) fn requeue_or_fail(
-    error: &str,
-    now: i64,
-    sync_until: i64,
-    async_until: i64,
-) -> sea_orm::UpdateMany<job::Entity> {
+pub(super) fn requeue_or_fail(error: &str, at: Retention) -> sea_orm::UpdateMany<job::Entity> {
+    let Retention {
+        now,
+        sync_until,
+        async_until,
+    } = at;
     let more = "attempt < max_attempts";
     job::Entity::update_many()
         .col_expr(
