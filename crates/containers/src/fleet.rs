@@ -466,9 +466,10 @@ impl Fleet {
                     alive.push(worker);
                 }
                 Some(c) => {
-                    let reason = match c.exit_code {
-                        Some(code) => format!("container exited with status {code}"),
-                        None => format!("container is {:?}", c.state),
+                    let reason = match (&c.error, c.exit_code) {
+                        (Some(error), _) => format!("the container could not run: {error}"),
+                        (None, Some(code)) => format!("container exited with status {code}"),
+                        (None, None) => format!("container is {:?}", c.state),
                     };
                     self.end(runtime, &worker.id, &c.id, &reason).await?;
                     containers.remove(&worker.id);

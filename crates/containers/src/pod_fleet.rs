@@ -157,6 +157,24 @@ impl Fleet {
                     // Created anew on the next look.
                     service.set_pod_status(pod, PodStatus::Provisioning, None, None).await?;
                 }
+                Some(c) if c.state == ContainerState::Dead && c.error.is_some() => {
+                    // It will not start as it is (Kubernetes: the image cannot be pulled, the
+                    // configuration is refused): ERROR with the reason, and nothing left running
+                    // or billed; an update or a start tries again.
+                    let reason = format!(
+                        "the container could not start: {}",
+                        c.error.as_deref().unwrap_or_default()
+                    );
+                    runtime.remove(&c.id).await.map_err(runtime_error)?;
+                    service.pod_exited(pod, PodStatus::Error, &reason).await?;
+                }
+                Some(c) if c.state == ContainerState::Created => {
+                    // Made, not running yet (on Kubernetes: waiting for a node, pulling): billed
+                    // from the moment it runs.
+                    if pod.status != PodStatus::Starting {
+                        service.set_pod_status(pod, PodStatus::Starting, None, None).await?;
+                    }
+                }
                 Some(c)
                     if is_running(&c) && self.config().pod_credit_grace.is_some() && {
                         let balance = gantry_billing::credit::balance(service.db(), &pod.user_id).await?;
@@ -192,10 +210,18 @@ impl Fleet {
                             }
                         }
                         None => {
-                            // Running with no open run: adopted after a
-                            // restart of Gantry that closed nothing.
-                            service.open_pod_run(pod, now_ms()).await?;
-                            service.set_pod_status(pod, PodStatus::Running, None, None).await?;
+                            // Running with no open run: it has just started
+                            // (Kubernetes starts a pod after `run` returns), or
+                            // it is adopted after a restart of Gantry that
+                            // closed nothing. Billed from the engine's start.
+                            let started = started_at(runtime, &c).await;
+                            service.open_pod_run(pod, started).await?;
+                            service
+                                .set_pod_status(pod, PodStatus::Running, None, Some(started))
+                                .await?;
+                            if pod.status == PodStatus::Starting {
+                                service.pod_event(&pod.id, "container started").await?;
+                            }
                         }
                     }
                 }
@@ -239,6 +265,17 @@ impl Fleet {
             let reason = format!("the container could not start: {error}");
             return service.pod_exited(pod, PodStatus::Error, &reason).await;
         }
+        if runtime
+            .inspect(&c.id)
+            .await
+            .is_ok_and(|c| c.state == ContainerState::Created)
+        {
+            // Made again, not running yet (Kubernetes): billed once it runs.
+            service.set_pod_status(pod, PodStatus::Starting, None, None).await?;
+            return service
+                .pod_event(&pod.id, "container created; waiting for it to start")
+                .await;
+        }
         let now = now_ms();
         service.open_pod_run(pod, now).await?;
         service.set_pod_status(pod, PodStatus::Running, None, Some(now)).await?;
@@ -270,6 +307,20 @@ impl Fleet {
         }
         let spec = self.pod_container_spec(pod);
         match runtime.run(&spec).await {
+            Ok(id)
+                if runtime
+                    .inspect(&id)
+                    .await
+                    .is_ok_and(|c| c.state == ContainerState::Created) =>
+            {
+                // Accepted, not started yet (a Kubernetes pod waits for a node and its image):
+                // the next looks see it run.
+                service
+                    .pod_event(&pod.id, "container created; waiting for it to start")
+                    .await?;
+                tracing::info!(pod = %pod.id, container = %id, "pod created");
+                Ok(())
+            }
             Ok(id) => {
                 let now = now_ms();
                 service.open_pod_run(pod, now).await?;
@@ -358,6 +409,23 @@ async fn stopped_at(runtime: &Arc<dyn Runtime>, c: &RuntimeContainer) -> i64 {
         .await
         .ok()
         .and_then(|inspected| inspected.finished_at)
+        .and_then(|at| gantry_runtime::parse_rfc3339_nanos(&at))
+        .map_or(now, |ns| ns.div_euclid(1_000_000).min(now))
+}
+
+/// When a running container started, as the engine recorded it (ms); now if
+/// the engine does not say. Never later than now.
+async fn started_at(runtime: &Arc<dyn Runtime>, c: &RuntimeContainer) -> i64 {
+    let now = now_ms();
+    let started = match &c.started_at {
+        Some(at) => Some(at.clone()),
+        None => runtime
+            .inspect(&c.id)
+            .await
+            .ok()
+            .and_then(|inspected| inspected.started_at),
+    };
+    started
         .and_then(|at| gantry_runtime::parse_rfc3339_nanos(&at))
         .map_or(now, |ns| ns.div_euclid(1_000_000).min(now))
 }

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use gantry_containers::{ContainerService, Fleet, FleetConfig, SecretBox};
 use gantry_dispatch::Dispatcher;
-use gantry_runtime::{Docker, Runtime};
+use gantry_runtime::{Docker, KubeToken, Kubernetes, KubernetesConfig, Runtime};
 use sea_orm::DatabaseConnection;
 
 use crate::{Settings, StartError};
@@ -92,10 +92,43 @@ fn runtime(settings: &Settings) -> Result<Option<Arc<dyn Runtime>>, StartError> 
                 }
             }
         }
+        "kubernetes" => kubernetes(&settings.serverless.kubernetes).map(|k| Some(Arc::new(k) as Arc<dyn Runtime>)),
         other => Err(StartError::Config(format!(
-            "serverless.runtime must be docker or none (got {other:?})"
+            "serverless.runtime must be docker, kubernetes or none (got {other:?})"
         ))),
     }
+}
+
+/// The Kubernetes runtime of `k`: what it names, and the pod's own
+/// ServiceAccount (in a cluster) for the rest.
+fn kubernetes(k: &crate::settings::KubernetesSettings) -> Result<Kubernetes, StartError> {
+    let set = |v: &Option<String>| v.clone().filter(|v| !v.trim().is_empty());
+    let mut config = match (set(&k.server), KubernetesConfig::in_cluster()) {
+        (Some(server), Some(in_cluster)) => KubernetesConfig { server, ..in_cluster },
+        (Some(server), None) => KubernetesConfig::new(server),
+        (None, Some(in_cluster)) => in_cluster,
+        (None, None) => {
+            return Err(StartError::Config(
+                "serverless.runtime is kubernetes, but serverless.kubernetes.server is unset and this \
+                 process is not in a pod (no KUBERNETES_SERVICE_HOST)"
+                    .into(),
+            ));
+        }
+    };
+    if let Some(file) = set(&k.token_file) {
+        config.token = KubeToken::File(file.into());
+    }
+    if let Some(file) = set(&k.ca_file) {
+        config.ca_file = Some(file.into());
+    }
+    if let Some(namespace) = set(&k.namespace) {
+        config.namespace = namespace;
+    }
+    config.storage_class = set(&k.storage_class);
+    if k.volume_size_gib > 0 {
+        config.volume_size_gib = k.volume_size_gib;
+    }
+    Kubernetes::new(config).map_err(|e| StartError::Config(format!("serverless.kubernetes: {e}")))
 }
 
 /// The secret worker tokens are signed with (stable across restarts: it

@@ -125,9 +125,12 @@ impl ConsoleSettings {
 #[serde(default)]
 pub struct ServerlessSettings {
     /// `docker` (the Docker Engine API: Docker, Docker Desktop or Podman's
-    /// compatible socket) or `none` (endpoints can be stored, but no worker
-    /// runs: their routes answer 503).
+    /// compatible socket), `kubernetes` (each worker and pod is a Pod; see
+    /// [`KubernetesSettings`]) or `none` (endpoints can be stored, but no
+    /// worker runs: their routes answer 503).
     pub runtime: String,
+    /// The Kubernetes API server, with `runtime = "kubernetes"`.
+    pub kubernetes: KubernetesSettings,
     /// The engine's socket (`unix:///…` or `tcp://host:port`); unset means
     /// `DOCKER_HOST`, then the usual Docker and Podman sockets.
     pub docker_host: Option<String>,
@@ -160,6 +163,7 @@ impl Default for ServerlessSettings {
     fn default() -> Self {
         Self {
             runtime: "docker".into(),
+            kubernetes: KubernetesSettings::default(),
             docker_host: None,
             worker_base_url: None,
             network: "host".into(),
@@ -171,6 +175,30 @@ impl Default for ServerlessSettings {
             keys: Vec::new(),
         }
     }
+}
+
+/// Where the Kubernetes runtime finds its API server. Every field unset in a
+/// pod means the pod's own ServiceAccount (its token, CA and namespace).
+#[derive(Debug, Clone, Default, Serialize, Deserialize)]
+#[serde(default)]
+pub struct KubernetesSettings {
+    /// The API server's origin, e.g. `https://10.0.0.1:443`; unset means
+    /// `KUBERNETES_SERVICE_HOST`/`_PORT` (in a pod).
+    pub server: Option<String>,
+    /// A file holding the bearer token (re-read as it rotates); unset means
+    /// the ServiceAccount's.
+    pub token_file: Option<String>,
+    /// PEM CA certificates of the server's certificate; unset means the
+    /// ServiceAccount's `ca.crt` (and the system's roots).
+    pub ca_file: Option<String>,
+    /// The namespace of workers, pods, claims and pull secrets; unset means
+    /// the ServiceAccount's namespace, else `default`.
+    pub namespace: Option<String>,
+    /// The StorageClass of network volumes' claims (ReadWriteMany); unset
+    /// means the cluster's default class.
+    pub storage_class: Option<String>,
+    /// The size each network volume's claim requests, in GiB (0 means 10).
+    pub volume_size_gib: u32,
 }
 
 /// Credit and billing.

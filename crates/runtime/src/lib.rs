@@ -1,4 +1,4 @@
-//! Gantry's container runtime: a small client of the Docker Engine API.
+//! Gantry's container runtime: small clients of the Docker Engine API and of the Kubernetes API.
 //!
 //! Gantry runs pods and serverless workers as containers on the machine it runs on. Everything it
 //! needs from an engine — make sure an image is there, create and start a container, find its own
@@ -7,9 +7,9 @@
 //! listener) with hyper, instead of depending on a full generated client. The same calls work
 //! against Docker Engine and against Podman's Docker-compatible socket.
 //!
-//! The [`Runtime`] trait is what the rest of Gantry programs against; [`Docker`] is its
-//! implementation for Engine API sockets. Keeping the trait narrow and free of Docker types leaves
-//! room for a Kubernetes implementation behind the same interface.
+//! The [`Runtime`] trait is what the rest of Gantry programs against. [`Docker`] implements it for
+//! Engine API sockets, and [`Kubernetes`] for a Kubernetes API server, where each container is a
+//! Pod (see the `kubernetes` module's documentation for how the operations map).
 //!
 //! ```no_run
 //! # async fn demo() -> Result<(), gantry_runtime::RuntimeError> {
@@ -36,6 +36,7 @@
 
 mod docker;
 mod error;
+mod kubernetes;
 mod logs;
 mod transport;
 mod types;
@@ -46,6 +47,7 @@ use futures_util::stream::BoxStream;
 
 pub use docker::{DEFAULT_REQUEST_TIMEOUT, Docker, MAX_API_VERSION};
 pub use error::RuntimeError;
+pub use kubernetes::{KubeToken, Kubernetes, KubernetesConfig, format_rfc3339, object_name};
 pub use logs::{LogDecoder, LogLine, LogStream, parse_rfc3339_nanos};
 pub use types::{
     Container, ContainerSpec, ContainerState, EngineInfo, Network, PortSpec, Protocol, RegistryAuth, Stats,

@@ -17,6 +17,7 @@ mod files;
 mod hibari;
 mod images;
 mod jobs;
+mod kubernetes;
 mod live;
 mod metrics;
 mod openapi;
