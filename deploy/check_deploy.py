@@ -131,6 +131,11 @@ def schema_validate(docs: list[dict], versions: list[str], report: Report) -> tu
     return builtin, custom
 
 
+def runtime_pods(selector: dict) -> bool:
+    """Whether a selector picks pods that Gantry's fleet makes at run time (label gantry.kind)."""
+    return "gantry.kind" in (selector.get("matchLabels") or {})
+
+
 def pod_templates(docs: list[dict]) -> list[tuple[dict, dict]]:
     """(workload, pod template) of every workload."""
     out = []
@@ -333,7 +338,11 @@ def check_references(docs: list[dict], external_secrets: set[str], report: Repor
                     report.error(f"{oid}: minAvailable {min_available} >= {ident(w)} replicas {replicas}: no pod could ever be evicted")
         if obj["kind"] == "NetworkPolicy":
             selector = spec.get("podSelector") or {}
-            if selector:
+            # Pods labelled gantry.kind are the ones Gantry's fleet makes at run time (serverless
+            # workers, users' pods): not part of the rendering.
+            if selector and runtime_pods(selector):
+                matched = []
+            elif selector:
                 matched = pods_selected(None, ns, selector)
                 if not matched:
                     report.error(f"{oid}: its podSelector matches no pod template")
@@ -350,7 +359,8 @@ def check_references(docs: list[dict], external_secrets: set[str], report: Repor
                         if "podSelector" in peer and "namespaceSelector" not in peer and peer["podSelector"]:
                             # Operators' pods are not part of the rendering.
                             is_operator = "gantry.dev/operator" in (peer["podSelector"].get("matchLabels") or {})
-                            if not is_operator and not pods_selected(None, ns, peer["podSelector"]):
+                            if (not is_operator and not runtime_pods(peer["podSelector"])
+                                    and not pods_selected(None, ns, peer["podSelector"])):
                                 report.error(f"{oid}: a {direction} peer's podSelector matches no pod template")
         if obj["kind"] == "PodMonitor":
             matched = pods_selected(None, ns, spec.get("selector"))
