@@ -22,7 +22,9 @@ use std::time::{Duration, Instant};
 
 use gantry_catalog::{CpuType, GpuType};
 use gantry_dispatch::{Dispatcher, PolledWorker};
-use gantry_runtime::{Container as RuntimeContainer, ContainerSpec, ContainerState, Network, RegistryAuth, Runtime};
+use gantry_runtime::{
+    Container as RuntimeContainer, ContainerSpec, ContainerState, Network, Placement, RegistryAuth, Runtime,
+};
 use hmac::{KeyInit, Mac};
 use sea_orm::{ConnectionTrait, DbBackend, Statement};
 
@@ -826,7 +828,32 @@ impl Fleet {
             stop_timeout_secs: Some(u32::try_from(self.config.stop_grace.as_secs()).unwrap_or(10)),
             auto_remove: false,
             tty: false,
+            placement: self.placement_of(endpoint),
         }
+    }
+
+    /// Where an endpoint's workers may run: a GPU type of its pools (less the excluded ones), one
+    /// of its data centers, the CUDA versions it allows (runtimes that place containers on
+    /// machines apply it: Kubernetes).
+    pub fn placement_of(&self, endpoint: &EndpointRecord) -> Placement {
+        let spec = &endpoint.spec;
+        let mut placement = Placement {
+            data_centers: spec.data_center_ids.clone(),
+            ..Placement::default()
+        };
+        if let Some(gpu) = &spec.gpu {
+            placement.gpu_types = self
+                .config
+                .gpus
+                .iter()
+                .filter(|g| gpu.pools.iter().any(|p| g.pool.as_deref() == Some(p.as_str())))
+                .filter(|g| !gpu.excluded_types.contains(&g.id))
+                .map(|g| g.id.clone())
+                .collect();
+            placement.cuda_versions = gpu.allowed_cuda_versions.clone();
+            placement.min_cuda_version = gpu.min_cuda_version.clone();
+        }
+        placement
     }
 
     /// The environment of the RunPod worker protocol (runpod-python reads it).

@@ -396,6 +396,11 @@ impl Fleet {
             stop_timeout_secs: Some(u32::try_from(self.config().stop_grace.as_secs()).unwrap_or(10)),
             auto_remove: false,
             tty: false,
+            // Its GPU type, where the runtime chooses among machines (Kubernetes).
+            placement: gantry_runtime::Placement {
+                gpu_types: spec.gpu.iter().map(|gpu| gpu.id.clone()).collect(),
+                ..gantry_runtime::Placement::default()
+            },
         }
     }
 }

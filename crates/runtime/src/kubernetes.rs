@@ -35,7 +35,9 @@ use futures_util::stream::BoxStream;
 use serde_json::{Value, json};
 
 use crate::logs::{LogLine, LogStream, parse_rfc3339_nanos};
-use crate::types::{Container, ContainerSpec, ContainerState, EngineInfo, Network, Protocol, RegistryAuth, Stats};
+use crate::types::{
+    Container, ContainerSpec, ContainerState, EngineInfo, Network, Placement, Protocol, RegistryAuth, Stats,
+};
 use crate::{Runtime, RuntimeError};
 
 /// The annotation that holds the name Gantry gave the container (Pod names are DNS labels).
@@ -432,6 +434,8 @@ fn manifest(spec: &ContainerSpec, pull_secret: Option<&String>) -> Value {
         "restartPolicy": "Never",
         "automountServiceAccountToken": false,
         "enableServiceLinks": false,
+        // The container runtime's default syscall filter, as Docker applies its own by default.
+        "securityContext": {"seccompProfile": {"type": "RuntimeDefault"}},
         "containers": [container],
         "volumes": volumes,
     });
@@ -456,6 +460,11 @@ fn manifest(spec: &ContainerSpec, pull_secret: Option<&String>) -> Value {
     if let Some(secret) = pull_secret {
         pod_spec["imagePullSecrets"] = json!([{"name": secret}]);
     }
+    if !spec.placement.is_empty() {
+        pod_spec["affinity"] = json!({"nodeAffinity": {"requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": node_selector_terms(&spec.placement),
+        }}});
+    }
     let labels: serde_json::Map<String, Value> = spec
         .labels
         .iter()
@@ -477,6 +486,55 @@ fn manifest(spec: &ContainerSpec, pull_secret: Option<&String>) -> Value {
     let kept = pod.to_string();
     pod["metadata"]["annotations"][ANNOTATION_MANIFEST] = json!(kept);
     pod
+}
+
+/// The node label naming a node's data center (a catalog id); operators set it.
+pub const DATA_CENTER_LABEL: &str = "gantry.dev/data-center";
+/// The node label of NVIDIA GPU Feature Discovery naming the GPU product (`NVIDIA-H100-80GB-HBM3`).
+pub const GPU_PRODUCT_LABEL: &str = "nvidia.com/gpu.product";
+/// The node labels of NVIDIA GPU Feature Discovery with the CUDA version the driver supports.
+pub const CUDA_LABEL_PREFIX: &str = "nvidia.com/cuda.runtime-version";
+
+/// The node selector terms of a placement: any term will do, every expression of a term must hold.
+fn node_selector_terms(placement: &Placement) -> Vec<Value> {
+    let mut base = Vec::new();
+    if !placement.data_centers.is_empty() {
+        base.push(json!({"key": DATA_CENTER_LABEL, "operator": "In", "values": placement.data_centers}));
+    }
+    if !placement.gpu_types.is_empty() {
+        // GFD writes the product name with its spaces as dashes.
+        let products: Vec<String> = placement.gpu_types.iter().map(|t| label_value(t)).collect();
+        base.push(json!({"key": GPU_PRODUCT_LABEL, "operator": "In", "values": products}));
+    }
+    if !placement.cuda_versions.is_empty() {
+        base.push(
+            json!({"key": format!("{CUDA_LABEL_PREFIX}.full"), "operator": "In", "values": placement.cuda_versions}),
+        );
+    }
+    // At least major.minor: a newer major, or the same major and at least the minor.
+    let version = placement
+        .min_cuda_version
+        .as_deref()
+        .and_then(|v| v.split_once('.'))
+        .and_then(|(major, minor)| Some((major.parse::<u32>().ok()?, minor.parse::<u32>().ok()?)));
+    let alternatives: Vec<Vec<Value>> = match version {
+        None => vec![Vec::new()],
+        Some((major, 0)) => vec![vec![
+            json!({"key": format!("{CUDA_LABEL_PREFIX}.major"), "operator": "Gt",
+                                               "values": [major.saturating_sub(1).to_string()]}),
+        ]],
+        Some((major, minor)) => vec![
+            vec![json!({"key": format!("{CUDA_LABEL_PREFIX}.major"), "operator": "Gt", "values": [major.to_string()]})],
+            vec![
+                json!({"key": format!("{CUDA_LABEL_PREFIX}.major"), "operator": "In", "values": [major.to_string()]}),
+                json!({"key": format!("{CUDA_LABEL_PREFIX}.minor"), "operator": "Gt", "values": [(minor - 1).to_string()]}),
+            ],
+        ],
+    };
+    alternatives
+        .into_iter()
+        .map(|extra| json!({"matchExpressions": base.iter().cloned().chain(extra).collect::<Vec<_>>()}))
+        .collect()
 }
 
 /// A Kubernetes object name for a Gantry name: lower case, `[a-z0-9-.]`, at most 253 characters,
@@ -1103,6 +1161,56 @@ mod tests {
         )
         .unwrap_or_default();
         assert_eq!(kept["spec"], pod["spec"]);
+    }
+
+    #[test]
+    fn a_placement_is_required_node_affinity() {
+        let mut spec = ContainerSpec::new("p", "i");
+        assert!(
+            manifest(&spec, None)["spec"]["affinity"].is_null(),
+            "no placement, no affinity"
+        );
+        spec.placement = Placement {
+            gpu_types: vec!["NVIDIA H100 80GB HBM3".into(), "NVIDIA A100-SXM4-80GB".into()],
+            data_centers: vec!["EU-RO-1".into()],
+            cuda_versions: vec![],
+            min_cuda_version: Some("12.4".into()),
+        };
+        let terms = &manifest(&spec, None)["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            ["nodeSelectorTerms"];
+        let base = json!([
+            {"key": "gantry.dev/data-center", "operator": "In", "values": ["EU-RO-1"]},
+            {"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-H100-80GB-HBM3", "NVIDIA-A100-SXM4-80GB"]},
+        ]);
+        let with = |extra: Value| {
+            let mut all = base.as_array().cloned().unwrap_or_default();
+            all.extend(extra.as_array().cloned().unwrap_or_default());
+            json!({"matchExpressions": all})
+        };
+        assert_eq!(
+            terms,
+            &json!([
+                with(json!([{"key": "nvidia.com/cuda.runtime-version.major", "operator": "Gt", "values": ["12"]}])),
+                with(
+                    json!([{"key": "nvidia.com/cuda.runtime-version.major", "operator": "In", "values": ["12"]},
+                            {"key": "nvidia.com/cuda.runtime-version.minor", "operator": "Gt", "values": ["3"]}])
+                ),
+            ])
+        );
+        spec.placement = Placement {
+            cuda_versions: vec!["12.4".into(), "12.6".into()],
+            min_cuda_version: Some("12.0".into()),
+            ..Placement::default()
+        };
+        let terms = &manifest(&spec, None)["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+            ["nodeSelectorTerms"];
+        assert_eq!(
+            terms,
+            &json!([{"matchExpressions": [
+                {"key": "nvidia.com/cuda.runtime-version.full", "operator": "In", "values": ["12.4", "12.6"]},
+                {"key": "nvidia.com/cuda.runtime-version.major", "operator": "Gt", "values": ["11"]},
+            ]}])
+        );
     }
 
     #[test]

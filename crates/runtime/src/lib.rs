@@ -50,7 +50,7 @@ pub use error::RuntimeError;
 pub use kubernetes::{KubeToken, Kubernetes, KubernetesConfig, format_rfc3339, object_name};
 pub use logs::{LogDecoder, LogLine, LogStream, parse_rfc3339_nanos};
 pub use types::{
-    Container, ContainerSpec, ContainerState, EngineInfo, Network, PortSpec, Protocol, RegistryAuth, Stats,
+    Container, ContainerSpec, ContainerState, EngineInfo, Network, Placement, PortSpec, Protocol, RegistryAuth, Stats,
 };
 
 /// What Gantry needs from a container runtime.

@@ -148,6 +148,34 @@ pub struct ContainerSpec {
     pub auto_remove: bool,
     /// Allocate a pseudo-terminal. Its output is then one unframed stream (all lines are stdout).
     pub tty: bool,
+    /// Which machines may run it (runtimes with several: Kubernetes). Docker runs it on its one
+    /// machine, whatever that has.
+    pub placement: Placement,
+}
+
+/// Constraints on the machine a container runs on. Each list holds alternatives (any one will
+/// do); an empty list constrains nothing. On Kubernetes they become the Pod's required node
+/// affinity, on node labels (see `docs/runtime.md`).
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Placement {
+    /// GPU types (catalog ids such as `NVIDIA H100 80GB HBM3`).
+    pub gpu_types: Vec<String>,
+    /// Data centers (catalog ids such as `EU-RO-1`).
+    pub data_centers: Vec<String>,
+    /// CUDA versions (`12.4`) the machine's driver must support exactly.
+    pub cuda_versions: Vec<String>,
+    /// The oldest CUDA version (`12.2`) the machine's driver may support.
+    pub min_cuda_version: Option<String>,
+}
+
+impl Placement {
+    /// Whether it constrains nothing.
+    pub fn is_empty(&self) -> bool {
+        self.gpu_types.is_empty()
+            && self.data_centers.is_empty()
+            && self.cuda_versions.is_empty()
+            && self.min_cuda_version.is_none()
+    }
 }
 
 impl ContainerSpec {
@@ -246,6 +274,7 @@ impl fmt::Debug for ContainerSpec {
             .field("stop_timeout_secs", &self.stop_timeout_secs)
             .field("auto_remove", &self.auto_remove)
             .field("tty", &self.tty)
+            .field("placement", &self.placement)
             .finish()
     }
 }

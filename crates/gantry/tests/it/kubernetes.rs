@@ -503,3 +503,59 @@ async fn a_pod_on_kubernetes_lives_its_whole_life() {
     }
     assert_eq!(failed["actions"], json!(["start", "terminate"]), "{failed}");
 }
+
+/// A GPU endpoint's workers are placed by Kubernetes on what the endpoint asks for: a node with a
+/// GPU type of its pools (less the excluded types), in one of its data centers, whose driver
+/// supports its CUDA versions; and they ask for their GPUs as `nvidia.com/gpu`.
+#[tokio::test]
+async fn a_gpu_endpoints_workers_ask_kubernetes_for_its_gpu_type_data_center_and_cuda() {
+    let (app, api, _kubelet) = spawn("gt-placement").await;
+    let (_, key) = app.user_with_key("all").await;
+    let body = json!({
+        "name": "placed", "type": "QUEUE", "image": WORKER_IMAGE,
+        "scaling": {"type": "REQUEST_COUNT", "requestCount": 1},
+        "workers": {"min": 1, "max": 1, "idleTimeout": 5},
+        "gpu": {"pools": ["HOPPER_80"], "excludedTypes": ["NVIDIA H100 PCIe"], "count": 2,
+                "minCudaVersion": "12.4"},
+        "dataCenterIds": ["EU-RO-1"],
+    });
+    let (status, created) = json_of(app.send_json(Method::POST, "/v2/serverless", &key, &body).await).await;
+    assert_eq!(status, 201, "{created}");
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let pod = loop {
+        if let Some(pod) = api.pods().await.into_iter().next() {
+            break pod;
+        }
+        assert!(Instant::now() < deadline, "no worker Pod was made");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(
+        pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"],
+        "2"
+    );
+    let terms =
+        &pod["spec"]["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]["nodeSelectorTerms"];
+    let base = [
+        json!({"key": "gantry.dev/data-center", "operator": "In", "values": ["EU-RO-1"]}),
+        json!({"key": "nvidia.com/gpu.product", "operator": "In", "values": ["NVIDIA-H100-80GB-HBM3"]}),
+    ];
+    let term = |extra: Vec<Value>| json!({"matchExpressions": base.iter().cloned().chain(extra).collect::<Vec<_>>()});
+    assert_eq!(
+        terms,
+        &json!([
+            term(vec![
+                json!({"key": "nvidia.com/cuda.runtime-version.major", "operator": "Gt", "values": ["12"]})
+            ]),
+            term(vec![
+                json!({"key": "nvidia.com/cuda.runtime-version.major", "operator": "In", "values": ["12"]}),
+                json!({"key": "nvidia.com/cuda.runtime-version.minor", "operator": "Gt", "values": ["3"]}),
+            ]),
+        ]),
+        "{pod}"
+    );
+    let endpoint = created["id"].as_str().unwrap();
+    let res = app
+        .send_json(Method::DELETE, &format!("/v2/serverless/{endpoint}"), &key, &json!({}))
+        .await;
+    assert!(res.status().is_success(), "{}", res.status());
+}

@@ -693,7 +693,21 @@ async fn langchain_chat_openai_works_against_it() {
 async fn the_model_list_and_the_openapi_document_follow_the_manifest() {
     let app = text_app(Backend::Sqlite).await;
     let (_, key) = app.user_with_key("endpoints:run").await;
-    let list: Value = app.public_ok(Method::GET, "/v2/models", &key).await;
+    // Its bundled worker serves it once the weights are loaded, which takes
+    // as long as the machine takes: the list is read until it says so.
+    let deadline = std::time::Instant::now() + Duration::from_secs(180);
+    let list: Value = loop {
+        let list: Value = app.public_ok(Method::GET, "/v2/models", &key).await;
+        let ready = list["models"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .any(|m| m["id"] == MODEL && m["available"] == true);
+        if ready || std::time::Instant::now() > deadline {
+            break list;
+        }
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
     let models = list["models"].as_array().unwrap();
     let text = models
         .iter()
