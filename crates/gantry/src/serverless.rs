@@ -179,6 +179,17 @@ pub async fn fleet(
             )));
         }
     };
+    let base_url_set = s.worker_base_url.as_deref().is_some_and(|u| !u.trim().is_empty());
+    if s.runtime == "kubernetes" && !network && !base_url_set {
+        // Pods on the cluster's network cannot reach this process at the loopback address that
+        // is the default.
+        return Err(StartError::Config(
+            "serverless.runtime is kubernetes with serverless.network = bridge: set \
+             serverless.worker_base_url to a URL the worker Pods reach (a Service in front of this \
+             process's public listener, e.g. http://gantry-fleet:8081)"
+                .into(),
+        ));
+    }
     let config = FleetConfig {
         worker_base_url: s.worker_base_url.clone().unwrap_or_default(),
         host_network: network,

@@ -311,6 +311,26 @@ async fn a_second_server_on_the_same_sqlite_file_refuses_to_start() {
     assert_eq!(app.get("/v2/network-volumes", &key).await.status(), 200);
 }
 
+/// The Kubernetes runtime refuses to start where its worker Pods could not
+/// reach it, or where it does not know its API server, and says what to set.
+#[test]
+fn the_kubernetes_runtime_says_what_is_missing_before_it_starts() {
+    let dir = tempfile::tempdir().unwrap();
+    let stderr = serve_fails(
+        serve_on_free_ports(dir.path())
+            .env("GANTRY_SERVERLESS__RUNTIME", "kubernetes")
+            .env_remove("KUBERNETES_SERVICE_HOST"),
+    );
+    assert!(stderr.contains("serverless.kubernetes.server is unset"), "{stderr}");
+    let stderr = serve_fails(
+        serve_on_free_ports(dir.path())
+            .env("GANTRY_SERVERLESS__RUNTIME", "kubernetes")
+            .env("GANTRY_SERVERLESS__KUBERNETES__SERVER", "https://127.0.0.1:1")
+            .env("GANTRY_SERVERLESS__NETWORK", "bridge"),
+    );
+    assert!(stderr.contains("set serverless.worker_base_url"), "{stderr}");
+}
+
 /// `gantry migrate` creates the schema on a fresh database and is idempotent.
 #[test]
 fn migrate_creates_the_schema_once() {
