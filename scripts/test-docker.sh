@@ -23,6 +23,7 @@
 #   GANTRY_TEST_DOCKER_DIR  state dir (socket, data root, exec root, log)   default /tmp/gantry-test-docker
 #   GANTRY_CACHE_DIR        image tarballs, host venv                        default $HOME/.cache/gantry
 #   GANTRY_DEBIAN_MIRROR    Debian mirror for debootstrap                     default: read from apt's sources
+#   GANTRY_TEST_DOCKER_IMAGES  `busybox`: import only the busybox image         default: all
 #
 # Progress goes to stderr; stdout carries only the result line, so `eval "$(... start | tail -1)"`
 # or `export "$(... start | tail -1)"` works.
@@ -381,8 +382,10 @@ start)
     timed "packages" install_packages
     timed "dockerd" start_daemon
     timed "$BUSYBOX_IMAGE" import_busybox
-    timed "$RUNPOD_BASE" import_runpod
-    timed "$RUNPOD_IMAGE" build_runpod_worker
+    if [ "${GANTRY_TEST_DOCKER_IMAGES:-all}" != busybox ]; then
+        timed "$RUNPOD_BASE" import_runpod
+        timed "$RUNPOD_IMAGE" build_runpod_worker
+    fi
     echo "DOCKER_HOST=unix://$SOCK"
     ;;
 stop)

@@ -130,6 +130,38 @@ pub struct Fleet {
     pods_busy: Mutex<std::collections::HashSet<String>>,
     /// Running pods whose owner has had no credit since then.
     pods_unpaid: Mutex<HashMap<String, Instant>>,
+    /// When the runtime last answered, and the recent stretches (ms, from the
+    /// last answer before to the first after) when it did not.
+    outages: Mutex<Outages>,
+}
+
+/// The runtime's recent outages, as the looks saw them.
+#[derive(Default)]
+struct Outages {
+    /// The last look the runtime answered.
+    last_answer_ms: Option<i64>,
+    /// The last answer before the current outage, while one lasts.
+    open_since_ms: Option<i64>,
+    /// Ended outages of the last hour: (last answer before, first answer after).
+    ended: Vec<(i64, i64)>,
+}
+
+impl Outages {
+    fn answered(&mut self, now: i64) {
+        if let Some(since) = self.open_since_ms.take() {
+            self.ended.push((since, now));
+        }
+        self.ended.retain(|(_, to)| now - to < 3_600_000);
+        self.last_answer_ms = Some(now);
+    }
+
+    fn failed(&mut self) {
+        if self.open_since_ms.is_none()
+            && let Some(last) = self.last_answer_ms
+        {
+            self.open_since_ms = Some(last);
+        }
+    }
 }
 
 type HmacSha256 = hmac::Hmac<sha2::Sha256>;
@@ -159,6 +191,7 @@ impl Fleet {
             stopping: Mutex::new(std::collections::HashSet::new()),
             pods_busy: Mutex::new(std::collections::HashSet::new()),
             pods_unpaid: Mutex::new(HashMap::new()),
+            outages: Mutex::new(Outages::default()),
             service,
             runtime,
             dispatcher,
@@ -407,10 +440,12 @@ impl Fleet {
         let containers = match runtime.list(&self.own("worker")).await {
             Ok(list) => {
                 *lock(&self.runtime_error) = None;
+                lock(&self.outages).answered(now_ms());
                 list
             }
             Err(error) => {
                 *lock(&self.runtime_error) = Some(format!("the container runtime does not answer: {error}"));
+                lock(&self.outages).failed();
                 return Ok(());
             }
         };
@@ -724,6 +759,16 @@ impl Fleet {
             tracing::info!(%worker_id, %reason, "worker removed");
         });
         Ok(())
+    }
+
+    /// Whether a container that stopped at `at_ms` stopped while the runtime
+    /// did not answer this process (an engine restarted under it stops its
+    /// containers; the looks either side saw it answer).
+    pub(crate) fn stopped_in_outage(&self, at_ms: i64) -> bool {
+        lock(&self.outages)
+            .ended
+            .iter()
+            .any(|(from, to)| (*from - crate::pod_fleet::OUTAGE_MARGIN_MS..=*to).contains(&at_ms))
     }
 
     async fn forget(&self, worker_id: &str) {

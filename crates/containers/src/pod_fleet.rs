@@ -27,6 +27,11 @@ use crate::pods::{PodRecord, PodStatus, network_volume_name, pod_container_name,
 use crate::service::{ContainerError, now_ms};
 use crate::spec::split_args;
 
+/// How long before an engine outage a pod's container may have stopped and
+/// still count as stopped by the engine going down (and how long a stop is
+/// left undecided, in case an outage follows it).
+pub(crate) const OUTAGE_MARGIN_MS: i64 = 10_000;
+
 /// Label value of pod containers.
 pub const KIND_POD: &str = "pod";
 
@@ -228,6 +233,29 @@ impl Fleet {
                 Some(c) => {
                     if pod.status == PodStatus::Provisioning {
                         // Started again by its owner: same container, same files.
+                        self.start_existing(runtime, pod, &c).await?;
+                    } else if pod.status == PodStatus::Running && {
+                        let stopped = stopped_at(runtime, &c).await;
+                        // An engine on its way down may still answer while
+                        // it stops its containers: a stop this recent is
+                        // decided on a later look, once it is known whether
+                        // the engine went away around it.
+                        if !self.stopped_in_outage(stopped) && now_ms() - stopped < OUTAGE_MARGIN_MS {
+                            return Ok(());
+                        }
+                        self.stopped_in_outage(stopped)
+                    } {
+                        // It stopped while the engine was away (an engine
+                        // restarted stops its containers): it was not the
+                        // program's doing, so the pod comes back as it was.
+                        // Billed up to the stop, and again from the start.
+                        service.close_pod_run(pod, stopped_at(runtime, &c).await).await?;
+                        service
+                            .pod_event(
+                                &pod.id,
+                                "the container engine stopped the container while it was away; starting it again",
+                            )
+                            .await?;
                         self.start_existing(runtime, pod, &c).await?;
                     } else {
                         // It stopped by itself (perhaps while Gantry was down):

@@ -737,6 +737,142 @@ async fn a_pod_survives_a_crash_of_gantry_and_is_billed_across_it() {
     );
 }
 
+/// The container engine restarted under a running pod (without
+/// `live-restore`, dockerd stops every container on its way down): the pod
+/// comes back RUNNING on the same container, its run ends where the engine
+/// stopped the container and a new run starts with it, and no second
+/// container is made. The engine is one of this test's own, so that
+/// restarting it disturbs no other test.
+#[tokio::test]
+async fn a_pod_comes_back_after_its_container_engine_restarts() {
+    let state = format!("/tmp/gantry-test-docker-restart-{}", std::process::id());
+    let engine = |command: &'static str| {
+        let state = state.clone();
+        move || {
+            let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/test-docker.sh");
+            let out = std::process::Command::new("bash")
+                .arg(script)
+                .arg(command)
+                .env("GANTRY_TEST_DOCKER_DIR", &state)
+                .env("GANTRY_TEST_DOCKER_IMAGES", "busybox")
+                .stdin(std::process::Stdio::null())
+                .stderr(std::process::Stdio::inherit())
+                .output()
+                .unwrap();
+            assert!(out.status.success(), "test-docker.sh {command} failed");
+            String::from_utf8_lossy(&out.stdout)
+                .lines()
+                .last()
+                .unwrap_or("")
+                .trim()
+                .to_owned()
+        }
+    };
+    let line = tokio::task::spawn_blocking(engine("start")).await.unwrap();
+    let host = line.strip_prefix("DOCKER_HOST=").unwrap_or(&line).to_owned();
+    /// Stops and deletes the test's engine however the test ends.
+    struct Purge(String);
+    impl Drop for Purge {
+        fn drop(&mut self) {
+            let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/test-docker.sh");
+            let _ = std::process::Command::new("bash")
+                .arg(script)
+                .arg("purge")
+                .env("GANTRY_TEST_DOCKER_DIR", &self.0)
+                .stdin(std::process::Stdio::null())
+                .output();
+        }
+    }
+    let _purge = Purge(state.clone());
+
+    let app = TestApp::spawn_with(Backend::Sqlite, {
+        let host = host.clone();
+        move |settings| {
+            settings.serverless.docker_host = Some(host);
+            settings.serverless.tick_ms = 200;
+            settings.serverless.stop_grace_ms = 2_000;
+        }
+    })
+    .await;
+    let (_, key) = app.user_with_key("all").await;
+    let res = app
+        .send_json(
+            Method::POST,
+            "/v2/pods",
+            &key,
+            &json!({"name": "steady", "image": BUSYBOX, "args": "sleep 3600", "cpu": {"id": "cpu3c", "vcpuCount": 2}}),
+        )
+        .await;
+    assert_eq!(res.status().as_u16(), 201);
+    let id = res.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_owned();
+    app.pod_until(&id, &key, "RUNNING").await;
+    let docker = gantry_runtime::Docker::connect(&host).unwrap();
+    use gantry_runtime::Runtime;
+    let label = [("gantry.id".to_owned(), id.clone())];
+    let before = docker.list(&label).await.unwrap();
+    assert_eq!(before.len(), 1);
+
+    // The engine goes down (stopping the container) and comes back.
+    tokio::task::spawn_blocking(engine("stop")).await.unwrap();
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    tokio::task::spawn_blocking(engine("start")).await.unwrap();
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let now = docker.list(&label).await.unwrap_or_default();
+        if now.len() == 1 && now[0].state == gantry_runtime::ContainerState::Running {
+            assert_eq!(now[0].id, before[0].id, "the same container, started again");
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the pod's container never ran again: {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    app.pod_until(&id, &key, "RUNNING").await;
+    let log = app.pod_log(&id, &key).await;
+    assert!(
+        log.iter()
+            .any(|(s, l)| s == "system" && l.contains("stopped the container while it was away")),
+        "{log:?}"
+    );
+
+    // Two runs: the first ends where the engine stopped the container, the
+    // second begins when it started again; no overlap.
+    let db = sea_orm::Database::connect(&app.database_url).await.unwrap();
+    use sea_orm::ConnectionTrait;
+    let runs = db
+        .query_all_raw(sea_orm::Statement::from_string(
+            db.get_database_backend(),
+            format!("SELECT created_at_ms, ended_at_ms FROM pod_runs WHERE pod_id = '{id}' AND kind = 'run' ORDER BY created_at_ms"),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(runs.len(), 2, "a run before the restart and one after");
+    let first_end: Option<i64> = runs[0].try_get_by_index(1).unwrap();
+    let second_start: i64 = runs[1].try_get_by_index(0).unwrap();
+    let second_end: Option<i64> = runs[1].try_get_by_index(1).unwrap();
+    let first_end = first_end.expect("the first run ended");
+    assert!(first_end <= second_start, "no second is billed twice");
+    assert_eq!(second_end, None, "the second run is open");
+    let finished = docker.inspect(&before[0].id).await.unwrap();
+    let started_again = finished
+        .started_at
+        .as_deref()
+        .and_then(gantry_runtime::parse_rfc3339_nanos)
+        .unwrap()
+        / 1_000_000;
+    assert!(
+        (second_start - started_again).abs() < 2_000,
+        "the second run starts with the container: {second_start} against {started_again}"
+    );
+    let res = app
+        .send_json(Method::DELETE, &format!("/v2/pods/{id}"), &key, &json!({}))
+        .await;
+    assert_eq!(res.status().as_u16(), 204);
+}
+
 /// With credit required: no pod starts without credit (402), and a running
 /// pod whose owner's credit runs out is stopped after the grace period (not
 /// deleted), with the reason in its log; topped up, it starts again.
