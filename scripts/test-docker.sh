@@ -24,6 +24,7 @@
 #   GANTRY_CACHE_DIR        image tarballs, host venv                        default $HOME/.cache/gantry
 #   GANTRY_DEBIAN_MIRROR    Debian mirror for debootstrap                     default: read from apt's sources
 #   GANTRY_TEST_DOCKER_IMAGES  `busybox`: import only the busybox image         default: all
+#   GANTRY_TEST_DOCKER_FAKE_GPUS  1: a stand-in NVIDIA hook, so that GPU containers start (no GPUs)
 #
 # Progress goes to stderr; stdout carries only the result line, so `eval "$(... start | tail -1)"`
 # or `export "$(... start | tail -1)"` works.
@@ -105,10 +106,22 @@ start_daemon() {
     # An empty config file keeps a host /etc/docker/daemon.json (registry mirrors, cgroup driver, ...)
     # from leaking into the test engine.
     echo '{}' >"$D/daemon.json"
+    local path=$PATH
+    if [ "${GANTRY_TEST_DOCKER_FAKE_GPUS:-0}" = 1 ]; then
+        # dockerd offers `--gpus` (DeviceRequests with the "nvidia" driver) when the NVIDIA
+        # Container Toolkit's hook is on its PATH, and runs it as each such container's OCI
+        # prestart hook. A hook that does nothing stands in for it: GPU containers start here,
+        # without GPUs, so that the paths that ask for GPUs can be tested end to end.
+        mkdir -p "$D/bin"
+        printf '#!/bin/sh\n# A stand-in for the NVIDIA Container Toolkit hook (scripts/test-docker.sh).\ncat >/dev/null\nexit 0\n' \
+            >"$D/bin/nvidia-container-runtime-hook"
+        chmod +x "$D/bin/nvidia-container-runtime-hook"
+        path="$D/bin:$PATH"
+    fi
     log "starting dockerd on $SOCK (log $D/dockerd.log)"
     # setsid: the daemon must outlive this script and the shell or CI step that ran it.
     # 9>&-: the daemon must not inherit the lock, or it would hold it for its whole life.
-    setsid dockerd \
+    PATH=$path setsid dockerd \
         --config-file "$D/daemon.json" \
         --data-root "$D/data" --exec-root "$D/exec" \
         -H "unix://$SOCK" --pidfile "$PIDFILE" \

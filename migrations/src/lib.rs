@@ -20,6 +20,7 @@ mod m20261128_000016_pods;
 mod m20261128_000017_console;
 mod m20261128_000018_pod_disk;
 mod m20261129_000019_worker_timings;
+mod m20261129_000020_clusters;
 
 pub struct Migrator;
 
@@ -46,6 +47,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261128_000017_console::Migration),
             Box::new(m20261128_000018_pod_disk::Migration),
             Box::new(m20261129_000019_worker_timings::Migration),
+            Box::new(m20261129_000020_clusters::Migration),
         ]
     }
 }

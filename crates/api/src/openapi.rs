@@ -7,7 +7,9 @@ use utoipa::openapi::path::{Operation, PathItem};
 use utoipa::openapi::security::{Http, HttpAuthScheme, SecurityRequirement, SecurityScheme};
 use utoipa::openapi::{Content, HttpMethod, Ref, RefOr, Response, ResponseBuilder};
 
-use crate::handlers::{billing, catalog, embeddings, files, jobs, meta, models, openai, pods, serverless, volumes};
+use crate::handlers::{
+    billing, catalog, clusters, embeddings, files, jobs, meta, models, openai, pods, serverless, volumes,
+};
 use crate::problem::{PROBLEM_JSON, Problem};
 use crate::routes::{Endpoint, management_endpoints, public_endpoints};
 
@@ -19,7 +21,7 @@ use crate::routes::{Endpoint, management_endpoints, public_endpoints};
         volumes::list, volumes::create, volumes::get, volumes::update, volumes::delete,
         catalog::list_data_centers, catalog::get_data_center,
         catalog::list_gpus, catalog::get_gpu, catalog::list_cpus, catalog::get_cpu,
-        billing::history, billing::endpoints, billing::serverless, billing::pods, billing::network_volumes, billing::balance,
+        billing::history, billing::endpoints, billing::serverless, billing::pods, billing::clusters, billing::network_volumes, billing::balance,
         serverless::catalog_templates, serverless::list_templates, serverless::create_template, serverless::get_template,
         serverless::update_template, serverless::delete_template,
         serverless::list_registries, serverless::create_registry, serverless::delegations, serverless::get_registry,
@@ -28,10 +30,12 @@ use crate::routes::{Endpoint, management_endpoints, public_endpoints};
         serverless::delete_endpoint, serverless::workers, serverless::releases, serverless::worker_logs,
         pods::list_pods, pods::create_pod, pods::get_pod, pods::update_pod, pods::delete_pod, pods::pod_action,
         pods::pod_logs, pods::get_ssh_keys, pods::put_ssh_keys,
+        clusters::list_clusters, clusters::create_cluster, clusters::get_cluster, clusters::update_cluster,
+        clusters::delete_cluster, clusters::cluster_pods,
         meta::openapi, meta::healthz, meta::readyz, meta::metrics,
     ),
     components(schemas(Problem, volumes::ListNetworkVolumesResponse, catalog::ListDataCentersResponse, billing::Balance)),
-    tags((name = "Network Volumes"), (name = "Catalog"), (name = "Billing"), (name = "Templates"), (name = "Registries"), (name = "Serverless"), (name = "Pods"), (name = "Meta")),
+    tags((name = "Network Volumes"), (name = "Catalog"), (name = "Billing"), (name = "Templates"), (name = "Registries"), (name = "Serverless"), (name = "Pods"), (name = "Clusters"), (name = "Meta")),
 )]
 struct ApiDoc;
 

@@ -5,7 +5,8 @@ use actix_web::middleware::from_fn;
 use actix_web::{Route, web};
 
 use crate::handlers::{
-    billing, catalog, embeddings, files, jobs, meta, models, openai, pods, serverless, volumes, worker_protocol,
+    billing, catalog, clusters, embeddings, files, jobs, meta, models, openai, pods, serverless, volumes,
+    worker_protocol,
 };
 use crate::middleware::authenticate;
 use crate::problem::ApiError;
@@ -124,6 +125,22 @@ pub fn management_endpoints() -> Vec<Endpoint> {
             web::post().to(pods::pod_action)
         }),
         keyed(Method::GET, "/v2/pods/{id}/logs", || web::get().to(pods::pod_logs)),
+        keyed(Method::GET, "/v2/clusters", || web::get().to(clusters::list_clusters)),
+        keyed(Method::POST, "/v2/clusters", || {
+            web::post().to(clusters::create_cluster)
+        }),
+        keyed(Method::GET, "/v2/clusters/{id}", || {
+            web::get().to(clusters::get_cluster)
+        }),
+        keyed(Method::PATCH, "/v2/clusters/{id}", || {
+            web::patch().to(clusters::update_cluster)
+        }),
+        keyed(Method::DELETE, "/v2/clusters/{id}", || {
+            web::delete().to(clusters::delete_cluster)
+        }),
+        keyed(Method::GET, "/v2/clusters/{id}/pods", || {
+            web::get().to(clusters::cluster_pods)
+        }),
         keyed(Method::GET, "/v2/account/ssh-keys", || {
             web::get().to(pods::get_ssh_keys)
         }),
@@ -138,6 +155,7 @@ pub fn management_endpoints() -> Vec<Endpoint> {
             web::get().to(billing::serverless)
         }),
         keyed(Method::GET, "/v2/billing/pods", || web::get().to(billing::pods)),
+        keyed(Method::GET, "/v2/billing/clusters", || web::get().to(billing::clusters)),
         keyed(Method::GET, "/v2/billing/network-volumes", || {
             web::get().to(billing::network_volumes)
         }),

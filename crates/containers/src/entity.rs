@@ -239,3 +239,33 @@ pub mod ssh_key {
 
     impl ActiveModelBehavior for ActiveModel {}
 }
+
+pub mod cluster {
+    use sea_orm::entity::prelude::*;
+
+    /// A cluster (migration `m20261129_000020_clusters`); its members are pods
+    /// whose configuration names it.
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "clusters")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub id: String,
+        pub user_id: String,
+        pub name: String,
+        /// APPLICATION, TRAINING, SLURM or RAY.
+        pub kind: String,
+        pub gpu_type_id: String,
+        pub gpu_count_per_pod: i32,
+        pub pod_count: i32,
+        pub template_id: Option<String>,
+        pub created_at_ms: i64,
+        pub deleted_at_ms: Option<i64>,
+        /// Its network is gone (after its members).
+        pub network_removed: bool,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
+}

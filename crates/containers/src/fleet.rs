@@ -133,6 +133,10 @@ pub struct Fleet {
     /// When the runtime last answered, and the recent stretches (ms, from the
     /// last answer before to the first after) when it did not.
     outages: Mutex<Outages>,
+    /// Held while a cluster's network is made: its members start in tasks of
+    /// their own, and an engine may make two networks of one name when asked
+    /// at once.
+    pub(crate) networks: tokio::sync::Mutex<()>,
 }
 
 /// The runtime's recent outages, as the looks saw them.
@@ -192,6 +196,7 @@ impl Fleet {
             pods_busy: Mutex::new(std::collections::HashSet::new()),
             pods_unpaid: Mutex::new(HashMap::new()),
             outages: Mutex::new(Outages::default()),
+            networks: tokio::sync::Mutex::new(()),
             service,
             runtime,
             dispatcher,
@@ -874,6 +879,7 @@ impl Fleet {
             auto_remove: false,
             tty: false,
             placement: self.placement_of(endpoint),
+            hostname: None,
         }
     }
 

@@ -8,6 +8,7 @@
 //! query is scoped to its owner, so another user's object is answered
 //! exactly like a missing one.
 
+pub mod clusters;
 pub mod entity;
 pub mod fleet;
 pub mod pod_fleet;

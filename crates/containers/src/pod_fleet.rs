@@ -23,7 +23,9 @@ use std::sync::Arc;
 use gantry_runtime::{Container as RuntimeContainer, ContainerSpec, ContainerState, Network, RegistryAuth, Runtime};
 
 use crate::fleet::{Fleet, LABEL_ID, LABEL_INSTALLATION, LABEL_KIND, LABEL_OWNER, LABEL_VERSION, registry_host};
-use crate::pods::{PodRecord, PodStatus, network_volume_name, pod_container_name, pod_env, pod_volume_name};
+use crate::pods::{
+    PodRecord, PodStatus, cluster_network_name, network_volume_name, pod_container_name, pod_env, pod_volume_name,
+};
 use crate::service::{ContainerError, now_ms};
 use crate::spec::split_args;
 
@@ -67,6 +69,16 @@ impl Fleet {
                 }
                 fleet.pod_unlock(&id);
             });
+        }
+        // Deleted clusters' networks, once their members are gone.
+        for (cluster, busy) in self.service().clusters_to_clean().await? {
+            if busy {
+                continue;
+            }
+            match runtime.remove_network(&cluster_network_name(&cluster)).await {
+                Ok(()) => self.service().cluster_cleaned(&cluster).await?,
+                Err(error) => tracing::info!(%cluster, %error, "the cluster's network is not removed yet"),
+            }
         }
         // Pod containers with no pod (left by a crash between a start and its
         // record, or of a pod cleaned up already).
@@ -334,6 +346,19 @@ impl Fleet {
             return service.pod_exited(pod, PodStatus::Error, &reason).await;
         }
         let spec = self.pod_container_spec(pod);
+        if let Network::Private { name, .. } = &spec.network {
+            let mut labels = BTreeMap::new();
+            labels.insert(LABEL_INSTALLATION.to_owned(), self.installation().to_owned());
+            labels.insert(LABEL_OWNER.to_owned(), pod.user_id.clone());
+            let made = {
+                let _one_at_a_time = self.networks.lock().await;
+                runtime.ensure_network(name, &labels).await
+            };
+            if let Err(error) = made {
+                let reason = format!("the cluster's network could not be made: {error}");
+                return service.pod_exited(pod, PodStatus::Error, &reason).await;
+            }
+        }
         match runtime.run(&spec).await {
             Ok(id)
                 if runtime
@@ -409,13 +434,18 @@ impl Fleet {
             cmd: (!args.is_empty()).then_some(args),
             env: pod_env(pod),
             labels,
-            network: if self.config().host_network {
-                Network::Host
-            } else {
-                Network::Bridge {
+            // A cluster's members share a network of their own, where each is `node-<rank>`.
+            network: match &spec.cluster {
+                Some(member) => Network::Private {
+                    name: cluster_network_name(&member.id),
+                    aliases: vec![member.host()],
+                },
+                None if self.config().host_network => Network::Host,
+                None => Network::Bridge {
                     extra_hosts: Vec::new(),
-                }
+                },
             },
+            hostname: spec.cluster.as_ref().map(|member| member.host()),
             ports,
             memory_bytes: spec.cpu.as_ref().map(|cpu| u64::from(cpu.memory) << 30),
             nano_cpus: spec.cpu.as_ref().map(|cpu| u64::from(cpu.vcpu_count) * 1_000_000_000),

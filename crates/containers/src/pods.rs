@@ -165,6 +165,38 @@ pub struct PodSpec {
     pub cloud: String,
     /// The template it was made from (a one-time source of settings).
     pub template: Option<String>,
+    /// The cluster it belongs to, if it is a member of one.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub cluster: Option<ClusterMember>,
+}
+
+/// A pod's place in its cluster.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+#[serde(rename_all = "camelCase")]
+pub struct ClusterMember {
+    /// The cluster's id.
+    pub id: String,
+    /// Its rank: 0 is the primary.
+    pub rank: u32,
+    /// How many pods the cluster has.
+    pub size: u32,
+}
+
+impl ClusterMember {
+    /// The name the other members reach this one by.
+    pub fn host(&self) -> String {
+        node_name(self.rank)
+    }
+}
+
+/// The name of the member of rank `rank` on its cluster's network.
+pub fn node_name(rank: u32) -> String {
+    format!("node-{rank}")
+}
+
+/// The private network of a cluster.
+pub fn cluster_network_name(cluster_id: &str) -> String {
+    format!("gantry-{cluster_id}")
 }
 
 impl PodSpec {
@@ -770,6 +802,25 @@ pub fn pod_env(pod: &PodRecord) -> Vec<(String, String)> {
     env.entry("RUNPOD_POD_ID".into()).or_insert_with(|| pod.id.clone());
     env.entry("RUNPOD_GPU_COUNT".into())
         .or_insert_with(|| pod.spec.gpu_count().to_string());
+    if let Some(member) = &pod.spec.cluster {
+        // What torchrun, Slurm or Ray setups read to find each other (RunPod's
+        // names): the primary, this node, their number and the GPUs in all.
+        let gpus = pod.spec.gpu_count();
+        for (name, value) in [
+            ("PRIMARY_ADDR", node_name(0)),
+            ("MASTER_ADDR", node_name(0)),
+            ("PRIMARY_PORT", "29500".to_owned()),
+            ("MASTER_PORT", "29500".to_owned()),
+            ("NODE_ADDR", member.host()),
+            ("NODE_RANK", member.rank.to_string()),
+            ("NUM_NODES", member.size.to_string()),
+            ("NUM_TRAINERS", gpus.to_string()),
+            ("WORLD_SIZE", (gpus * member.size).to_string()),
+            ("RUNPOD_CLUSTER_ID", member.id.clone()),
+        ] {
+            env.entry(name.into()).or_insert(value);
+        }
+    }
     env.into_iter().collect()
 }
 

@@ -433,6 +433,37 @@ impl Runtime for Docker {
         Ok(parse_json::<StatsBody>(&answer.body, "container stats")?.into())
     }
 
+    async fn ensure_network(
+        &self,
+        name: &str,
+        labels: &std::collections::BTreeMap<String, String>,
+    ) -> Result<(), RuntimeError> {
+        let found = self.versioned(&format!("/networks/{}", query_escape(name))).await?;
+        if self.call(Method::GET, &found, None).await?.status.is_success() {
+            return Ok(());
+        }
+        let path = self.versioned("/networks/create").await?;
+        let body = serde_json::json!({"Name": name, "Driver": "bridge", "Labels": labels, "CheckDuplicate": true});
+        let answer = self.call(Method::POST, &path, Some(&body)).await?;
+        match answer.status {
+            s if s.is_success() || s == StatusCode::CONFLICT => Ok(()),
+            s => Err(RuntimeError::from_status(s.as_u16(), &answer.body)),
+        }
+    }
+
+    async fn remove_network(&self, name: &str) -> Result<(), RuntimeError> {
+        let path = self.versioned(&format!("/networks/{}", query_escape(name))).await?;
+        let answer = self.call(Method::DELETE, &path, None).await?;
+        match answer.status {
+            s if s.is_success() || s == StatusCode::NOT_FOUND => Ok(()),
+            // "error while removing network: network ... has active endpoints"
+            StatusCode::FORBIDDEN => Err(RuntimeError::Conflict(
+                String::from_utf8_lossy(&answer.body).into_owned(),
+            )),
+            s => Err(RuntimeError::from_status(s.as_u16(), &answer.body)),
+        }
+    }
+
     async fn remove_volume(&self, name: &str) -> Result<(), RuntimeError> {
         let path = self.versioned(&format!("/volumes/{}", query_escape(name))).await?;
         let answer = self.call(Method::DELETE, &path, None).await?;

@@ -456,6 +456,19 @@ fn manifest(spec: &ContainerSpec, pull_secret: Option<&String>) -> Value {
                 pod_spec["hostAliases"] = json!(aliases);
             }
         }
+        // A headless Service of the network's name selects its Pods: each is reached as
+        // `<hostname>.<service>` (and, through the namespace's DNS search path, by that name).
+        Network::Private { name, aliases } => {
+            pod_spec["subdomain"] = json!(object_name(name));
+            if spec.hostname.is_none()
+                && let Some(first) = aliases.first()
+            {
+                pod_spec["hostname"] = json!(object_name(first));
+            }
+        }
+    }
+    if let Some(hostname) = &spec.hostname {
+        pod_spec["hostname"] = json!(object_name(hostname));
     }
     if let Some(secret) = pull_secret {
         pod_spec["imagePullSecrets"] = json!([{"name": secret}]);
@@ -465,11 +478,14 @@ fn manifest(spec: &ContainerSpec, pull_secret: Option<&String>) -> Value {
             "nodeSelectorTerms": node_selector_terms(&spec.placement),
         }}});
     }
-    let labels: serde_json::Map<String, Value> = spec
+    let mut labels: serde_json::Map<String, Value> = spec
         .labels
         .iter()
         .map(|(k, v)| (k.clone(), json!(label_value(v))))
         .collect();
+    if let Network::Private { name, .. } = &spec.network {
+        labels.insert(NETWORK_LABEL.into(), json!(label_value(name)));
+    }
     let mut pod = json!({
         "apiVersion": "v1",
         "kind": "Pod",
@@ -487,6 +503,9 @@ fn manifest(spec: &ContainerSpec, pull_secret: Option<&String>) -> Value {
     pod["metadata"]["annotations"][ANNOTATION_MANIFEST] = json!(kept);
     pod
 }
+
+/// The Pod label that a private network's headless Service selects.
+const NETWORK_LABEL: &str = "gantry.dev/network";
 
 /// The node label naming a node's data center (a catalog id); operators set it.
 pub const DATA_CENTER_LABEL: &str = "gantry.dev/data-center";
@@ -967,6 +986,47 @@ impl Runtime for Kubernetes {
             memory_bytes: usage["memory"].as_str().and_then(quantity).unwrap_or(0.0) as u64,
             memory_limit_bytes: limit as u64,
         })
+    }
+
+    async fn ensure_network(&self, name: &str, labels: &BTreeMap<String, String>) -> Result<(), RuntimeError> {
+        let labels: serde_json::Map<String, Value> =
+            labels.iter().map(|(k, v)| (k.clone(), json!(label_value(v)))).collect();
+        let body = json!({
+            "apiVersion": "v1",
+            "kind": "Service",
+            "metadata": {"name": object_name(name), "labels": labels},
+            "spec": {
+                "clusterIP": "None",
+                "selector": {NETWORK_LABEL: label_value(name)},
+                // Members find each other while they start, before any is ready.
+                "publishNotReadyAddresses": true,
+            },
+        });
+        match self
+            .call(
+                reqwest::Method::POST,
+                &self.ns_path("services"),
+                Some(("application/json", &body)),
+            )
+            .await
+        {
+            Ok(_) | Err(RuntimeError::Conflict(_)) => Ok(()),
+            Err(error) => Err(error),
+        }
+    }
+
+    async fn remove_network(&self, name: &str) -> Result<(), RuntimeError> {
+        match self
+            .call(
+                reqwest::Method::DELETE,
+                &self.ns_path(&format!("services/{}", object_name(name))),
+                None,
+            )
+            .await
+        {
+            Ok(_) | Err(RuntimeError::NotFound(_)) => Ok(()),
+            Err(error) => Err(error),
+        }
     }
 
     async fn remove_volume(&self, name: &str) -> Result<(), RuntimeError> {

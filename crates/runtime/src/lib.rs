@@ -92,6 +92,17 @@ pub trait Runtime: Send + Sync + 'static {
     /// The container's CPU time and memory use now (one sample, no waiting).
     async fn stats(&self, id: &str) -> Result<Stats, RuntimeError>;
 
+    /// Makes the private network `name` ([`Network::Private`]) with `labels`, unless it exists.
+    async fn ensure_network(
+        &self,
+        name: &str,
+        labels: &std::collections::BTreeMap<String, String>,
+    ) -> Result<(), RuntimeError>;
+
+    /// Removes the private network `name`; a missing one is fine, one that containers still use is
+    /// [`RuntimeError::Conflict`].
+    async fn remove_network(&self, name: &str) -> Result<(), RuntimeError>;
+
     /// Removes a named volume (one a container's `binds` made by naming it); a missing one is fine.
     /// A volume still used by a container is [`RuntimeError::Conflict`].
     async fn remove_volume(&self, name: &str) -> Result<(), RuntimeError>;

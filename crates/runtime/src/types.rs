@@ -65,6 +65,14 @@ pub enum Network {
         /// `name:ip` entries (`host-gateway` is resolved by the engine).
         extra_hosts: Vec<String>,
     },
+    /// A network of Gantry's own, made with [`crate::Runtime::ensure_network`] (a cluster's):
+    /// its containers reach each other by their `aliases`. Ports are published as on the bridge.
+    Private {
+        /// The network's name.
+        name: String,
+        /// The names the other containers of the network reach this one by.
+        aliases: Vec<String>,
+    },
 }
 
 impl Default for Network {
@@ -151,6 +159,8 @@ pub struct ContainerSpec {
     /// Which machines may run it (runtimes with several: Kubernetes). Docker runs it on its one
     /// machine, whatever that has.
     pub placement: Placement,
+    /// The container's host name (the engine's default, its short id, when `None`).
+    pub hostname: Option<String>,
 }
 
 /// Constraints on the machine a container runs on. Each list holds alternatives (any one will
@@ -203,14 +213,29 @@ impl ContainerSpec {
         if let Some(t) = self.stop_timeout_secs {
             body.insert("StopTimeout".into(), json!(t));
         }
+        if let Some(hostname) = &self.hostname {
+            body.insert("Hostname".into(), json!(hostname));
+        }
         match &self.network {
             Network::Host => {
                 host_config.insert("NetworkMode".into(), json!("host"));
             }
-            Network::Bridge { extra_hosts } => {
-                host_config.insert("NetworkMode".into(), json!("bridge"));
-                if !extra_hosts.is_empty() {
-                    host_config.insert("ExtraHosts".into(), json!(extra_hosts));
+            Network::Bridge { .. } | Network::Private { .. } => {
+                match &self.network {
+                    Network::Private { name, aliases } => {
+                        host_config.insert("NetworkMode".into(), json!(name));
+                        body.insert(
+                            "NetworkingConfig".into(),
+                            json!({"EndpointsConfig": {name.clone(): {"Aliases": aliases}}}),
+                        );
+                    }
+                    Network::Bridge { extra_hosts } => {
+                        host_config.insert("NetworkMode".into(), json!("bridge"));
+                        if !extra_hosts.is_empty() {
+                            host_config.insert("ExtraHosts".into(), json!(extra_hosts));
+                        }
+                    }
+                    Network::Host => {}
                 }
                 if !self.ports.is_empty() {
                     let mut exposed = serde_json::Map::new();
@@ -275,6 +300,7 @@ impl fmt::Debug for ContainerSpec {
             .field("auto_remove", &self.auto_remove)
             .field("tty", &self.tty)
             .field("placement", &self.placement)
+            .field("hostname", &self.hostname)
             .finish()
     }
 }

@@ -367,3 +367,39 @@ fn base64_decode(text: &str) -> Vec<u8> {
     use base64::Engine as _;
     base64::engine::general_purpose::STANDARD.decode(text).unwrap()
 }
+
+#[tokio::test]
+async fn a_private_network_is_a_headless_service_that_names_its_pods() {
+    let cluster = Cluster::new("net").await;
+    let kube = Kubernetes::new(config(&cluster.ns)).unwrap();
+    let mut labels = std::collections::BTreeMap::new();
+    labels.insert("gantry.owner".to_owned(), "user@example.com".to_owned());
+    kube.ensure_network("gantry-cluster_1", &labels).await.unwrap();
+    kube.ensure_network("gantry-cluster_1", &labels).await.unwrap(); // again: fine
+    let (status, service) = cluster.get("services/gantry-cluster-1").await;
+    assert_eq!(status, 200, "{service}");
+    assert_eq!(service["spec"]["clusterIP"], "None");
+    assert_eq!(
+        service["spec"]["selector"],
+        json!({"gantry.dev/network": "gantry-cluster_1"})
+    );
+    assert_eq!(service["spec"]["publishNotReadyAddresses"], true);
+
+    let mut spec = ContainerSpec::new("gantry-pod_a", "img:1");
+    spec.network = Network::Private {
+        name: "gantry-cluster_1".into(),
+        aliases: vec!["node-1".into()],
+    };
+    spec.hostname = Some("node-1".into());
+    kube.run(&spec).await.unwrap();
+    let (_, pod) = cluster.get("pods/gantry-pod-a").await;
+    assert_eq!(pod["spec"]["hostname"], "node-1");
+    assert_eq!(pod["spec"]["subdomain"], "gantry-cluster-1");
+    assert_eq!(pod["metadata"]["labels"]["gantry.dev/network"], "gantry-cluster_1");
+
+    kube.remove("gantry-pod_a").await.unwrap();
+    kube.remove_network("gantry-cluster_1").await.unwrap();
+    kube.remove_network("gantry-cluster_1").await.unwrap(); // again: fine
+    let (status, _) = cluster.get("services/gantry-cluster-1").await;
+    assert_eq!(status, 404);
+}

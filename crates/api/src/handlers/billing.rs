@@ -53,6 +53,7 @@ struct HistoryQuery {
     network_volume_id: Option<String>,
     serverless_id: Option<String>,
     pod_id: Option<String>,
+    cluster_id: Option<String>,
 }
 
 const HISTORY_PARAMS: [&str; 4] = ["startTime", "endTime", "bucketSize", "lastN"];
@@ -63,7 +64,7 @@ fn history_query(req: &HttpRequest, extra: &[&str]) -> Result<HistoryQuery, ApiE
     let mut errors = Vec::new();
     let mut seen = std::collections::HashSet::new();
     let (mut start, mut end, mut last_n, mut bucket, mut volume) = (None, None, None, BucketSize::Day, None);
-    let (mut serverless, mut pod) = (None, None);
+    let (mut serverless, mut pod, mut cluster) = (None, None, None);
     for (key, value) in &pairs {
         if !seen.insert(key.as_str()) {
             errors.push(format!("{key}: given more than once"));
@@ -93,6 +94,8 @@ fn history_query(req: &HttpRequest, extra: &[&str]) -> Result<HistoryQuery, ApiE
             "serverlessId" => serverless = Some(value.clone()),
             "podId" if value.is_empty() => errors.push("podId: must not be empty".into()),
             "podId" => pod = Some(value.clone()),
+            "clusterId" if value.is_empty() => errors.push("clusterId: must not be empty".into()),
+            "clusterId" => cluster = Some(value.clone()),
             _ => {}
         }
     }
@@ -111,6 +114,7 @@ fn history_query(req: &HttpRequest, extra: &[&str]) -> Result<HistoryQuery, ApiE
         network_volume_id: volume,
         serverless_id: serverless,
         pod_id: pod,
+        cluster_id: cluster,
     })
 }
 
@@ -135,15 +139,9 @@ fn range(bucket: (i64, i64)) -> serde_json::Map<String, Value> {
     record
 }
 
-/// The cost components of `GET /v2/billing` that Gantry has no resource for
-/// or does not charge (clusters, serverless disk and fees): always 0.
-const ABSENT_COMPONENTS: [&str; 5] = [
-    "serverlessDiskAmount",
-    "serverlessFeeAmount",
-    "clusterGpuAmount",
-    "clusterDiskAmount",
-    "clusterNetworkingAmount",
-];
+/// The cost components of `GET /v2/billing` that Gantry does not charge
+/// (serverless disk and fees, clusters' networking): always 0.
+const ABSENT_COMPONENTS: [&str; 3] = ["serverlessDiskAmount", "serverlessFeeAmount", "clusterNetworkingAmount"];
 
 /// Sums per bucket, in micro-USD: endpoint (model jobs), standard storage,
 /// high-performance storage, serverless GPU workers, serverless CPU workers.
@@ -157,6 +155,9 @@ struct Sums {
     pod_gpu: i64,
     pod_cpu: i64,
     pod_disk: i64,
+    /// Cluster members' time (GPU) and stopped disk.
+    cluster_gpu: i64,
+    cluster_disk: i64,
 }
 
 impl std::ops::AddAssign for Sums {
@@ -169,6 +170,8 @@ impl std::ops::AddAssign for Sums {
         self.pod_gpu += other.pod_gpu;
         self.pod_cpu += other.pod_cpu;
         self.pod_disk += other.pod_disk;
+        self.cluster_gpu += other.cluster_gpu;
+        self.cluster_disk += other.cluster_disk;
     }
 }
 
@@ -182,12 +185,26 @@ fn aggregate_amounts(sums: Sums) -> serde_json::Map<String, Value> {
         pod_gpu,
         pod_cpu,
         pod_disk,
+        cluster_gpu,
+        cluster_disk,
     } = sums;
     let mut amounts = serde_json::Map::new();
     amounts.insert(
         "totalAmount".into(),
-        usd(endpoint + standard + high + serverless_gpu + serverless_cpu + pod_gpu + pod_cpu + pod_disk).into(),
+        usd(endpoint
+            + standard
+            + high
+            + serverless_gpu
+            + serverless_cpu
+            + pod_gpu
+            + pod_cpu
+            + pod_disk
+            + cluster_gpu
+            + cluster_disk)
+        .into(),
     );
+    amounts.insert("clusterGpuAmount".into(), usd(cluster_gpu).into());
+    amounts.insert("clusterDiskAmount".into(), usd(cluster_disk).into());
     amounts.insert("podGpuAmount".into(), usd(pod_gpu).into());
     amounts.insert("podCpuAmount".into(), usd(pod_cpu).into());
     amounts.insert("podDiskAmount".into(), usd(pod_disk).into());
@@ -206,8 +223,8 @@ fn aggregate_amounts(sums: Sums) -> serde_json::Map<String, Value> {
     description = "Total spend per time bucket, with its components: `endpointAmount` (model jobs), \
 `storageStandardAmount` and `storageHighPerformanceAmount` (network volumes), `serverlessGpuAmount` and \
 `serverlessCpuAmount` (serverless workers' time), `podGpuAmount` and `podCpuAmount` (pods' running time), \
-`podDiskAmount` (stopped pods' disk); the cluster components, serverless disk and serverless fees are 0 (Gantry has \
-no clusters yet, and charges no serverless disk or fee). See `/v2/billing/endpoints` for the query parameters.",
+`podDiskAmount` (stopped pods' disk), `clusterGpuAmount` and `clusterDiskAmount` (clusters' members, which the pod \
+components leave out); serverless disk and fees and cluster networking are 0 (Gantry does not charge them). See `/v2/billing/endpoints` for the query parameters.",
     params(
         ("startTime" = Option<String>, Query, description = "Start (RFC 3339), inclusive"),
         ("endTime" = Option<String>, Query, description = "End (RFC 3339), exclusive"),
@@ -235,12 +252,17 @@ pub async fn history(req: HttpRequest, state: web::Data<AppState>, caller: Calle
             }
         }
     }
+    let clusters = state.containers.cluster_of_pods(&user).await?;
     for compute in [Compute::Workers, Compute::Pods] {
         let charges = gantry_billing::history::compute_charges(&state.db, &user, &window, compute, None).await?;
-        for (at, _, part, amount) in charges {
+        for (at, subject, part, amount) in charges {
             if let Some(i) = window.index_of(&buckets, at) {
                 let sum = &mut sums[i];
+                let member = compute == Compute::Pods && clusters.contains_key(&subject);
                 let slot = match (compute, part) {
+                    // A cluster member's time is the cluster's.
+                    (Compute::Pods, Part::Gpu | Part::Cpu) if member => &mut sum.cluster_gpu,
+                    (Compute::Pods, Part::Disk) if member => &mut sum.cluster_disk,
                     (Compute::Workers, Part::Gpu) => &mut sum.serverless_gpu,
                     (Compute::Workers, Part::Cpu | Part::Disk) => &mut sum.serverless_cpu,
                     (Compute::Pods, Part::Gpu) => &mut sum.pod_gpu,
@@ -374,7 +396,15 @@ async fn compute_history(
     let mut sums: std::collections::BTreeMap<(usize, String), (i64, i64, i64)> = std::collections::BTreeMap::new();
     let charges =
         gantry_billing::history::compute_charges(&state.db, &user, &window, compute, subject.as_deref()).await?;
+    // Clusters' members are billed as their clusters (`/v2/billing/clusters`).
+    let members = match compute {
+        Compute::Pods => state.containers.cluster_of_pods(&user).await?,
+        Compute::Workers => std::collections::HashMap::new(),
+    };
     for (at, id, part, amount) in charges {
+        if members.contains_key(&id) {
+            continue;
+        }
         if let Some(i) = window.index_of(&buckets, at) {
             let entry = sums.entry((i, id)).or_default();
             match part {
@@ -415,6 +445,74 @@ async fn compute_history(
             "recordCount": records.len(),
             unique: subjects.len(),
             "totals": Value::Object(amounts(gpu_total, cpu_total, disk_total)),
+        }
+    })))
+}
+
+#[utoipa::path(get, path = "/v2/billing/clusters", operation_id = "listClusterBilling", tag = "Billing",
+    description = "What the caller's clusters cost per time bucket: one record per cluster per bucket in which it was \
+charged. A cluster's members are billed as pods (per second while their containers run, at their GPUs' price; a \
+stopped member's disk per second), and their charges are the cluster's: `gpuAmount` and `diskAmount`; \
+`networkingAmount` is 0 (Gantry does not charge it). `clusterId` keeps one cluster (deleted ones included). See \
+`/v2/billing/endpoints` for the other parameters.",
+    params(
+        ("startTime" = Option<String>, Query, description = "Start (RFC 3339), inclusive"),
+        ("endTime" = Option<String>, Query, description = "End (RFC 3339), exclusive"),
+        ("bucketSize" = Option<String>, Query, description = "hour, day, week, month or year (default day)"),
+        ("lastN" = Option<u64>, Query, description = "The last N buckets, ending with the current one"),
+        ("clusterId" = Option<String>, Query, description = "One cluster only"),
+    ),
+    responses((status = 200, description = "Records per cluster and bucket, and totals")))]
+pub async fn clusters(req: HttpRequest, state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
+    let user = caller.require(Scope::BillingRead)?.user_id.clone();
+    let query = history_query(&req, &["clusterId"])?;
+    let window = query.window;
+    let buckets = window.buckets();
+    let members = state.containers.cluster_of_pods(&user).await?;
+    let charges = gantry_billing::history::compute_charges(&state.db, &user, &window, Compute::Pods, None).await?;
+    // (bucket, cluster) -> (gpu, disk)
+    let mut sums: std::collections::BTreeMap<(usize, String), (i64, i64)> = std::collections::BTreeMap::new();
+    for (at, pod, part, amount) in charges {
+        let Some(cluster) = members.get(&pod) else {
+            continue;
+        };
+        if query.cluster_id.as_ref().is_some_and(|wanted| wanted != cluster) {
+            continue;
+        }
+        if let Some(i) = window.index_of(&buckets, at) {
+            let entry = sums.entry((i, cluster.clone())).or_default();
+            match part {
+                Part::Gpu | Part::Cpu => entry.0 += amount,
+                Part::Disk => entry.1 += amount,
+            }
+        }
+    }
+    let amounts = |gpu: i64, disk: i64| json!({"totalAmount": usd(gpu + disk), "gpuAmount": usd(gpu), "diskAmount": usd(disk), "networkingAmount": 0.0});
+    let mut ids = std::collections::BTreeSet::new();
+    let (mut gpu_total, mut disk_total) = (0i64, 0i64);
+    let records: Vec<Value> = sums
+        .iter()
+        .map(|((i, id), (gpu, disk))| {
+            ids.insert(id.clone());
+            gpu_total += gpu;
+            disk_total += disk;
+            let mut record = range(buckets[*i]);
+            if let Value::Object(parts) = amounts(*gpu, *disk) {
+                record.extend(parts);
+            }
+            record.insert("clusterId".into(), id.clone().into());
+            Value::Object(record)
+        })
+        .collect();
+    let mut echo = query_echo(&window);
+    echo["clusterId"] = query.cluster_id.map_or(Value::Null, Value::String);
+    Ok(HttpResponse::Ok().json(json!({
+        "records": records,
+        "metadata": {
+            "query": echo,
+            "recordCount": records.len(),
+            "uniqueClusterCount": ids.len(),
+            "totals": amounts(gpu_total, disk_total),
         }
     })))
 }

@@ -1,5 +1,6 @@
 pub mod billing;
 pub mod catalog;
+pub mod clusters;
 pub mod embeddings;
 pub mod files;
 pub mod jobs;

@@ -304,6 +304,29 @@ pub struct Pod {
     /// Why the pod is in ERROR or EXITED by itself, when it is.
     #[serde(skip_serializing_if = "Option::is_none")]
     status_reason: Option<String>,
+    /// Its cluster, when it is a member of one.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    cluster: Option<PodCluster>,
+}
+
+/// A pod's membership of a cluster.
+#[derive(Serialize, ToSchema)]
+pub struct PodCluster {
+    /// The cluster's id.
+    id: String,
+    /// Its rank: 0 is the cluster's primary; the others reach it as `node-<rank>`.
+    rank: u32,
+}
+
+/// A cluster's member takes no change of its own: the cluster is acted on as a whole (409).
+fn refuse_member(record: &PodRecord) -> Result<(), ApiError> {
+    match &record.spec.cluster {
+        Some(member) => Err(ApiError::Conflict(format!(
+            "pod {} is a member of cluster {}: members are changed, stopped and deleted with their cluster",
+            record.id, member.id
+        ))),
+        None => Ok(()),
+    }
 }
 
 #[derive(Serialize, ToSchema)]
@@ -321,7 +344,7 @@ const STATS_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 
 /// The view of a pod; `live` adds the engine's published ports (one engine
 /// call, made for a single pod, not for a listing).
-async fn pod_view(state: &AppState, record: PodRecord, live: bool) -> Pod {
+pub(crate) async fn pod_view(state: &AppState, record: PodRecord, live: bool) -> Pod {
     let running = record.status == PodStatus::Running;
     let mut ports: Vec<PodRuntimePort> = Vec::new();
     let (mut published, mut stats) = (Vec::new(), None);
@@ -417,6 +440,10 @@ async fn pod_view(state: &AppState, record: PodRecord, live: bool) -> Pod {
         created_at: gantry_billing::history::format_rfc3339(record.created_at_ms),
         started_at: record.started_at_ms.map(gantry_billing::history::format_rfc3339),
         status_reason,
+        cluster: record.spec.cluster.map(|member| PodCluster {
+            id: member.id,
+            rank: member.rank,
+        }),
     }
 }
 
@@ -425,7 +452,7 @@ async fn pod_view(state: &AppState, record: PodRecord, live: bool) -> Pod {
 /// What a pod costs per hour: its compute while it runs, and while it is
 /// stopped the disk it keeps (container disk and volume) at
 /// `billing.storage.stopped_pod_disk_micro_usd_per_gb_month`.
-fn prices_of(state: &AppState, spec: &PodSpec) -> PodPrices {
+pub(crate) fn prices_of(state: &AppState, spec: &PodSpec) -> PodPrices {
     let disk_gb = i64::from(spec.container.disk) + spec.mounts.persistent.as_ref().map_or(0, |m| i64::from(m.size));
     PodPrices {
         hourly_micro_usd: hourly_of(state, spec),
@@ -551,6 +578,16 @@ fn jupyter_password() -> String {
         .collect()
 }
 
+/// A cluster member's configuration (`body`, a pod's create body), checked as a pod's is, every
+/// failure at once.
+pub(crate) async fn member_spec(state: &AppState, owner: &str, body: serde_json::Value) -> Result<PodSpec, ApiError> {
+    let body: CreatePodRequest = serde_json::from_value(body).map_err(|e| ApiError::BadRequest {
+        detail: "the cluster's pod configuration is not valid".into(),
+        errors: vec![e.to_string()],
+    })?;
+    new_pod_spec(state, owner, body).await
+}
+
 async fn new_pod_spec(state: &AppState, owner: &str, mut body: CreatePodRequest) -> Result<PodSpec, ApiError> {
     let mut failures = Failures::default();
     let fields = body.container();
@@ -626,6 +663,7 @@ async fn new_pod_spec(state: &AppState, owner: &str, mut body: CreatePodRequest)
         cpu,
         cloud: body.cloud.unwrap_or(Cloud::Secure).as_str().to_owned(),
         template: body.template_id,
+        cluster: None,
     })
 }
 
@@ -633,7 +671,7 @@ async fn new_pod_spec(state: &AppState, owner: &str, mut body: CreatePodRequest)
 
 /// A pod starts only with credit, when credit is required (402 otherwise):
 /// a running pod is charged by the second.
-async fn require_credit(state: &AppState, owner: &str) -> Result<(), ApiError> {
+pub(crate) async fn require_credit(state: &AppState, owner: &str) -> Result<(), ApiError> {
     if !state.jobs.config().require_credit {
         return Ok(());
     }
@@ -725,6 +763,7 @@ pub async fn update_pod(
     let mut body = read_body::<UpdatePodRequest>(&req, payload, state.body_limit, &()).await?;
     let owner = caller.user_id();
     let current = state.containers.get_pod(owner, &id).await?;
+    refuse_member(&current)?;
     if current.status == PodStatus::Terminated {
         return Err(ApiError::Conflict("the pod is terminated".into()));
     }
@@ -795,6 +834,7 @@ pub async fn delete_pod(
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     caller.require(Scope::PodsWrite)?;
+    refuse_member(&state.containers.get_pod(caller.user_id(), &id).await?)?;
     state.containers.delete_pod(caller.user_id(), &id).await?;
     poke(&state);
     Ok(HttpResponse::NoContent().finish())
@@ -817,6 +857,7 @@ pub async fn pod_action(
 ) -> Result<HttpResponse, ApiError> {
     caller.require(Scope::PodsWrite)?;
     let action = read_body::<PodActionRequest>(&req, payload, state.body_limit, &()).await?;
+    refuse_member(&state.containers.get_pod(caller.user_id(), &id).await?)?;
     if action == PodAction::Start {
         require_runtime(&state)?;
         require_credit(&state, caller.user_id()).await?;

@@ -8,6 +8,7 @@ mod billing;
 mod browser;
 mod catalog;
 mod cli;
+mod clusters;
 mod console;
 mod credit;
 mod diffusion;

@@ -737,6 +737,63 @@ async fn a_pod_survives_a_crash_of_gantry_and_is_billed_across_it() {
     );
 }
 
+/// A private Docker engine of one test's own (`scripts/test-docker.sh` with a
+/// state dir of its own and only the busybox image), stopped and deleted
+/// however the test ends: for tests that restart their engine, or that need
+/// one whose GPU requests start (`fake_gpus`: a stand-in NVIDIA hook).
+pub(crate) struct OwnEngine {
+    state: String,
+    fake_gpus: bool,
+    pub(crate) host: String,
+}
+
+impl OwnEngine {
+    pub(crate) async fn start(name: &str, fake_gpus: bool) -> OwnEngine {
+        let mut engine = OwnEngine {
+            state: format!("/tmp/gantry-test-docker-{name}-{}", std::process::id()),
+            fake_gpus,
+            host: String::new(),
+        };
+        let line = engine.run("start").await;
+        engine.host = line.strip_prefix("DOCKER_HOST=").unwrap_or(&line).to_owned();
+        engine
+    }
+
+    /// Runs `scripts/test-docker.sh <command>` on this engine; its last line.
+    pub(crate) async fn run(&self, command: &'static str) -> String {
+        let mut cmd = self.command(command);
+        let out = tokio::task::spawn_blocking(move || cmd.output().unwrap())
+            .await
+            .unwrap();
+        assert!(out.status.success(), "test-docker.sh {command} failed");
+        String::from_utf8_lossy(&out.stdout)
+            .lines()
+            .last()
+            .unwrap_or("")
+            .trim()
+            .to_owned()
+    }
+
+    fn command(&self, command: &str) -> std::process::Command {
+        let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/test-docker.sh");
+        let mut cmd = std::process::Command::new("bash");
+        cmd.arg(script)
+            .arg(command)
+            .env("GANTRY_TEST_DOCKER_DIR", &self.state)
+            .env("GANTRY_TEST_DOCKER_IMAGES", "busybox")
+            .env("GANTRY_TEST_DOCKER_FAKE_GPUS", if self.fake_gpus { "1" } else { "0" })
+            .stdin(std::process::Stdio::null())
+            .stderr(std::process::Stdio::inherit());
+        cmd
+    }
+}
+
+impl Drop for OwnEngine {
+    fn drop(&mut self) {
+        let _ = self.command("purge").output();
+    }
+}
+
 /// The container engine restarted under a running pod (without
 /// `live-restore`, dockerd stops every container on its way down): the pod
 /// comes back RUNNING on the same container, its run ends where the engine
@@ -745,45 +802,8 @@ async fn a_pod_survives_a_crash_of_gantry_and_is_billed_across_it() {
 /// restarting it disturbs no other test.
 #[tokio::test]
 async fn a_pod_comes_back_after_its_container_engine_restarts() {
-    let state = format!("/tmp/gantry-test-docker-restart-{}", std::process::id());
-    let engine = |command: &'static str| {
-        let state = state.clone();
-        move || {
-            let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/test-docker.sh");
-            let out = std::process::Command::new("bash")
-                .arg(script)
-                .arg(command)
-                .env("GANTRY_TEST_DOCKER_DIR", &state)
-                .env("GANTRY_TEST_DOCKER_IMAGES", "busybox")
-                .stdin(std::process::Stdio::null())
-                .stderr(std::process::Stdio::inherit())
-                .output()
-                .unwrap();
-            assert!(out.status.success(), "test-docker.sh {command} failed");
-            String::from_utf8_lossy(&out.stdout)
-                .lines()
-                .last()
-                .unwrap_or("")
-                .trim()
-                .to_owned()
-        }
-    };
-    let line = tokio::task::spawn_blocking(engine("start")).await.unwrap();
-    let host = line.strip_prefix("DOCKER_HOST=").unwrap_or(&line).to_owned();
-    /// Stops and deletes the test's engine however the test ends.
-    struct Purge(String);
-    impl Drop for Purge {
-        fn drop(&mut self) {
-            let script = std::path::PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../scripts/test-docker.sh");
-            let _ = std::process::Command::new("bash")
-                .arg(script)
-                .arg("purge")
-                .env("GANTRY_TEST_DOCKER_DIR", &self.0)
-                .stdin(std::process::Stdio::null())
-                .output();
-        }
-    }
-    let _purge = Purge(state.clone());
+    let engine = OwnEngine::start("restart", false).await;
+    let host = engine.host.clone();
 
     let app = TestApp::spawn_with(Backend::Sqlite, {
         let host = host.clone();
@@ -813,9 +833,9 @@ async fn a_pod_comes_back_after_its_container_engine_restarts() {
     assert_eq!(before.len(), 1);
 
     // The engine goes down (stopping the container) and comes back.
-    tokio::task::spawn_blocking(engine("stop")).await.unwrap();
+    engine.run("stop").await;
     tokio::time::sleep(Duration::from_secs(1)).await;
-    tokio::task::spawn_blocking(engine("start")).await.unwrap();
+    engine.run("start").await;
 
     let deadline = Instant::now() + Duration::from_secs(60);
     loop {
