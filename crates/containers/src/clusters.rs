@@ -9,7 +9,7 @@ use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
 use crate::entity::{cluster, pod};
-use crate::pods::{ClusterMember, POD_PREFIX, PodPrices, PodRecord, PodSpec, PodStatus};
+use crate::pods::{ClusterMember, POD_PREFIX, PodPrices, PodRecord, PodSpec, PodStatus, new_pod_row};
 use crate::service::{ContainerError, ContainerService, new_id, now_ms};
 
 /// Prefix of cluster ids.
@@ -138,26 +138,14 @@ impl ContainerService {
                 size: compute.pod_count,
             });
             let pod_id = new_id(POD_PREFIX);
-            let body = serde_json::to_string(&member).map_err(|e| ContainerError::Corrupt(e.to_string()))?;
-            pod::Entity::insert(pod::ActiveModel {
-                id: Set(pod_id.clone()),
-                user_id: Set(owner.to_owned()),
-                name: Set(format!("{name}-{rank}")),
-                body: Set(body),
-                desired: Set(PodStatus::Running.as_str().to_owned()),
-                status: Set(PodStatus::Provisioning.as_str().to_owned()),
-                reason: Set(None),
-                locked: Set(false),
-                volume_id: Set(member.mounts.network.first().map(|m| m.volume_id.clone())),
-                version: Set(1),
-                restart_at_ms: Set(0),
-                hourly_micro_usd: Set(prices.hourly_micro_usd),
-                disk_hourly_micro_usd: Set(prices.disk_hourly_micro_usd),
-                created_at_ms: Set(now),
-                updated_at_ms: Set(now),
-                started_at_ms: Set(None),
-                deleted_at_ms: Set(None),
-            })
+            pod::Entity::insert(new_pod_row(
+                &pod_id,
+                owner,
+                &format!("{name}-{rank}"),
+                &member,
+                prices,
+                now,
+            )?)
             .exec_without_returning(&tx)
             .await?;
             members.push(pod_id);

@@ -274,6 +274,37 @@ pub struct PodPrices {
     pub disk_hourly_micro_usd: i64,
 }
 
+/// The row of a new pod, to be started at once.
+pub(crate) fn new_pod_row(
+    id: &str,
+    owner: &str,
+    name: &str,
+    spec: &PodSpec,
+    prices: PodPrices,
+    now: i64,
+) -> Result<pod::ActiveModel, ContainerError> {
+    let body = serde_json::to_string(spec).map_err(|e| ContainerError::Corrupt(e.to_string()))?;
+    Ok(pod::ActiveModel {
+        id: Set(id.to_owned()),
+        user_id: Set(owner.to_owned()),
+        name: Set(name.to_owned()),
+        body: Set(body),
+        desired: Set(PodStatus::Running.as_str().to_owned()),
+        status: Set(PodStatus::Provisioning.as_str().to_owned()),
+        reason: Set(None),
+        locked: Set(false),
+        volume_id: Set(spec.mounts.network.first().map(|m| m.volume_id.clone())),
+        version: Set(1),
+        restart_at_ms: Set(0),
+        hourly_micro_usd: Set(prices.hourly_micro_usd),
+        disk_hourly_micro_usd: Set(prices.disk_hourly_micro_usd),
+        created_at_ms: Set(now),
+        updated_at_ms: Set(now),
+        started_at_ms: Set(None),
+        deleted_at_ms: Set(None),
+    })
+}
+
 /// What an update changes; `None` leaves a field alone.
 #[derive(Debug, Clone, Default)]
 pub struct PodChange {
@@ -326,30 +357,10 @@ impl ContainerService {
         spec: PodSpec,
         prices: PodPrices,
     ) -> Result<PodRecord, ContainerError> {
-        let now = now_ms();
         let id = new_id(POD_PREFIX);
-        let body = serde_json::to_string(&spec).map_err(|e| ContainerError::Corrupt(e.to_string()))?;
-        pod::Entity::insert(pod::ActiveModel {
-            id: Set(id.clone()),
-            user_id: Set(owner.to_owned()),
-            name: Set(name.to_owned()),
-            body: Set(body),
-            desired: Set(PodStatus::Running.as_str().to_owned()),
-            status: Set(PodStatus::Provisioning.as_str().to_owned()),
-            reason: Set(None),
-            locked: Set(false),
-            volume_id: Set(spec.mounts.network.first().map(|m| m.volume_id.clone())),
-            version: Set(1),
-            restart_at_ms: Set(0),
-            hourly_micro_usd: Set(prices.hourly_micro_usd),
-            disk_hourly_micro_usd: Set(prices.disk_hourly_micro_usd),
-            created_at_ms: Set(now),
-            updated_at_ms: Set(now),
-            started_at_ms: Set(None),
-            deleted_at_ms: Set(None),
-        })
-        .exec_without_returning(self.db())
-        .await?;
+        pod::Entity::insert(new_pod_row(&id, owner, name, &spec, prices, now_ms())?)
+            .exec_without_returning(self.db())
+            .await?;
         self.pod_event(&id, "pod created").await?;
         self.get_pod(owner, &id).await
     }
