@@ -240,7 +240,14 @@ pub fn errors_of(body: &Value) -> Vec<String> {
 /// itself), so reqwest wants a process default before building any client.
 pub fn http_client(timeout: Duration) -> Client {
     let _ = rustls::crypto::ring::default_provider().install_default();
-    Client::builder().timeout(timeout).build().expect("client")
+    // The server closes a connection idle for 5 s (its keep-alive); a pooled
+    // connection reused just as it does so fails mid-request. The client lets
+    // idle connections go well before, as a careful client of it would.
+    Client::builder()
+        .timeout(timeout)
+        .pool_idle_timeout(Duration::from_secs(2))
+        .build()
+        .expect("client")
 }
 
 /// `(id, event, data)` of one SSE event.
