@@ -744,14 +744,22 @@ async fn a_pod_survives_a_crash_of_gantry_and_is_billed_across_it() {
 pub(crate) struct OwnEngine {
     state: String,
     fake_gpus: bool,
+    /// Only the busybox image (not the runpod-python ones).
+    busybox_only: bool,
     pub(crate) host: String,
 }
 
 impl OwnEngine {
     pub(crate) async fn start(name: &str, fake_gpus: bool) -> OwnEngine {
+        Self::start_with(name, fake_gpus, true).await
+    }
+
+    /// [`OwnEngine::start`], with the runpod-python images too unless `busybox_only`.
+    pub(crate) async fn start_with(name: &str, fake_gpus: bool, busybox_only: bool) -> OwnEngine {
         let mut engine = OwnEngine {
             state: format!("/tmp/gantry-test-docker-{name}-{}", std::process::id()),
             fake_gpus,
+            busybox_only,
             host: String::new(),
         };
         let line = engine.run("start").await;
@@ -780,7 +788,10 @@ impl OwnEngine {
         cmd.arg(script)
             .arg(command)
             .env("GANTRY_TEST_DOCKER_DIR", &self.state)
-            .env("GANTRY_TEST_DOCKER_IMAGES", "busybox")
+            .env(
+                "GANTRY_TEST_DOCKER_IMAGES",
+                if self.busybox_only { "busybox" } else { "all" },
+            )
             .env("GANTRY_TEST_DOCKER_FAKE_GPUS", if self.fake_gpus { "1" } else { "0" })
             .stdin(std::process::Stdio::null())
             .stderr(std::process::Stdio::inherit());

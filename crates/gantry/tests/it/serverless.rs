@@ -882,3 +882,88 @@ async fn an_endpoints_workers_share_its_network_volume() {
     let res = app.delete(&format!("/v2/network-volumes/{volume}"), &key).await;
     assert_eq!(res.status().as_u16(), 204);
 }
+
+/// A GPU endpoint's workers ask the engine for their GPUs (`DeviceRequests`
+/// of the endpoint's count), run its jobs, and are billed at the GPU price.
+/// The engine is one of this test's own with a stand-in for the NVIDIA
+/// Container Toolkit's hook: its GPU containers start, without GPUs.
+#[tokio::test]
+async fn a_gpu_endpoints_workers_get_their_gpus_from_the_engine_and_are_billed_for_them() {
+    let engine = crate::pods::OwnEngine::start_with("gpu-workers", true, false).await;
+    let app = TestApp::spawn_with(Backend::Sqlite, {
+        let host = engine.host.clone();
+        move |settings| {
+            settings.serverless.docker_host = Some(host);
+            settings.serverless.tick_ms = 200;
+            settings.serverless.stop_grace_ms = 2_000;
+        }
+    })
+    .await;
+    let (_, key) = app.user_with_key("all").await;
+    let created = app
+        .create(
+            "/v2/serverless",
+            &key,
+            json!({"name": "on gpus", "type": "QUEUE", "image": WORKER_IMAGE,
+                   "scaling": {"type": "QUEUE_DELAY", "queueDelay": 0.5},
+                   "workers": {"min": 0, "max": 1, "idleTimeout": 1},
+                   "gpu": {"pools": ["HOPPER_80"], "count": 2}}),
+        )
+        .await;
+    let endpoint = created["id"].as_str().unwrap().to_owned();
+    let view = app
+        .endpoint_job(&endpoint, &key, "runsync?wait=300000", json!({"on": "gpu"}))
+        .await;
+    assert_eq!(view["status"], "COMPLETED", "{view}");
+    assert_eq!(view["output"]["echo"]["on"], "gpu");
+    // The worker's container asked for two NVIDIA GPUs.
+    let out = std::process::Command::new("docker")
+        .args([
+            "ps",
+            "-a",
+            "--filter",
+            &format!("label=gantry.id={endpoint}"),
+            "--format",
+            "{{.ID}}",
+        ])
+        .env("DOCKER_HOST", &engine.host)
+        .output()
+        .unwrap();
+    let id = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .unwrap_or("")
+        .to_owned();
+    assert!(!id.is_empty(), "no worker container");
+    let out = std::process::Command::new("docker")
+        .args(["inspect", "-f", "{{json .HostConfig.DeviceRequests}}", &id])
+        .env("DOCKER_HOST", &engine.host)
+        .output()
+        .unwrap();
+    let requests: Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(requests[0]["Driver"], "nvidia", "{requests}");
+    assert_eq!(requests[0]["Count"], 2, "{requests}");
+    // Back to zero, and billed as GPU time.
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while app.workers_of(&endpoint, &key).await["summary"]["total"] != 0 {
+        assert!(Instant::now() < deadline, "never scaled back to 0");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    app.fleet
+        .service()
+        .accrue_workers(gantry_containers::service::now_ms())
+        .await
+        .unwrap();
+    let billed: Value = app
+        .get(
+            &format!("/v2/billing/serverless?serverlessId={endpoint}&bucketSize=hour&lastN=2"),
+            &key,
+        )
+        .await
+        .json()
+        .await
+        .unwrap();
+    let totals = &billed["metadata"]["totals"];
+    assert!(totals["gpuAmount"].as_f64().unwrap() > 0.0, "{billed}");
+    assert_eq!(totals["cpuAmount"].as_f64(), Some(0.0), "{billed}");
+}
