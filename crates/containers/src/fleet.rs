@@ -708,7 +708,12 @@ impl Fleet {
             .await?;
             return Ok(false);
         }
-        let container = self.container_spec(endpoint, &worker_id, gpu_count, memory_gb, vcpus);
+        let mut container = self.container_spec(endpoint, &worker_id, gpu_count, memory_gb, vcpus);
+        if let Some(volume) = spec.network_volumes.first()
+            && let Some(size) = self.service.volume_size_gb(volume).await?
+        {
+            container.volume_sizes_gb.insert(network_volume_name(volume), size);
+        }
         match runtime.run(&container).await {
             Ok(id) => {
                 tracing::info!(endpoint = %endpoint.id, %worker_id, container = %id, "worker started");
@@ -880,6 +885,7 @@ impl Fleet {
             tty: false,
             placement: self.placement_of(endpoint),
             hostname: None,
+            volume_sizes_gb: BTreeMap::new(),
         }
     }
 

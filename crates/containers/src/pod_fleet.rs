@@ -345,7 +345,16 @@ impl Fleet {
             let reason = format!("image {image} could not be pulled: {error}");
             return service.pod_exited(pod, PodStatus::Error, &reason).await;
         }
-        let spec = self.pod_container_spec(pod);
+        let mut spec = self.pod_container_spec(pod);
+        // Volumes are made at their sizes where the runtime sizes them (Kubernetes claims).
+        if let Some(mount) = &pod.spec.mounts.persistent {
+            spec.volume_sizes_gb.insert(pod_volume_name(&pod.id), mount.size);
+        }
+        for mount in &pod.spec.mounts.network {
+            if let Some(size) = service.volume_size_gb(&mount.volume_id).await? {
+                spec.volume_sizes_gb.insert(network_volume_name(&mount.volume_id), size);
+            }
+        }
         if let Network::Private { name, .. } = &spec.network {
             let mut labels = BTreeMap::new();
             labels.insert(LABEL_INSTALLATION.to_owned(), self.installation().to_owned());
@@ -446,6 +455,7 @@ impl Fleet {
                 },
             },
             hostname: spec.cluster.as_ref().map(|member| member.host()),
+            volume_sizes_gb: BTreeMap::new(),
             ports,
             memory_bytes: spec.cpu.as_ref().map(|cpu| u64::from(cpu.memory) << 30),
             nano_cpus: spec.cpu.as_ref().map(|cpu| u64::from(cpu.vcpu_count) * 1_000_000_000),

@@ -71,6 +71,26 @@ impl ContainerService {
         Self { db, secrets }
     }
 
+    /// A network volume's size in GB (the volumes service's row), if it exists.
+    pub async fn volume_size_gb(&self, volume_id: &str) -> Result<Option<u32>, ContainerError> {
+        use sea_orm::ConnectionTrait;
+        let db = self.db();
+        let sql = match db.get_database_backend() {
+            sea_orm::DatabaseBackend::Postgres => "SELECT size FROM network_volumes WHERE id = $1",
+            _ => "SELECT size FROM network_volumes WHERE id = ?",
+        };
+        let row = db
+            .query_one_raw(sea_orm::Statement::from_sql_and_values(
+                db.get_database_backend(),
+                sql,
+                [volume_id.into()],
+            ))
+            .await?;
+        Ok(row
+            .and_then(|r| r.try_get_by_index::<i32>(0).ok())
+            .and_then(|size| u32::try_from(size).ok()))
+    }
+
     pub fn db(&self) -> &DatabaseConnection {
         &self.db
     }

@@ -197,7 +197,8 @@ pub struct KubernetesSettings {
     /// The StorageClass of network volumes' claims (ReadWriteMany); unset
     /// means the cluster's default class.
     pub storage_class: Option<String>,
-    /// The size each network volume's claim requests, in GiB (0 means 10).
+    /// The size of a claim whose volume's own size Gantry does not know, in
+    /// GiB (0 means 10); network volumes and pods' disks request theirs.
     pub volume_size_gib: u32,
 }
 

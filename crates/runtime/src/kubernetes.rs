@@ -283,17 +283,23 @@ impl Kubernetes {
         }
     }
 
-    /// Makes the claims the pod's volumes name, where they are missing.
-    async fn ensure_claims(&self, manifest: &Value) -> Result<(), RuntimeError> {
+    /// Makes the claims the pod's volumes name, where they are missing: of the size `sizes` gives
+    /// (by the volume's Gantry name), else the configured size.
+    async fn ensure_claims(&self, manifest: &Value, sizes: &BTreeMap<String, u32>) -> Result<(), RuntimeError> {
         let claims = manifest["spec"]["volumes"]
             .as_array()
             .into_iter()
             .flatten()
             .filter_map(|v| v["persistentVolumeClaim"]["claimName"].as_str());
         for claim in claims {
+            let size = sizes
+                .iter()
+                .find(|(name, _)| object_name(name) == claim)
+                .map_or(self.inner.config.volume_size_gib, |(_, gb)| *gb)
+                .max(1);
             let mut spec = json!({
                 "accessModes": ["ReadWriteMany"],
-                "resources": {"requests": {"storage": format!("{}Gi", self.inner.config.volume_size_gib.max(1))}},
+                "resources": {"requests": {"storage": format!("{size}Gi")}},
             });
             if let Some(class) = &self.inner.config.storage_class {
                 spec["storageClassName"] = json!(class);
@@ -319,8 +325,8 @@ impl Kubernetes {
         Ok(())
     }
 
-    async fn create_pod(&self, manifest: &Value) -> Result<String, RuntimeError> {
-        self.ensure_claims(manifest).await?;
+    async fn create_pod(&self, manifest: &Value, sizes: &BTreeMap<String, u32>) -> Result<String, RuntimeError> {
+        self.ensure_claims(manifest, sizes).await?;
         let created = self
             .call(
                 reqwest::Method::POST,
@@ -857,7 +863,7 @@ impl Runtime for Kubernetes {
 
     async fn run(&self, spec: &ContainerSpec) -> Result<String, RuntimeError> {
         let manifest = self.manifest(spec);
-        self.create_pod(&manifest).await
+        self.create_pod(&manifest, &spec.volume_sizes_gb).await
     }
 
     async fn list(&self, labels: &[(String, String)]) -> Result<Vec<Container>, RuntimeError> {
@@ -935,7 +941,8 @@ impl Runtime for Kubernetes {
         }
         self.delete_pod_now(&name).await?;
         self.wait_for(&name, Duration::from_secs(30), |_| false).await?;
-        match self.create_pod(&manifest).await {
+        // The claims were made with the pod, and outlive it.
+        match self.create_pod(&manifest, &BTreeMap::new()).await {
             Ok(_) => Ok(()),
             Err(error) => Err(error),
         }

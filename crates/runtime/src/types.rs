@@ -161,6 +161,9 @@ pub struct ContainerSpec {
     pub placement: Placement,
     /// The container's host name (the engine's default, its short id, when `None`).
     pub hostname: Option<String>,
+    /// The size, GB, of each named volume its `binds` make, where the runtime sizes volumes when
+    /// it makes them (Kubernetes claims); Docker's local volumes have no size.
+    pub volume_sizes_gb: BTreeMap<String, u32>,
 }
 
 /// Constraints on the machine a container runs on. Each list holds alternatives (any one will
@@ -301,6 +304,7 @@ impl fmt::Debug for ContainerSpec {
             .field("tty", &self.tty)
             .field("placement", &self.placement)
             .field("hostname", &self.hostname)
+            .field("volume_sizes_gb", &self.volume_sizes_gb)
             .finish()
     }
 }

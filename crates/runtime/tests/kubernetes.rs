@@ -190,7 +190,11 @@ fn spec(name: &str) -> ContainerSpec {
     spec.memory_bytes = Some(512 << 20);
     spec.nano_cpus = Some(2_000_000_000);
     spec.gpus = 1;
-    spec.binds = vec!["gantry-vol-vol_1:/runpod-volume".into()];
+    spec.binds = vec![
+        "gantry-vol-vol_1:/runpod-volume".into(),
+        "gantry-pod_1-disk:/workspace".into(),
+    ];
+    spec.volume_sizes_gb.insert("gantry-pod_1-disk".into(), 50);
     spec.stop_timeout_secs = Some(3);
     spec.network = Network::Host;
     spec
@@ -244,7 +248,12 @@ async fn a_container_is_a_pod_through_its_whole_life() {
     assert_eq!(status, 200, "{claim}");
     assert_eq!(claim["spec"]["accessModes"], json!(["ReadWriteMany"]));
     assert_eq!(claim["spec"]["storageClassName"], "gantry-test-rwx");
-    assert_eq!(claim["spec"]["resources"]["requests"]["storage"], "20Gi");
+    assert_eq!(
+        claim["spec"]["resources"]["requests"]["storage"], "20Gi",
+        "no size given: the configured one"
+    );
+    let (_, disk) = cluster.get("persistentvolumeclaims/gantry-pod-1-disk").await;
+    assert_eq!(disk["spec"]["resources"]["requests"]["storage"], "50Gi", "{disk}");
 
     // The same name twice is a conflict, as on Docker.
     assert!(matches!(

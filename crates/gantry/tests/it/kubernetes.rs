@@ -416,11 +416,24 @@ async fn an_endpoint_on_kubernetes_runs_its_jobs_in_pods_and_scales_back_to_zero
 async fn a_pod_on_kubernetes_lives_its_whole_life() {
     let (app, api, _kubelet) = spawn("gt-pods").await;
     let (_, key) = app.user_with_key("all").await;
-    let create = |image: &'static str| {
+    // A network volume of 25 GB: its claim asks for that much.
+    let (status, volume) = json_of(
+        app.send_json(
+            Method::POST,
+            "/v2/network-volumes",
+            &key,
+            &json!({"name": "data", "size": 25, "dataCenter": "EU-RO-1"}),
+        )
+        .await,
+    )
+    .await;
+    assert_eq!(status, 201, "{volume}");
+    let volume = volume["id"].as_str().unwrap().to_owned();
+    let create = |image: &'static str, mounts: Value| {
         let (app, key) = (&app, key.clone());
         async move {
             let body = json!({"name": "k8s pod", "image": image, "args": "sh -c 'echo up; exec sleep 600'",
-                              "cpu": {"id": "cpu3c", "vcpuCount": 2}});
+                              "cpu": {"id": "cpu3c", "vcpuCount": 2}, "mounts": mounts});
             let (status, created) = json_of(app.send_json(Method::POST, "/v2/pods", &key, &body).await).await;
             assert_eq!(status, 201, "{created}");
             created["id"].as_str().unwrap().to_owned()
@@ -455,7 +468,7 @@ async fn a_pod_on_kubernetes_lives_its_whole_life() {
         }
     };
 
-    let id = create(BUSYBOX).await;
+    let id = create(BUSYBOX, json!({"network": [{"volumeId": volume, "path": "/data"}]})).await;
     let running = wait_for("RUNNING", id.clone()).await;
     assert!(running["startedAt"].is_string(), "{running}");
     let pods = api.pods().await;
@@ -466,6 +479,18 @@ async fn a_pod_on_kubernetes_lives_its_whole_life() {
         json!(["sh", "-c", "echo up; exec sleep 600"])
     );
     let first_uid = pods[0]["metadata"]["uid"].clone();
+    let claim = gantry_runtime::object_name(&format!("gantry-vol-{volume}"));
+    let (status, pvc) = api
+        .send(
+            Method::GET,
+            &api.path(&format!("persistentvolumeclaims/{claim}")),
+            None,
+            None,
+        )
+        .await;
+    assert_eq!(status, 200, "{pvc}");
+    assert_eq!(pvc["spec"]["resources"]["requests"]["storage"], "25Gi", "{pvc}");
+    assert_eq!(pvc["spec"]["accessModes"], json!(["ReadWriteMany"]));
 
     action(id.clone(), "stop").await;
     wait_for("EXITED", id.clone()).await;
@@ -489,7 +514,7 @@ async fn a_pod_on_kubernetes_lives_its_whole_life() {
     }
 
     // An image the node cannot pull: ERROR, with the node's reason, and its Pod removed.
-    let broken = create("gantry-test/no-such-image:1").await;
+    let broken = create("gantry-test/no-such-image:1", json!({})).await;
     let failed = wait_for("ERROR", broken.clone()).await;
     let reason = failed["statusReason"].as_str().unwrap_or_default();
     assert!(
