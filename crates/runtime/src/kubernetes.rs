@@ -73,7 +73,7 @@ pub struct KubernetesConfig {
     pub namespace: String,
     /// The StorageClass of the claims Gantry makes for volumes; the cluster's default when `None`.
     pub storage_class: Option<String>,
-    /// The size requested for a volume's claim, in GiB.
+    /// The size requested for a volume's claim, in GiB, when the container's spec gives none.
     pub volume_size_gib: u32,
     /// The bound of each request (pulls and followed logs excepted).
     pub request_timeout: Duration,
