@@ -207,24 +207,40 @@ impl ContainerService {
     }
 
     /// Deletes a cluster: every member is terminated (its container removed, its billing closed)
-    /// and then its network.
+    /// and then its network. The cluster and its members are marked in one transaction, so a
+    /// crash never leaves a member of a deleted cluster (which takes no delete of its own).
     pub async fn delete_cluster(&self, owner: &str, id: &str) -> Result<(), ContainerError> {
-        let members = self.cluster_members(owner, id).await?;
+        let members: Vec<String> = self
+            .cluster_members(owner, id)
+            .await?
+            .into_iter()
+            .map(|m| m.id)
+            .collect();
+        let now = now_ms();
+        let tx = self.db().begin().await?;
         let done = cluster::Entity::update_many()
-            .col_expr(cluster::Column::DeletedAtMs, Expr::value(now_ms()))
+            .col_expr(cluster::Column::DeletedAtMs, Expr::value(now))
             .filter(cluster::Column::Id.eq(id))
             .filter(cluster::Column::UserId.eq(owner))
             .filter(cluster::Column::DeletedAtMs.is_null())
-            .exec(self.db())
+            .exec(&tx)
             .await?;
         if done.rows_affected == 0 {
             return Err(ContainerError::NotFound("cluster"));
         }
-        for member in members {
-            match self.delete_pod(owner, &member.id).await {
-                Ok(()) | Err(ContainerError::NotFound(_)) => {}
-                Err(error) => return Err(error),
-            }
+        pod::Entity::update_many()
+            .col_expr(pod::Column::DeletedAtMs, Expr::value(now))
+            .col_expr(pod::Column::UpdatedAtMs, Expr::value(now))
+            .col_expr(pod::Column::Desired, Expr::value(PodStatus::Terminated.as_str()))
+            .filter(pod::Column::Id.is_in(members.iter().map(String::as_str)))
+            .filter(pod::Column::UserId.eq(owner))
+            .filter(pod::Column::DeletedAtMs.is_null())
+            .exec(&tx)
+            .await?;
+        tx.commit().await?;
+        for member in &members {
+            self.pod_event(member, &format!("pod deleted with cluster {id}"))
+                .await?;
         }
         Ok(())
     }

@@ -764,8 +764,10 @@ async fn keys(cmd: KeysCommand, auth: AuthService) -> CliResult {
                     key.id,
                     format!("{}…{}", key.prefix, key.last_four),
                     state,
-                    utc_date(key.created_at),
-                    key.expires_at.map(utc_date).unwrap_or_else(|| "never".into()),
+                    gantry_runtime::format_rfc3339(key.created_at),
+                    key.expires_at
+                        .map(gantry_runtime::format_rfc3339)
+                        .unwrap_or_else(|| "never".into()),
                     key.name.as_deref().unwrap_or("-"),
                     key.scopes.to_storage(),
                 );
@@ -779,26 +781,6 @@ async fn keys(cmd: KeysCommand, auth: AuthService) -> CliResult {
     Ok(())
 }
 
-/// Unix seconds as an RFC 3339 UTC timestamp (days-from-civil, inverted).
-fn utc_date(unix: i64) -> String {
-    let (days, secs) = (unix.div_euclid(86_400), unix.rem_euclid(86_400));
-    let z = days + 719_468;
-    let era = z.div_euclid(146_097);
-    let doe = z.rem_euclid(146_097);
-    let yoe = (doe - doe / 1_460 + doe / 36_524 - doe / 146_096) / 365;
-    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
-    let mp = (5 * doy + 2) / 153;
-    let day = doy - (153 * mp + 2) / 5 + 1;
-    let month = if mp < 10 { mp + 3 } else { mp - 9 };
-    let year = yoe + era * 400 + i64::from(month <= 2);
-    format!(
-        "{year:04}-{month:02}-{day:02}T{:02}:{:02}:{:02}Z",
-        secs / 3_600,
-        secs % 3_600 / 60,
-        secs % 60
-    )
-}
-
 /// This machine's host name (a container's is its id), for default worker ids.
 fn host_name() -> String {
     std::env::var("HOSTNAME")
@@ -808,14 +790,4 @@ fn host_name() -> String {
         .map(|h| h.trim().to_string())
         .filter(|h| !h.is_empty())
         .unwrap_or_else(|| "localhost".into())
-}
-
-#[cfg(test)]
-mod tests {
-    #[test]
-    fn utc_dates() {
-        assert_eq!(super::utc_date(0), "1970-01-01T00:00:00Z");
-        assert_eq!(super::utc_date(951_782_400), "2000-02-29T00:00:00Z");
-        assert_eq!(super::utc_date(1_795_289_883), "2026-11-21T19:38:03Z");
-    }
 }

@@ -724,7 +724,8 @@ fn container_of(pod: &Value) -> Container {
     }
 }
 
-/// Unix seconds as RFC 3339 in UTC (as Kubernetes writes times, and reads `sinceTime`).
+/// Unix seconds as RFC 3339 in UTC (as Kubernetes writes times and reads `sinceTime`; also the
+/// CLI's key listing).
 pub fn format_rfc3339(unix_secs: i64) -> String {
     let days = unix_secs.div_euclid(86_400);
     let secs = unix_secs.rem_euclid(86_400);
@@ -942,10 +943,7 @@ impl Runtime for Kubernetes {
         self.delete_pod_now(&name).await?;
         self.wait_for(&name, Duration::from_secs(30), |_| false).await?;
         // The claims were made with the pod, and outlive it.
-        match self.create_pod(&manifest, &BTreeMap::new()).await {
-            Ok(_) => Ok(()),
-            Err(error) => Err(error),
-        }
+        self.create_pod(&manifest, &BTreeMap::new()).await.map(|_| ())
     }
 
     async fn remove(&self, id: &str) -> Result<(), RuntimeError> {
@@ -1161,6 +1159,7 @@ mod tests {
         assert_eq!(format_rfc3339(0), "1970-01-01T00:00:00Z");
         assert_eq!(format_rfc3339(1_795_910_400), "2026-11-29T00:00:00Z");
         assert_eq!(format_rfc3339(951_782_400), "2000-02-29T00:00:00Z");
+        assert_eq!(format_rfc3339(1_795_289_883), "2026-11-21T19:38:03Z");
         for t in [0, 86_399, 951_782_400, 1_795_923_661, 4_102_444_800] {
             assert_eq!(parse_rfc3339_nanos(&format_rfc3339(t)), Some(t * 1_000_000_000));
         }
