@@ -31,6 +31,33 @@ impl Dense {
             return y;
         }
         let threads = rayon::current_num_threads().max(1);
+        if threads > 1 && n <= FEW_TOKENS * threads {
+            // Few tokens (one short sentence): each thread takes a share of
+            // the output features for every token, so the weights are read
+            // once, not once per thread.
+            let panels = self.w.panels();
+            let per = panels.div_ceil(threads).next_multiple_of(2);
+            let parts: Vec<(std::ops::Range<usize>, Vec<f32>)> = (0..panels.div_ceil(per))
+                .into_par_iter()
+                .map(|t| {
+                    let share = t * per..((t + 1) * per).min(panels);
+                    let features = self.w.panel_rows(share.clone());
+                    let mut part = vec![0.0f32; n * features.len()];
+                    self.w.matmul_rows_of(share, x, n, &mut part);
+                    (features, part)
+                })
+                .collect();
+            for (features, part) in parts {
+                let width = features.len();
+                for (row, values) in y.chunks_exact_mut(self.out).zip(part.chunks_exact(width)) {
+                    let dst = &mut row[features.clone()];
+                    for ((d, v), b) in dst.iter_mut().zip(values).zip(&self.bias[features.clone()]) {
+                        *d = v + b;
+                    }
+                }
+            }
+            return y;
+        }
         let per = n.div_ceil(threads).div_ceil(INPUT_BLOCK).max(1) * INPUT_BLOCK;
         y.par_chunks_mut(per * self.out)
             .zip(x.par_chunks(per * self.inp))
@@ -46,6 +73,10 @@ impl Dense {
         y
     }
 }
+
+/// Tokens per thread up to which a dense layer is split between threads by
+/// its output features rather than by tokens.
+const FEW_TOKENS: usize = 24;
 
 struct Norm {
     gamma: Vec<f32>,
@@ -360,6 +391,34 @@ mod tests {
             );
         }
         assert!(exp_neg(200.0) < 1e-37);
+    }
+
+    #[test]
+    fn a_dense_layer_gives_the_same_sums_split_either_way() {
+        // 40 output features (three panels, the last ragged) over 24 inputs;
+        // 3 tokens are split between the threads by features, 300 by tokens.
+        let (inp, out) = (24, 40);
+        let w: Vec<f32> = (0..inp * out).map(|i| ((i * 7 % 19) as f32 - 9.0) / 8.0).collect();
+        let bias: Vec<f32> = (0..out).map(|o| o as f32 / 10.0).collect();
+        let dense = Dense {
+            w: PackedWeights::from_rows(&w, out, inp),
+            bias: bias.clone(),
+            inp,
+            out,
+        };
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
+        for n in [1, 3, 300] {
+            let x: Vec<f32> = (0..n * inp).map(|i| ((i * 5 % 11) as f32 - 5.0) / 3.0).collect();
+            let y = pool.install(|| dense.forward(&x));
+            assert_eq!(y.len(), n * out);
+            for t in 0..n {
+                for o in 0..out {
+                    let want = (0..inp).map(|k| w[o * inp + k] * x[t * inp + k]).sum::<f32>() + bias[o];
+                    let got = y[t * out + o];
+                    assert!((got - want).abs() < 1e-4, "{n} tokens [{t},{o}]: {got} vs {want}");
+                }
+            }
+        }
     }
 
     #[test]

@@ -146,6 +146,18 @@ impl PackedWeights {
         Self::run::<false, true>(&self.data, self.depth, self.rows, x, n, out, 0);
     }
 
+    /// [`PackedWeights::matmul_rows`] for the rows of `A` that the panels
+    /// `panels` hold only (a product split between threads by its output
+    /// features): `out` is `n × panel_rows(panels).len()`, row-major.
+    pub fn matmul_rows_of(&self, panels: std::ops::Range<usize>, x: &[f32], n: usize, out: &mut [f32]) {
+        assert!(panels.end <= self.panels(), "panels out of range");
+        assert_eq!(x.len(), n * self.depth, "input rows have the wrong size");
+        let rows = self.panel_rows(panels.clone()).len();
+        assert_eq!(out.len(), rows * n, "output has the wrong size");
+        let data = &self.data[panels.start * self.depth * MR..panels.end * self.depth * MR];
+        Self::run::<false, true>(data, self.depth, rows, x, n, out, 0);
+    }
+
     /// The product with columns gathered from anywhere in `x`, with no
     /// packing: column `j` is the `runs` starting at `x[columns.inputs[j]]`
     /// (together `depth` floats) and its `rows` results, after `epilogue`,
@@ -228,6 +240,16 @@ impl PackedWeights {
         out: &mut [f32],
         stride: usize,
     ) {
+        #[cfg(target_arch = "x86_64")]
+        if X_ROWS && !BY_ROW && depth > 0 && std::arch::is_x86_feature_detected!("avx512f") {
+            // SAFETY: the CPU has AVX-512F, which is all `rows_avx512` is
+            // compiled to use.
+            #[allow(unsafe_code)]
+            unsafe {
+                rows_avx512(data, xp, depth, rows, n, out);
+            }
+            return;
+        }
         #[cfg(target_arch = "x86_64")]
         if std::arch::is_x86_feature_detected!("avx2") && std::arch::is_x86_feature_detected!("fma") {
             // SAFETY: the CPU has AVX2 and FMA, which is all `kernel_fma`
@@ -371,6 +393,111 @@ fn kernel<const FUSED: bool, const BY_ROW: bool, const X_ROWS: bool>(
                         }
                     } else {
                         out[j * rows + start..][..len].copy_from_slice(&column[..len]);
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Floats of input rows [`rows_avx512`] keeps in the core's (second level)
+/// cache while the weight panels pass over them.
+const L2_FLOATS: usize = 192 * 1024;
+
+/// [`PackedWeights::matmul_rows`] on AVX-512, with a register block of
+/// weight panels (one 16-float vector each) by input rows that fits the
+/// input: three panels by eight rows (24 of the 32 vector registers, three
+/// weight loads and eight broadcasts a step) where that wastes fewer rows
+/// of the last block than two panels by twelve (a sentence of eight
+/// tokens), otherwise the latter. Each sum is the same chain of fused
+/// multiply-adds from zero, in the same order, as the AVX2 kernel's, so all
+/// give the same bits. On an Intel Xeon (Emerald Rapids) one thread runs
+/// about twice the AVX2 kernel's multiply-adds a second
+/// (`bench/results/2026-11-29-embeddings.md`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+fn rows_avx512(a: &[f32], x: &[f32], depth: usize, rows: usize, n: usize, out: &mut [f32]) {
+    let waste = |r: usize| n.div_ceil(r) * r - n;
+    if waste(8) < waste(12) {
+        tile_avx512::<3, 8>(a, x, depth, rows, n, out);
+    } else {
+        tile_avx512::<2, 12>(a, x, depth, rows, n, out);
+    }
+}
+
+/// [`rows_avx512`] with `P` panels by `R` rows a block.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f")]
+#[allow(unsafe_code)]
+fn tile_avx512<const P: usize, const R: usize>(
+    a: &[f32],
+    x: &[f32],
+    depth: usize,
+    rows: usize,
+    n: usize,
+    out: &mut [f32],
+) {
+    use std::arch::x86_64::{
+        __m512, _mm512_fmadd_ps, _mm512_loadu_ps, _mm512_mask_storeu_ps, _mm512_set1_ps, _mm512_setzero_ps,
+    };
+    assert!(depth > 0, "a product of no depth has no kernel");
+    assert!(a.len() >= rows.div_ceil(MR) * depth * MR, "weights are too short");
+    assert!(
+        x.len() >= n * depth && out.len() >= n * rows,
+        "input or output is too short"
+    );
+    if n == 0 || rows == 0 {
+        return;
+    }
+    let panels = rows.div_ceil(MR);
+    let blocks = n.div_ceil(R);
+    // Blocks of rows are taken in groups whose input stays in the core's
+    // cache while every group of panels passes over it; when the weights
+    // outweigh all the input, the weights stream once instead.
+    let group = if streams_weights(rows, depth, n) {
+        blocks
+    } else {
+        (L2_FLOATS / (depth * R)).max(1)
+    };
+    let store = |v: __m512, j: usize, start: usize, out: &mut [f32]| {
+        let len = MR.min(rows - start);
+        let dst = &mut out[j * rows + start..][..len];
+        // SAFETY: the mask writes `len` floats, which `dst` holds.
+        unsafe { _mm512_mask_storeu_ps(dst.as_mut_ptr(), ((1u32 << len) - 1) as u16, v) };
+    };
+    for first in (0..blocks).step_by(group) {
+        for p in (0..panels).step_by(P) {
+            // The panels of the block; past the last one, the last again,
+            // its copies not stored.
+            let w: [*const f32; P] =
+                std::array::from_fn(|i| a[(p + i).min(panels - 1) * depth * MR..][..depth * MR].as_ptr());
+            for b in first..blocks.min(first + group) {
+                // `R` rows (the last repeated past `n`).
+                let r: [*const f32; R] = std::array::from_fn(|i| x[(b * R + i).min(n - 1) * depth..][..depth].as_ptr());
+                let mut c = [[_mm512_setzero_ps(); R]; P];
+                for k in 0..depth {
+                    // SAFETY: `k < depth`: each panel holds `depth` steps of
+                    // sixteen floats and each row `depth` floats.
+                    unsafe {
+                        let ws: [__m512; P] = std::array::from_fn(|i| _mm512_loadu_ps(w[i].add(k * MR)));
+                        for i in 0..R {
+                            let v = _mm512_set1_ps(*r[i].add(k));
+                            for (c, w) in c.iter_mut().zip(&ws) {
+                                c[i] = _mm512_fmadd_ps(*w, v, c[i]);
+                            }
+                        }
+                    }
+                }
+                for (i, panel) in c.iter().enumerate() {
+                    if p + i >= panels {
+                        break;
+                    }
+                    for (q, v) in panel.iter().enumerate() {
+                        let j = b * R + q;
+                        if j >= n {
+                            break;
+                        }
+                        store(*v, j, (p + i) * MR, out);
                     }
                 }
             }
@@ -612,6 +739,21 @@ mod tests {
             let mut from_rows = vec![f32::NAN; rows * n];
             packed.matmul_rows(&x_rows, n, &mut from_rows);
             assert_eq!(from_rows, want, "({depth},{rows},{n}) from rows");
+            // The rows of the panels after the first, from input rows.
+            if packed.panels() > 1 {
+                let rows_of = packed.panel_rows(1..packed.panels());
+                let mut part = vec![f32::NAN; rows_of.len() * n];
+                packed.matmul_rows_of(1..packed.panels(), &x_rows, n, &mut part);
+                for (i, r) in rows_of.clone().enumerate() {
+                    for j in 0..n {
+                        assert_eq!(
+                            part[j * rows_of.len() + i],
+                            want[j * rows + r],
+                            "rows of 1..: [{r},{j}]"
+                        );
+                    }
+                }
+            }
             // By row, into the middle of wider rows: the rest stays as it was.
             let stride = n + 3;
             let mut by_row = vec![-7.0f32; rows * stride];

@@ -28,8 +28,6 @@ use crate::grammar::{Converter, SchemaError, literal};
 pub const OPEN: &str = "<tool_call>\n";
 /// What closes one (after the call object's own closing brace).
 pub const CLOSE: &str = "\n</tool_call>";
-/// Most calls in one answer.
-pub const MAX_CALLS: usize = 4;
 
 /// A function the model may call.
 #[derive(Debug, Clone, PartialEq)]
@@ -146,7 +144,9 @@ impl Tools {
         let call = converter.add_rule("call", calls.join(" | "));
         let wrapped = format!("{} {call} {}", literal(OPEN), literal(CLOSE));
         let more = if self.parallel {
-            format!(" ( \"\\n\" {wrapped} ){{0,{}}}", MAX_CALLS - 1)
+            // As many calls as the answer's tokens allow (OpenAI sets no
+            // number either).
+            format!(" ( \"\\n\" {wrapped} )*")
         } else {
             String::new()
         };
