@@ -57,7 +57,7 @@ fn espeak(voice: &str, text: &str) -> Vec<u8> {
 
 /// Samples of a 16-bit PCM WAV at 16 kHz mono.
 fn wav_16k(bytes: &[u8]) -> Vec<f32> {
-    let audio = gantry_model_transcribe::audio::decode(bytes.to_vec(), 600.0).unwrap();
+    let audio = gantry_media::audio::decode(bytes.to_vec(), 600.0).unwrap();
     assert!(!audio.samples.is_empty());
     assert_eq!(SAMPLE_RATE, 16_000);
     audio.samples

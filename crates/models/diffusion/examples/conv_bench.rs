@@ -11,9 +11,9 @@ use std::time::Instant;
 
 use candle_core::{DType, Device, Module, Tensor};
 use candle_nn::VarBuilder;
+use gantry_kernels::conv::{Activation, Conv2d, Scratch};
+use gantry_kernels::winograd::Tile;
 use gantry_model_diffusion::blocks::{Conv, Kernels, winograd_tile};
-use gantry_model_image::conv::{Activation, Conv2d, Scratch};
-use gantry_model_image::winograd::Tile;
 
 fn median(mut v: Vec<f64>) -> f64 {
     v.sort_by(f64::total_cmp);

@@ -4,7 +4,7 @@
 //! candle-transformers has these blocks too, but their convolutions are
 //! candle's `conv2d`, which on the CPU is im2col plus a general matrix
 //! product, 1.4–2.8x slower on Stable Diffusion's shapes than the packed
-//! kernels of [`gantry_model_image::conv`] (`bench/results/2026-11-27-stable-diffusion.md`). Here a
+//! kernels of [`gantry_kernels::conv`] (`bench/results/2026-11-27-stable-diffusion.md`). Here a
 //! convolution runs on those when its weights are float32 on the CPU
 //! ([`Kernels::Packed`]), and on candle's everywhere else (CUDA, half
 //! precision). The blocks read the diffusers tensor names, honour the
@@ -18,9 +18,9 @@ use std::sync::Mutex;
 use candle_core::{D, DType, Module, Result, Tensor};
 use candle_nn::{Conv2dConfig, GroupNorm, Init, Linear, VarBuilder};
 use candle_transformers::models::stable_diffusion::attention::{AttentionBlock, AttentionBlockConfig};
-use gantry_model_image::conv::{Activation, Conv2d, Scratch};
-use gantry_model_image::norm;
-use gantry_model_image::winograd::Tile;
+use gantry_kernels::conv::{Activation, Conv2d, Scratch};
+use gantry_kernels::norm;
+use gantry_kernels::winograd::Tile;
 
 use crate::transformer::Transformer;
 use rayon::prelude::*;
@@ -153,7 +153,7 @@ pub(crate) fn with_f32_slice<T>(xs: &Tensor, f: impl FnOnce(&[f32]) -> T) -> Res
 /// A group norm followed by SiLU, the pair every resnet and both models'
 /// output heads begin with. On float32 CPU tensors it is two vectorised
 /// passes for the statistics and one for the output
-/// ([`gantry_model_image::norm`]), the groups spread over the rayon pool;
+/// ([`gantry_kernels::norm`]), the groups spread over the rayon pool;
 /// elsewhere candle's `GroupNorm` and `silu`.
 pub(crate) struct NormSilu {
     norm: GroupNorm,

@@ -24,7 +24,7 @@ const FIELDS: [&str; 9] = [
     "output_format",
 ];
 
-pub use gantry_model_image::input::Format;
+pub use gantry_media::image::Format;
 
 /// What a variant accepts.
 #[derive(Debug, Clone, Copy, PartialEq)]

@@ -115,7 +115,7 @@ pub fn runtime(model: DiffusionModel, config: WorkerConfig) -> WorkerRuntime<Dif
 
 /// Encodes an RGB image as PNG, JPEG (quality 90) or lossless WebP.
 pub fn encode(img: &RgbImage, format: Format) -> Result<Vec<u8>, String> {
-    gantry_model_image::encode_rgb(&img.pixels, img.width, img.height, format)
+    gantry_media::image::encode_rgb(&img.pixels, img.width, img.height, format)
 }
 
 impl DiffusionModel {

@@ -484,7 +484,7 @@ impl Pipeline {
         let values = 4 * (params.height as usize / 8) * (params.width as usize / 8);
         let noise = (0..params.num_images.max(1) as u64)
             .map(|i| {
-                let mut normal = gantry_model_image::Normal::new(params.seed.wrapping_add(i));
+                let mut normal = gantry_kernels::random::Normal::new(params.seed.wrapping_add(i));
                 (0..values).map(|_| normal.next()).collect()
             })
             .collect::<Vec<_>>();

@@ -23,7 +23,7 @@ use candle_transformers::models::stable_diffusion::vae::AutoEncoderKL;
 use crate::blocks::Kernels;
 use crate::clip::ClipTextEncoder;
 use crate::pipeline::{Architecture, PipelineError};
-use gantry_model_image::Normal;
+use gantry_kernels::random::Normal;
 
 use crate::tokenizer::{END_OF_TEXT, START_OF_TEXT};
 use crate::unet::UNet;

@@ -3,7 +3,7 @@
 //! the text and a GEGLU feed-forward, projection out, residual. The same
 //! arithmetic as candle-transformers' `SpatialTransformer` (its tanh GELU
 //! included), but every dense layer is a [`Dense`], which runs on the
-//! packed product of `gantry_model_image` when the weights are float32 on
+//! packed product of `gantry_kernels` when the weights are float32 on
 //! the CPU: the dense layers are most of the transformer's work (at a
 //! 32x32 latent about 1.3 G multiply-adds a block against 0.7 G for the
 //! attention itself). On the same weights the attention is fused onto the
@@ -12,8 +12,8 @@
 
 use candle_core::{D, DType, IndexOp, Module, Result, Tensor};
 use candle_nn::{GroupNorm, LayerNorm, VarBuilder};
-use gantry_model_image::norm;
-use gantry_model_image::packed::{INPUT_BLOCK, PackedWeights, pack_rows};
+use gantry_kernels::norm;
+use gantry_kernels::packed::{INPUT_BLOCK, PackedWeights, pack_rows};
 use rayon::prelude::*;
 
 use crate::blocks::{Conv, CrossAttention, Kernels};

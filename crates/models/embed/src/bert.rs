@@ -2,14 +2,15 @@
 //!
 //! The sequences of a batch are not padded: their tokens are laid end to
 //! end, so every dense layer is one product over exactly the batch's tokens
-//! (on `gantry_model_image`'s packed kernel, the weights packed once at
+//! (on `gantry_kernels`' packed kernel, the weights packed once at
 //! load, the tokens split between threads), and attention runs per sequence
 //! and head over that sequence's own tokens, which needs no mask. The
 //! arithmetic is BERT's (post-norm layers, exact-erf GELU), in f32.
 use std::collections::HashMap;
 
 use candle_core::Tensor;
-use gantry_model_image::packed::{INPUT_BLOCK, PackedWeights};
+use gantry_kernels::math::gelu;
+use gantry_kernels::packed::{INPUT_BLOCK, PackedWeights};
 use rayon::prelude::*;
 
 use crate::encoder::LoadError;
@@ -265,9 +266,7 @@ impl Bert {
             add(&mut attended, &x);
             layer.attn_norm.apply(&mut attended);
             let mut inner = layer.up.forward(&attended);
-            inner
-                .par_chunks_mut(4096)
-                .for_each(|chunk| chunk.iter_mut().for_each(|v| *v = gelu(*v)));
+            inner.par_chunks_mut(4096).for_each(gelu);
             let mut out = layer.down.forward(&inner);
             add(&mut out, &attended);
             layer.out_norm.apply(&mut out);
@@ -335,63 +334,9 @@ fn add(x: &mut [f32], y: &[f32]) {
     }
 }
 
-/// GELU with the error function, `x·Φ(x)`, as BERT defines it (not the
-/// tanh form). Branch-free so that a loop over a slice vectorizes: a
-/// quarter of the encoder's time went to a libm `erff` call per value.
-#[inline(always)]
-fn gelu(x: f32) -> f32 {
-    0.5 * x * (1.0 + erf(x * std::f32::consts::FRAC_1_SQRT_2))
-}
-
-/// The error function to within 2e-7: Abramowitz and Stegun's 7.1.26
-/// (absolute error at most 1.5e-7) with [`exp_neg`].
-#[inline(always)]
-fn erf(x: f32) -> f32 {
-    let a = x.abs();
-    let t = 1.0 / (1.0 + 0.327_591_1 * a);
-    let poly = t * (0.254_829_6 + t * (-0.284_496_74 + t * (1.421_413_7 + t * (-1.453_152_1 + t * 1.061_405_4))));
-    let y = 1.0 - poly * exp_neg(a * a);
-    if x < 0.0 { -y } else { y }
-}
-
-/// `e^-x` for `x ≥ 0`, to about 2e-7 relative (held at `e^-87` beyond): `2^k·e^r`
-/// with `|r| ≤ ln2/2` and a degree-6 Taylor polynomial for `e^r`.
-#[inline(always)]
-fn exp_neg(x: f32) -> f32 {
-    const ROUND: f32 = 12_582_912.0; // 1.5·2^23: adding it rounds to an integer
-    let x = (-x).max(-87.0);
-    let k = (x * std::f32::consts::LOG2_E + ROUND) - ROUND;
-    let r = (x - k * 0.693_145_75) - k * 1.428_606_8e-6;
-    let p = 1.0 + r * (1.0 + r * (0.5 + r * (1.0 / 6.0 + r * (1.0 / 24.0 + r * (1.0 / 120.0 + r * (1.0 / 720.0))))));
-    p * f32::from_bits(((k as i32 + 127) << 23) as u32)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    #[test]
-    fn erf_and_exp_are_accurate() {
-        for i in -600..=600 {
-            let x = i as f32 / 100.0;
-            assert!(
-                (erf(x) - libm::erff(x)).abs() < 3e-7,
-                "erf({x}) = {} not {}",
-                erf(x),
-                libm::erff(x)
-            );
-        }
-        for i in 0..=870 {
-            let x = i as f32 / 10.0;
-            let want = (-f64::from(x)).exp();
-            assert!(
-                ((f64::from(exp_neg(x)) - want) / want).abs() < 5e-7,
-                "e^-{x} = {} not {want}",
-                exp_neg(x)
-            );
-        }
-        assert!(exp_neg(200.0) < 1e-37);
-    }
 
     #[test]
     fn a_dense_layer_gives_the_same_sums_split_either_way() {
@@ -418,20 +363,6 @@ mod tests {
                     assert!((got - want).abs() < 1e-4, "{n} tokens [{t},{o}]: {got} vs {want}");
                 }
             }
-        }
-    }
-
-    #[test]
-    fn gelu_is_exact() {
-        // x·Φ(x) to 7 digits.
-        for (x, want) in [
-            (0.0, 0.0),
-            (1.0, 0.841_344_7),
-            (-1.0, -0.158_655_3),
-            (2.5, 2.484_475_9),
-            (-4.0, -1.267_e-4),
-        ] {
-            assert!((gelu(x) - want).abs() < 2e-6, "gelu({x}) = {} not {want}", gelu(x));
         }
     }
 }

@@ -29,9 +29,9 @@ use std::collections::BTreeMap;
 
 use gantry_manifest::torch::Tensor;
 
-use crate::norm;
-use crate::packed::{Columns, Epilogue, PackedWeights, Runs};
-use crate::winograd::Upsample;
+use gantry_kernels::norm;
+use gantry_kernels::packed::{Columns, Epilogue, PackedWeights, Runs};
+use gantry_kernels::winograd::Upsample;
 
 /// Floats of kernel taps computed per chunk of input pixels (4 MiB).
 const CHUNK_FLOATS: usize = 1 << 20;

@@ -25,52 +25,7 @@ const FIELDS: [&str; 10] = [
     "output_format",
 ];
 
-/// Encoding of the delivered images.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Format {
-    Png,
-    Jpeg,
-    Webp,
-}
-
-impl Format {
-    pub fn name(self) -> &'static str {
-        match self {
-            Format::Png => "png",
-            Format::Jpeg => "jpeg",
-            Format::Webp => "webp",
-        }
-    }
-
-    /// The `output_format` of a job's input: PNG when absent; `None`, with
-    /// the reason in `errors`, when it names no format.
-    pub fn from_input(value: Option<&Value>, errors: &mut Vec<String>) -> Option<Format> {
-        match value {
-            None | Some(Value::Null) => Some(Format::Png),
-            Some(Value::String(f)) => match f.to_ascii_lowercase().as_str() {
-                "png" => Some(Format::Png),
-                "jpeg" | "jpg" => Some(Format::Jpeg),
-                "webp" => Some(Format::Webp),
-                _ => {
-                    errors.push(format!("output_format: one of png, jpeg, webp (got {f:?})"));
-                    None
-                }
-            },
-            Some(_) => {
-                errors.push("output_format: one of png, jpeg, webp".into());
-                None
-            }
-        }
-    }
-
-    pub fn media_type(self) -> &'static str {
-        match self {
-            Format::Png => "image/png",
-            Format::Jpeg => "image/jpeg",
-            Format::Webp => "image/webp",
-        }
-    }
-}
+pub use gantry_media::image::Format;
 
 /// A validated request.
 #[derive(Debug, Clone, PartialEq)]

@@ -108,7 +108,7 @@ impl Matcher<'_> {
                 stopped.set(true);
                 return f32::NEG_INFINITY;
             }
-            let at_16k = gantry_model_transcribe::audio::resample(audio, rate, speaker::SAMPLE_RATE);
+            let at_16k = gantry_media::audio::resample(audio, rate, speaker::SAMPLE_RATE);
             speaker::cosine(&self.encoder.embed(&at_16k), &target)
         };
         let base_similarity = score(calibration);
@@ -138,7 +138,7 @@ impl Matcher<'_> {
             ..Transform::identity()
         }
         .apply(calibration, rate);
-        let at_16k = gantry_model_transcribe::audio::resample(&scaled, rate, speaker::SAMPLE_RATE);
+        let at_16k = gantry_media::audio::resample(&scaled, rate, speaker::SAMPLE_RATE);
         let eq_db = equaliser_gains(&band_powers(&at_16k, speaker::SAMPLE_RATE), &reference_bands);
         for &eq_strength in &EQ_STRENGTHS {
             let transform = Transform {
@@ -182,7 +182,7 @@ pub fn scale_voice(samples: &[f32], rate: u32, scale: f32) -> Vec<f32> {
         return Vec::new();
     }
     let faster_rate = ((f64::from(rate) / f64::from(scale)).round() as u32).max(1);
-    let faster = gantry_model_transcribe::audio::resample(samples, rate, faster_rate);
+    let faster = gantry_media::audio::resample(samples, rate, faster_rate);
     wsola(&faster, samples.len(), rate)
 }
 
@@ -194,7 +194,7 @@ pub fn wsola(input: &[f32], length: usize, rate: u32) -> Vec<f32> {
     let hop = frame / 2;
     let tolerance = (rate as usize * 10) / 1000;
     if input.len() < frame || length < frame {
-        return gantry_model_transcribe::audio::resample(input, input.len().max(1) as u32, length.max(1) as u32)
+        return gantry_media::audio::resample(input, input.len().max(1) as u32, length.max(1) as u32)
             .into_iter()
             .take(length)
             .collect();

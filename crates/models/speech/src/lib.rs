@@ -656,7 +656,7 @@ impl SpeechModel {
             bytes.hash(&mut hasher);
             (hasher.finish(), bytes.len())
         };
-        let decoded = tokio::task::spawn_blocking(move || gantry_model_transcribe::audio::decode(bytes, 600.0))
+        let decoded = tokio::task::spawn_blocking(move || gantry_media::audio::decode(bytes, 600.0))
             .await
             .map_err(|e| JobError::internal(format!("the audio decoder stopped: {e}")))?
             .map_err(|e| JobError::bad_input(format!("'reference_audio': {e}")))?;

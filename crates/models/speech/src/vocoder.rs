@@ -300,7 +300,7 @@ mod math {
     }
 
     /// `e^x`: the Whisper engine's branch-free Cephes `expf`.
-    pub use gantry_model_transcribe::engine::fast_exp as exp;
+    pub use gantry_kernels::math::fast_exp as exp;
 
     /// Natural logarithm of a positive normal `x`.
     #[inline(always)]

@@ -1,6 +1,6 @@
 //! Speech to text with Whisper: audio in (WAV, MP3, FLAC, Ogg Vorbis, as a URL
 //! or inline), text and timed segments out, streamed segment by segment.
-pub mod audio;
+pub use gantry_media::audio;
 pub mod engine;
 pub mod input;
 mod worker;

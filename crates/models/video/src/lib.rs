@@ -25,7 +25,8 @@ use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::Duration;
 
-use gantry_model_image::{Generator, Normal};
+use gantry_kernels::random::Normal;
+use gantry_model_image::Generator;
 use gantry_worker_sdk::{CancellationToken, JobContext, JobError, Model, Output, Usage, WorkerConfig, WorkerRuntime};
 use image::RgbImage;
 use image::imageops::FilterType;

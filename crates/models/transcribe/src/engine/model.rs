@@ -3,7 +3,7 @@
 //! learned position encodings, logits against the token embeddings.
 #![allow(clippy::needless_range_loop)]
 
-use gantry_model_image::packed::{INPUT_BLOCK, PackedWeights};
+use gantry_kernels::packed::{INPUT_BLOCK, PackedWeights};
 
 use super::EngineError;
 use super::format::ModelFile;

@@ -6,13 +6,13 @@
 //! `align_corners=True`).
 //!
 //! Both convolutions are products with weights packed once at load
-//! ([`PackedWeights`]). The 3x3 ones are [`gantry_model_image::conv`]'s,
+//! ([`PackedWeights`]). The 3x3 ones are [`gantry_kernels::conv`]'s,
 //! with PReLU as their activation. The transposed convolution multiplies the
 //! input by the weights and scatter-adds each of the 16 taps into its output
 //! pixel ("col2im").
 
-use gantry_model_image::conv::{self, Activation, Conv2d};
-use gantry_model_image::packed::PackedWeights;
+use gantry_kernels::conv::{self, Activation, Conv2d};
+use gantry_kernels::packed::PackedWeights;
 
 /// Floats of product columns per chunk of a transposed convolution (256
 /// KiB), which stay in the core's cache while they are scattered.

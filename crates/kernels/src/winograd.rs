@@ -497,7 +497,7 @@ fn filter_transform(gm: &[[f64; 3]], filter: &[[f64; 3]; 3], i: usize, j: usize)
 /// Maps are `n` images of `side × side` pixels, channels innermost, with a
 /// border of one zero pixel (`n × (side + 2) × (side + 2) × channels`).
 #[derive(Debug)]
-pub(crate) struct Upsample {
+pub struct Upsample {
     cin: usize,
     cout: usize,
     /// `U[ξ]`, `4·cout × cin` (rows: parity, then output channel).
@@ -507,18 +507,18 @@ pub(crate) struct Upsample {
 impl Upsample {
     /// Whether a layer of this shape, on maps of this side, can run here:
     /// whole vectors of channels and whole tiles.
-    pub(crate) fn fits(cin: usize, cout: usize, side: usize) -> bool {
+    pub fn fits(cin: usize, cout: usize, side: usize) -> bool {
         cin.is_multiple_of(LANES) && cout.is_multiple_of(LANES) && side.is_multiple_of(4) && side > 0
     }
 
     /// Floats of transformed weights a layer of this shape holds.
-    pub(crate) fn weight_floats(cin: usize, cout: usize) -> usize {
+    pub fn weight_floats(cin: usize, cout: usize) -> usize {
         36 * 4 * cout * cin
     }
 
     /// `weight` is PyTorch's `cin × cout × 4 × 4` of a transposed
     /// convolution.
-    pub(crate) fn new(weight: &[f32], cin: usize, cout: usize) -> Self {
+    pub fn new(weight: &[f32], cin: usize, cout: usize) -> Self {
         assert_eq!(
             weight.len(),
             cin * cout * 16,
@@ -553,7 +553,7 @@ impl Upsample {
     /// The layer on `n` images of `side` (see [`Upsample::fits`]): `x` in,
     /// `out` (side `2·side`, its border left as it is) with `bias` added and,
     /// if `relu`, ReLU applied.
-    pub(crate) fn forward(&self, x: &[f32], n: usize, side: usize, out: &mut [f32], bias: &[f32], relu: bool) {
+    pub fn forward(&self, x: &[f32], n: usize, side: usize, out: &mut [f32], bias: &[f32], relu: bool) {
         assert!(Self::fits(self.cin, self.cout, side), "no whole tiles");
         assert_eq!(
             x.len(),

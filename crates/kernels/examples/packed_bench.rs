@@ -8,7 +8,7 @@
 
 use std::time::Instant;
 
-use gantry_model_image::packed::{Columns, Epilogue, INPUT_BLOCK, PackedWeights, Runs};
+use gantry_kernels::packed::{Columns, Epilogue, INPUT_BLOCK, PackedWeights, Runs};
 
 fn main() {
     let args: Vec<usize> = std::env::args().skip(1).map(|a| a.parse().expect("a number")).collect();
@@ -18,7 +18,7 @@ fn main() {
     let x: Vec<f32> = (0..n * depth).map(|i| (i % 7) as f32 / 7.0 - 0.5).collect();
     let packed = PackedWeights::from_rows(&w, rows, depth);
     let mut xp = Vec::new();
-    gantry_model_image::packed::pack_rows(&x, n, depth, &mut xp);
+    gantry_kernels::packed::pack_rows(&x, n, depth, &mut xp);
     assert_eq!(xp.len(), n.div_ceil(INPUT_BLOCK) * depth * INPUT_BLOCK);
     let mut out = vec![0.0f32; rows * n];
     let inputs: Vec<usize> = (0..n).map(|j| j * depth).collect();

@@ -7,10 +7,12 @@
 //! arithmetic.
 //!
 //! The kernel keeps an `MR × NR` block of the output in registers and walks
-//! the shared dimension once per block. It is compiled twice: for AVX2 with
-//! FMA (picked at run time when the CPU has them) and for the baseline. An
-//! AVX-512 build with 32 x 12 tiles (24 of its 32 registers) was measured
-//! no faster on AMD Zen 4, which runs AVX-512 as two 256-bit halves.
+//! the shared dimension once per block. It is compiled for AVX2 with FMA
+//! (picked at run time when the CPU has them) and for the baseline; the
+//! product of input rows also for AVX-512 (32 x 12 or 48 x 8 tiles), which
+//! doubles it on Intel Xeons with two 512-bit FMA units (an earlier AVX-512
+//! build was measured no faster on AMD Zen 4, which runs AVX-512 as two
+//! 256-bit halves). Every kernel gives the same bits.
 
 /// Rows of a weight panel (two AVX2 vectors).
 const MR: usize = 16;
