@@ -16,8 +16,10 @@
 //!   status; its PersistentVolumeClaims stay as well (a stopped pod keeps its disk).
 //! - `start`: a pod that has ended is deleted and made again from the kept manifest.
 //! - `ensure_image`: nodes pull images themselves. Credentials become a `kubernetes.io/dockerconfigjson`
-//!   Secret that the next pod of that image names in `imagePullSecrets`. A failed pull shows up as
-//!   the pod's state (`ErrImagePull`, `ImagePullBackOff`): [`ContainerState::Dead`] with the reason.
+//!   Secret that the next pod of that image names in `imagePullSecrets`; `remove` deletes it once
+//!   no pod names it, so credentials do not outlive the containers that used them. A failed pull
+//!   shows up as the pod's state (`ErrImagePull`, `ImagePullBackOff`): [`ContainerState::Dead`]
+//!   with the reason.
 //! - `logs`: `pods/{name}/log?timestamps=true`, followed with `follow=true`.
 //! - `stats`: the `metrics.k8s.io` API, where metrics-server is installed.
 //!
@@ -49,6 +51,8 @@ const ANNOTATION_MANIFEST: &str = "gantry.dev/manifest";
 /// The one container of each pod.
 const CONTAINER: &str = "main";
 /// Where a pod's ServiceAccount finds its token, CA and namespace.
+/// The start of the names of the pull Secrets Gantry makes (then a hash of what they hold).
+const PULL_SECRET_PREFIX: &str = "gantry-pull-";
 const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 /// Waiting reasons that mean the container will not start without a change (image or config).
 const BROKEN_WAITING: [&str; 6] = [
@@ -142,6 +146,9 @@ struct Inner {
     token: Mutex<Option<(Instant, String)>>,
     /// image -> the pull Secret its next pod names (set by `ensure_image`).
     pull_secrets: Mutex<HashMap<String, String>>,
+    /// Secret name -> the Secret as made, to make it again where a removal
+    /// deleted it while a new pod came to name it.
+    secret_bodies: Mutex<HashMap<String, Value>>,
 }
 
 impl std::fmt::Debug for Kubernetes {
@@ -177,6 +184,7 @@ impl Kubernetes {
                 config,
                 token: Mutex::new(None),
                 pull_secrets: Mutex::new(HashMap::new()),
+                secret_bodies: Mutex::new(HashMap::new()),
             }),
         })
     }
@@ -334,7 +342,66 @@ impl Kubernetes {
                 Some(("application/json", manifest)),
             )
             .await?;
+        // A removal running meanwhile may have found the pull Secret named by no pod (before this
+        // one was made) and deleted it: it is made again (a conflict where it is still there).
+        for name in pull_secret_names(manifest) {
+            let body = lock(&self.inner.secret_bodies).get(&name).cloned();
+            if let Some(body) = body {
+                self.post_secret(&body).await?;
+            }
+        }
         Ok(created["metadata"]["name"].as_str().unwrap_or_default().to_owned())
+    }
+
+    /// Creates a Secret; one of that name exists already holds the same (the name is a hash of
+    /// what it holds).
+    async fn post_secret(&self, body: &Value) -> Result<(), RuntimeError> {
+        match self
+            .call(
+                reqwest::Method::POST,
+                &self.ns_path("secrets"),
+                Some(("application/json", body)),
+            )
+            .await
+        {
+            Ok(_) | Err(RuntimeError::Conflict(_)) => Ok(()),
+            Err(error) => Err(error),
+        }
+    }
+
+    /// Whether a pod in the namespace names the pull Secret `name`.
+    async fn secret_in_use(&self, name: &str) -> Result<bool, RuntimeError> {
+        let pods = self.get(&self.ns_path("pods")).await?;
+        Ok(pods["items"]
+            .as_array()
+            .into_iter()
+            .flatten()
+            .any(|pod| pull_secret_names(pod).iter().any(|n| n == name)))
+    }
+
+    /// Deletes the pull Secret `name` when no pod names it any more, so that registry credentials
+    /// do not outlive the last container that used them. A pod made meanwhile keeps it: the pod's
+    /// own creation makes it again afterwards, and one made between the look and the delete is
+    /// found by a second look, which makes it again from the credentials `ensure_image` was given.
+    /// (Gantry needs no right to read Secrets for this.)
+    async fn collect_pull_secret(&self, name: &str) -> Result<(), RuntimeError> {
+        if self.secret_in_use(name).await? {
+            return Ok(());
+        }
+        match self
+            .call(reqwest::Method::DELETE, &self.ns_path(&format!("secrets/{name}")), None)
+            .await
+        {
+            Ok(_) | Err(RuntimeError::NotFound(_)) => {}
+            Err(error) => return Err(error),
+        }
+        let body = lock(&self.inner.secret_bodies).get(name).cloned();
+        if let Some(body) = body
+            && self.secret_in_use(name).await?
+        {
+            self.post_secret(&body).await?;
+        }
+        Ok(())
     }
 
     /// Polls the pod until `done` says so or `bound` passes; a missing pod counts as done.
@@ -379,6 +446,22 @@ impl Kubernetes {
                 .get(&spec.image),
         )
     }
+}
+
+/// The pull Secrets a pod (or its manifest) names that Gantry made.
+fn pull_secret_names(pod: &Value) -> Vec<String> {
+    pod["spec"]["imagePullSecrets"]
+        .as_array()
+        .into_iter()
+        .flatten()
+        .filter_map(|s| s["name"].as_str())
+        .filter(|name| name.starts_with(PULL_SECRET_PREFIX))
+        .map(str::to_owned)
+        .collect()
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
+    mutex.lock().unwrap_or_else(|e| e.into_inner())
 }
 
 /// The pod manifest of `spec`, naming `pull_secret` in `imagePullSecrets` when there is one.
@@ -830,7 +913,7 @@ impl Runtime for Kubernetes {
             return Ok(());
         };
         let name = format!(
-            "gantry-pull-{:016x}",
+            "{PULL_SECRET_PREFIX}{:016x}",
             fnv1a(&[&auth.server, &auth.username, &auth.password])
         );
         let basic = base64::engine::general_purpose::STANDARD.encode(format!("{}:{}", auth.username, auth.password));
@@ -842,18 +925,8 @@ impl Runtime for Kubernetes {
             "metadata": {"name": name, "labels": {"gantry.dev/pull-secret": "true"}},
             "data": {".dockerconfigjson": base64::engine::general_purpose::STANDARD.encode(config.to_string())},
         });
-        // The name is a hash of what it holds: one that exists already holds the same.
-        match self
-            .call(
-                reqwest::Method::POST,
-                &self.ns_path("secrets"),
-                Some(("application/json", &body)),
-            )
-            .await
-        {
-            Ok(_) | Err(RuntimeError::Conflict(_)) => {}
-            Err(error) => return Err(error),
-        }
+        self.post_secret(&body).await?;
+        lock(&self.inner.secret_bodies).insert(name.clone(), body);
         self.inner
             .pull_secrets
             .lock()
@@ -947,7 +1020,16 @@ impl Runtime for Kubernetes {
     }
 
     async fn remove(&self, id: &str) -> Result<(), RuntimeError> {
-        self.delete_pod_now(&object_name(id)).await
+        let secrets = match self.get_pod(id).await {
+            Ok(pod) => pull_secret_names(&pod),
+            Err(RuntimeError::NotFound(_)) => Vec::new(),
+            Err(error) => return Err(error),
+        };
+        self.delete_pod_now(&object_name(id)).await?;
+        for name in secrets {
+            self.collect_pull_secret(&name).await?;
+        }
+        Ok(())
     }
 
     async fn stats(&self, id: &str) -> Result<Stats, RuntimeError> {

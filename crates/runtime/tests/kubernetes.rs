@@ -99,6 +99,11 @@ impl Cluster {
         self.send(reqwest::Method::GET, &self.path(rest), None, None).await
     }
 
+    async fn delete(&self, rest: &str) {
+        let (status, answer) = self.send(reqwest::Method::DELETE, &self.path(rest), None, None).await;
+        assert_eq!(status, 200, "delete {rest}: {answer}");
+    }
+
     /// What the scheduler does: the pod is placed on `node`.
     async fn bind(&self, pod: &str, node: &str) {
         let body = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": pod}, "target": {"kind": "Node", "name": node}});
@@ -315,6 +320,9 @@ async fn a_container_is_a_pod_through_its_whole_life() {
         kube.inspect("gantry-wk_1").await,
         Err(RuntimeError::NotFound(_))
     ));
+    // No pod names the pull Secret any more: the credentials go with the last one.
+    let (status, _) = cluster.get(&format!("secrets/{secret_name}")).await;
+    assert_eq!(status, 404, "the pull Secret outlived its last pod");
     kube.remove("gantry-wk_1").await.unwrap();
     kube.stop("gantry-wk_1", Duration::from_secs(1)).await.unwrap();
     assert!(matches!(
@@ -354,6 +362,56 @@ async fn an_image_that_cannot_be_pulled_is_a_dead_container_with_the_reason() {
     kube.remove("gantry-wk_2").await.unwrap();
     kube.run(&spec).await.unwrap();
     assert!(kube.logs("gantry-wk_2", Some(10), None).await.unwrap().is_empty());
+}
+
+#[tokio::test]
+async fn a_pull_secret_stays_while_a_pod_names_it() {
+    let cluster = Cluster::new("secrets").await;
+    let kube = Kubernetes::new(config(&cluster.ns)).unwrap();
+    let auth = RegistryAuth {
+        username: "robot".into(),
+        password: "s3cret".into(),
+        server: "registry.example.com".into(),
+    };
+    let image = "registry.example.com/acme/worker:1";
+    let secrets = || async {
+        let (_, list) = cluster
+            .get("secrets?labelSelector=gantry.dev%2Fpull-secret%3Dtrue")
+            .await;
+        list["items"].as_array().unwrap().len()
+    };
+    let one = |name: &str| {
+        let mut spec = ContainerSpec::new(name, image);
+        spec.labels.insert("gantry.kind".into(), "worker".into());
+        spec
+    };
+    // Two pods of one image and credentials share a Secret; a pod without credentials names none.
+    kube.ensure_image(image, Some(&auth)).await.unwrap();
+    kube.run(&one("gantry-wk_a")).await.unwrap();
+    kube.ensure_image(image, Some(&auth)).await.unwrap();
+    kube.run(&one("gantry-wk_b")).await.unwrap();
+    kube.ensure_image("busybox:1", None).await.unwrap();
+    kube.run(&ContainerSpec::new("gantry-wk_c", "busybox:1")).await.unwrap();
+    assert_eq!(secrets().await, 1);
+    kube.remove("gantry-wk_a").await.unwrap();
+    assert_eq!(secrets().await, 1, "removed while another pod names it");
+    kube.remove("gantry-wk_c").await.unwrap();
+    assert_eq!(secrets().await, 1);
+    kube.remove("gantry-wk_b").await.unwrap();
+    assert_eq!(secrets().await, 0, "the last pod that named it is gone");
+    // The next pod with those credentials has it made again.
+    kube.ensure_image(image, Some(&auth)).await.unwrap();
+    kube.run(&one("gantry-wk_d")).await.unwrap();
+    assert_eq!(secrets().await, 1);
+    let (_, pod) = cluster.get("pods/gantry-wk-d").await;
+    let name = pod["spec"]["imagePullSecrets"][0]["name"].as_str().unwrap().to_owned();
+    assert_eq!(cluster.get(&format!("secrets/{name}")).await.0, 200);
+    // A Secret deleted behind a pod's back while it is made (a removal racing a start) is made
+    // again by the start.
+    cluster.delete(&format!("secrets/{name}")).await;
+    kube.remove("gantry-wk_d").await.unwrap();
+    kube.run(&one("gantry-wk_d")).await.unwrap();
+    assert_eq!(cluster.get(&format!("secrets/{name}")).await.0, 200);
 }
 
 #[tokio::test]
