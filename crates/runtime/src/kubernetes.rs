@@ -50,9 +50,9 @@ const ANNOTATION_LABELS: &str = "gantry.dev/labels";
 const ANNOTATION_MANIFEST: &str = "gantry.dev/manifest";
 /// The one container of each pod.
 const CONTAINER: &str = "main";
-/// Where a pod's ServiceAccount finds its token, CA and namespace.
 /// The start of the names of the pull Secrets Gantry makes (then a hash of what they hold).
 const PULL_SECRET_PREFIX: &str = "gantry-pull-";
+/// Where a pod's ServiceAccount finds its token, CA and namespace.
 const SERVICE_ACCOUNT_DIR: &str = "/var/run/secrets/kubernetes.io/serviceaccount";
 /// Waiting reasons that mean the container will not start without a change (image or config).
 const BROKEN_WAITING: [&str; 6] = [
@@ -1026,8 +1026,12 @@ impl Runtime for Kubernetes {
             Err(error) => return Err(error),
         };
         self.delete_pod_now(&object_name(id)).await?;
+        // The pod is gone: a Secret that cannot be collected now (a Role without `delete` on
+        // secrets, an API server that went away) is reported, not made the removal's failure.
         for name in secrets {
-            self.collect_pull_secret(&name).await?;
+            if let Err(error) = self.collect_pull_secret(&name).await {
+                tracing::warn!(secret = %name, %error, "the pull Secret could not be deleted");
+            }
         }
         Ok(())
     }
