@@ -165,6 +165,18 @@ mod tests {
     }
 
     #[test]
+    fn gelu_is_x_times_phi_to_seven_digits() {
+        // x·Φ(x), as BERT and Whisper define GELU (not the tanh form).
+        let x = [0.0f32, 1.0, -1.0, 2.5, -4.0];
+        let want = [0.0f32, 0.841_344_7, -0.158_655_3, 2.484_475_9, -1.267e-4];
+        let mut got = x;
+        gelu(&mut got);
+        for ((x, g), w) in x.iter().zip(got).zip(want) {
+            assert!((g - w).abs() < 2e-6, "gelu({x}) = {g} not {w}");
+        }
+    }
+
+    #[test]
     fn gelu_uses_the_error_function() {
         let mut x = [-3.0f32, -0.5, 0.0, 1.0, 2.5];
         gelu(&mut x);

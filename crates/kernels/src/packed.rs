@@ -719,7 +719,10 @@ mod tests {
 
     #[test]
     fn prepacked_input_gives_the_same_product_either_way_round() {
-        for (depth, rows, n) in SIZES.into_iter().chain([(0, 3, 4)]) {
+        // (2048, 20, 120) and (2048, 20, 100): deep enough that the AVX-512
+        // kernel takes its blocks of rows in more than one group (two panels
+        // by twelve rows, then three by eight).
+        for (depth, rows, n) in SIZES.into_iter().chain([(0, 3, 4), (2048, 20, 120), (2048, 20, 100)]) {
             let w: Vec<f32> = (0..depth * rows).map(|i| ((i * 7 % 19) as f32 - 9.0) / 4.0).collect();
             let x: Vec<f32> = (0..depth * n).map(|i| ((i * 5 % 11) as f32 - 5.0) / 3.0).collect();
             let packed = PackedWeights::from_transposed(&w, depth, rows);

@@ -645,15 +645,17 @@ fn llama_cpp_accepts_every_converted_grammar() {
         json!("required"),
         json!({"type": "function", "function": {"name": "person"}}),
     ] {
-        let params = Params::parse(
-            &json!({"prompt": "x", "tools": tools, "tool_choice": choice, "parallel_tool_calls": false}),
-            4096,
-        )
-        .unwrap();
-        let grammar = params.grammar.unwrap();
-        let triggers: Vec<&str> = grammar.trigger.iter().map(String::as_str).collect();
-        if let Err(error) = Sampler::grammar(&model, &grammar.text, &triggers) {
-            panic!("{choice}: {error}\n{}", grammar.text);
+        for parallel in [false, true] {
+            let params = Params::parse(
+                &json!({"prompt": "x", "tools": tools, "tool_choice": choice, "parallel_tool_calls": parallel}),
+                4096,
+            )
+            .unwrap();
+            let grammar = params.grammar.unwrap();
+            let triggers: Vec<&str> = grammar.trigger.iter().map(String::as_str).collect();
+            if let Err(error) = Sampler::grammar(&model, &grammar.text, &triggers) {
+                panic!("{choice} parallel {parallel}: {error}\n{}", grammar.text);
+            }
         }
     }
     assert!(Sampler::grammar(&model, "root ::= undefined-rule", &[]).is_err());

@@ -443,6 +443,29 @@ mod tests {
     }
 
     #[test]
+    fn parallel_calls_are_not_capped() {
+        let tools = |parallel| Tools {
+            tools: vec![Tool {
+                name: "f".into(),
+                description: None,
+                parameters: serde_json::json!({"type": "object", "properties": {}}),
+            }],
+            choice: ToolChoice::Required,
+            parallel,
+        };
+        let root = |parallel| {
+            let text = tools(parallel).grammar().unwrap().unwrap().text;
+            text.lines().find(|l| l.starts_with("root ::=")).unwrap().to_owned()
+        };
+        // One call, then any number more (OpenAI sets no limit); one alone without.
+        let many = root(true);
+        assert!(many.ends_with(")*"), "{many}");
+        assert!(!many.contains('{'), "a bounded repetition: {many}");
+        let one = root(false);
+        assert!(!one.contains('*') && !one.contains('{'), "{one}");
+    }
+
+    #[test]
     fn text_without_calls_is_content() {
         let (content, calls, _) = parse_all(&["Hello <tool", " world <", "b>"]);
         assert_eq!(content, "Hello <tool world <b>");
