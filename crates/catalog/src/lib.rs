@@ -3,6 +3,7 @@
 mod datacenter;
 mod defaults;
 mod hardware;
+mod hold;
 mod models;
 
 pub use datacenter::{
@@ -13,6 +14,7 @@ pub use hardware::{
     CpuPrice, CpuType, GpuManufacturer, GpuMaxCount, GpuPrice, GpuType, VcpuRange, availability_of, default_cpus,
     default_gpus,
 };
+pub use hold::Hold;
 pub use models::{
     ENDPOINT_PREFIX, MAX_AUDIO_SECONDS, MAX_EMBEDDING_TOKENS, ModelCatalog, ModelKind, ModelSpec, Price, is_endpoint_id,
 };

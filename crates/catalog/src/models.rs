@@ -6,6 +6,8 @@
 //! exactly.
 use serde::{Deserialize, Serialize};
 
+use crate::Hold;
+
 /// The longest audio a speech-to-text model accepts, in seconds. A
 /// transcription job holds credit for this much audio, since its length is
 /// only known once the worker has decoded it.
@@ -116,6 +118,10 @@ pub struct ModelSpec {
     /// e.g. `megapixels`, `seconds`, `characters`, `tokens`, `requests`.
     pub unit: String,
     pub price: Price,
+    /// The most units one job may use, read from its input: what a job
+    /// holds of its owner's credit ([`Hold`]). Unset: one unit.
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold: Option<Hold>,
 }
 
 impl ModelSpec {
@@ -125,7 +131,21 @@ impl ModelSpec {
             kind,
             unit: unit.into(),
             price,
+            hold: None,
         }
+    }
+
+    /// This spec with `hold` as its credit hold rule.
+    pub fn with_hold(mut self, hold: Option<Hold>) -> Self {
+        self.hold = hold;
+        self
+    }
+
+    /// The most units a job with `input` may use ([`ModelSpec::hold`]).
+    pub fn hold_units(&self, input: &serde_json::Value) -> f64 {
+        self.hold
+            .as_ref()
+            .map_or(1.0, |hold| hold.units(input, self.price.per()))
     }
 
     /// The job-path view of a user's endpoint: its jobs cost nothing
@@ -203,19 +223,32 @@ fn price(micro_usd: i64, per: i64) -> Price {
 
 fn default_models() -> Vec<ModelSpec> {
     use ModelKind::*;
+    let pixels = || {
+        Some(Hold::Product {
+            fields: [("width", 1024), ("height", 1024), ("num_images", 1)]
+                .into_iter()
+                .map(|(field, default)| (field.to_owned(), default))
+                .collect(),
+            divide: 1_000_000,
+        })
+    };
     vec![
         // 0.00001 USD per request.
         ModelSpec::new("gantry-echo", Diagnostic, "requests", price(10, 1)),
         // 0.0024 USD per megapixel (fast).
-        ModelSpec::new("flux-schnell", Image, "megapixels", price(2_400, 1)),
+        ModelSpec::new("flux-schnell", Image, "megapixels", price(2_400, 1)).with_hold(pixels()),
         // 0.02 USD per megapixel (standard).
-        ModelSpec::new("flux-dev", Image, "megapixels", price(20_000, 1)),
+        ModelSpec::new("flux-dev", Image, "megapixels", price(20_000, 1)).with_hold(pixels()),
         // 0.50 USD per 5 seconds.
-        ModelSpec::new("wan-video", Video, "seconds", price(500_000, 5)),
+        ModelSpec::new("wan-video", Video, "seconds", price(500_000, 5)).with_hold(Some(Hold::Blocks {
+            field: "duration".into(),
+            default: 10,
+        })),
         // 0.05 USD per 1000 characters.
-        ModelSpec::new("kokoro-tts", Speech, "characters", price(50_000, 1_000)),
+        ModelSpec::new("kokoro-tts", Speech, "characters", price(50_000, 1_000))
+            .with_hold(Some(Hold::Length("prompt".into()))),
         // 10.00 USD per million tokens.
-        ModelSpec::new("qwen-text", Text, "tokens", price(10_000_000, 1_000_000)),
+        ModelSpec::new("qwen-text", Text, "tokens", price(10_000_000, 1_000_000)).with_hold(Some(Hold::Units(8192))),
     ]
 }
 

@@ -21,10 +21,9 @@ pub use api_role::{http_config, start_api};
 pub use database::{Database, connect_database, job_store};
 pub use scheduler_role::{SchedulerRole, worker_secret};
 pub use settings::{
-    AuthSettings, BillingSettings, CatalogSettings, DiffusionSettings, EmbeddingSettings, HttpSettings,
-    RateLimitSettings, SchedulerSettings, Settings, SpeechSettings, TextSettings, TranscriptionSettings, VideoSettings,
+    AuthSettings, BillingSettings, CatalogSettings, HttpSettings, RateLimitSettings, SchedulerSettings, Settings,
 };
-pub use workers::{Workers, detect_gpu, ensure_weights, is_text_model, worker_config};
+pub use workers::{Workers, detect_gpu, ensure_weights, families, family_of, model_slots, worker_config};
 
 use gantry_api::Application;
 
@@ -33,6 +32,10 @@ use gantry_api::Application;
 pub enum StartError {
     #[error("invalid configuration: {0}")]
     Config(String),
+    /// A model whose files are present did not load (bad files, a bad
+    /// engine table, a device it cannot use).
+    #[error("{0}")]
+    Load(String),
     #[error("database {url}: {source}")]
     Database { url: String, source: sea_orm::DbErr },
     #[error("cannot listen on {addr}: {source}")]

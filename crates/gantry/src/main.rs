@@ -466,8 +466,8 @@ async fn worker(settings: Settings, model: String, scheduler: String, slots: u32
     let id = id.unwrap_or_else(|| format!("{model}-{}-{}", host_name(), std::process::id()));
     let mut config = gantry::worker_config(&scheduler, &id, Credentials::Secret(secret), &settings);
     config.slots = slots.max(1);
-    if gantry::is_text_model(&settings, &model) {
-        config.slots = settings.text.max_sequences.max(1).min(config.slots.max(1));
+    if let Some(most) = gantry::model_slots(&settings, &model) {
+        config.slots = most.min(config.slots);
     }
     if !gantry::ensure_weights(&settings, &model).await {
         return Err(format!("the weights of '{model}' are not available (see above)").into());

@@ -10,7 +10,7 @@ use gantry_worker_sdk::Credentials;
 use tokio::sync::{mpsc, watch};
 use tokio::task::JoinHandle;
 
-use crate::workers::{Workers, ensure_weights, is_text_model, worker_config};
+use crate::workers::{Workers, ensure_weights, model_slots, worker_config};
 use crate::{Settings, StartError};
 
 /// A running scheduler: the gRPC listener for workers and the job loops.
@@ -115,14 +115,14 @@ impl SchedulerRole {
             }
             let id = format!("{model}-bundled-{}", std::process::id());
             let mut config = worker_config(&url, &id, Credentials::Secret(self.secret.clone()), settings);
-            if is_text_model(settings, model) {
-                config.slots = settings.text.max_sequences.max(1);
+            if let Some(slots) = model_slots(settings, model) {
+                config.slots = slots;
             }
             let started = workers.start(model, config, settings);
             match started {
                 Ok(()) => {}
                 // A model that cannot load is left out, like missing weights.
-                Err(StartError::Config(message)) if is_text_model(settings, model) => {
+                Err(StartError::Load(message)) => {
                     tracing::error!(%model, "not serving {model}: {message}");
                 }
                 Err(error) => return Err(error),

@@ -1,3 +1,4 @@
+use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use figment::Figment;
@@ -51,20 +52,7 @@ pub struct Settings {
     /// `gantry scheduler` serves `GET /metrics` on this address when set (the
     /// `api` and `serve` roles serve it on the management listener).
     pub metrics_addr: Option<String>,
-    /// The text engine of the bundled text models and `gantry worker --model <text model>`.
-    pub text: TextSettings,
-    /// The speech engine (ONNX Runtime) of the bundled speech models and
-    /// `gantry worker --model <speech model>`.
-    pub speech: SpeechSettings,
-    /// The video models (RIFE frame interpolation).
-    pub video: VideoSettings,
-    /// The Stable Diffusion models.
-    pub diffusion: DiffusionSettings,
-    /// The sentence-embedding models.
-    pub embedding: EmbeddingSettings,
     pub catalog: CatalogSettings,
-    /// The speech-to-text models (Whisper).
-    pub transcription: TranscriptionSettings,
     /// Where generated files (images, audio, video) are stored and how long
     /// their URLs work.
     pub files: gantry_files::FilesConfig,
@@ -73,6 +61,14 @@ pub struct Settings {
     pub serverless: ServerlessSettings,
     /// The web console on the management listener ([console.md](../../docs/console.md)).
     pub console: ConsoleSettings,
+    /// The settings table of each model family, under the name its model
+    /// crate gives it (`[text]`, `[speech]`, `[video]`, `[diffusion]`,
+    /// `[embedding]`, `[transcription]`): the crate defines its fields and
+    /// defaults ([`gantry_worker_sdk::ModelFactory::Settings`]), and
+    /// [`Settings::load`] checks each table against them. Other top-level
+    /// keys nobody reads also land here and are ignored.
+    #[serde(flatten)]
+    pub engines: BTreeMap<String, serde_json::Value>,
 }
 
 /// The web console (`/console` on the management listener).
@@ -220,116 +216,6 @@ impl Default for BillingSettings {
             storage: gantry_billing::storage::StoragePrices::default(),
         }
     }
-}
-
-/// The text generation engine (llama.cpp), per loaded model.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(default)]
-pub struct TextSettings {
-    /// CPU threads of the engine; 0 means one per core.
-    pub threads: usize,
-    /// Sequences generated together in one batch (the worker's slots).
-    pub max_sequences: u32,
-    /// Tokens of KV cache shared by the running sequences (the admission
-    /// budget); unset means the model's manifest value.
-    pub context_tokens: Option<u32>,
-    /// Layers offloaded to the GPU in a CUDA build (0: none; large: all).
-    pub gpu_layers: u32,
-    /// Milliseconds a streamed token may wait to travel in one chunk with
-    /// the tokens after it (a request's first token never waits); 0 sends
-    /// every token as its own chunk.
-    pub stream_interval_ms: u64,
-}
-
-impl Default for TextSettings {
-    fn default() -> Self {
-        Self {
-            threads: 0,
-            max_sequences: 16,
-            context_tokens: None,
-            gpu_layers: 0,
-            stream_interval_ms: gantry_model_text::DEFAULT_STREAM_INTERVAL.as_millis() as u64,
-        }
-    }
-}
-
-/// The speech engine (ONNX Runtime), per loaded voice.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(default)]
-pub struct SpeechSettings {
-    /// Intra-op threads of each ONNX Runtime session; 0 means one per core.
-    pub threads: usize,
-    /// Sessions of a voice that synthesise at once; more jobs take turns,
-    /// sentence by sentence.
-    pub sessions: usize,
-    /// Address ranges (CIDR) that `reference_audio` URLs may reach although
-    /// they are loopback, private or reserved addresses.
-    pub fetch_allow_ranges: Vec<String>,
-}
-
-impl Default for SpeechSettings {
-    fn default() -> Self {
-        Self {
-            threads: 0,
-            sessions: 1,
-            fetch_allow_ranges: Vec::new(),
-        }
-    }
-}
-
-/// The video models: how many frames of a job are drawn at once.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(default)]
-pub struct VideoSettings {
-    /// Frames interpolated in parallel (one thread each); unset or 0 means one per core.
-    pub threads: Option<usize>,
-    /// Address ranges (CIDR) that the URLs of video inputs (keyframe images)
-    /// may reach although they are loopback, private or reserved addresses.
-    pub fetch_allow_ranges: Vec<String>,
-}
-
-/// The Stable Diffusion models (candle): where they run.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(default)]
-pub struct DiffusionSettings {
-    /// CUDA device ordinal to run on; unset means the CPU. Needs a binary
-    /// built with the `cuda` feature.
-    pub cuda_device: Option<usize>,
-    /// Half-precision (F16) weights and arithmetic: half the memory, for GPUs.
-    pub half: bool,
-}
-
-/// The sentence-embedding models (candle): batch size and where they run.
-#[derive(Debug, Clone, Serialize, Deserialize)]
-#[serde(default)]
-pub struct EmbeddingSettings {
-    /// Most inputs in one forward pass; inputs of concurrent jobs share
-    /// batches up to this size.
-    pub max_batch: usize,
-    /// CUDA device ordinal to run on; unset means the CPU. Needs a binary
-    /// built with the `cuda` feature.
-    pub cuda_device: Option<usize>,
-}
-
-impl Default for EmbeddingSettings {
-    fn default() -> Self {
-        Self {
-            max_batch: 64,
-            cuda_device: None,
-        }
-    }
-}
-
-/// The speech-to-text models: threads per job and where audio URLs may go.
-#[derive(Debug, Clone, Default, Serialize, Deserialize)]
-#[serde(default)]
-pub struct TranscriptionSettings {
-    /// Threads one transcription uses (the encoder's matrix products); unset
-    /// or 0 means one per core.
-    pub threads: Option<usize>,
-    /// Address ranges (CIDR) that `audio_url` may reach although they are
-    /// loopback, private or reserved addresses.
-    pub fetch_allow_ranges: Vec<String>,
 }
 
 #[derive(Debug, Clone, Serialize, Deserialize)]
@@ -527,18 +413,16 @@ impl Default for Settings {
             models_dir: None,
             pull_on_start: true,
             metrics_addr: None,
-            text: TextSettings::default(),
-            speech: SpeechSettings::default(),
-            video: VideoSettings::default(),
-            diffusion: DiffusionSettings::default(),
-            embedding: EmbeddingSettings::default(),
-            transcription: TranscriptionSettings::default(),
             auth: AuthSettings::default(),
             catalog: CatalogSettings::default(),
             files: gantry_files::FilesConfig::default(),
             billing: BillingSettings::default(),
             serverless: ServerlessSettings::default(),
             console: ConsoleSettings::default(),
+            engines: crate::families()
+                .iter()
+                .filter_map(|family| Some((family.settings_table()?.to_owned(), family.default_settings())))
+                .collect(),
         }
     }
 }
@@ -579,7 +463,38 @@ impl Settings {
         settings
             .apply_manifest()
             .map_err(|e| Box::new(figment::Error::from(e)))?;
+        settings
+            .check_engines()
+            .map_err(|e| Box::new(figment::Error::from(e)))?;
         Ok(settings)
+    }
+
+    /// Checks every model family's settings table against its type: a
+    /// wrong type or value is refused when the process starts, not when a
+    /// model loads.
+    pub fn check_engines(&self) -> Result<(), String> {
+        for family in crate::families() {
+            family.check_settings(self.engine(&**family))?;
+        }
+        Ok(())
+    }
+
+    /// The settings table of `family` (absent: its defaults apply).
+    pub fn engine(&self, family: &dyn gantry_worker_sdk::Family) -> Option<&serde_json::Value> {
+        self.engines.get(family.settings_table()?)
+    }
+
+    /// The settings table named `name`, made empty if absent, to change a
+    /// field in code: `settings.engine_mut("text")["threads"] = 1.into()`.
+    pub fn engine_mut(&mut self, name: &str) -> &mut serde_json::Value {
+        let table = self
+            .engines
+            .entry(name.to_owned())
+            .or_insert_with(|| serde_json::Value::Object(Default::default()));
+        if !table.is_object() {
+            *table = serde_json::Value::Object(Default::default());
+        }
+        table
     }
 
     /// The model manifest in effect: the built-in one, and the models of

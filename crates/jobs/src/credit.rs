@@ -16,7 +16,7 @@
 //! so as long as a job costs at most its hold, the balance never ends more
 //! than one job's cost below zero, however many jobs race for the last credit.
 
-use gantry_catalog::{ModelKind, ModelSpec};
+use gantry_catalog::ModelSpec;
 use sea_orm::sea_query::Expr;
 use sea_orm::{ColumnTrait, ConnectionTrait, DbBackend, EntityTrait, QueryFilter, QuerySelect, Statement};
 use serde_json::Value;
@@ -25,47 +25,10 @@ use crate::entity::job;
 use crate::types::{JobError, JobStatus};
 
 /// The most a job of `model` with `input` may cost, in micro-USD: its price
-/// for an upper bound of the units it can use. Requests: 1. Tokens: the
-/// context of the text models (8192), or for an embedding model
-/// [`gantry_catalog::MAX_EMBEDDING_TOKENS`] for each of its inputs. Characters: the prompt's length (at
-/// least 1). Megapixels: `width` × `height` × `num_images` (1 MP if absent).
-/// Seconds: `duration` (10 s if absent), rounded up to whole blocks of the
-/// price's `per` (a video billed per started 5 s block holds every block it
-/// can start). Audio seconds: the longest audio accepted
-/// ([`gantry_catalog::MAX_AUDIO_SECONDS`]): its length is known only once the
-/// worker decodes it. Other units: 1.
+/// for the most units it can use, which the model's manifest entry states
+/// ([`gantry_catalog::Hold`]; one unit where it states none).
 pub fn hold(model: &ModelSpec, input: &Value) -> i64 {
-    let number = |key: &str| {
-        input
-            .get(key)
-            .and_then(Value::as_f64)
-            .filter(|n| n.is_finite() && *n > 0.0)
-    };
-    let units: f64 = match model.unit.as_str() {
-        "tokens" if model.kind == ModelKind::Embedding => {
-            let inputs = match input.get("input") {
-                // A list of texts or of token lists; a list of numbers is one input.
-                Some(Value::Array(items)) if !items.iter().all(Value::is_number) => items.len().max(1),
-                _ => 1,
-            };
-            (inputs * gantry_catalog::MAX_EMBEDDING_TOKENS) as f64
-        }
-        "tokens" => 8192.0,
-        "characters" => input
-            .get("prompt")
-            .and_then(Value::as_str)
-            .map_or(1.0, |p| p.chars().count().max(1) as f64),
-        "megapixels" => {
-            let pixels = number("width").unwrap_or(1024.0) * number("height").unwrap_or(1024.0);
-            pixels * number("num_images").unwrap_or(1.0) / 1e6
-        }
-        "seconds" => {
-            let block = model.price.per().max(1) as f64;
-            (number("duration").unwrap_or(10.0) / block).ceil() * block
-        }
-        "audio_seconds" => f64::from(gantry_catalog::MAX_AUDIO_SECONDS),
-        _ => 1.0,
-    };
+    let units = model.hold_units(input);
     let micros = (units * 1e6).ceil().min(i64::MAX as f64) as i64;
     gantry_billing::cost(micros, &model.unit, model).unwrap_or(i64::MAX / 4)
 }
@@ -115,24 +78,29 @@ pub async fn has_credit<C: ConnectionTrait>(db: &C, user: &str) -> Result<(), Jo
 
 #[cfg(test)]
 mod tests {
-    use gantry_catalog::{ModelKind, ModelSpec, Price};
+    use gantry_catalog::{Hold, ModelKind, ModelSpec, Price};
     use serde_json::json;
 
     use super::hold;
 
-    fn video() -> ModelSpec {
-        ModelSpec::new("v", ModelKind::Video, "seconds", Price::new(500_000, 5).unwrap())
+    fn video(per: i64, micro_usd: i64) -> ModelSpec {
+        ModelSpec::new("v", ModelKind::Video, "seconds", Price::new(micro_usd, per).unwrap()).with_hold(Some(
+            Hold::Blocks {
+                field: "duration".into(),
+                default: 10,
+            },
+        ))
     }
 
     #[test]
     fn a_video_holds_every_block_it_can_start() {
         // 0.50 USD per started 5 s: 4 s and 5 s hold one block, 5.5 s two.
-        assert_eq!(hold(&video(), &json!({"duration": 4})), 500_000);
-        assert_eq!(hold(&video(), &json!({"duration": 5})), 500_000);
-        assert_eq!(hold(&video(), &json!({"duration": 5.5})), 1_000_000);
-        assert_eq!(hold(&video(), &json!({})), 1_000_000);
-        let per_second = ModelSpec::new("s", ModelKind::Video, "seconds", Price::new(100, 1).unwrap());
-        assert_eq!(hold(&per_second, &json!({"duration": 2.5})), 300);
+        let video_5s = video(5, 500_000);
+        assert_eq!(hold(&video_5s, &json!({"duration": 4})), 500_000);
+        assert_eq!(hold(&video_5s, &json!({"duration": 5})), 500_000);
+        assert_eq!(hold(&video_5s, &json!({"duration": 5.5})), 1_000_000);
+        assert_eq!(hold(&video_5s, &json!({})), 1_000_000);
+        assert_eq!(hold(&video(1, 100), &json!({"duration": 2.5})), 300);
     }
 
     #[test]
@@ -143,7 +111,11 @@ mod tests {
             ModelKind::Embedding,
             "tokens",
             Price::new(100_000, 1_000_000).unwrap(),
-        );
+        )
+        .with_hold(Some(Hold::Items {
+            field: "input".into(),
+            each: 512,
+        }));
         assert_eq!(hold(&embed, &json!({"input": "one"})), 51);
         assert_eq!(hold(&embed, &json!({"input": ["a", "b", "c"]})), 154);
         assert_eq!(hold(&embed, &json!({"input": [1, 2, 3]})), 51);
@@ -151,7 +123,7 @@ mod tests {
     }
 
     #[test]
-    fn audio_is_held_at_the_longest_accepted() {
+    fn a_fixed_hold_ignores_the_input_and_no_rule_holds_one_unit() {
         // 1800 s at 100 µUSD per second, whatever the input.
         let audio = ModelSpec::new(
             "w",
@@ -159,6 +131,20 @@ mod tests {
             "audio_seconds",
             Price::new(100, 1).unwrap(),
         );
+        assert_eq!(hold(&audio, &json!({"audio": "AAAA"})), 100);
+        let audio = audio.with_hold(Some(Hold::Units(1800)));
         assert_eq!(hold(&audio, &json!({"audio": "AAAA"})), 180_000);
+    }
+
+    #[test]
+    fn the_example_catalog_holds_by_its_rules() {
+        let catalog = gantry_catalog::ModelCatalog::default();
+        let of = |id: &str| catalog.get(id).unwrap();
+        // 1024 x 1024 x 2 pixels at 0.02 USD per megapixel.
+        assert_eq!(hold(of("flux-dev"), &json!({"num_images": 2})), 41_943);
+        // 8192 tokens at 10 USD per million.
+        assert_eq!(hold(of("qwen-text"), &json!({"prompt": "hi"})), 81_920);
+        // Echo has no rule: one request.
+        assert_eq!(hold(of("gantry-echo"), &json!({"sleep_ms": 5})), 10);
     }
 }

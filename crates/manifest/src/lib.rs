@@ -33,6 +33,7 @@ mod source;
 mod store;
 pub mod torch;
 
+pub use gantry_catalog::ModelKind;
 pub use manifest::{BUILTIN_MANIFEST, Manifest, ManifestError, ModelEntry, WeightFile};
 pub use progress::Progress;
 pub use source::{HF_ENDPOINT, Source, SourceError};

@@ -1,7 +1,7 @@
 //! The manifest: every model Gantry knows, with its price, input schema and weights.
 use std::path::{Path, PathBuf};
 
-use gantry_catalog::{ModelCatalog, ModelKind, ModelSpec, Price};
+use gantry_catalog::{Hold, ModelCatalog, ModelKind, ModelSpec, Price};
 use serde::{Deserialize, Deserializer, Serialize};
 use serde_json::{Map, Value};
 
@@ -36,6 +36,11 @@ pub struct ModelEntry {
     /// A JSON Schema for the job input. In TOML either a table or a string holding JSON.
     #[serde(deserialize_with = "schema")]
     pub input_schema: Value,
+    /// The most units one job may use, read from its input: the credit a
+    /// job holds while queued and running. Required for every unit but
+    /// `requests` (which holds one).
+    #[serde(default, skip_serializing_if = "Option::is_none")]
+    pub hold: Option<Hold>,
     /// Free-form engine settings (such as `context_tokens`).
     #[serde(default, skip_serializing_if = "Map::is_empty")]
     pub engine: Map<String, Value>,
@@ -290,6 +295,13 @@ impl Manifest {
             if model.unit.trim().is_empty() {
                 return Err(invalid(format!("model {:?}: `unit` is empty", model.id)));
             }
+            if model.hold.is_none() && model.unit != "requests" {
+                return Err(invalid(format!(
+                    "model {:?}: `hold` is missing: say how many {} a job may use at most, read from its input \
+                     (for example `hold = {{ units = 8192 }}` or `hold = {{ length = \"prompt\" }}`; docs/models.md)",
+                    model.id, model.unit
+                )));
+            }
             for (j, file) in model.files.iter().enumerate() {
                 if model.files[..j].iter().any(|f| f.name == file.name) {
                     return Err(invalid(format!(
@@ -337,7 +349,7 @@ impl Manifest {
 impl ModelEntry {
     /// The catalog view of this model: id, kind, unit, price.
     pub fn spec(&self) -> ModelSpec {
-        ModelSpec::new(self.id.clone(), self.category, self.unit.clone(), self.price)
+        ModelSpec::new(self.id.clone(), self.category, self.unit.clone(), self.price).with_hold(self.hold.clone())
     }
 
     /// Bytes of all its weight files together.
@@ -488,12 +500,48 @@ mod tests {
         );
     }
 
+    #[test]
+    fn every_builtin_hold_bounds_what_its_model_can_use() {
+        let manifest = Manifest::builtin();
+        for entry in manifest.models() {
+            let hold = entry.hold.as_ref();
+            match entry.category {
+                // Audio is refused beyond MAX_AUDIO_SECONDS by the worker.
+                ModelKind::Transcription => assert_eq!(
+                    hold,
+                    Some(&Hold::Units(u64::from(gantry_catalog::MAX_AUDIO_SECONDS))),
+                    "{}",
+                    entry.id
+                ),
+                // An input is cut at MAX_EMBEDDING_TOKENS by the worker.
+                ModelKind::Embedding => assert_eq!(
+                    hold,
+                    Some(&Hold::Items {
+                        field: "input".into(),
+                        each: gantry_catalog::MAX_EMBEDDING_TOKENS as u64
+                    }),
+                    "{}",
+                    entry.id
+                ),
+                // A prompt and its answer share the engine's context.
+                ModelKind::Text => {
+                    let context = entry.engine.get("context_tokens").and_then(Value::as_u64);
+                    assert_eq!(hold, context.map(Hold::Units).as_ref(), "{}", entry.id);
+                }
+                ModelKind::Diagnostic => assert_eq!(hold, None, "{}", entry.id),
+                _ => assert!(hold.is_some(), "{}", entry.id),
+            }
+            assert_eq!(entry.spec().hold.as_ref(), hold);
+        }
+    }
+
     const ONE: &str = r#"
 [[models]]
 id = "m"
 category = "image"
 unit = "megapixels"
 price = { micro_usd = 2400 }
+hold = { product = { fields = { width = 512, height = 512 }, divide = 1000000 } }
 description = "d"
 license = "MIT"
 input_schema = { type = "object", properties = { prompt = { type = "string" } } }
@@ -573,6 +621,12 @@ parts = ["path:a", "hf:o/r@main#b"]
             ("category = \"image\"", "category = \"audio\"", "audio"),
             ("micro_usd = 2400", "micro_usd = -1", "negative"),
             ("unit = \"megapixels\"", "unit = \"\"", "`unit` is empty"),
+            (
+                "hold = { product = { fields = { width = 512, height = 512 }, divide = 1000000 } }",
+                "",
+                "`hold` is missing: say how many megapixels",
+            ),
+            ("hold = { product", "hold = { pixels", "unknown variant `pixels`"),
             ("engine = { steps = 4 }", "engin = 1", "engin"),
             (
                 "input_schema = { type = \"object\", properties = { prompt = { type = \"string\" } } }",

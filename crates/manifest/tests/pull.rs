@@ -38,6 +38,7 @@ id = "test-model"
 category = "text"
 unit = "tokens"
 price = {{ micro_usd = 1, per = 1000 }}
+hold = {{ units = 1000 }}
 description = "test"
 license = "MIT"
 input_schema = {{ type = "object" }}

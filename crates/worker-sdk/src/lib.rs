@@ -37,11 +37,13 @@
 
 mod config;
 mod context;
+pub mod factory;
 mod model;
 mod runtime;
 
 pub use config::{Credentials, WorkerConfig};
 pub use context::{FILE_CHUNK_BYTES, FileWriter, JobContext};
+pub use factory::{Family, ModelFactory, ModelFiles, family};
 pub use gantry_proto::v1::Usage;
 pub use model::{JobError, Model, Output};
 pub use runtime::{WorkerError, WorkerRuntime};

@@ -60,6 +60,7 @@ id = "{id}"
 category = "image"
 unit = "megapixels"
 price = {{ micro_usd = 20000, per = 1 }}
+hold = {{ product = {{ fields = {{ width = 512, height = 512, num_images = 1 }}, divide = 1000000 }} }}
 description = "The {variant} pipeline on tiny random weights"
 license = "Apache-2.0"
 engine = {{ architecture = "stable-diffusion", variant = "{variant}" }}

@@ -30,10 +30,10 @@ async fn hibari_app(backend: Backend) -> TestApp {
         s.scheduler.bundled_slots = 2;
         s.models_dir = Some(models_dir());
         s.pull_on_start = true;
-        s.speech.threads = 1;
-        s.transcription.threads = Some(2);
+        s.engine_mut("speech")["threads"] = 1.into();
+        s.engine_mut("transcription")["threads"] = 2.into();
         // The round trip hands the platform's own file URL (127.0.0.1) to Whisper.
-        s.transcription.fetch_allow_ranges = vec!["127.0.0.0/8".into()];
+        s.engine_mut("transcription")["fetch_allow_ranges"] = serde_json::json!(["127.0.0.0/8"]);
     })
     .await
 }

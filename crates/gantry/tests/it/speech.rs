@@ -27,7 +27,7 @@ async fn speech_app(backend: Backend) -> TestApp {
         s.scheduler.bundled_slots = 2;
         s.models_dir = Some(models_dir());
         s.pull_on_start = true;
-        s.speech.threads = 1;
+        s.engine_mut("speech")["threads"] = 1.into();
     })
     .await
 }

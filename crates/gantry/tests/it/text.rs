@@ -38,10 +38,10 @@ async fn text_app_streaming_every(backend: Backend, interval_ms: Option<u64>) ->
         s.scheduler.bundled_workers = vec!["gantry-echo".into(), MODEL.into()];
         s.models_dir = Some(models_dir());
         s.pull_on_start = true;
-        s.text.threads = 1;
-        s.text.context_tokens = Some(4096);
+        s.engine_mut("text")["threads"] = 1.into();
+        s.engine_mut("text")["context_tokens"] = 4096.into();
         if let Some(ms) = interval_ms {
-            s.text.stream_interval_ms = ms;
+            s.engine_mut("text")["stream_interval_ms"] = ms.into();
         }
     })
     .await

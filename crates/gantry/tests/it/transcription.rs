@@ -51,9 +51,9 @@ async fn transcription_app_fetching(backend: Backend, ranges: &[&str]) -> TestAp
         s.scheduler.bundled_slots = 2;
         s.models_dir = Some(models_dir());
         s.pull_on_start = true;
-        s.speech.threads = 1;
-        s.transcription.threads = Some(2);
-        s.transcription.fetch_allow_ranges = ranges;
+        s.engine_mut("speech")["threads"] = 1.into();
+        s.engine_mut("transcription")["threads"] = 2.into();
+        s.engine_mut("transcription")["fetch_allow_ranges"] = ranges.into();
     })
     .await
 }

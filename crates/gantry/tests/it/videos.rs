@@ -29,7 +29,7 @@ async fn video_app(backend: Backend) -> TestApp {
     TestApp::spawn_with(backend, |s| {
         s.scheduler.bundled_workers = vec![FACES.into(), IMAGES.into()];
         // the test serves keyframe images on loopback
-        s.video.fetch_allow_ranges = vec!["127.0.0.0/8".into()];
+        s.engine_mut("video")["fetch_allow_ranges"] = serde_json::json!(["127.0.0.0/8"]);
         s.models_dir = Some(models_dir());
         s.pull_on_start = true;
     })

@@ -30,9 +30,9 @@ async fn voices_app() -> TestApp {
         s.scheduler.bundled_slots = 2;
         s.models_dir = Some(models_dir());
         s.pull_on_start = true;
-        s.speech.threads = 1;
+        s.engine_mut("speech")["threads"] = 1.into();
         // One reference comes from a URL on loopback.
-        s.speech.fetch_allow_ranges = vec!["127.0.0.0/8".into()];
+        s.engine_mut("speech")["fetch_allow_ranges"] = serde_json::json!(["127.0.0.0/8"]);
     })
     .await
 }

@@ -19,6 +19,7 @@ pub mod blocks;
 pub mod clip;
 pub mod config;
 pub mod ddim;
+mod factory;
 pub mod input;
 pub mod pipeline;
 pub mod tiny;
@@ -35,6 +36,7 @@ use candle_core::{DType, Device};
 use gantry_worker_sdk::{JobContext, JobError, Model, Output, Usage, WorkerConfig, WorkerRuntime};
 use serde_json::{Value, json};
 
+pub use factory::{DiffusionFactory, DiffusionSettings};
 use input::{Format, Request};
 pub use pipeline::{Architecture, Params, Pipeline, PipelineError, RgbImage, Variant};
 

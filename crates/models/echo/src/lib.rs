@@ -24,8 +24,11 @@
 //! # }
 //! ```
 
+mod factory;
+
 use std::time::Duration;
 
+pub use factory::EchoFactory;
 use gantry_worker_sdk::{JobContext, JobError, Model, Output, Usage, WorkerConfig, WorkerRuntime};
 use serde_json::{Value, json};
 

@@ -27,11 +27,13 @@ use serde_json::{Value, json};
 pub mod bert;
 pub mod encoder;
 pub mod engine;
+mod factory;
 pub mod input;
 pub mod tokenizer;
 
 pub use encoder::{Encoder, LoadError};
 pub use engine::Engine;
+pub use factory::{EmbeddingFactory, EmbeddingSettings};
 pub use input::{Encoding, Inputs};
 pub use tokenizer::Tokenizer;
 

@@ -15,6 +15,7 @@
 //! Box-Muller transform), so a one-image job with seed `s + i` returns the
 //! same image. Usage is the delivered pixels, in megapixels.
 
+mod factory;
 mod gan;
 pub mod input;
 pub mod terrain;
@@ -28,6 +29,7 @@ use gantry_worker_sdk::{JobContext, JobError, Model, Output, Usage, WorkerConfig
 use image::{ImageEncoder, RgbImage};
 use serde_json::{Value, json};
 
+pub use factory::ImageFactory;
 pub use gan::{Generator, LoadError};
 pub use gantry_kernels::random::Normal;
 pub use gantry_media::image::encode_rgb;

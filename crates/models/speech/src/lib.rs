@@ -41,6 +41,7 @@
 //! for WAV and FLAC). The job bills `characters` (of the prompt).
 
 pub mod clone;
+mod factory;
 pub mod formats;
 pub mod hibari;
 pub mod input;
@@ -59,6 +60,7 @@ use gantry_onnx::{Session, Tensor};
 use gantry_worker_sdk::{JobContext, JobError, Model, Output, Usage, WorkerConfig, WorkerRuntime};
 use serde_json::{Value, json};
 
+pub use crate::factory::{SpeechFactory, SpeechSettings};
 use crate::phonemes::PhonemeIds;
 
 /// How the model uses the machine.

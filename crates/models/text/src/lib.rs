@@ -96,6 +96,7 @@
 //! is chatty at INFO while loading (filter with `llama_cpp=warn`).
 
 mod engine;
+mod factory;
 pub mod grammar;
 mod input;
 mod llama;
@@ -115,6 +116,7 @@ use gantry_worker_sdk::{CancellationToken, JobContext, JobError, Model, Output, 
 use serde_json::{Value, json};
 
 use crate::engine::{EngineConfig, EngineHandle, FinishReason, Finished, Listener, Request, Submission};
+pub use crate::factory::{TextFactory, TextSettings};
 use crate::input::{DEFAULT_MAX_TOKENS, Params, Prompt, Role};
 use crate::llama::{Batch, ChatTemplate, Context, ContextSettings, Sampler, Stage, Token, Weights};
 pub use crate::logprobs::{Alternative, TokenLogprob};

@@ -2,7 +2,9 @@
 //! or inline), text and timed segments out, streamed segment by segment.
 pub use gantry_media::audio;
 pub mod engine;
+mod factory;
 pub mod input;
 mod worker;
 
+pub use factory::{TranscriptionFactory, TranscriptionSettings};
 pub use worker::{LoadError, MAX_AUDIO_BYTES, Options, TranscriptionModel, runtime};

@@ -17,6 +17,7 @@
 //! delivered duration rounded up to the block of the model's price.
 
 pub mod encode;
+mod factory;
 pub mod input;
 pub mod rife;
 
@@ -25,6 +26,7 @@ use std::sync::Arc;
 use std::sync::mpsc;
 use std::time::Duration;
 
+pub use factory::{VideoFactory, VideoSettings};
 use gantry_kernels::random::Normal;
 use gantry_model_image::Generator;
 use gantry_worker_sdk::{CancellationToken, JobContext, JobError, Model, Output, Usage, WorkerConfig, WorkerRuntime};
