@@ -16,6 +16,7 @@ use actix_web::{HttpRequest, HttpResponse, ResponseError, web};
 use gantry_auth::Scope;
 use gantry_catalog::{ModelKind, ModelSpec};
 use gantry_jobs::{Follow, Frame, JobStatus, JobView, Mode, NewJob};
+use gantry_text_output::{TextChunk, TextOutput, TokenLogprob, TokenUsage};
 use serde_json::{Map, Value, json};
 
 use crate::body::read_json;
@@ -566,11 +567,9 @@ pub(super) fn unix_now() -> u64 {
         .unwrap_or(0)
 }
 
-/// The OpenAI usage object from the job's output `usage`.
-fn usage_of(output: &Value) -> Value {
-    let input = output["usage"]["input"].as_u64().unwrap_or(0);
-    let generated = output["usage"]["output"].as_u64().unwrap_or(0);
-    json!({"prompt_tokens": input, "completion_tokens": generated, "total_tokens": input + generated})
+/// The OpenAI usage object from a text job's usage.
+fn usage_of(usage: TokenUsage) -> Value {
+    json!({"prompt_tokens": usage.input, "completion_tokens": usage.output, "total_tokens": usage.total()})
 }
 
 /// The error of a job that did not complete, as an HTTP status and message.
@@ -686,31 +685,34 @@ async fn complete(
         Ok(output) => output,
         Err(response) => return response,
     };
-    let choices: Vec<Value> = output["choices"]
-        .as_array()
-        .map(Vec::as_slice)
-        .unwrap_or_default()
+    let text: TextOutput = match serde_json::from_value(output.clone()) {
+        Ok(text) => text,
+        Err(error) => {
+            return error_response(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                &format!("the model's output is not a text model's output: {error}"),
+                None,
+            );
+        }
+    };
+    let choices: Vec<Value> = text
+        .choices
         .iter()
         .enumerate()
-        .map(|(i, choice)| {
-            let text = choice["text"].as_str().unwrap_or_default();
-            let finish = choice["finish_reason"].as_str().unwrap_or("stop");
-            match kind {
-                Kind::Chat => {
-                    let calls = choice.get("tool_calls").filter(|c| c.is_array());
-                    let mut message = json!({"role": "assistant", "content": text, "refusal": null});
-                    if let Some(calls) = calls {
-                        message["tool_calls"] = calls.clone();
-                        if text.is_empty() {
-                            message["content"] = Value::Null;
-                        }
+        .map(|(i, choice)| match kind {
+            Kind::Chat => {
+                let mut message = json!({"role": "assistant", "content": choice.text, "refusal": null});
+                if !choice.tool_calls.is_empty() {
+                    message["tool_calls"] = json!(choice.tool_calls);
+                    if choice.text.is_empty() {
+                        message["content"] = Value::Null;
                     }
-                    json!({"index": i, "message": message, "finish_reason": finish,
-                        "logprobs": chat_logprobs(&choice["logprobs"])})
                 }
-                Kind::Completion => json!({"index": i, "text": text, "finish_reason": finish,
-                    "logprobs": completion_logprobs(&choice["logprobs"], 0)}),
+                json!({"index": i, "message": message, "finish_reason": choice.finish_reason,
+                    "logprobs": chat_logprobs(choice.logprobs.as_deref())})
             }
+            Kind::Completion => json!({"index": i, "text": choice.text, "finish_reason": choice.finish_reason,
+                "logprobs": completion_logprobs(choice.logprobs.as_deref(), 0)}),
         })
         .collect();
     HttpResponse::Ok().json(json!({
@@ -719,26 +721,26 @@ async fn complete(
         "created": created,
         "model": model_id,
         "choices": choices,
-        "usage": usage_of(&output),
+        "usage": usage_of(text.usage),
         "system_fingerprint": null,
         "cost": output["cost"],
     }))
 }
 
-/// Chat's `logprobs` from the model's list of entries: `{content, refusal}`,
-/// or null when none were asked for.
-fn chat_logprobs(entries: &Value) -> Value {
+/// Chat's `logprobs` from the model's entries: `{content, refusal}`, or
+/// null when none were asked for.
+fn chat_logprobs(entries: Option<&[TokenLogprob]>) -> Value {
     match entries {
-        Value::Array(list) => json!({"content": list, "refusal": null}),
-        _ => Value::Null,
+        Some(list) => json!({"content": list, "refusal": null}),
+        None => Value::Null,
     }
 }
 
 /// The legacy operation's `logprobs`: parallel lists of tokens, their
 /// log-probabilities, the alternatives as `{token: logprob}` and each
 /// token's offset in the text (from `offset` on).
-fn completion_logprobs(entries: &Value, offset: usize) -> Value {
-    let Value::Array(list) = entries else {
+fn completion_logprobs(entries: Option<&[TokenLogprob]>, offset: usize) -> Value {
+    let Some(list) = entries else {
         return Value::Null;
     };
     let mut tokens = Vec::with_capacity(list.len());
@@ -747,19 +749,16 @@ fn completion_logprobs(entries: &Value, offset: usize) -> Value {
     let mut offsets = Vec::with_capacity(list.len());
     let mut at = offset;
     for entry in list {
-        let token = entry["token"].as_str().unwrap_or_default();
-        tokens.push(json!(token));
-        logprobs.push(entry["logprob"].clone());
-        let alternatives: Map<String, Value> = entry["top_logprobs"]
-            .as_array()
-            .map(Vec::as_slice)
-            .unwrap_or_default()
+        tokens.push(json!(entry.token));
+        logprobs.push(json!(entry.logprob));
+        let alternatives: Map<String, Value> = entry
+            .top_logprobs
             .iter()
-            .map(|a| (a["token"].as_str().unwrap_or_default().to_owned(), a["logprob"].clone()))
+            .map(|a| (a.token.clone(), json!(a.logprob)))
             .collect();
         top.push(Value::Object(alternatives));
         offsets.push(json!(at));
-        at += token.len();
+        at += entry.token.len();
     }
     json!({"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": top, "text_offset": offsets})
 }
@@ -824,32 +823,34 @@ fn stream_renderer(
         match frame {
             Frame::Chunk { output, .. } => {
                 // A text model's chunk holds what one choice made since its
-                // last one: it becomes one delta.
-                let index = output["index"].as_u64().unwrap_or(0) as usize;
+                // last one: it becomes one delta. A chunk of another shape
+                // carries nothing.
+                let output: TextChunk = serde_json::from_value(output).unwrap_or_default();
+                let index = output.index;
                 if started.len() <= index {
                     started.resize(index + 1, false);
                     offsets.resize(index + 1, 0);
                 }
-                let pieces = output["tokens"].as_array().map(Vec::as_slice).unwrap_or_default();
-                let joined: String = pieces.iter().filter_map(Value::as_str).collect();
+                let joined: String = output.tokens.concat();
+                let logprobs = (!output.logprobs.is_empty()).then_some(output.logprobs.as_slice());
                 let choice = match kind {
                     Kind::Chat => {
                         let mut delta = json!({});
                         if !started[index] {
                             delta["role"] = json!("assistant");
                         }
-                        let calls = output.get("tool_calls").filter(|c| c.is_array());
-                        if !joined.is_empty() || calls.is_none() {
+                        let calls = !output.tool_calls.is_empty();
+                        if !joined.is_empty() || !calls {
                             delta["content"] = json!(joined);
                         }
-                        if let Some(calls) = calls {
-                            delta["tool_calls"] = calls.clone();
+                        if calls {
+                            delta["tool_calls"] = json!(output.tool_calls);
                         }
                         json!({"index": index, "delta": delta, "finish_reason": null,
-                            "logprobs": chat_logprobs(&output["logprobs"])})
+                            "logprobs": chat_logprobs(logprobs)})
                     }
                     Kind::Completion => {
-                        let logprobs = completion_logprobs(&output["logprobs"], offsets[index]);
+                        let logprobs = completion_logprobs(logprobs, offsets[index]);
                         json!({"index": index, "text": joined, "finish_reason": null, "logprobs": logprobs})
                     }
                 };
@@ -863,9 +864,11 @@ fn stream_renderer(
                 let mut text = String::new();
                 if view.status == JobStatus::Completed {
                     let output = view.output.clone().unwrap_or(Value::Null);
-                    let choices = output["choices"].as_array().cloned().unwrap_or_default();
+                    let cost = output["cost"].clone();
+                    let typed: Option<TextOutput> = serde_json::from_value(output).ok();
+                    let (choices, usage) = typed.map(|t| (t.choices, t.usage)).unwrap_or_default();
                     for (index, choice) in choices.iter().enumerate() {
-                        let finish = choice["finish_reason"].as_str().unwrap_or("stop");
+                        let finish = choice.finish_reason.as_str();
                         let last = match kind {
                             Kind::Chat => {
                                 let mut delta = json!({});
@@ -884,8 +887,8 @@ fn stream_renderer(
                     if include_usage {
                         let mut last = chunk(Value::Null);
                         last["choices"] = json!([]);
-                        last["usage"] = usage_of(&output);
-                        last["cost"] = output["cost"].clone();
+                        last["usage"] = usage_of(usage);
+                        last["cost"] = cost;
                         text.push_str(&data(&last));
                     }
                 } else {

@@ -122,6 +122,8 @@ use crate::llama::{Batch, ChatTemplate, Context, ContextSettings, Sampler, Stage
 pub use crate::logprobs::{Alternative, TokenLogprob};
 pub use crate::tools::CallDelta as ToolCallDelta;
 use crate::tools::{CallDelta, CallParser, Tools};
+/// The typed output and stream chunks of a text job ([`gantry_text_output`]).
+pub use gantry_text_output as output;
 
 /// The default [`EngineOptions::stream_interval`].
 pub const DEFAULT_STREAM_INTERVAL: Duration = Duration::from_millis(50);
@@ -331,15 +333,15 @@ impl TextModel {
         let (choices, prompt_tokens) = self.complete(input, cancel, on_chunk).await?;
         let input_tokens = prompt_tokens as u64;
         let output_tokens: u64 = choices.iter().map(|c| c.finished.tokens.len() as u64).sum();
-        let choices: Vec<Value> = choices.iter().enumerate().map(|(i, c)| c.to_json(i)).collect();
-        let output = json!({
-            "choices": choices,
-            "usage": {"input": input_tokens, "output": output_tokens},
-        });
-        Ok(Output::new(
-            output,
-            Usage::whole("tokens", input_tokens + output_tokens),
-        ))
+        let output = output::TextOutput {
+            choices: choices.iter().enumerate().map(|(i, c)| c.to_output(i)).collect(),
+            usage: output::TokenUsage {
+                input: input_tokens,
+                output: output_tokens,
+            },
+        };
+        let json = serde_json::to_value(&output).map_err(|e| JobError::internal(format!("output: {e}")))?;
+        Ok(Output::new(json, Usage::whole("tokens", output.usage.total())))
     }
 
     /// [`Self::generate`] without the JSON output: every choice's result and
@@ -456,20 +458,20 @@ impl Chunk {
         self.pieces.is_empty() && self.tool_calls.is_empty() && self.logprobs.is_empty()
     }
 
-    /// The job's stream chunk: `{"tokens": [...]}`, with `index`,
+    /// The job's stream chunk ([`output::TextChunk`]).
+    pub fn to_output(&self) -> output::TextChunk {
+        output::TextChunk {
+            index: self.index,
+            tokens: self.pieces.clone(),
+            tool_calls: self.tool_calls.iter().map(CallDelta::to_output).collect(),
+            logprobs: self.logprobs.iter().map(TokenLogprob::to_output).collect(),
+        }
+    }
+
+    /// [`Chunk::to_output`] as JSON: `{"tokens": [...]}`, with `index`,
     /// `tool_calls` and `logprobs` when there are any.
     pub fn to_json(&self) -> Value {
-        let mut chunk = json!({ "tokens": self.pieces });
-        if self.index > 0 {
-            chunk["index"] = json!(self.index);
-        }
-        if !self.tool_calls.is_empty() {
-            chunk["tool_calls"] = self.tool_calls.iter().map(CallDelta::to_json).collect();
-        }
-        if !self.logprobs.is_empty() {
-            chunk["logprobs"] = self.logprobs.iter().map(TokenLogprob::to_json).collect();
-        }
-        chunk
+        serde_json::to_value(self.to_output()).unwrap_or_else(|_| json!({ "tokens": self.pieces }))
     }
 }
 
@@ -492,25 +494,22 @@ struct ChoiceResult {
 }
 
 impl ChoiceResult {
-    fn to_json(&self, index: usize) -> Value {
-        let text = self.pieces.concat();
+    fn to_output(&self, index: usize) -> output::Choice {
         let finish_reason = match self.finished.finish_reason {
             FinishReason::Stop if !self.calls.is_empty() => "tool_calls",
             reason => reason.as_str(),
         };
-        let mut choice = json!({
-            "index": index,
-            "tokens": self.pieces,
-            "text": text,
-            "finish_reason": finish_reason,
-        });
-        if !self.calls.is_empty() {
-            choice["tool_calls"] = self.calls.iter().map(tools::Call::to_json).collect();
+        output::Choice {
+            index,
+            tokens: self.pieces.clone(),
+            text: self.pieces.concat(),
+            finish_reason: finish_reason.to_owned(),
+            tool_calls: self.calls.iter().map(tools::Call::to_output).collect(),
+            logprobs: self
+                .logprobs
+                .as_ref()
+                .map(|logprobs| logprobs.iter().map(TokenLogprob::to_output).collect()),
         }
-        if let Some(logprobs) = &self.logprobs {
-            choice["logprobs"] = logprobs.iter().map(TokenLogprob::to_json).collect();
-        }
-        choice
     }
 }
 

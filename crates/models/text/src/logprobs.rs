@@ -4,8 +4,6 @@
 //! the raw logits, before the sampler's biases, penalties, grammar,
 //! truncation and temperature change it.
 
-use serde_json::{Value, json};
-
 use crate::llama::{Token, Weights};
 
 /// One alternative token.
@@ -68,11 +66,19 @@ impl TokenLogprob {
     }
 
     /// OpenAI's chat shape: `{token, logprob, bytes, top_logprobs: [...]}`.
-    pub fn to_json(&self) -> Value {
-        let one = |a: &Alternative| json!({"token": a.token, "logprob": finite(a.logprob), "bytes": a.bytes});
-        let mut value = one(&self.chosen);
-        value["top_logprobs"] = Value::Array(self.top.iter().map(one).collect());
-        value
+    pub fn to_output(&self) -> gantry_text_output::TokenLogprob {
+        let one = |a: &Alternative| gantry_text_output::Alternative {
+            token: a.token.clone(),
+            logprob: finite(a.logprob),
+            bytes: a.bytes.clone(),
+        };
+        let chosen = one(&self.chosen);
+        gantry_text_output::TokenLogprob {
+            token: chosen.token,
+            logprob: chosen.logprob,
+            bytes: chosen.bytes,
+            top_logprobs: self.top.iter().map(one).collect(),
+        }
     }
 }
 

@@ -750,7 +750,11 @@ async fn forced_tool_calls_are_well_formed_and_stream_as_deltas() {
         // the deltas assemble into the same call, as the SDK assembles them
         let deltas: Vec<Value> = chunks
             .iter()
-            .flat_map(|c| c.tool_calls.iter().map(ToolCallDelta::to_json))
+            .flat_map(|c| {
+                c.tool_calls
+                    .iter()
+                    .map(|d| serde_json::to_value(d.to_output()).unwrap())
+            })
             .collect();
         assert_eq!(deltas[0]["id"], call["id"]);
         assert_eq!(deltas[0]["function"]["name"], call["function"]["name"]);

@@ -167,8 +167,8 @@ pub struct Call {
 
 impl Call {
     /// OpenAI's shape: `{id, type: "function", function: {name, arguments}}`.
-    pub fn to_json(&self) -> Value {
-        json!({"id": self.id, "type": "function", "function": {"name": self.name, "arguments": self.arguments}})
+    pub fn to_output(&self) -> gantry_text_output::ToolCall {
+        gantry_text_output::ToolCall::function(&self.id, &self.name, &self.arguments)
     }
 }
 
@@ -182,11 +182,16 @@ pub struct CallDelta {
 }
 
 impl CallDelta {
-    pub fn to_json(&self) -> Value {
-        match &self.start {
-            Some((id, name)) => json!({"index": self.index, "id": id, "type": "function",
-                "function": {"name": name, "arguments": self.arguments}}),
-            None => json!({"index": self.index, "function": {"arguments": self.arguments}}),
+    pub fn to_output(&self) -> gantry_text_output::ToolCallDelta {
+        let (id, name) = self.start.clone().unzip();
+        gantry_text_output::ToolCallDelta {
+            index: self.index,
+            id,
+            kind: self.start.as_ref().map(|_| "function".to_owned()),
+            function: gantry_text_output::FunctionDelta {
+                name,
+                arguments: self.arguments.clone(),
+            },
         }
     }
 }
