@@ -25,6 +25,38 @@ gantry_testkit::on_both_backends!(
     an_sdxl_model_answers_with_its_extra_conditioning,
 );
 
+/// A bundled model whose files are all there but that does not load (here
+/// an engine table naming no known variant) is left out of `serve`, as one
+/// whose weights are missing: the platform starts and serves the others.
+#[tokio::test]
+async fn a_bundled_model_that_does_not_load_is_left_out_and_the_rest_are_served() {
+    let dir = tempfile::tempdir().unwrap();
+    let manifest = operator_manifest(dir.path(), Variant::V1_5, MODEL);
+    let text = std::fs::read_to_string(&manifest).unwrap();
+    std::fs::write(&manifest, text.replace("variant = \"sd-1.5\"", "variant = \"sd-0.9\"")).unwrap();
+    let models = dir.path().join("models");
+    let app = TestApp::spawn_with(Backend::Sqlite, |s| {
+        s.manifest = Some(manifest);
+        s.scheduler.bundled_workers = vec![MODEL.into(), "gantry-echo".into()];
+        s.models_dir = Some(models);
+        s.pull_on_start = true;
+    })
+    .await;
+    let (_, key) = app.user_with_key("endpoints:run").await;
+    let done = app
+        .public_ok_with(
+            Method::POST,
+            "/v2/gantry-echo/runsync",
+            &key,
+            json!({"input": {"hello": "world"}}),
+        )
+        .await;
+    assert_eq!(done["status"], "COMPLETED", "{done}");
+    assert_eq!(done["output"]["hello"], "world");
+    // The model's files were fetched and verified: only its loading failed.
+    assert!(dir.path().join("models").join(MODEL).join("unet").is_dir());
+}
+
 /// Writes tiny weights of `variant` under `dir/weights` and a manifest
 /// naming every file (relative `path:` sources) as model `id` in
 /// `dir/models.toml`.
