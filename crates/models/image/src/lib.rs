@@ -16,7 +16,6 @@
 //! same image. Usage is the delivered pixels, in megapixels.
 
 mod factory;
-mod gan;
 pub mod input;
 pub mod terrain;
 
@@ -30,7 +29,7 @@ use image::{ImageEncoder, RgbImage};
 use serde_json::{Value, json};
 
 pub use factory::ImageFactory;
-pub use gan::{Generator, LoadError};
+pub use gantry_gan::{Generator, LoadError};
 pub use gantry_kernels::random::Normal;
 pub use gantry_media::image::encode_rgb;
 use input::{Abilities, Format, Request};
@@ -341,12 +340,6 @@ fn render(generator: &Generator, spec: &GanSpec, request: &Request, seed: u64) -
 fn encode(img: &RgbImage, format: Format) -> Result<Vec<u8>, String> {
     let (w, h) = img.dimensions();
     encode_rgb(img.as_raw(), w, h, format)
-}
-
-impl LoadError {
-    pub(crate) fn new(message: String) -> Self {
-        gan::load_err(message)
-    }
 }
 
 #[cfg(test)]

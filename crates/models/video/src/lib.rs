@@ -27,8 +27,8 @@ use std::sync::mpsc;
 use std::time::Duration;
 
 pub use factory::{VideoFactory, VideoSettings};
+use gantry_gan::Generator;
 use gantry_kernels::random::Normal;
-use gantry_model_image::Generator;
 use gantry_worker_sdk::{CancellationToken, JobContext, JobError, Model, Output, Usage, WorkerConfig, WorkerRuntime};
 use image::RgbImage;
 use image::imageops::FilterType;

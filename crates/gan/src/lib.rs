@@ -61,8 +61,15 @@ const BN_EPS: f32 = 1e-5;
 #[error("{0}")]
 pub struct LoadError(String);
 
-pub(crate) fn load_err(message: impl Into<String>) -> LoadError {
-    LoadError(message.into())
+impl LoadError {
+    /// A load error saying `message`.
+    pub fn new(message: impl Into<String>) -> Self {
+        Self(message.into())
+    }
+}
+
+fn load_err(message: impl Into<String>) -> LoadError {
+    LoadError::new(message)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
