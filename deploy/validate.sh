@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Validates Gantry's deployment artifacts without a cluster or a Docker engine:
 #
+#   0. deploy/workers.py --check: the model workers of the Kubernetes and
+#      Compose files are what deploy/workers.toml gives;
 #   1. docker-compose.yml: `docker compose config` (or `docker-compose config`),
 #      then mounts, scaling and workers (deploy/check_deploy.py compose);
 #   2. deploy/compose: Prometheus config (promtool), the OpenTelemetry
@@ -130,6 +132,14 @@ if [ -z "$PROMTOOL" ]; then
   fi
 fi
 [ -n "$PROMTOOL" ] && echo "promtool: $("$PROMTOOL" --version 2>&1 | head -n1)"
+
+# ---- generated workers -------------------------------------------------------------------------
+step "model workers (deploy/workers.toml)"
+if python3 deploy/workers.py --check; then
+  echo "deploy/kubernetes/base/workers.yaml and docker-compose.yml's workers: as deploy/workers.toml gives them"
+else
+  fail "the generated workers are stale: run python3 deploy/workers.py"
+fi
 
 # ---- compose ---------------------------------------------------------------------------------
 step "docker-compose.yml"
