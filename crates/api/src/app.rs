@@ -7,7 +7,6 @@ use actix_web::middleware::ErrorHandlers;
 use actix_web::{App, HttpServer, web};
 use gantry_catalog::ModelCatalog;
 use gantry_dispatch::Dispatcher;
-use gantry_jobs::JobStore;
 use gantry_ratelimit::Policy;
 
 use crate::connection::ProblemIo;
@@ -198,7 +197,7 @@ fn serve(
 /// listeners of their own (`gantry scheduler`): `metrics_addr`.
 pub fn metrics_server(
     addr: &str,
-    jobs: JobStore,
+    census: gantry_jobs::Census,
     models: Arc<ModelCatalog>,
     dispatcher: Option<Dispatcher>,
 ) -> Result<(actix_web::dev::Server, SocketAddr), ListenError> {
@@ -209,14 +208,14 @@ pub fn metrics_server(
     let listener = TcpListener::bind(addr).map_err(bind_err)?;
     let local = listener.local_addr()?;
     let server = HttpServer::new(move || {
-        let (jobs, models, dispatcher) = (jobs.clone(), models.clone(), dispatcher.clone());
+        let (census, models, dispatcher) = (census.clone(), models.clone(), dispatcher.clone());
         App::new().route(
             "/metrics",
             web::get().to(move || {
-                let (jobs, models, dispatcher) = (jobs.clone(), models.clone(), dispatcher.clone());
+                let (census, models, dispatcher) = (census.clone(), models.clone(), dispatcher.clone());
                 async move {
                     let ids: Vec<String> = models.iter().map(|m| m.id.clone()).collect();
-                    match gantry_jobs::metrics::render(&jobs, &ids, dispatcher.as_ref()).await {
+                    match gantry_jobs::metrics::render(&census, &ids, dispatcher.as_ref()).await {
                         Ok(text) => actix_web::HttpResponse::Ok()
                             .content_type(gantry_telemetry::CONTENT_TYPE)
                             .body(text),

@@ -28,6 +28,9 @@ pub struct Services {
     pub cpus: Arc<Vec<gantry_catalog::CpuType>>,
     pub limiter: RateLimiter,
     pub jobs: JobStore,
+    /// Reads of the platform's state beside the jobs: metrics counts,
+    /// worker presence and GPUs, ledger totals, stored files.
+    pub census: gantry_jobs::Census,
     pub models: Arc<ModelCatalog>,
     /// The model manifest in effect (descriptions and input schemas).
     pub manifest: &'static gantry_manifest::Manifest,
@@ -116,7 +119,7 @@ impl AppState {
                 .models
                 .get(model)
                 .map_or((0, 0), |m| (m.idle_workers as u64, m.running_workers as u64))),
-            None => self.jobs.workers(model).await,
+            None => self.census.workers(model).await,
         }
     }
 }

@@ -60,6 +60,7 @@ pub async fn start_api(
         cpus: Arc::new(or_default(&settings.catalog.cpus, gantry_catalog::default_cpus)),
         limiter,
         files: jobs.config().files.clone(),
+        census: gantry_jobs::Census::new(db.clone(), jobs.config()),
         jobs,
         models: Arc::new(settings.models.clone()),
         manifest: settings.manifest(),

@@ -437,7 +437,7 @@ async fn scheduler(settings: Settings) -> CliResult {
         Some(addr) => {
             let (server, local) = gantry_api::metrics_server(
                 addr,
-                store,
+                gantry_jobs::Census::new(database.conn.clone(), store.config()),
                 std::sync::Arc::new(settings.models.clone()),
                 Some(role.dispatcher.clone()),
             )?;

@@ -14,6 +14,7 @@
 // submit transitions and settlement plans to the writer they get with
 // `store::SchedulerParts`, and read the tables directly. API processes need
 // only the re-exports below.
+mod census;
 pub mod config;
 mod credit;
 pub mod db;
@@ -31,6 +32,7 @@ pub mod types;
 mod waiters;
 pub mod wakeups;
 
+pub use census::Census;
 pub use config::SchedulerConfig;
 pub use follow::{Follow, Frame};
 pub use gantry_net::{AddressPolicy, IpRange};

@@ -5,23 +5,23 @@ use std::collections::BTreeMap;
 use gantry_dispatch::Dispatcher;
 use gantry_telemetry::{Exposition, metrics};
 
+use crate::census::Census;
 use crate::db::now_ms;
-use crate::store::JobStore;
 use crate::types::{JobError, JobStatus};
 
 /// The whole exposition. `models`: every model served (a model with nothing
 /// queued still reports a queue depth of 0, which autoscalers need);
 /// `dispatcher`: this process's worker registry, if it runs a scheduler
 /// (otherwise worker counts come from the schedulers' presence rows).
-pub async fn render(store: &JobStore, models: &[String], dispatcher: Option<&Dispatcher>) -> Result<String, JobError> {
+pub async fn render(census: &Census, models: &[String], dispatcher: Option<&Dispatcher>) -> Result<String, JobError> {
     let mut out = Exposition::new();
     metrics().write(&mut out);
 
-    let census = store.census().await?;
+    let kept = census.kept_jobs().await?;
     let now = now_ms();
     let mut depth: BTreeMap<&str, i64> = models.iter().map(|m| (m.as_str(), 0)).collect();
     let mut oldest: BTreeMap<&str, i64> = BTreeMap::new();
-    for (model, status, count, queued) in &census {
+    for (model, status, count, queued) in &kept {
         if status == JobStatus::InQueue.as_str() {
             *depth.entry(model.as_str()).or_insert(0) += count;
             let age = oldest.entry(model.as_str()).or_insert(*queued);
@@ -48,7 +48,7 @@ pub async fn render(store: &JobStore, models: &[String], dispatcher: Option<&Dis
         "gauge",
         "Jobs kept (queued, running, or finished within their retention), by model and status.",
     );
-    for (model, status, count, _) in &census {
+    for (model, status, count, _) in &kept {
         out.sample("gantry_jobs", &[("model", model), ("status", status)], *count as f64);
     }
 
@@ -88,7 +88,7 @@ pub async fn render(store: &JobStore, models: &[String], dispatcher: Option<&Dis
             }
         }
         None => {
-            for (model, idle, running) in store.worker_census().await? {
+            for (model, idle, running) in census.worker_census().await? {
                 out.sample("gantry_workers", &[("model", &model), ("state", "idle")], idle as f64);
                 out.sample(
                     "gantry_workers",
@@ -99,7 +99,7 @@ pub async fn render(store: &JobStore, models: &[String], dispatcher: Option<&Dis
         }
     }
 
-    let totals = store.charged_totals().await?;
+    let totals = census.charged_totals().await?;
     out.family(
         "gantry_units_produced_total",
         "counter",
@@ -124,7 +124,7 @@ pub async fn render(store: &JobStore, models: &[String], dispatcher: Option<&Dis
     for (model, micro) in charged {
         out.sample("gantry_charged_usd_total", &[("model", model)], micro as f64 / 1e6);
     }
-    let (files, bytes) = store.stored_files().await?;
+    let (files, bytes) = census.stored_files().await?;
     out.family(
         "gantry_files_stored",
         "gauge",

@@ -280,7 +280,7 @@ fn jobs_table(rows: &[job::Model], empty: &str) -> String {
 
 pub async fn overview(Signed(session): Signed, state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let user = &session.user.id;
-    let (balance, held) = state.jobs.credit(user).await?;
+    let (balance, held) = state.census.credit(user).await?;
     let now = now_ms();
     let today = now - now.rem_euclid(DAY_MS);
     let from = today - 29 * DAY_MS;
@@ -1294,7 +1294,7 @@ pub async fn admin(Signed(session): Signed, state: web::Data<AppState>) -> Resul
     let mut body = String::with_capacity(8192);
     body.push_str("<h2>Workers and queues</h2><div class=\"scroll\" tabindex=\"0\" role=\"region\" aria-label=\"Scrollable table\"><table><thead><tr><th scope=\"col\">Model</th>\
          <th scope=\"col\">Idle workers</th><th scope=\"col\">Running workers</th><th scope=\"col\">Queued jobs</th></tr></thead><tbody>");
-    let census = state.jobs.census().await?;
+    let census = state.census.kept_jobs().await?;
     let queued_of = |model: &str| -> i64 {
         census
             .iter()
@@ -1314,7 +1314,7 @@ pub async fn admin(Signed(session): Signed, state: web::Data<AppState>) -> Resul
     body.push_str("</tbody></table></div><h2>Users</h2><div class=\"scroll\" tabindex=\"0\" role=\"region\" aria-label=\"Scrollable table\"><table><thead><tr><th scope=\"col\">Email</th>\
          <th scope=\"col\">Role</th><th scope=\"col\">Console</th><th scope=\"col\">Balance</th><th scope=\"col\">Limits (minute/hour/day)</th></tr></thead><tbody>");
     for user in &users {
-        let (balance, _) = state.jobs.credit(&user.id).await?;
+        let (balance, _) = state.census.credit(&user.id).await?;
         let show = |v: Option<u64>| v.map_or_else(|| "default".to_owned(), |n| n.to_string());
         let _ = write!(
             body,

@@ -38,7 +38,7 @@ job's cost is debited in the transaction that completes it. Requires `billing:re
     responses((status = 200, description = "OK", body = Balance)))]
 pub async fn balance(state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
     let principal = caller.require(Scope::BillingRead)?;
-    let (balance, held) = state.jobs.credit(&principal.user_id).await?;
+    let (balance, held) = state.census.credit(&principal.user_id).await?;
     Ok(HttpResponse::Ok().json(Balance {
         balance_usd: usd_string(balance),
         held_usd: usd_string(held),

@@ -332,7 +332,7 @@ pub async fn list_gpus(req: HttpRequest, state: web::Data<AppState>, caller: Cal
     caller.require(Scope::CatalogRead)?;
     let query = hardware_query(&req, true)?;
     let workers = match &query {
-        Some(_) => state.jobs.worker_gpus().await?,
+        Some(_) => state.census.worker_gpus().await?,
         None => Vec::new(),
     };
     let gpus: Vec<serde_json::Value> = state
@@ -371,7 +371,7 @@ pub async fn get_gpu(
         .find(|g| g.id == *id)
         .ok_or_else(|| ApiError::NotFound(format!("no GPU type {:?}", id.as_str())))?;
     let workers = match &query {
-        Some(_) => state.jobs.worker_gpus().await?,
+        Some(_) => state.census.worker_gpus().await?,
         None => Vec::new(),
     };
     Ok(HttpResponse::Ok().json(gpu_view(gpu, query.as_ref(), &workers)))
@@ -391,7 +391,7 @@ pub async fn list_cpus(req: HttpRequest, state: web::Data<AppState>, caller: Cal
     caller.require(Scope::CatalogRead)?;
     let query = hardware_query(&req, false)?;
     let workers = match &query {
-        Some(_) => state.jobs.worker_gpus().await?,
+        Some(_) => state.census.worker_gpus().await?,
         None => Vec::new(),
     };
     let cpus: Vec<serde_json::Value> = state
@@ -425,7 +425,7 @@ pub async fn get_cpu(
         .find(|c| c.id == *id)
         .ok_or_else(|| ApiError::NotFound(format!("no CPU flavor {:?}", id.as_str())))?;
     let workers = match &query {
-        Some(_) => state.jobs.worker_gpus().await?,
+        Some(_) => state.census.worker_gpus().await?,
         None => Vec::new(),
     };
     Ok(HttpResponse::Ok().json(cpu_view(cpu, query.as_ref(), &workers)))

@@ -675,7 +675,7 @@ pub(crate) async fn require_credit(state: &AppState, owner: &str) -> Result<(), 
     if !state.jobs.config().require_credit {
         return Ok(());
     }
-    let (balance, held) = state.jobs.credit(owner).await?;
+    let (balance, held) = state.census.credit(owner).await?;
     if balance.saturating_sub(held) <= 0 {
         return Err(ApiError::PaymentRequired(
             "no credit left: a pod is charged while it runs (ask an operator to add credit)".into(),
