@@ -182,6 +182,18 @@ def budgets(workers: list) -> str:
     return out
 
 
+def scaler(w: dict, api_version: str, kind: str, replicas: str) -> str:
+    """The head of an autoscaler of worker `w`: its reasoning as a comment, the
+    object's kind and name, its target and its bounds (`min<replicas>`, `max<replicas>`)."""
+    why = w["scale"].get("why")
+    return (
+        "---\n" + (comment(why, "") if why else "")
+        + f"apiVersion: {api_version}\nkind: {kind}\nmetadata:\n  name: gantry-worker-{w['name']}\nspec:\n"
+        f"  scaleTargetRef:\n    apiVersion: apps/v1\n    kind: Deployment\n    name: gantry-worker-{w['name']}\n"
+        f"  min{replicas}: 1\n  max{replicas}: {w['scale']['max']}\n"
+    )
+
+
 def autoscalers(workers: list) -> str:
     out = GENERATED + (
         "# One HorizontalPodAutoscaler per worker Deployment, on the queue depth that\n"
@@ -192,12 +204,9 @@ def autoscalers(workers: list) -> str:
     )
     for w in workers:
         scale = w["scale"]
-        out += "---\n" + comment(scale.get("why", ""), "") if scale.get("why") else "---\n"
+        out += scaler(w, "autoscaling/v2", "HorizontalPodAutoscaler", "Replicas")
         out += (
-            "apiVersion: autoscaling/v2\nkind: HorizontalPodAutoscaler\nmetadata:\n"
-            f"  name: gantry-worker-{w['name']}\nspec:\n  scaleTargetRef:\n    apiVersion: apps/v1\n"
-            f"    kind: Deployment\n    name: gantry-worker-{w['name']}\n  minReplicas: 1\n"
-            f"  maxReplicas: {scale['max']}\n  metrics:\n    - type: External\n      external:\n"
+            "  metrics:\n    - type: External\n      external:\n"
             "        metric:\n          name: gantry_queue_depth\n          selector:\n"
             f"            matchLabels:\n              model: {w['model']}\n        target:\n"
             f"          type: AverageValue\n          averageValue: \"{scale['queue']}\"\n  behavior:\n"
@@ -214,13 +223,9 @@ def scaled_objects(workers: list) -> str:
         "# for up to 660 s.\n"
     )
     for w in workers:
-        scale = w["scale"]
-        out += "---\n" + comment(scale.get("why", ""), "") if scale.get("why") else "---\n"
+        out += scaler(w, "keda.sh/v1alpha1", "ScaledObject", "ReplicaCount")
         out += (
-            "apiVersion: keda.sh/v1alpha1\nkind: ScaledObject\nmetadata:\n"
-            f"  name: gantry-worker-{w['name']}\nspec:\n  scaleTargetRef:\n    apiVersion: apps/v1\n"
-            f"    kind: Deployment\n    name: gantry-worker-{w['name']}\n  minReplicaCount: 1\n"
-            f"  maxReplicaCount: {scale['max']}\n  pollingInterval: 15\n  cooldownPeriod: 300\n"
+            "  pollingInterval: 15\n  cooldownPeriod: 300\n"
             "  advanced:\n    horizontalPodAutoscalerConfig:\n      behavior:\n"
         )
         out += textwrap.indent(behavior(w), "        ")
@@ -228,7 +233,7 @@ def scaled_objects(workers: list) -> str:
             "  triggers:\n    - type: prometheus\n      metadata:\n"
             "        serverAddress: http://kube-prometheus-stack-prometheus.monitoring.svc:9090\n"
             f"        query: max(gantry_queue_depth{{namespace=\"gantry\", model=\"{w['model']}\"}})\n"
-            f"        threshold: \"{scale['queue']}\"\n        activationThreshold: \"0\"\n"
+            f"        threshold: \"{w['scale']['queue']}\"\n        activationThreshold: \"0\"\n"
             "        ignoreNullValues: \"true\"\n"
         )
     return out

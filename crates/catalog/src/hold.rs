@@ -93,23 +93,19 @@ mod tests {
 
     use super::*;
 
-    fn rule(toml: &str) -> Hold {
-        #[derive(Deserialize)]
-        struct Entry {
-            hold: Hold,
-        }
-        let entry: Entry = serde_json::from_value(toml_like(toml)).expect("a rule");
-        entry.hold
+    /// A manifest entry's `hold`, from its JSON form.
+    #[derive(Debug, Deserialize)]
+    struct Entry {
+        hold: Hold,
     }
 
-    /// The JSON of a rule as the manifest's TOML would give it.
-    fn toml_like(text: &str) -> Value {
-        serde_json::from_str(text).expect("json")
+    fn rule(json: &str) -> Result<Hold, serde_json::Error> {
+        serde_json::from_str::<Entry>(json).map(|entry| entry.hold)
     }
 
     #[test]
     fn a_video_holds_every_block_it_can_start() {
-        let video = rule(r#"{"hold": {"blocks": {"field": "duration", "default": 10}}}"#);
+        let video = rule(r#"{"hold": {"blocks": {"field": "duration", "default": 10}}}"#).unwrap();
         assert_eq!(video.units(&json!({}), 5), 10.0);
         assert_eq!(video.units(&json!({"duration": 4}), 5), 5.0);
         assert_eq!(video.units(&json!({"duration": 5.5}), 5), 10.0);
@@ -123,7 +119,8 @@ mod tests {
     fn images_hold_their_pixels_and_count() {
         let image = rule(
             r#"{"hold": {"product": {"fields": {"width": 1024, "height": 1024, "num_images": 1}, "divide": 1000000}}}"#,
-        );
+        )
+        .unwrap();
         assert_eq!(image.units(&json!({}), 1), 1.048576);
         assert_eq!(
             image.units(&json!({"width": 512, "height": 512, "num_images": 4}), 1),
@@ -157,12 +154,7 @@ mod tests {
             r#"{"hold": {"items": {"field": "input", "each": 1, "extra": 2}}}"#,
             r#"{"hold": {"units": -1}}"#,
         ] {
-            #[derive(Debug, Deserialize)]
-            #[allow(dead_code)]
-            struct Entry {
-                hold: Hold,
-            }
-            assert!(serde_json::from_value::<Entry>(toml_like(bad)).is_err(), "{bad}");
+            assert!(rule(bad).is_err(), "{bad}");
         }
     }
 }

@@ -86,6 +86,8 @@ impl Reconciler {
 impl Platform {
     pub async fn start(mut settings: Settings) -> Result<Platform, StartError> {
         settings.apply_manifest().map_err(StartError::Config)?;
+        // Settings made in code skip `Settings::load`, which checks these too.
+        settings.check_engines().map_err(StartError::Config)?;
         SchedulerRole::check(&settings)?;
         let secret = worker_secret(&settings);
         let (dispatcher, events) = SchedulerRole::dispatcher(&settings, &secret)?;

@@ -769,3 +769,26 @@ async fn served_greedy_text_equals_llama_cpp_reference() {
         assert_eq!(job["output"]["usage"]["output"], 32);
     }
 }
+
+/// A family's settings table of the wrong type stops the start, naming the
+/// table, also when the settings were made in code rather than loaded.
+#[tokio::test]
+async fn a_settings_table_of_the_wrong_type_stops_the_start() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut settings = gantry::Settings {
+        management_addr: "127.0.0.1:0".into(),
+        public_addr: "127.0.0.1:0".into(),
+        data_dir: dir.path().to_path_buf(),
+        ..gantry::Settings::default()
+    };
+    settings.scheduler.addr = "127.0.0.1:0".into();
+    settings.engine_mut("text")["max_sequences"] = "many".into();
+    let Err(error) = gantry::Platform::start(settings).await else {
+        panic!("a start with text.max_sequences = \"many\" succeeded");
+    };
+    let message = error.to_string();
+    assert!(
+        message.contains("[text]") && message.contains("invalid type"),
+        "{message}"
+    );
+}
