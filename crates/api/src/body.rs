@@ -337,26 +337,6 @@ fn kind(value: &Value) -> &'static str {
     }
 }
 
-/// Parses a comma-separated query value into enum members by their wire names.
-pub fn query_list<T: serde::de::DeserializeOwned>(name: &str, value: &str, errors: &mut Vec<String>) -> Vec<T> {
-    if value.split(',').all(|v| v.trim().is_empty()) {
-        errors.push(format!("{name}: must name at least one value"));
-        return Vec::new();
-    }
-    value
-        .split(',')
-        .map(str::trim)
-        .filter(|v| !v.is_empty())
-        .filter_map(|v| match serde_json::from_value(Value::String(v.to_string())) {
-            Ok(parsed) => Some(parsed),
-            Err(_) => {
-                errors.push(format!("{name}: unknown value '{v}'"));
-                None
-            }
-        })
-        .collect()
-}
-
 #[cfg(test)]
 mod tests {
     use serde::Deserialize;

@@ -8,6 +8,7 @@ mod handlers;
 mod middleware;
 mod openapi;
 mod problem;
+mod query;
 mod routes;
 mod state;
 

@@ -69,48 +69,12 @@ pub fn public_openapi_document() -> utoipa::openapi::OpenApi {
 pub fn openapi_json() -> serde_json::Value {
     let mut doc = serde_json::to_value(openapi_document()).unwrap_or_default();
     tighten_parameters(&mut doc);
+    openai_member_schemas(&mut doc);
     doc
 }
 
-/// The schemas of query parameters that the handlers parse by hand (lists,
-/// enums, dates), so the document says what the server accepts: one value of
-/// an enum where the server also takes a comma-separated list of them.
-fn query_parameter_schema(path: &str, name: &str) -> Option<serde_json::Value> {
-    use serde_json::json;
-    let gpu = path.starts_with("/v2/catalog/gpus");
-    Some(match name {
-        "startTime" | "endTime" => json!({"type": "string", "format": "date-time"}),
-        "bucketSize" => json!({"type": "string", "enum": ["hour", "day", "week", "month", "year"], "default": "day"}),
-        "lastN" => json!({"type": "integer", "minimum": 1, "maximum": 10000}),
-        "networkVolumeId" | "serverlessId" | "podId" => json!({"type": "string", "minLength": 1}),
-        "source" => json!({"type": "string", "enum": ["container", "system", "all"], "default": "all"}),
-        "since" => json!({"type": "string", "format": "date-time"}),
-        "tail" => json!({"type": "integer", "minimum": 0, "maximum": 5000, "default": 100}),
-        "follow" => json!({"type": "boolean", "default": false}),
-        "include" if path.starts_with("/v2/catalog/datacenters") => {
-            json!({"type": "string", "enum": ["GPU_AVAILABILITY", "CPU_AVAILABILITY"]})
-        }
-        "include" => json!({"type": "string", "enum": ["AVAILABILITY"]}),
-        "product" if gpu => json!({"type": "string", "enum": ["POD", "CLUSTER", "SERVERLESS"]}),
-        "product" => json!({"type": "string", "enum": ["POD", "SERVERLESS"]}),
-        "count" => json!({"type": "integer", "minimum": 1}),
-        "cloud" => json!({"type": "string", "enum": ["SECURE", "COMMUNITY"]}),
-        "countryCodes" => json!({"type": "string", "pattern": "^[A-Z]{2}(,[A-Z]{2})*$"}),
-        "cudaVersions" => json!({"type": "string", "pattern": "^[0-9]+\\.[0-9]+(,[0-9]+\\.[0-9]+)*$"}),
-        "minCudaVersion" => json!({"type": "string", "pattern": "^[0-9]+(\\.[0-9]+)?$"}),
-        "vcpuCount" => json!({"type": "integer", "enum": [2, 4, 8, 16, 32, 64, 128, 256, 512]}),
-        "regions" => {
-            json!({"type": "string", "enum": ["NORTH_AMERICA", "SOUTH_AMERICA", "EUROPE", "ASIA", "MIDDLE_EAST", "AFRICA", "OCEANIA", "ANTARCTICA", "UNKNOWN"]})
-        }
-        "networkVolumeTypes" => json!({"type": "string", "enum": ["STANDARD", "HIGH_PERFORMANCE"]}),
-        "compliance" => {
-            json!({"type": "string", "enum": ["GDPR", "ISO_IEC_27001", "ISO_14001", "PCI_DSS", "HITRUST", "SOC_1_TYPE_2", "SOC_2_TYPE_2", "SOC_3_TYPE_2", "ITAR", "FISMA_HIGH", "HIPAA", "RENEWABLE"]})
-        }
-        _ => return None,
-    })
-}
-
-/// Replaces the schema of every query parameter [`query_parameter_schema`] knows.
+/// States the `Last-Event-ID` header's form. (Query parameters state their
+/// own: each is a typed field of its route's query struct, `crate::query`.)
 fn tighten_parameters(doc: &mut serde_json::Value) {
     let Some(paths) = doc.get_mut("paths").and_then(serde_json::Value::as_object_mut) else {
         return;
@@ -131,16 +95,6 @@ fn tighten_parameters(doc: &mut serde_json::Value) {
                     let digits = if path.ends_with("/logs") { 19 } else { 18 };
                     parameter["schema"] =
                         serde_json::json!({"type": "string", "pattern": format!("^[0-9]{{1,{digits}}}$")});
-                    continue;
-                }
-                if parameter["in"] != "query" {
-                    continue;
-                }
-                let Some(name) = parameter["name"].as_str() else {
-                    continue;
-                };
-                if let Some(schema) = query_parameter_schema(path, name) {
-                    parameter["schema"] = schema;
                 }
             }
         }
@@ -186,7 +140,7 @@ pub fn public_openapi_json_with(manifest: &gantry_manifest::Manifest) -> serde_j
     doc["components"]["schemas"]["RunRequest"]["properties"]["webhook"]["pattern"] =
         serde_json::json!(crate::handlers::jobs::WEBHOOK_PATTERN);
     tighten_parameters(&mut doc);
-    openai_request_schemas(&mut doc);
+    openai_member_schemas(&mut doc);
     embeddings::request_schema(&mut doc);
     doc
 }
@@ -210,13 +164,17 @@ fn finish(mut doc: utoipa::openapi::OpenApi, endpoints: &[Endpoint]) -> utoipa::
     doc
 }
 
-/// The request bodies of the OpenAI-compatible routes, as they are checked
-/// (`handlers/openai.rs`, which defines them).
-fn openai_request_schemas(doc: &mut serde_json::Value) {
-    for (path, schema) in openai::request_schemas() {
-        let body = &mut doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"];
-        if !body.is_null() {
-            *body = schema;
+/// The OpenAI request members whose shapes are written as JSON Schema
+/// (`handlers::text_request::written_schemas`), set into the typed bodies.
+fn openai_member_schemas(doc: &mut serde_json::Value) {
+    for (path, members) in crate::handlers::written_schemas() {
+        let properties =
+            &mut doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"]["properties"];
+        if properties.is_null() {
+            continue;
+        }
+        for (member, schema) in members {
+            properties[member] = schema;
         }
     }
 }

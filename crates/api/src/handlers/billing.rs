@@ -2,15 +2,15 @@
 use actix_web::{HttpRequest, HttpResponse, web};
 use gantry_auth::Scope;
 use gantry_billing::credit::usd_string;
-use gantry_billing::history::{BucketSize, Compute, Part, Window, format_rfc3339, parse_rfc3339};
+use gantry_billing::history::{BucketSize, Compute, Part, Window, format_rfc3339};
 use gantry_billing::usd;
-use serde::Serialize;
+use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 
-use crate::handlers::catalog::query_pairs;
 use crate::middleware::Caller;
 use crate::problem::ApiError;
+use crate::query::{self, Between, One, RequestQuery, Time, parse_query};
 use crate::state::AppState;
 
 /// A credit balance. Amounts are exact decimal strings in USD (6 decimals).
@@ -47,75 +47,92 @@ pub async fn balance(state: web::Data<AppState>, caller: Caller) -> Result<HttpR
     }))
 }
 
-/// The query of a billing history route, validated: every failure listed.
-struct HistoryQuery {
+/// A billing history route's query, valid: its window and, where the route
+/// takes one, the subject it keeps (`serverlessId`, `podId`, …).
+struct History {
     window: Window,
-    network_volume_id: Option<String>,
-    serverless_id: Option<String>,
-    pod_id: Option<String>,
-    cluster_id: Option<String>,
+    subject: Option<String>,
 }
 
-const HISTORY_PARAMS: [&str; 4] = ["startTime", "endTime", "bucketSize", "lastN"];
+/// The query type of a billing history route: the window parameters every
+/// route takes, plus the route's own subject filter where it has one.
+macro_rules! history_query {
+    ($name:ident $(, $subject:ident: $what:literal)?) => {
+        #[derive(Deserialize, IntoParams)]
+        #[serde(rename_all = "camelCase")]
+        #[into_params(parameter_in = Query)]
+        struct $name {
+            /// Start (RFC 3339), inclusive.
+            #[serde(default, deserialize_with = "query::value")]
+            #[param(inline)]
+            start_time: Option<Time>,
+            /// End (RFC 3339), exclusive.
+            #[serde(default, deserialize_with = "query::value")]
+            #[param(inline)]
+            end_time: Option<Time>,
+            /// hour, day, week, month or year (default day).
+            #[serde(default, deserialize_with = "query::value")]
+            #[param(inline)]
+            bucket_size: Option<One<Bucket>>,
+            /// The last N buckets, ending with the current one.
+            #[serde(default, deserialize_with = "query::value")]
+            #[param(inline)]
+            last_n: Option<Between<1, 10_000>>,
+            $(
+                #[doc = $what]
+                #[serde(default, deserialize_with = "query::value")]
+                #[param(min_length = 1)]
+                $subject: Option<String>,
+            )?
+        }
 
-fn history_query(req: &HttpRequest, extra: &[&str]) -> Result<HistoryQuery, ApiError> {
-    let known: Vec<&str> = HISTORY_PARAMS.iter().chain(extra).copied().collect();
-    let pairs = query_pairs(req, &known)?;
-    let mut errors = Vec::new();
-    let mut seen = std::collections::HashSet::new();
-    let (mut start, mut end, mut last_n, mut bucket, mut volume) = (None, None, None, BucketSize::Day, None);
-    let (mut serverless, mut pod, mut cluster) = (None, None, None);
-    for (key, value) in &pairs {
-        if !seen.insert(key.as_str()) {
-            errors.push(format!("{key}: given more than once"));
-            continue;
+        impl RequestQuery for $name {
+            type Valid = History;
+
+            fn validate(self, failures: &mut Vec<String>) -> Option<History> {
+                let window = Window::resolve(
+                    self.start_time.map(|t| t.0),
+                    self.end_time.map(|t| t.0),
+                    self.last_n.map(|n| n.0),
+                    self.bucket_size.map_or(BucketSize::Day, |b| b.0.size()),
+                    now_ms(),
+                )
+                .map_err(|errors| failures.extend(errors))
+                .ok()?;
+                let subject: Option<String> = None $(.or(self.$subject))?;
+                Some(History { window, subject })
+            }
         }
-        match key.as_str() {
-            "startTime" | "endTime" => match parse_rfc3339(value) {
-                Some(ms) if key == "startTime" => start = Some(ms),
-                Some(ms) => end = Some(ms),
-                None => errors.push(format!(
-                    "{key}: {value:?} is not an RFC 3339 date-time (e.g. 2026-06-01T00:00:00Z)"
-                )),
-            },
-            "bucketSize" => match BucketSize::parse(value) {
-                Some(size) => bucket = size,
-                None => errors.push(format!(
-                    "bucketSize: {value:?} is not one of hour, day, week, month, year"
-                )),
-            },
-            "lastN" => match value.parse::<u64>() {
-                Ok(n) if n >= 1 => last_n = Some(n),
-                _ => errors.push(format!("lastN: {value:?} is not an integer of at least 1")),
-            },
-            "networkVolumeId" if value.is_empty() => errors.push("networkVolumeId: must not be empty".into()),
-            "networkVolumeId" => volume = Some(value.clone()),
-            "serverlessId" if value.is_empty() => errors.push("serverlessId: must not be empty".into()),
-            "serverlessId" => serverless = Some(value.clone()),
-            "podId" if value.is_empty() => errors.push("podId: must not be empty".into()),
-            "podId" => pod = Some(value.clone()),
-            "clusterId" if value.is_empty() => errors.push("clusterId: must not be empty".into()),
-            "clusterId" => cluster = Some(value.clone()),
-            _ => {}
+    };
+}
+
+history_query!(WindowQuery);
+history_query!(ServerlessQuery, serverless_id: "One endpoint only");
+history_query!(PodQuery, pod_id: "One pod only");
+history_query!(ClusterQuery, cluster_id: "One cluster only");
+history_query!(VolumeQuery, network_volume_id: "One volume only");
+
+/// A bucket's size as the query names it.
+#[derive(Deserialize, ToSchema, Clone, Copy)]
+#[serde(rename_all = "lowercase")]
+enum Bucket {
+    Hour,
+    Day,
+    Week,
+    Month,
+    Year,
+}
+
+impl Bucket {
+    fn size(self) -> BucketSize {
+        match self {
+            Bucket::Hour => BucketSize::Hour,
+            Bucket::Day => BucketSize::Day,
+            Bucket::Week => BucketSize::Week,
+            Bucket::Month => BucketSize::Month,
+            Bucket::Year => BucketSize::Year,
         }
     }
-    if !errors.is_empty() {
-        return Err(ApiError::BadRequest {
-            detail: "invalid query parameters".into(),
-            errors,
-        });
-    }
-    let window = Window::resolve(start, end, last_n, bucket, now_ms()).map_err(|errors| ApiError::BadRequest {
-        detail: "invalid query parameters".into(),
-        errors,
-    })?;
-    Ok(HistoryQuery {
-        window,
-        network_volume_id: volume,
-        serverless_id: serverless,
-        pod_id: pod,
-        cluster_id: cluster,
-    })
 }
 
 fn now_ms() -> i64 {
@@ -225,17 +242,11 @@ fn aggregate_amounts(sums: Sums) -> serde_json::Map<String, Value> {
 `serverlessCpuAmount` (serverless workers' time), `podGpuAmount` and `podCpuAmount` (pods' running time), \
 `podDiskAmount` (stopped pods' disk), `clusterGpuAmount` and `clusterDiskAmount` (clusters' members, which the pod \
 components leave out); serverless disk and fees and cluster networking are 0 (Gantry does not charge them). See `/v2/billing/endpoints` for the query parameters.",
-    params(
-        ("startTime" = Option<String>, Query, description = "Start (RFC 3339), inclusive"),
-        ("endTime" = Option<String>, Query, description = "End (RFC 3339), exclusive"),
-        ("bucketSize" = Option<String>, Query, description = "hour, day, week, month or year (default day)"),
-        ("lastN" = Option<u64>, Query, description = "The last N buckets, ending with the current one"),
-    ),
+    params(WindowQuery),
     responses((status = 200, description = "Records per bucket and totals")))]
 pub async fn history(req: HttpRequest, state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
     let user = caller.require(Scope::BillingRead)?.user_id.clone();
-    let query = history_query(&req, &[])?;
-    let window = query.window;
+    let window = parse_query::<WindowQuery>(&req)?.window;
     let buckets = window.buckets();
     let mut sums: Vec<Sums> = vec![Sums::default(); buckets.len()];
     for (at, amount) in gantry_billing::history::job_charges(&state.db, &user, &window).await? {
@@ -298,16 +309,11 @@ the last 30 days, snapped outward to bucket boundaries) or `lastN` buckets endin
 `bucketSize` hour, day (default), week (ISO, from Monday), month or year, in UTC. Amounts are USD; each is an exact \
 sum of micro-dollar charges, so the records add up to the totals. Bad parameters are `400` with every failure \
 listed. Requires `billing:read`.",
-    params(
-        ("startTime" = Option<String>, Query, description = "Start (RFC 3339), inclusive"),
-        ("endTime" = Option<String>, Query, description = "End (RFC 3339), exclusive"),
-        ("bucketSize" = Option<String>, Query, description = "hour, day, week, month or year (default day)"),
-        ("lastN" = Option<u64>, Query, description = "The last N buckets, ending with the current one"),
-    ),
+    params(WindowQuery),
     responses((status = 200, description = "Records per bucket and totals")))]
 pub async fn endpoints(req: HttpRequest, state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
     let user = caller.require(Scope::BillingRead)?.user_id.clone();
-    let window = history_query(&req, &[])?.window;
+    let window = parse_query::<WindowQuery>(&req)?.window;
     let buckets = window.buckets();
     let mut sums = vec![0i64; buckets.len()];
     for (at, amount) in gantry_billing::history::job_charges(&state.db, &user, &window).await? {
@@ -339,13 +345,7 @@ pub async fn endpoints(req: HttpRequest, state: web::Data<AppState>, caller: Cal
 in which it was charged (each worker is charged per second while it exists, at the catalog's serverless price of its \
 GPUs or vCPUs), split into `gpuAmount` and `cpuAmount` (`diskAmount` and `feeAmount` are 0: not charged). \
 `serverlessId` keeps one endpoint (deleted ones included). See `/v2/billing/endpoints` for the other parameters.",
-    params(
-        ("startTime" = Option<String>, Query, description = "Start (RFC 3339), inclusive"),
-        ("endTime" = Option<String>, Query, description = "End (RFC 3339), exclusive"),
-        ("bucketSize" = Option<String>, Query, description = "hour, day, week, month or year (default day)"),
-        ("lastN" = Option<u64>, Query, description = "The last N buckets, ending with the current one"),
-        ("serverlessId" = Option<String>, Query, description = "One endpoint only"),
-    ),
+    params(ServerlessQuery),
     responses((status = 200, description = "Records per endpoint and bucket, and totals")))]
 pub async fn serverless(
     req: HttpRequest,
@@ -361,13 +361,7 @@ charged (a pod is charged per second while its container runs, at the catalog's 
 cloud), split into `gpuAmount` and `cpuAmount`, and `diskAmount`: a stopped pod's container disk and volume, \
 charged per second from the end of a run until the next start or its termination at \
 `billing.storage.stopped_pod_disk_micro_usd_per_gb_month`). `podId` keeps one pod (deleted ones included). See `/v2/billing/endpoints` for the other parameters.",
-    params(
-        ("startTime" = Option<String>, Query, description = "Start (RFC 3339), inclusive"),
-        ("endTime" = Option<String>, Query, description = "End (RFC 3339), exclusive"),
-        ("bucketSize" = Option<String>, Query, description = "hour, day, week, month or year (default day)"),
-        ("lastN" = Option<u64>, Query, description = "The last N buckets, ending with the current one"),
-        ("podId" = Option<String>, Query, description = "One pod only"),
-    ),
+    params(PodQuery),
     responses((status = 200, description = "Records per pod and bucket, and totals")))]
 pub async fn pods(req: HttpRequest, state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
     compute_history(&req, &state, &caller, Compute::Pods).await
@@ -385,12 +379,10 @@ async fn compute_history(
         Compute::Workers => ("serverlessId", "uniqueServerlessCount"),
         Compute::Pods => ("podId", "uniquePodCount"),
     };
-    let query = history_query(req, &[param])?;
-    let subject = match compute {
-        Compute::Workers => query.serverless_id,
-        Compute::Pods => query.pod_id,
+    let History { window, subject } = match compute {
+        Compute::Workers => parse_query::<ServerlessQuery>(req)?,
+        Compute::Pods => parse_query::<PodQuery>(req)?,
     };
-    let window = query.window;
     let buckets = window.buckets();
     // (bucket, subject) -> (gpu, cpu, disk)
     let mut sums: std::collections::BTreeMap<(usize, String), (i64, i64, i64)> = std::collections::BTreeMap::new();
@@ -455,18 +447,14 @@ charged. A cluster's members are billed as pods (per second while their containe
 stopped member's disk per second), and their charges are the cluster's: `gpuAmount` and `diskAmount`; \
 `networkingAmount` is 0 (Gantry does not charge it). `clusterId` keeps one cluster (deleted ones included). See \
 `/v2/billing/endpoints` for the other parameters.",
-    params(
-        ("startTime" = Option<String>, Query, description = "Start (RFC 3339), inclusive"),
-        ("endTime" = Option<String>, Query, description = "End (RFC 3339), exclusive"),
-        ("bucketSize" = Option<String>, Query, description = "hour, day, week, month or year (default day)"),
-        ("lastN" = Option<u64>, Query, description = "The last N buckets, ending with the current one"),
-        ("clusterId" = Option<String>, Query, description = "One cluster only"),
-    ),
+    params(ClusterQuery),
     responses((status = 200, description = "Records per cluster and bucket, and totals")))]
 pub async fn clusters(req: HttpRequest, state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
     let user = caller.require(Scope::BillingRead)?.user_id.clone();
-    let query = history_query(&req, &["clusterId"])?;
-    let window = query.window;
+    let History {
+        window,
+        subject: cluster_id,
+    } = parse_query::<ClusterQuery>(&req)?;
     let buckets = window.buckets();
     let members = state.containers.cluster_of_pods(&user).await?;
     let charges = gantry_billing::history::compute_charges(&state.db, &user, &window, Compute::Pods, None).await?;
@@ -476,7 +464,7 @@ pub async fn clusters(req: HttpRequest, state: web::Data<AppState>, caller: Call
         let Some(cluster) = members.get(&pod) else {
             continue;
         };
-        if query.cluster_id.as_ref().is_some_and(|wanted| wanted != cluster) {
+        if cluster_id.as_ref().is_some_and(|wanted| wanted != cluster) {
             continue;
         }
         if let Some(i) = window.index_of(&buckets, at) {
@@ -505,7 +493,7 @@ pub async fn clusters(req: HttpRequest, state: web::Data<AppState>, caller: Call
         })
         .collect();
     let mut echo = query_echo(&window);
-    echo["clusterId"] = query.cluster_id.map_or(Value::Null, Value::String);
+    echo["clusterId"] = cluster_id.map_or(Value::Null, Value::String);
     Ok(HttpResponse::Ok().json(json!({
         "records": records,
         "metadata": {
@@ -532,13 +520,7 @@ fn serverless_amounts(gpu: i64, cpu: i64, disk: i64) -> serde_json::Map<String, 
 which it was charged (volumes are charged by the started hour, at the size and tier they had then, until they are \
 deleted), split into `standardAmount` and `highPerformanceAmount`. `networkVolumeId` keeps one volume (deleted \
 ones included).",
-    params(
-        ("startTime" = Option<String>, Query, description = "Start (RFC 3339), inclusive"),
-        ("endTime" = Option<String>, Query, description = "End (RFC 3339), exclusive"),
-        ("bucketSize" = Option<String>, Query, description = "hour, day, week, month or year (default day)"),
-        ("lastN" = Option<u64>, Query, description = "The last N buckets, ending with the current one"),
-        ("networkVolumeId" = Option<String>, Query, description = "One volume only"),
-    ),
+    params(VolumeQuery),
     responses((status = 200, description = "Records per volume and bucket, and totals")))]
 pub async fn network_volumes(
     req: HttpRequest,
@@ -546,13 +528,15 @@ pub async fn network_volumes(
     caller: Caller,
 ) -> Result<HttpResponse, ApiError> {
     let user = caller.require(Scope::BillingRead)?.user_id.clone();
-    let query = history_query(&req, &["networkVolumeId"])?;
-    let window = query.window;
+    let History {
+        window,
+        subject: network_volume_id,
+    } = parse_query::<VolumeQuery>(&req)?;
     let buckets = window.buckets();
     // (bucket, volume) -> (standard, high performance)
     let mut sums: std::collections::BTreeMap<(usize, String), (i64, i64)> = std::collections::BTreeMap::new();
     let charges =
-        gantry_billing::history::storage_charges(&state.db, &user, &window, query.network_volume_id.as_deref()).await?;
+        gantry_billing::history::storage_charges(&state.db, &user, &window, network_volume_id.as_deref()).await?;
     for (at, volume, tier, amount) in charges {
         if let Some(i) = window.index_of(&buckets, at) {
             let entry = sums.entry((i, volume)).or_default();
@@ -580,7 +564,7 @@ pub async fn network_volumes(
         })
         .collect();
     let mut echo = query_echo(&window);
-    echo["networkVolumeId"] = query.network_volume_id.map_or(Value::Null, Value::String);
+    echo["networkVolumeId"] = network_volume_id.map_or(Value::Null, Value::String);
     Ok(HttpResponse::Ok().json(json!({
         "records": records,
         "metadata": {

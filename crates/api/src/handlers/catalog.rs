@@ -4,12 +4,14 @@ use gantry_catalog::{
     Compliance, CpuType, DataCenterFilter, DataCenterInclude, DataCenterRegion, DataCenterView, GpuType, VolumeType,
     availability_of,
 };
-use serde::Serialize;
-use utoipa::ToSchema;
+use serde::{Deserialize, Serialize};
+use utoipa::openapi::schema::{ObjectBuilder, Type};
+use utoipa::openapi::{RefOr, Schema};
+use utoipa::{IntoParams, PartialSchema, ToSchema};
 
-use crate::body::query_list;
 use crate::middleware::Caller;
 use crate::problem::ApiError;
+use crate::query::{self, Between, List, One, QueryValue, RequestQuery, parse_query};
 use crate::state::AppState;
 
 #[derive(Serialize, ToSchema)]
@@ -18,45 +20,67 @@ pub struct ListDataCentersResponse {
     pub data_centers: Vec<DataCenterView>,
 }
 
-/// Splits a query string into known parameters; unknown ones are an error, not a silent no-op.
-pub(crate) fn query_pairs(req: &HttpRequest, known: &[&str]) -> Result<Vec<(String, String)>, ApiError> {
-    let pairs: Vec<(String, String)> = serde_urlencoded::from_str(req.query_string())
-        .map_err(|e| ApiError::bad_request(format!("query string could not be parsed: {e}")))?;
-    let unknown: Vec<String> = pairs
-        .iter()
-        .filter(|(k, _)| !known.contains(&k.as_str()))
-        .map(|(k, _)| format!("{k}: unknown query parameter (supported: {})", known.join(", ")))
-        .collect();
-    if unknown.is_empty() {
-        Ok(pairs)
-    } else {
-        Err(ApiError::BadRequest {
-            detail: "invalid query parameters".into(),
-            errors: unknown,
-        })
+/// The data centers' filters and expansions.
+#[derive(Deserialize, IntoParams)]
+#[serde(rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
+struct DataCentersQuery {
+    /// Comma-separated: GPU_AVAILABILITY, CPU_AVAILABILITY
+    #[serde(default, deserialize_with = "query::value")]
+    #[param(inline)]
+    include: Option<List<DataCenterInclude>>,
+    /// Comma-separated DataCenterRegion values (OR)
+    #[serde(default, deserialize_with = "query::value")]
+    #[param(inline)]
+    regions: Option<List<DataCenterRegion>>,
+    /// Comma-separated volume types (AND)
+    #[serde(default, deserialize_with = "query::value")]
+    #[param(inline)]
+    network_volume_types: Option<List<VolumeType>>,
+    /// Comma-separated Compliance values (AND)
+    #[serde(default, deserialize_with = "query::value")]
+    #[param(inline)]
+    compliance: Option<List<Compliance>>,
+    /// Only data centers with (true) or without (false) global networking
+    #[serde(default, deserialize_with = "query::value")]
+    global_network: Option<bool>,
+}
+
+impl RequestQuery for DataCentersQuery {
+    type Valid = (DataCenterFilter, Vec<DataCenterInclude>);
+
+    fn validate(self, _: &mut Vec<String>) -> Option<Self::Valid> {
+        let filter = DataCenterFilter {
+            regions: self.regions.unwrap_or_default().0,
+            network_volume_types: self.network_volume_types.unwrap_or_default().0,
+            compliance: self.compliance.unwrap_or_default().0,
+            global_network: self.global_network,
+        };
+        Some((filter, self.include.unwrap_or_default().0))
     }
 }
 
-fn finish_query(errors: Vec<String>) -> Result<(), ApiError> {
-    if errors.is_empty() {
-        Ok(())
-    } else {
-        Err(ApiError::BadRequest {
-            detail: "invalid query parameters".into(),
-            errors,
-        })
+/// One data center's expansions.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+struct DataCenterQuery {
+    /// Comma-separated: GPU_AVAILABILITY, CPU_AVAILABILITY
+    #[serde(default, deserialize_with = "query::value")]
+    #[param(inline)]
+    include: Option<List<DataCenterInclude>>,
+}
+
+impl RequestQuery for DataCenterQuery {
+    type Valid = Vec<DataCenterInclude>;
+
+    fn validate(self, _: &mut Vec<String>) -> Option<Self::Valid> {
+        Some(self.include.unwrap_or_default().0)
     }
 }
 
 #[utoipa::path(get, path = "/v2/catalog/datacenters", operation_id = "listDataCenters", tag = "Catalog",
     description = "Lists data centers. `regions` (any of), `networkVolumeTypes` (all of), `compliance` (all of) and `globalNetwork` filter the list; `include=GPU_AVAILABILITY,CPU_AVAILABILITY` adds availability arrays. Requires `catalog:read`.",
-    params(
-        ("include" = Option<String>, Query, description = "Comma-separated: GPU_AVAILABILITY, CPU_AVAILABILITY"),
-        ("regions" = Option<String>, Query, description = "Comma-separated DataCenterRegion values (OR)"),
-        ("networkVolumeTypes" = Option<String>, Query, description = "Comma-separated volume types (AND)"),
-        ("compliance" = Option<String>, Query, description = "Comma-separated Compliance values (AND)"),
-        ("globalNetwork" = Option<bool>, Query, description = "Only data centers with (true) or without (false) global networking"),
-    ),
+    params(DataCentersQuery),
     responses((status = 200, description = "OK", body = ListDataCentersResponse)))]
 pub async fn list_data_centers(
     state: web::Data<AppState>,
@@ -64,41 +88,7 @@ pub async fn list_data_centers(
     req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
     caller.require(Scope::CatalogRead)?;
-    let pairs = query_pairs(
-        &req,
-        &[
-            "include",
-            "regions",
-            "networkVolumeTypes",
-            "compliance",
-            "globalNetwork",
-        ],
-    )?;
-    let mut errors = Vec::new();
-    let mut include = Vec::new();
-    let mut filter = DataCenterFilter::default();
-    for (key, value) in &pairs {
-        match key.as_str() {
-            "include" => include.extend(query_list::<DataCenterInclude>(key, value, &mut errors)),
-            "regions" => filter
-                .regions
-                .extend(query_list::<DataCenterRegion>(key, value, &mut errors)),
-            "networkVolumeTypes" => {
-                filter
-                    .network_volume_types
-                    .extend(query_list::<VolumeType>(key, value, &mut errors))
-            }
-            "compliance" => filter
-                .compliance
-                .extend(query_list::<Compliance>(key, value, &mut errors)),
-            _ => match value.as_str() {
-                "true" => filter.global_network = Some(true),
-                "false" => filter.global_network = Some(false),
-                other => errors.push(format!("{key}: must be true or false (got '{other}')")),
-            },
-        }
-    }
-    finish_query(errors)?;
+    let (filter, include) = parse_query::<DataCentersQuery>(&req)?;
     let data_centers = state.catalog.list(&filter).map(|dc| dc.view(&include)).collect();
     Ok(HttpResponse::Ok().json(ListDataCentersResponse { data_centers }))
 }
@@ -107,7 +97,7 @@ pub async fn list_data_centers(
     description = "Returns one data center. Requires `catalog:read`.",
     params(
         ("id" = String, Path, description = "Data center identifier", example = "US-CA-2"),
-        ("include" = Option<String>, Query, description = "Comma-separated: GPU_AVAILABILITY, CPU_AVAILABILITY"),
+        DataCenterQuery,
     ),
     responses((status = 200, description = "OK", body = DataCenterView)))]
 pub async fn get_data_center(
@@ -117,10 +107,7 @@ pub async fn get_data_center(
     req: HttpRequest,
 ) -> Result<HttpResponse, ApiError> {
     caller.require(Scope::CatalogRead)?;
-    let pairs = query_pairs(&req, &["include"])?;
-    let mut errors = Vec::new();
-    let include: Vec<DataCenterInclude> = pairs.iter().flat_map(|(k, v)| query_list(k, v, &mut errors)).collect();
-    finish_query(errors)?;
+    let include = parse_query::<DataCenterQuery>(&req)?;
     let dc = state
         .catalog
         .data_center(&id)
@@ -134,139 +121,261 @@ struct AvailabilityQuery {
     serverless: bool,
     /// GPUs per unit (`count`).
     count: u64,
-    cloud: Option<String>,
+    cloud: Option<Cloud>,
     /// A filter Gantry's workers say nothing about (location, CUDA version):
     /// nothing can be shown available under it.
     unknowable: bool,
 }
 
-/// Parses the catalog's hardware query; `gpu` selects the GPU parameters.
-fn hardware_query(req: &HttpRequest, gpu: bool) -> Result<Option<AvailabilityQuery>, ApiError> {
-    let known: &[&str] = if gpu {
-        &[
-            "include",
-            "product",
-            "count",
-            "cloud",
-            "countryCodes",
-            "cudaVersions",
-            "minCudaVersion",
-        ]
-    } else {
-        &["include", "product", "vcpuCount"]
-    };
-    let pairs = query_pairs(req, known)?;
-    let mut errors = Vec::new();
-    let list = |value: &str| -> Vec<String> {
-        value
-            .split(',')
-            .map(str::trim)
-            .filter(|v| !v.is_empty())
-            .map(String::from)
-            .collect()
-    };
-    let (mut include, mut products, mut count, mut cloud, mut unknowable) = (false, Vec::new(), None, None, false);
-    let mut with_availability_only = Vec::new();
-    for (key, value) in &pairs {
-        match key.as_str() {
-            "include" => {
-                let values = list(value);
-                if values.len() != 1 || values[0] != "AVAILABILITY" {
-                    errors.push(format!("include: {value:?} is not AVAILABILITY (the one expansion)"));
-                }
-                include = true;
-            }
-            "product" => {
-                let allowed: &[&str] = if gpu {
-                    &["POD", "CLUSTER", "SERVERLESS"]
-                } else {
-                    &["POD", "SERVERLESS"]
-                };
-                for product in list(value) {
-                    if allowed.contains(&product.as_str()) {
-                        products.push(product);
-                    } else {
-                        errors.push(format!("product: {product:?} is not one of {}", allowed.join(", ")));
-                    }
-                }
-                with_availability_only.push("product");
-            }
-            "count" => {
-                match value.parse::<u64>() {
-                    Ok(n) if n >= 1 => count = Some(n),
-                    _ => errors.push(format!("count: {value:?} is not an integer of at least 1")),
-                }
-                with_availability_only.push("count");
-            }
-            "vcpuCount" => {
-                match value.parse::<u64>() {
-                    Ok(n) if n >= 2 && n.is_power_of_two() => {}
-                    _ => errors.push(format!("vcpuCount: {value:?} is not a power of two of at least 2")),
-                }
-                with_availability_only.push("vcpuCount");
-            }
-            "cloud" => {
-                if value == "SECURE" || value == "COMMUNITY" {
-                    cloud = Some(value.clone());
-                } else {
-                    errors.push(format!("cloud: {value:?} is not SECURE or COMMUNITY"));
-                }
-                with_availability_only.push("cloud");
-            }
-            "countryCodes" | "cudaVersions" if list(value).is_empty() => {
-                errors.push(format!("{key}: must name at least one value"));
-            }
-            "countryCodes" => {
-                for code in list(value) {
-                    if code.len() != 2 || !code.bytes().all(|b| b.is_ascii_uppercase()) {
-                        errors.push(format!(
-                            "countryCodes: {code:?} is not an uppercase ISO 3166-1 alpha-2 code"
-                        ));
-                    }
-                }
-                unknowable = true;
-            }
-            "cudaVersions" => {
-                for version in list(value) {
-                    let ok = version.split_once('.').is_some_and(|(a, b)| {
-                        !a.is_empty() && !b.is_empty() && (a.to_owned() + b).bytes().all(|c| c.is_ascii_digit())
-                    });
-                    if !ok {
-                        errors.push(format!("cudaVersions: {version:?} is not major.minor, e.g. 12.8"));
-                    }
-                }
-                unknowable = true;
-            }
-            "minCudaVersion" => {
-                let (major, minor) = value.split_once('.').unwrap_or((value.as_str(), "0"));
-                if major.is_empty()
-                    || minor.is_empty()
-                    || !(major.to_owned() + minor).bytes().all(|c| c.is_ascii_digit())
-                {
-                    errors.push(format!(
-                        "minCudaVersion: {value:?} is not a major or major.minor version"
-                    ));
-                }
-                unknowable = true;
-            }
-            _ => {}
+/// The one expansion of the hardware lists.
+#[derive(Deserialize, ToSchema)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+enum Expansion {
+    Availability,
+}
+
+/// What availability is asked for.
+#[derive(Deserialize, ToSchema, PartialEq, Eq)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+enum Product {
+    Pod,
+    Cluster,
+    Serverless,
+}
+
+/// A CPU flavor's products: no clusters of CPU pods.
+#[derive(Deserialize, ToSchema, PartialEq, Eq)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+enum CpuProduct {
+    Pod,
+    Serverless,
+}
+
+#[derive(Deserialize, ToSchema, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "SCREAMING_SNAKE_CASE")]
+enum Cloud {
+    Secure,
+    Community,
+}
+
+/// Comma-separated uppercase ISO 3166-1 alpha-2 codes.
+struct CountryCodes;
+
+impl QueryValue for CountryCodes {
+    fn from_query(text: &str) -> Result<Self, String> {
+        each_of(text, |code| {
+            (code.len() == 2 && code.bytes().all(|b| b.is_ascii_uppercase()))
+                .then_some(())
+                .ok_or_else(|| format!("{code:?} is not an uppercase ISO 3166-1 alpha-2 code"))
+        })
+        .map(|()| Self)
+    }
+}
+
+/// Comma-separated `major.minor` CUDA versions.
+struct CudaVersions;
+
+impl QueryValue for CudaVersions {
+    fn from_query(text: &str) -> Result<Self, String> {
+        each_of(text, |version| {
+            let ok = version.split_once('.').is_some_and(|(a, b)| digits(a) && digits(b));
+            ok.then_some(())
+                .ok_or_else(|| format!("{version:?} is not major.minor, e.g. 12.8"))
+        })
+        .map(|()| Self)
+    }
+}
+
+/// A `major` or `major.minor` CUDA version.
+struct MinCudaVersion;
+
+impl QueryValue for MinCudaVersion {
+    fn from_query(text: &str) -> Result<Self, String> {
+        let (major, minor) = text.split_once('.').unwrap_or((text, "0"));
+        if digits(major) && digits(minor) {
+            Ok(Self)
+        } else {
+            Err(format!("{text:?} is not a major or major.minor version"))
         }
     }
-    if include && products.is_empty() && !errors.iter().any(|e| e.starts_with("product:")) {
-        errors.push("product: required with include=AVAILABILITY (POD, CLUSTER or SERVERLESS)".into());
+}
+
+/// A vCPU count: a power of two from 2 to 512.
+struct VcpuCount;
+
+const VCPU_COUNTS: [u64; 9] = [2, 4, 8, 16, 32, 64, 128, 256, 512];
+
+impl QueryValue for VcpuCount {
+    fn from_query(text: &str) -> Result<Self, String> {
+        match text.parse::<u64>() {
+            Ok(n) if VCPU_COUNTS.contains(&n) => Ok(Self),
+            _ => Err(format!("must be a power of two from 2 to 512 (got '{text}')")),
+        }
+    }
+}
+
+/// The schemas of the catalog's own value types: what their parsers accept.
+fn pattern(pattern: &str) -> RefOr<Schema> {
+    ObjectBuilder::new()
+        .schema_type(Type::String)
+        .pattern(Some(pattern))
+        .into()
+}
+
+impl PartialSchema for CountryCodes {
+    fn schema() -> RefOr<Schema> {
+        pattern("^[A-Z]{2}(,[A-Z]{2})*$")
+    }
+}
+
+impl PartialSchema for CudaVersions {
+    fn schema() -> RefOr<Schema> {
+        pattern("^[0-9]+\\.[0-9]+(,[0-9]+\\.[0-9]+)*$")
+    }
+}
+
+impl PartialSchema for MinCudaVersion {
+    fn schema() -> RefOr<Schema> {
+        pattern("^[0-9]+(\\.[0-9]+)?$")
+    }
+}
+
+impl PartialSchema for VcpuCount {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::Integer)
+            .enum_values(Some(VCPU_COUNTS))
+            .into()
+    }
+}
+
+impl ToSchema for CountryCodes {}
+impl ToSchema for CudaVersions {}
+impl ToSchema for MinCudaVersion {}
+impl ToSchema for VcpuCount {}
+
+fn digits(text: &str) -> bool {
+    !text.is_empty() && text.bytes().all(|c| c.is_ascii_digit())
+}
+
+/// Checks each item of a comma-separated list (at least one); every bad item
+/// is its own failure.
+fn each_of(text: &str, check: impl Fn(&str) -> Result<(), String>) -> Result<(), String> {
+    let items: Vec<&str> = text.split(',').map(str::trim).filter(|v| !v.is_empty()).collect();
+    if items.is_empty() {
+        return Err("must name at least one value".into());
+    }
+    let problems: Vec<String> = items.into_iter().filter_map(|item| check(item).err()).collect();
+    if problems.is_empty() {
+        Ok(())
+    } else {
+        Err(problems.join("\n"))
+    }
+}
+
+/// The GPU types' query.
+#[derive(Deserialize, IntoParams)]
+#[serde(rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
+struct GpuQuery {
+    /// AVAILABILITY
+    #[serde(default, deserialize_with = "query::value")]
+    #[param(inline)]
+    include: Option<List<Expansion>>,
+    /// Comma-separated: POD, CLUSTER, SERVERLESS (required with include)
+    #[serde(default, deserialize_with = "query::value")]
+    #[param(inline)]
+    product: Option<List<Product>>,
+    /// GPUs per unit (with include); default 1
+    #[serde(default, deserialize_with = "query::value")]
+    #[param(inline)]
+    count: Option<Between<1, { u64::MAX }>>,
+    /// SECURE or COMMUNITY (with include)
+    #[serde(default, deserialize_with = "query::value")]
+    #[param(inline)]
+    cloud: Option<One<Cloud>>,
+    /// Comma-separated ISO 3166-1 alpha-2 codes
+    #[serde(default, deserialize_with = "query::value")]
+    #[param(inline)]
+    country_codes: Option<CountryCodes>,
+    /// Comma-separated major.minor versions
+    #[serde(default, deserialize_with = "query::value")]
+    #[param(inline)]
+    cuda_versions: Option<CudaVersions>,
+    /// Lowest CUDA version
+    #[serde(default, deserialize_with = "query::value")]
+    #[param(inline)]
+    min_cuda_version: Option<MinCudaVersion>,
+}
+
+impl RequestQuery for GpuQuery {
+    type Valid = Option<AvailabilityQuery>;
+
+    fn combinations(given: &[&str], failures: &mut Vec<String>) {
+        availability(given, &["product", "count", "cloud"], failures);
+    }
+
+    fn validate(self, _: &mut Vec<String>) -> Option<Self::Valid> {
+        let products = self.product.unwrap_or_default().0;
+        Some(self.include.map(|_| AvailabilityQuery {
+            serverless: products.contains(&Product::Serverless),
+            count: self.count.map_or(1, |n| n.0),
+            cloud: self.cloud.map(|c| c.0),
+            unknowable: self.country_codes.is_some() || self.cuda_versions.is_some() || self.min_cuda_version.is_some(),
+        }))
+    }
+}
+
+/// The CPU flavors' query.
+#[derive(Deserialize, IntoParams)]
+#[serde(rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
+struct CpuQuery {
+    /// AVAILABILITY
+    #[serde(default, deserialize_with = "query::value")]
+    #[param(inline)]
+    include: Option<List<Expansion>>,
+    /// Comma-separated: POD, SERVERLESS (required with include)
+    #[serde(default, deserialize_with = "query::value")]
+    #[param(inline)]
+    product: Option<List<CpuProduct>>,
+    /// A power of two from 2 to 512 (with include)
+    #[serde(default, deserialize_with = "query::value")]
+    #[param(inline)]
+    #[allow(dead_code)] // read for its rule only
+    vcpu_count: Option<VcpuCount>,
+}
+
+impl RequestQuery for CpuQuery {
+    type Valid = Option<AvailabilityQuery>;
+
+    fn combinations(given: &[&str], failures: &mut Vec<String>) {
+        availability(given, &["product", "vcpuCount"], failures);
+    }
+
+    fn validate(self, _: &mut Vec<String>) -> Option<Self::Valid> {
+        let products = self.product.unwrap_or_default().0;
+        Some(self.include.map(|_| AvailabilityQuery {
+            serverless: products.contains(&CpuProduct::Serverless),
+            count: 1,
+            cloud: None,
+            unknowable: false,
+        }))
+    }
+}
+
+/// The rules of `include=AVAILABILITY`: it needs a `product`, and the
+/// availability options mean nothing without it.
+fn availability(given: &[&str], options: &[&str], failures: &mut Vec<String>) {
+    let include = given.contains(&"include");
+    if include && !given.contains(&"product") {
+        failures.push("product: required with include=AVAILABILITY (POD, CLUSTER or SERVERLESS)".into());
     }
     if !include {
-        for key in with_availability_only {
-            errors.push(format!("{key}: valid only with include=AVAILABILITY"));
+        for name in given.iter().filter(|name| options.contains(name)) {
+            failures.push(format!("{name}: valid only with include=AVAILABILITY"));
         }
     }
-    finish_query(errors)?;
-    Ok(include.then(|| AvailabilityQuery {
-        serverless: products.iter().any(|p| p == "SERVERLESS"),
-        count: count.unwrap_or(1),
-        cloud,
-        unknowable,
-    }))
 }
 
 /// A GPU type as the catalog shows it: availability from the workers that
@@ -275,10 +384,10 @@ fn hardware_query(req: &HttpRequest, gpu: bool) -> Result<Option<AvailabilityQue
 fn gpu_view(gpu: &GpuType, query: Option<&AvailabilityQuery>, workers: &[(String, u64, u64)]) -> serde_json::Value {
     let mut view = serde_json::to_value(gpu).unwrap_or_default();
     if let Some(query) = query {
-        let cloud_ok = match query.cloud.as_deref() {
-            Some("SECURE") => gpu.secure,
-            Some("COMMUNITY") => gpu.community,
-            _ => true,
+        let cloud_ok = match query.cloud {
+            Some(Cloud::Secure) => gpu.secure,
+            Some(Cloud::Community) => gpu.community,
+            None => true,
         };
         let count = if query.serverless && cloud_ok && !query.unknowable && query.count == 1 {
             workers
@@ -319,18 +428,12 @@ fn cpu_view(cpu: &CpuType, query: Option<&AvailabilityQuery>, workers: &[(String
 1 (a worker reports one GPU) or a `countryCodes`/`cudaVersions`/`minCudaVersion` filter (workers report neither). \
 Requires `catalog:read`.",
     params(
-        ("include" = Option<String>, Query, description = "AVAILABILITY"),
-        ("product" = Option<String>, Query, description = "Comma-separated: POD, CLUSTER, SERVERLESS (required with include)"),
-        ("count" = Option<u64>, Query, description = "GPUs per unit (with include); default 1"),
-        ("cloud" = Option<String>, Query, description = "SECURE or COMMUNITY (with include)"),
-        ("countryCodes" = Option<String>, Query, description = "Comma-separated ISO 3166-1 alpha-2 codes"),
-        ("cudaVersions" = Option<String>, Query, description = "Comma-separated major.minor versions"),
-        ("minCudaVersion" = Option<String>, Query, description = "Lowest CUDA version"),
+        GpuQuery,
     ),
     responses((status = 200, description = "OK")))]
 pub async fn list_gpus(req: HttpRequest, state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
     caller.require(Scope::CatalogRead)?;
-    let query = hardware_query(&req, true)?;
+    let query = parse_query::<GpuQuery>(&req)?;
     let workers = match &query {
         Some(_) => state.census.worker_gpus().await?,
         None => Vec::new(),
@@ -348,13 +451,7 @@ pub async fn list_gpus(req: HttpRequest, state: web::Data<AppState>, caller: Cal
 Requires `catalog:read`.",
     params(
         ("id" = String, Path, description = "GPU type id, e.g. NVIDIA H100 80GB HBM3"),
-        ("include" = Option<String>, Query, description = "AVAILABILITY"),
-        ("product" = Option<String>, Query, description = "Comma-separated: POD, CLUSTER, SERVERLESS (required with include)"),
-        ("count" = Option<u64>, Query, description = "GPUs per unit (with include); default 1"),
-        ("cloud" = Option<String>, Query, description = "SECURE or COMMUNITY (with include)"),
-        ("countryCodes" = Option<String>, Query, description = "Comma-separated ISO 3166-1 alpha-2 codes"),
-        ("cudaVersions" = Option<String>, Query, description = "Comma-separated major.minor versions"),
-        ("minCudaVersion" = Option<String>, Query, description = "Lowest CUDA version"),
+        GpuQuery,
     ),
     responses((status = 200, description = "OK")))]
 pub async fn get_gpu(
@@ -364,7 +461,7 @@ pub async fn get_gpu(
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     caller.require(Scope::CatalogRead)?;
-    let query = hardware_query(&req, true)?;
+    let query = parse_query::<GpuQuery>(&req)?;
     let gpu = state
         .gpus
         .iter()
@@ -382,14 +479,12 @@ pub async fn get_gpu(
 `availability`: for `SERVERLESS`, from the connected workers without a GPU; `POD` is never available. Requires \
 `catalog:read`.",
     params(
-        ("include" = Option<String>, Query, description = "AVAILABILITY"),
-        ("product" = Option<String>, Query, description = "Comma-separated: POD, SERVERLESS (required with include)"),
-        ("vcpuCount" = Option<u64>, Query, description = "A power of two, at least 2 (with include)"),
+        CpuQuery,
     ),
     responses((status = 200, description = "OK")))]
 pub async fn list_cpus(req: HttpRequest, state: web::Data<AppState>, caller: Caller) -> Result<HttpResponse, ApiError> {
     caller.require(Scope::CatalogRead)?;
-    let query = hardware_query(&req, false)?;
+    let query = parse_query::<CpuQuery>(&req)?;
     let workers = match &query {
         Some(_) => state.census.worker_gpus().await?,
         None => Vec::new(),
@@ -406,9 +501,7 @@ pub async fn list_cpus(req: HttpRequest, state: web::Data<AppState>, caller: Cal
     description = "One CPU flavor by id; parameters as for the list. Requires `catalog:read`.",
     params(
         ("id" = String, Path, description = "CPU flavor id, e.g. cpu5c"),
-        ("include" = Option<String>, Query, description = "AVAILABILITY"),
-        ("product" = Option<String>, Query, description = "Comma-separated: POD, SERVERLESS (required with include)"),
-        ("vcpuCount" = Option<u64>, Query, description = "A power of two, at least 2 (with include)"),
+        CpuQuery,
     ),
     responses((status = 200, description = "OK")))]
 pub async fn get_cpu(
@@ -418,7 +511,7 @@ pub async fn get_cpu(
     id: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
     caller.require(Scope::CatalogRead)?;
-    let query = hardware_query(&req, false)?;
+    let query = parse_query::<CpuQuery>(&req)?;
     let cpu = state
         .cpus
         .iter()

@@ -10,15 +10,92 @@ use gantry_catalog::{ModelKind, ModelSpec};
 use gantry_jobs::{Mode, NewJob};
 use serde_json::{Map, Value, json};
 
-use super::openai::{BODY_LIMIT, Refusal, api_error, finished_output, served_model};
-use crate::body::read_json;
+use serde::{Deserialize, Serialize};
+use utoipa::ToSchema;
+
+use super::openai::{BODY_LIMIT, Refusal, api_error, finished_output, members, served_model};
+use crate::body::{Failures, RequestBody, parse_body, read_json};
 use crate::middleware::Caller;
 use crate::problem::ApiError;
 use crate::state::AppState;
 
-/// The members of an OpenAI embeddings request, all passed to the model
-/// (`truncate` is Gantry's own: cut long inputs, the default, or refuse them).
-const PARAMETERS: [&str; 6] = ["model", "input", "encoding_format", "dimensions", "user", "truncate"];
+/// An OpenAI embeddings request. Its members are passed to the model, which
+/// checks the values against itself (token ids in its vocabulary, its
+/// length for `dimensions`); `truncate` is Gantry's own.
+#[derive(Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub(super) struct EmbeddingsRequest {
+    /// Ignored: the model is the one in the path.
+    #[serde(default)]
+    #[allow(dead_code)] // accepted, not used
+    model: Option<String>,
+    #[serde(deserialize_with = "input")]
+    #[schema(value_type = Object)] // shape: INPUT_SCHEMA
+    input: Value,
+    #[serde(default)]
+    #[schema(inline)]
+    encoding_format: Option<EncodingFormat>,
+    /// Only the model's own length is accepted.
+    #[serde(default)]
+    #[schema(minimum = 1)]
+    dimensions: Option<u64>,
+    #[serde(default)]
+    user: Option<String>,
+    /// An extension: cut inputs longer than the model reads (the default), or refuse them.
+    #[serde(default)]
+    truncate: Option<bool>,
+}
+
+#[derive(Deserialize, Serialize, ToSchema, Clone, Copy)]
+#[serde(rename_all = "lowercase")]
+enum EncodingFormat {
+    Float,
+    Base64,
+}
+
+/// `input` is required and not null; its forms are the model's to check.
+fn input<'de, D: serde::Deserializer<'de>>(d: D) -> Result<Value, D::Error> {
+    match Value::deserialize(d)? {
+        Value::Null => Err(serde::de::Error::custom(INPUT_REQUIRED)),
+        value => Ok(value),
+    }
+}
+
+const INPUT_REQUIRED: &str = "`input` is required: a string, an array of strings, or token ids";
+
+impl RequestBody for EmbeddingsRequest {
+    type Context = ();
+    type Valid = Map<String, Value>;
+
+    fn validate(self, _: &(), _: &mut Failures) -> Option<Self::Valid> {
+        // The route names the model: the body's `model` is not passed on.
+        let mut input = Map::new();
+        input.insert("input".into(), self.input);
+        let members = [
+            ("encoding_format", self.encoding_format.map(|f| json!(f))),
+            ("dimensions", self.dimensions.map(Value::from)),
+            ("user", self.user.map(Value::String)),
+            ("truncate", self.truncate.map(Value::Bool)),
+        ];
+        input.extend(
+            members
+                .into_iter()
+                .filter_map(|(name, value)| Some((name.to_owned(), value?))),
+        );
+        Some(input)
+    }
+}
+
+/// `input`'s forms, for the document.
+fn input_schema() -> Value {
+    let ids = json!({"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}});
+    json!({"anyOf": [
+        {"type": "string"},
+        {"type": "array", "minItems": 1, "maxItems": 2048, "items": {"type": "string"}},
+        ids,
+        {"type": "array", "minItems": 1, "maxItems": 2048, "items": ids},
+    ]})
+}
 
 fn embedding_model<'a>(state: &'a AppState, caller: &Caller, model_id: &str) -> Result<&'a ModelSpec, Refusal> {
     served_model(
@@ -30,44 +107,48 @@ fn embedding_model<'a>(state: &'a AppState, caller: &Caller, model_id: &str) -> 
     )
 }
 
-/// The job input of an embeddings request: its members, checked for shape
-/// here; the model checks the values (every problem listed at once).
-fn job_input(body: &Value) -> Result<Map<String, Value>, Refusal> {
-    let Some(fields) = body.as_object() else {
+/// The job input of an embeddings request, in OpenAI's words when it is
+/// refused: the first problem, naming its member.
+fn job_input(body: Value) -> Result<Map<String, Value>, Refusal> {
+    if !body.is_object() {
         return Err(Refusal::new(
             StatusCode::BAD_REQUEST,
             "the request body must be a JSON object",
             None,
         ));
+    }
+    let failures = match parse_body::<EmbeddingsRequest>(body, &()) {
+        Ok(input) => return Ok(input),
+        Err(ApiError::Unprocessable(failures)) => failures,
+        Err(other) => return Err(Refusal::new(StatusCode::BAD_REQUEST, other.to_string(), None)),
     };
-    if let Some(name) = fields.keys().find(|k| !PARAMETERS.contains(&k.as_str())) {
-        return Err(Refusal::new(
-            StatusCode::BAD_REQUEST,
-            format!(
-                "Unrecognized request argument supplied: {name} (accepted: {})",
-                PARAMETERS.join(", ")
-            ),
-            None,
-        ));
-    }
-    if fields.get("input").is_none_or(Value::is_null) {
-        return Err(Refusal::new(
-            StatusCode::BAD_REQUEST,
-            "`input` is required: a string, an array of strings, or token ids",
-            Some("input"),
-        ));
-    }
-    if fields.get("model").is_some_and(|m| !m.is_string()) {
-        return Err(Refusal::new(
-            StatusCode::BAD_REQUEST,
-            "`model` must be a string",
-            Some("model"),
-        ));
-    }
-    let mut input = fields.clone();
-    // The route names the model; the body's `model` is only checked for shape.
-    input.remove("model");
-    Ok(input)
+    let accepted = members::<EmbeddingsRequest>().join(", ");
+    let (param, messages): (Vec<String>, Vec<String>) = failures
+        .iter()
+        .map(|failure| {
+            let rest = failure.strip_prefix("$.").unwrap_or(failure);
+            let (member, problem) = rest.split_once(": ").unwrap_or(("", rest));
+            let message = match problem {
+                "unknown property" => {
+                    format!("Unrecognized request argument supplied: {member} (accepted: {accepted})")
+                }
+                "required property is missing" if member == "input" => INPUT_REQUIRED.to_owned(),
+                _ if problem.starts_with('`') => problem.to_owned(),
+                _ => format!("`{member}` {problem}"),
+            };
+            (member.split('.').next().unwrap_or_default().to_owned(), message)
+        })
+        .unzip();
+    // An unknown member has no parameter to name, as OpenAI answers it.
+    let first = param
+        .first()
+        .filter(|_| !messages[0].starts_with("Unrecognized"))
+        .cloned();
+    Err(Refusal::new(
+        StatusCode::BAD_REQUEST,
+        messages.join("; "),
+        first.as_deref(),
+    ))
 }
 
 /// The OpenAI answer for a completed job's output.
@@ -90,32 +171,12 @@ fn render(model_id: &str, output: &Value) -> Value {
     })
 }
 
-/// Puts the request body's schema (as [`job_input`] and the embedding
-/// models check it) into the OpenAPI document `doc`.
+/// Sets `input`'s forms into the typed request body of the document `doc`.
 pub(crate) fn request_schema(doc: &mut Value) {
-    let ids = json!({"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0}});
-    let schema = json!({
-        "type": "object",
-        "required": ["input"],
-        "additionalProperties": false,
-        "properties": {
-            "model": {"type": "string", "description": "Ignored: the model is the one in the path."},
-            "input": {"anyOf": [
-                {"type": "string"},
-                {"type": "array", "minItems": 1, "maxItems": 2048, "items": {"type": "string"}},
-                ids,
-                {"type": "array", "minItems": 1, "maxItems": 2048, "items": ids},
-            ]},
-            "encoding_format": {"enum": ["float", "base64"]},
-            "dimensions": {"type": "integer", "minimum": 1, "description": "Only the model's own length is accepted."},
-            "user": {"type": "string"},
-            "truncate": {"type": "boolean", "description": "An extension: cut inputs longer than the model reads (the default), or refuse them."}
-        }
-    });
-    let body = &mut doc["paths"]["/v2/{model_id}/openai/v1/embeddings"]["post"]["requestBody"]["content"]["application/json"]
-        ["schema"];
-    if !body.is_null() {
-        *body = schema;
+    let properties = &mut doc["paths"]["/v2/{model_id}/openai/v1/embeddings"]["post"]["requestBody"]["content"]["application/json"]
+        ["schema"]["properties"];
+    if !properties.is_null() {
+        properties["input"] = input_schema();
     }
 }
 
@@ -127,7 +188,7 @@ an array of token ids of the model's own vocabulary, or an array of such arrays)
 longer than the model reads are cut; false refuses them). One vector per input, in order, L2-normalized. \
 Billed per input token the model read. Errors use OpenAI's shape. Requires `endpoints:run`.",
     params(("model_id" = String, Path, description = "An embedding model", example = "all-minilm-l6-v2")),
-    request_body(content = Object, description = "An OpenAI embeddings request"),
+    request_body(content = inline(EmbeddingsRequest), description = "An OpenAI embeddings request"),
     responses((status = 200, description = "`{object: \"list\", data: [{object: \"embedding\", index, embedding}], model, usage}`")))]
 pub async fn embeddings(
     state: web::Data<AppState>,
@@ -145,7 +206,7 @@ pub async fn embeddings(
         Ok(body) => body,
         Err(error) => return api_error(&error),
     };
-    let input = match job_input(&body) {
+    let input = match job_input(body) {
         Ok(input) => input,
         Err(refusal) => return refusal.response(),
     };
@@ -172,7 +233,7 @@ mod tests {
     #[test]
     fn requests_become_model_inputs() {
         let input =
-            job_input(&json!({"model": "m", "input": ["a"], "encoding_format": "base64", "truncate": false})).unwrap();
+            job_input(json!({"model": "m", "input": ["a"], "encoding_format": "base64", "truncate": false})).unwrap();
         assert_eq!(
             Value::Object(input),
             json!({"input": ["a"], "encoding_format": "base64", "truncate": false})
@@ -181,12 +242,17 @@ mod tests {
             (json!([1]), "JSON object"),
             (json!({"model": "m"}), "`input` is required"),
             (json!({"input": "a", "model": 1}), "`model` must be a string"),
+            (json!({"input": null}), "`input` is required"),
+            (
+                json!({"input": "a", "encoding_format": "hex"}),
+                "`encoding_format` must be one of float, base64",
+            ),
             (
                 json!({"input": "a", "normalize": false}),
                 "Unrecognized request argument supplied: normalize",
             ),
         ] {
-            let refusal = job_input(&body).err().unwrap();
+            let refusal = job_input(body).err().unwrap();
             assert!(refusal.message().contains(needle), "{needle:?}: {}", refusal.message());
         }
     }

@@ -9,12 +9,13 @@ use gantry_catalog::ModelSpec;
 use gantry_jobs::{Follow, Frame, JobPolicy, JobStatus, JobView, Mode, NewJob};
 use serde::{Deserialize, Serialize};
 use serde_json::{Map, Value, json};
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 
 use crate::body::{Failures, RequestBody, present, present_object, read_body};
 use crate::handlers::live;
 use crate::middleware::Caller;
 use crate::problem::ApiError;
+use crate::query::{self, Between, RequestQuery, parse_query};
 use crate::state::AppState;
 
 /// Largest `/run` request body.
@@ -22,7 +23,6 @@ pub const RUN_BODY_LIMIT: usize = 10 * 1024 * 1024;
 /// Largest `/runsync` request body.
 pub const RUNSYNC_BODY_LIMIT: usize = 20 * 1024 * 1024;
 const WAIT_DEFAULT_MS: u64 = 90_000;
-const WAIT_RANGE_MS: std::ops::RangeInclusive<u64> = 1_000..=300_000;
 
 /// `{id, status}`: what `/run` answers, and `/runsync` when the job is not done in time.
 /// Exactly these two members (`additionalProperties: false`), so that a
@@ -209,28 +209,22 @@ fn queued(state: &AppState, target: &Target<'_>) {
     }
 }
 
-fn wait_param(req: &HttpRequest) -> Result<Duration, ApiError> {
-    let pairs: Vec<(String, String)> = serde_urlencoded::from_str(req.query_string())
-        .map_err(|e| ApiError::bad_request(format!("query string could not be parsed: {e}")))?;
-    let mut wait = WAIT_DEFAULT_MS;
-    for (key, value) in pairs {
-        match (key.as_str(), value.parse::<u64>()) {
-            ("wait", Ok(ms)) if WAIT_RANGE_MS.contains(&ms) => wait = ms,
-            ("wait", _) => {
-                return Err(ApiError::BadRequest {
-                    detail: "invalid query parameters".into(),
-                    errors: vec![format!("wait: must be an integer from 1000 to 300000 (got '{value}')")],
-                });
-            }
-            (other, _) => {
-                return Err(ApiError::BadRequest {
-                    detail: "invalid query parameters".into(),
-                    errors: vec![format!("{other}: unknown query parameter (supported: wait)")],
-                });
-            }
-        }
+/// The query of `runsync`.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct WaitQuery {
+    /// Longest wait in ms, 1000 to 300000
+    #[serde(default, deserialize_with = "query::value")]
+    #[param(inline)]
+    wait: Option<Between<1_000, 300_000>>,
+}
+
+impl RequestQuery for WaitQuery {
+    type Valid = Duration;
+
+    fn validate(self, _: &mut Vec<String>) -> Option<Duration> {
+        Some(Duration::from_millis(self.wait.map_or(WAIT_DEFAULT_MS, |w| w.0)))
     }
-    Ok(Duration::from_millis(wait))
 }
 
 fn job_ref(view: &JobView) -> HttpResponse {
@@ -268,7 +262,7 @@ pub async fn run(
 #[utoipa::path(post, path = "/v2/{model_id}/runsync", operation_id = "runSync", tag = "Model endpoints",
     description = "Runs a job and waits for it, up to `wait` ms (default 90000, 1000 to 300000). A finished job is returned whole; otherwise `{id, status}` to poll. Requires `endpoints:run`. Bodies over 20 MB: 413.",
     params(("model_id" = String, Path, description = "Model identifier", example = "gantry-echo"),
-        ("wait" = Option<u64>, Query, description = "Longest wait in ms, 1000 to 300000", minimum = 1000, maximum = 300000)),
+        WaitQuery),
     request_body = RunRequest,
     responses((status = 200, description = "The finished job, or `{id, status}`", body = RunSyncReply)))]
 pub async fn runsync(
@@ -279,7 +273,7 @@ pub async fn runsync(
     payload: web::Payload,
 ) -> Result<HttpResponse, ApiError> {
     let target = model(&state, &caller, &path).await?;
-    let wait = wait_param(&req)?;
+    let wait = parse_query::<WaitQuery>(&req)?;
     let job = for_target(
         &target,
         read_body::<RunRequest>(&req, payload, RUNSYNC_BODY_LIMIT, &()).await?,

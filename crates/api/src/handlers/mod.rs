@@ -10,5 +10,8 @@ pub mod models;
 pub mod openai;
 pub mod pods;
 pub mod serverless;
+mod text_request;
+
+pub(crate) use text_request::written_schemas;
 pub mod volumes;
 pub mod worker_protocol;

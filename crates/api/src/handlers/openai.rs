@@ -19,8 +19,9 @@ use gantry_jobs::{Follow, Frame, JobStatus, JobView, Mode, NewJob};
 use gantry_text_output::{TextChunk, TextOutput, TokenLogprob, TokenUsage};
 use serde_json::{Map, Value, json};
 
-use crate::body::read_json;
+use crate::body::{parse_body, read_json};
 use crate::handlers::live;
+use crate::handlers::text_request::{ChatRequest, CompletionRequest, TextRequest, UNSUPPORTED};
 use crate::middleware::Caller;
 use crate::problem::{ApiError, PROBLEM_JSON};
 use crate::state::AppState;
@@ -213,351 +214,86 @@ fn text_model<'a>(state: &'a AppState, caller: &Caller, model_id: &str) -> Resul
     )
 }
 
-/// The members both operations accept (the document's `common` properties).
-const COMMON_PARAMETERS: [&str; 19] = [
-    "model",
-    "max_tokens",
-    "max_completion_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "seed",
-    "stop",
-    "n",
-    "presence_penalty",
-    "frequency_penalty",
-    "logit_bias",
-    "logprobs",
-    "user",
-    "stream",
-    "stream_options",
-    "store",
-    "metadata",
-];
-
-/// The members only chat completions accept.
-const CHAT_PARAMETERS: [&str; 6] = [
-    "messages",
-    "top_logprobs",
-    "response_format",
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
-];
-
-/// The members only (legacy) completions accept.
-const COMPLETION_PARAMETERS: [&str; 4] = ["prompt", "echo", "suffix", "best_of"];
-
-/// OpenAI members for what the platform does not do: refused by name unless
-/// null, with the reason.
-const UNSUPPORTED: [(&str, &str); 5] = [
-    ("functions", "the deprecated `functions` are not supported; use `tools`"),
-    (
-        "function_call",
-        "the deprecated `function_call` is not supported; use `tool_choice`",
-    ),
-    ("audio", "audio output is not supported: these are text models"),
-    ("modalities", "only text output is supported"),
-    ("prediction", "predicted outputs are not supported"),
-];
-
-/// Most log-probability alternatives the legacy `logprobs` may ask for (OpenAI's limit).
-const MAX_COMPLETION_LOGPROBS: u64 = 5;
-
-/// A validated OpenAI request: the model's job input and how to answer.
-struct Request {
-    input: Map<String, Value>,
-    stream: bool,
-    include_usage: bool,
-}
-
-/// Turns an OpenAI request body into the text model's input, collecting
-/// every problem. What the model validates itself (the sampling values'
-/// ranges, `response_format`, `tools`) is passed on as is, and its refusal
-/// comes back as a 400 naming the parameter; asking for what the platform
-/// does not do (`echo`, `suffix`, audio) is an error rather than a silently
-/// different answer.
-fn parse(kind: Kind, body: &Value) -> Result<Request, Refusal> {
-    let Some(fields) = body.as_object() else {
+/// Reads an OpenAI request body as the operation's typed request
+/// ([`ChatRequest`] or [`CompletionRequest`]), every problem listed in one
+/// 400: `param` names the first, in the document's order of members (unknown
+/// members first, the members refused with a reason last).
+fn parse(kind: Kind, mut body: Value) -> Result<TextRequest, Refusal> {
+    let Some(fields) = body.as_object_mut() else {
         return Err(Refusal::new(
             StatusCode::BAD_REQUEST,
             "the request body must be a JSON object",
             None,
         ));
     };
-    // (parameter, problem)
-    let mut errors: Vec<(&str, String)> = Vec::new();
-    // What the document lists, and the members refused with a reason below;
-    // any other is refused as unknown (`additionalProperties: false`).
-    let own: &[&str] = match kind {
-        Kind::Chat => &CHAT_PARAMETERS,
-        Kind::Completion => &COMPLETION_PARAMETERS,
-    };
-    for name in fields.keys() {
-        if !own.contains(&name.as_str())
-            && !COMMON_PARAMETERS.contains(&name.as_str())
-            && !UNSUPPORTED.iter().any(|(n, _)| n == name)
-        {
-            errors.push((name, "unknown parameter".into()));
-        }
-    }
-    let present = |name: &str| fields.get(name).filter(|v| !v.is_null());
-    let mut input = Map::new();
-    match kind {
-        Kind::Chat => match fields.get("messages") {
-            Some(Value::Array(list)) if !list.is_empty() => {
-                let mut messages = Vec::with_capacity(list.len());
-                for (i, message) in list.iter().enumerate() {
-                    match chat_message(message) {
-                        Ok(m) => messages.push(m),
-                        Err(e) => errors.push(("messages", format!("[{i}]: {e}"))),
-                    }
-                }
-                input.insert("messages".into(), Value::Array(messages));
-            }
-            _ => errors.push(("messages", "required, a non-empty array of messages".into())),
-        },
-        Kind::Completion => {
-            let prompt = match fields.get("prompt") {
-                Some(Value::String(text)) => Some(text.clone()),
-                Some(Value::Array(list)) if list.len() == 1 && list[0].is_string() => {
-                    list[0].as_str().map(str::to_string)
-                }
-                Some(Value::Array(_)) => {
-                    errors.push((
-                        "prompt",
-                        "one prompt per request (a string, or an array of one string)".into(),
-                    ));
-                    None
-                }
-                _ => {
-                    errors.push(("prompt", "required, a string".into()));
-                    None
-                }
-            };
-            if let Some(prompt) = prompt {
-                input.insert("prompt".into(), Value::String(prompt));
-                input.insert("raw".into(), Value::Bool(true));
-            }
-            if present("echo").is_some_and(|v| *v != json!(false)) {
-                errors.push(("echo", "not supported: the answer never repeats the prompt".into()));
-            }
-            if present("suffix").is_some_and(|v| *v != json!("")) {
-                errors.push((
-                    "suffix",
-                    "not supported: these models do not fill in text between a prompt and a suffix".into(),
-                ));
-            }
-            if present("best_of").is_some_and(|v| *v != json!(1)) {
-                errors.push(("best_of", "not supported (only 1); ask for `n` choices instead".into()));
-            }
-        }
-    }
-    let tokens = present("max_completion_tokens")
-        .map(|v| ("max_completion_tokens", v))
-        .or_else(|| present("max_tokens").map(|v| ("max_tokens", v)));
-    if let Some((name, value)) = tokens {
-        match value.as_u64() {
-            Some(n) if n >= 1 => {
-                input.insert("max_tokens".into(), json!(n));
-            }
-            _ => errors.push((name, "must be a positive integer".into())),
-        }
-    }
-    for (name, accepts, range) in [
-        (
-            "temperature",
-            (|t| (0.0..=2.0).contains(&t)) as fn(f64) -> bool,
-            "from 0 to 2",
-        ),
-        ("top_p", |p| p > 0.0 && p <= 1.0, "greater than 0 and at most 1"),
-        ("min_p", |p| (0.0..=1.0).contains(&p), "from 0 to 1"),
-        ("presence_penalty", |p| (-2.0..=2.0).contains(&p), "from -2 to 2"),
-        ("frequency_penalty", |p| (-2.0..=2.0).contains(&p), "from -2 to 2"),
-    ] {
-        match present(name) {
-            None => {}
-            Some(value) if value.as_f64().is_some_and(accepts) => {
-                input.insert(name.into(), value.clone());
-            }
-            Some(_) => errors.push((name, format!("must be a number {range}"))),
-        }
-    }
-    for name in ["top_k", "seed", "n"] {
-        match present(name) {
-            None => {}
-            // JSON has one number type: 40 and 40.0 are the same integer.
-            Some(value) => match value.as_u64().or_else(|| {
-                value
-                    .as_f64()
-                    .filter(|f| f.fract() == 0.0 && (0.0..=9_007_199_254_740_992.0).contains(f))
-                    .map(|f| f as u64)
-            }) {
-                Some(n) => {
-                    input.insert(name.into(), n.into());
-                }
-                None => errors.push((name, "must be a non-negative integer".into())),
-            },
-        }
-    }
-    match present("stop") {
-        None => {}
-        Some(value @ (Value::String(_) | Value::Array(_))) => {
-            input.insert("stop".into(), value.clone());
-        }
-        Some(_) => errors.push(("stop", "must be a string or an array of strings".into())),
-    }
-    match present("logit_bias") {
-        None => {}
-        Some(value @ Value::Object(_)) => {
-            input.insert("logit_bias".into(), value.clone());
-        }
-        Some(_) => errors.push(("logit_bias", "must be an object mapping token ids to biases".into())),
-    }
-    // Passed on to the model, which checks them (and names them when it refuses).
-    if kind == Kind::Chat {
-        for name in ["response_format", "tools", "tool_choice", "parallel_tool_calls"] {
-            if let Some(value) = present(name) {
-                input.insert(name.into(), value.clone());
-            }
-        }
-        // `{"type": "text"}` is what the model does anyway.
-        if input.get("response_format") == Some(&json!({"type": "text"})) {
-            input.remove("response_format");
-        }
-    }
-    match (kind, present("logprobs")) {
-        (_, None) => {}
-        (Kind::Chat, Some(Value::Bool(b))) => {
-            input.insert("logprobs".into(), json!(b));
-        }
-        (Kind::Chat, Some(_)) => errors.push(("logprobs", "must be a boolean".into())),
-        // The legacy operation's `logprobs` is the number of alternatives.
-        (Kind::Completion, Some(value)) => match value.as_u64() {
-            Some(k) if k <= MAX_COMPLETION_LOGPROBS => {
-                input.insert("logprobs".into(), json!(true));
-                input.insert("top_logprobs".into(), json!(k));
-            }
-            _ => errors.push((
-                "logprobs",
-                format!("must be an integer from 0 to {MAX_COMPLETION_LOGPROBS}"),
-            )),
-        },
-    }
-    if kind == Kind::Chat
-        && let Some(value) = present("top_logprobs")
-    {
-        input.insert("top_logprobs".into(), value.clone());
-    }
-    for name in ["user", "store", "metadata"] {
-        let fits = match name {
-            "metadata" => |v: &Value| v.is_object(),
-            "store" => |v: &Value| v.is_boolean(),
-            _ => |v: &Value| v.is_string(),
-        };
-        if present(name).is_some_and(|v| !fits(v)) {
-            errors.push((name, "has the wrong type".into()));
-        }
-    }
+    // (member, problem)
+    let mut refused: Vec<(String, String)> = Vec::new();
     for (name, reason) in UNSUPPORTED {
-        if present(name).is_some() {
-            errors.push((name, reason.into()));
+        if let Some(value) = fields.remove(name)
+            && !value.is_null()
+        {
+            refused.push((name.to_owned(), reason.to_owned()));
         }
     }
-    let stream = match present("stream") {
-        None => false,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => {
-            errors.push(("stream", "must be a boolean".into()));
-            false
-        }
+    let (parsed, order) = match kind {
+        Kind::Chat => (parse_body::<ChatRequest>(body, &()), members::<ChatRequest>()),
+        Kind::Completion => (
+            parse_body::<CompletionRequest>(body, &()),
+            members::<CompletionRequest>(),
+        ),
     };
-    let include_usage = match present("stream_options") {
-        None => false,
-        Some(Value::Object(options)) => match options.get("include_usage") {
-            _ if options.keys().any(|k| k != "include_usage") => {
-                errors.push(("stream_options", "only include_usage is supported".into()));
-                false
-            }
-            None | Some(Value::Null) => false,
-            Some(Value::Bool(b)) => *b,
-            Some(_) => {
-                errors.push(("stream_options", "include_usage must be a boolean".into()));
-                false
-            }
-        },
-        Some(_) => {
-            errors.push(("stream_options", "must be an object".into()));
-            false
-        }
+    let mut failures: Vec<(String, String)> = match parsed {
+        Ok(request) if refused.is_empty() => return Ok(request),
+        Ok(_) => Vec::new(),
+        Err(ApiError::Unprocessable(list)) => list.iter().map(|failure| member_failure(failure)).collect(),
+        Err(other) => vec![(String::new(), other.to_string())],
     };
-    if !errors.is_empty() {
-        let param = errors[0].0;
-        let message: Vec<String> = errors
-            .iter()
-            .map(|(name, problem)| {
-                if problem.starts_with('[') {
-                    format!("{name}{problem}")
-                } else {
-                    format!("{name}: {problem}")
-                }
-            })
-            .collect();
-        return Err(Refusal::new(StatusCode::BAD_REQUEST, message.join("; "), Some(param)));
-    }
-    Ok(Request {
-        input,
-        stream,
-        include_usage,
-    })
+    let rank = |name: &str| order.iter().position(|m| m == name).map_or(0, |i| i + 1);
+    failures.sort_by_key(|(name, _)| rank(name.split(['.', '[']).next().unwrap_or_default()));
+    failures.extend(refused);
+    let param = failures
+        .first()
+        .map(|(name, _)| name.split(['.', '[']).next().unwrap_or_default().to_owned())
+        .filter(|name| !name.is_empty());
+    let message: Vec<String> = failures
+        .iter()
+        .map(|(name, problem)| match (name.as_str(), problem.starts_with('[')) {
+            ("", _) => problem.clone(),
+            (_, true) => format!("{name}{problem}"),
+            (_, false) => format!("{name}: {problem}"),
+        })
+        .collect();
+    Err(Refusal::new(
+        StatusCode::BAD_REQUEST,
+        message.join("; "),
+        param.as_deref(),
+    ))
 }
 
-/// One chat message in the model's input shape: `{role, content}`, with
-/// `developer` read as `system` and content parts of type `text` joined.
-fn chat_message(message: &Value) -> Result<Value, String> {
-    let role = match message.get("role").and_then(Value::as_str) {
-        Some("system" | "developer") => "system",
-        Some("user") => "user",
-        Some("assistant") => "assistant",
-        Some("tool") => "tool",
-        Some(other) => {
-            return Err(format!(
-                "role '{other}' is not supported (system, developer, user, assistant, tool)"
-            ));
-        }
-        None => return Err("role: required".into()),
+/// A body failure (`$.member.path: problem`) as (member path, problem), in
+/// OpenAI's words for an unknown member.
+fn member_failure(failure: &str) -> (String, String) {
+    let rest = failure
+        .strip_prefix("$.")
+        .or_else(|| failure.strip_prefix("$"))
+        .unwrap_or(failure);
+    let (path, problem) = rest.split_once(": ").unwrap_or(("", rest));
+    let path = path.trim_start_matches(':').to_owned();
+    let problem = if problem == "unknown property" && !path.contains('.') {
+        "unknown parameter".to_owned()
+    } else {
+        problem.to_owned()
     };
-    let tool_calls = message.get("tool_calls").filter(|v| !v.is_null());
-    let content = match message.get("content") {
-        Some(Value::String(text)) => Value::String(text.clone()),
-        Some(Value::Array(parts)) => {
-            let mut text = String::new();
-            for part in parts {
-                match (
-                    part.get("type").and_then(Value::as_str),
-                    part.get("text").and_then(Value::as_str),
-                ) {
-                    (Some("text"), Some(piece)) => text.push_str(piece),
-                    _ => return Err("content: only text parts are supported".into()),
-                }
-            }
-            Value::String(text)
-        }
-        // An assistant message that only calls tools has no content.
-        None | Some(Value::Null) if role == "assistant" && tool_calls.is_some() => Value::Null,
-        _ => return Err("content: required, a string".into()),
-    };
-    let mut out = json!({ "role": role, "content": content });
-    if let Some(calls) = tool_calls {
-        out["tool_calls"] = calls.clone();
+    (path, problem)
+}
+
+/// The members a request type documents, in its order.
+pub(super) fn members<T: utoipa::ToSchema>() -> Vec<String> {
+    use utoipa::openapi::{RefOr, schema::Schema};
+    match T::schema() {
+        RefOr::T(Schema::Object(object)) => object.properties.keys().cloned().collect(),
+        _ => Vec::new(),
     }
-    if role == "tool"
-        && let Some(id) = message.get("tool_call_id").filter(|v| v.is_string())
-    {
-        out["tool_call_id"] = id.clone();
-    }
-    Ok(out)
 }
 
 pub(super) fn unix_now() -> u64 {
@@ -635,7 +371,7 @@ async fn complete(
         Ok(body) => body,
         Err(error) => return api_error(&error),
     };
-    let request = match parse(kind, &body) {
+    let request = match parse(kind, body) {
         Ok(request) => request,
         Err(refusal) => return refusal.response(),
     };
@@ -946,7 +682,7 @@ generating; a schema the grammar cannot express is refused with 400), `tools` wi
 (tool calls as `delta.tool_calls` fragments) ending with `data: [DONE]`; closing the stream cancels the \
 generation. Errors use OpenAI's shape `{error: {message, type, param, code}}`. Requires `endpoints:run`.",
     params(("model_id" = String, Path, description = "A text model", example = "smollm2-135m-instruct")),
-    request_body(content = Object, description = "An OpenAI chat completion request"),
+    request_body(content = inline(ChatRequest), description = "An OpenAI chat completion request"),
     responses((status = 200, description = "A `chat.completion`, or an event stream of chunks")))]
 pub async fn chat_completions(
     state: web::Data<AppState>,
@@ -964,7 +700,7 @@ pub async fn chat_completions(
 The sampling parameters, `n`, streaming and errors of chat completions; `logprobs` is the number of alternatives \
 (0 to 5) in the legacy shape. `echo`, `suffix` and `best_of` above 1 are refused. Requires `endpoints:run`.",
     params(("model_id" = String, Path, description = "A text model", example = "smollm2-135m-instruct")),
-    request_body(content = Object, description = "An OpenAI completion request"),
+    request_body(content = inline(CompletionRequest), description = "An OpenAI completion request"),
     responses((status = 200, description = "A `text_completion`, or an event stream of them")))]
 pub async fn completions(
     state: web::Data<AppState>,
@@ -992,128 +728,6 @@ pub async fn models(state: web::Data<AppState>, caller: Caller, path: web::Path<
     }
 }
 
-/// The request bodies of the two operations, as [`parse`] checks them, for
-/// the OpenAPI document: `(path, schema)`.
-pub(crate) fn request_schemas() -> [(&'static str, Value); 2] {
-    let nullable_number = |low: f64, high: f64| json!({"type": ["number", "null"], "minimum": low, "maximum": high});
-    let common = json!({
-        "model": {"type": ["string", "null"], "description": "Ignored: the model is the one in the path."},
-        "max_tokens": {"type": ["integer", "null"], "minimum": 1},
-        "max_completion_tokens": {"type": ["integer", "null"], "minimum": 1},
-        "temperature": nullable_number(0.0, 2.0),
-        "top_p": {"type": ["number", "null"], "exclusiveMinimum": 0, "maximum": 1},
-        "top_k": {"type": ["integer", "null"], "minimum": 0, "description": "An extension: sample among the k likeliest tokens."},
-        "min_p": {"type": ["number", "null"], "minimum": 0, "maximum": 1,
-            "description": "An extension: drop tokens less likely than `min_p` times the likeliest one."},
-        "seed": {"type": ["integer", "null"], "minimum": 0},
-        "stop": {"oneOf": [
-            {"type": "null"},
-            {"type": "string", "minLength": 1},
-            {"type": "array", "items": {"type": "string", "minLength": 1}, "maxItems": 4}
-        ]},
-        "n": {"type": ["integer", "null"], "minimum": 1, "maximum": 8, "description": "Choices to generate; every choice's tokens are billed, the prompt once."},
-        "presence_penalty": nullable_number(-2.0, 2.0),
-        "frequency_penalty": nullable_number(-2.0, 2.0),
-        "logit_bias": {"type": ["object", "null"], "description": "Token id (a string of digits) to a bias from -100 to 100.",
-            "propertyNames": {"pattern": "^[0-9]{1,9}$"},
-            "additionalProperties": {"type": "number", "minimum": -100, "maximum": 100}},
-        "logprobs": {"type": ["boolean", "null"]},
-        "user": {"type": ["string", "null"], "description": "Accepted and not used."},
-        "store": {"type": ["boolean", "null"], "description": "Accepted and not used: every request is a job, kept as jobs are."},
-        "metadata": {"type": ["object", "null"], "description": "Accepted and not used."},
-        "stream": {"type": ["boolean", "null"]},
-        "stream_options": {"type": ["object", "null"], "properties": {"include_usage": {"type": ["boolean", "null"]}}, "additionalProperties": false}
-    });
-    let function_call = json!({"type": "object", "required": ["function"], "properties": {
-        "id": {"type": "string"}, "type": {"const": "function"},
-        "function": {"type": "object", "required": ["name", "arguments"], "properties": {
-            "name": {"type": "string"}, "arguments": {"type": "string", "description": "The arguments object as JSON text."}}}}});
-    let mut chat = json!({
-        "type": "object",
-        "required": ["messages"],
-        "additionalProperties": false,
-        "properties": common.clone(),
-    });
-    chat["properties"]["messages"] = json!({
-        "type": "array", "minItems": 1,
-        "items": {"type": "object", "required": ["role"], "properties": {
-            "role": {"enum": ["system", "developer", "user", "assistant", "tool"]},
-            "content": {"oneOf": [
-                {"type": "string"},
-                {"type": "null", "description": "Only in an assistant message with `tool_calls`."},
-                {"type": "array", "items": {"type": "object", "required": ["type", "text"],
-                    "properties": {"type": {"const": "text"}, "text": {"type": "string"}}}}
-            ]},
-            "tool_calls": {"type": "array", "items": function_call, "description": "The calls an assistant message made."},
-            "tool_call_id": {"type": "string", "description": "In a `tool` message: the call it answers."}
-        }}
-    });
-    chat["properties"]["logprobs"]["description"] =
-        json!("Each generated token's log-probability under the model (before sampling adjustments).");
-    chat["properties"]["top_logprobs"] = json!({"type": ["integer", "null"], "minimum": 0, "maximum": 20,
-        "description": "Alternatives per token; needs `logprobs: true`."});
-    chat["properties"]["response_format"] = json!({"oneOf": [
-        {"type": "null"},
-        {"type": "object", "required": ["type"], "additionalProperties": false,
-            "properties": {"type": {"enum": ["text", "json_object"]}}},
-        {"type": "object", "required": ["type", "json_schema"], "additionalProperties": false, "properties": {
-            "type": {"const": "json_schema"},
-            "json_schema": {"type": "object", "required": ["name"], "additionalProperties": false, "properties": {
-                "name": {"type": "string"},
-                "description": {"type": "string"},
-                "schema": {"type": "object", "description": "A JSON Schema, enforced while generating. Supported: \
-    type (or a list), properties, required, items, prefixItems, minItems, maxItems, enum, const, anyOf, oneOf, allOf of \
-    one schema, $ref into $defs or definitions, minLength, maxLength, formats date, time, date-time and uuid, small integer \
-    ranges. Anything else that constrains values (pattern, not, multipleOf, ...) is refused with 400."},
-                "strict": {"type": ["boolean", "null"], "description": "Accepted; the schema is always enforced."}
-            }}
-        }}
-    ]});
-    chat["properties"]["tools"] = json!({"type": ["array", "null"], "maxItems": 128, "items": {
-    "type": "object", "required": ["type", "function"], "additionalProperties": false, "properties": {
-        "type": {"const": "function"},
-        "function": {"type": "object", "required": ["name"], "additionalProperties": false, "properties": {
-            "name": {"type": "string", "pattern": "^[A-Za-z0-9_-]{1,64}$"},
-            "description": {"type": "string"},
-            "parameters": {"type": "object", "description": "A JSON Schema of the arguments (the same support as `response_format`)."},
-            "strict": {"type": ["boolean", "null"]}
-        }}
-    }}});
-    chat["properties"]["tool_choice"] = json!({"oneOf": [
-        {"type": "null"},
-        {"enum": ["none", "auto", "required"]},
-        {"type": "object", "required": ["type", "function"], "properties": {
-            "type": {"const": "function"},
-            "function": {"type": "object", "required": ["name"], "properties": {"name": {"type": "string"}}}
-        }}
-    ], "description": "`auto` (the default with tools): text or calls; `required`: calls; a function: calls of it; \
-`none`: the tools are not offered. A named function must be in `tools`."});
-    chat["properties"]["parallel_tool_calls"] = json!({"type": ["boolean", "null"],
-        "description": "Up to 4 calls in one answer (the default), or 1 when false."});
-    let mut completion = json!({
-        "type": "object",
-        "required": ["prompt"],
-        "additionalProperties": false,
-        "properties": common,
-    });
-    completion["properties"]["logprobs"] = json!({"type": ["integer", "null"], "minimum": 0, "maximum": MAX_COMPLETION_LOGPROBS,
-        "description": "Log-probabilities of the generated tokens with this many alternatives each."});
-    // Accepted at the values that change nothing.
-    completion["properties"]["echo"] =
-        json!({"enum": [false, null], "description": "Only false: the prompt is never repeated."});
-    completion["properties"]["suffix"] =
-        json!({"enum": ["", null], "description": "Not supported: no fill-in-the-middle."});
-    completion["properties"]["best_of"] = json!({"enum": [1, null]});
-    completion["properties"]["prompt"] = json!({"oneOf": [
-        {"type": "string", "minLength": 1},
-        {"type": "array", "items": {"type": "string", "minLength": 1}, "minItems": 1, "maxItems": 1}
-    ]});
-    [
-        ("/v2/{model_id}/openai/v1/chat/completions", chat),
-        ("/v2/{model_id}/openai/v1/completions", completion),
-    ]
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1127,7 +741,7 @@ mod tests {
             "stream": true, "stream_options": {"include_usage": true}, "response_format": {"type": "text"},
             "presence_penalty": 0.5, "logprobs": true, "top_logprobs": 2
         });
-        let Ok(request) = parse(Kind::Chat, &body) else {
+        let Ok(request) = parse(Kind::Chat, body.clone()) else {
             panic!("valid request refused")
         };
         assert!(request.stream && request.include_usage);
@@ -1143,7 +757,7 @@ mod tests {
     fn completions_are_raw_and_every_problem_is_listed() {
         let Ok(request) = parse(
             Kind::Completion,
-            &json!({"prompt": ["Once"], "max_completion_tokens": 3}),
+            json!({"prompt": ["Once"], "max_completion_tokens": 3}),
         ) else {
             panic!("valid request refused")
         };
@@ -1153,7 +767,7 @@ mod tests {
         );
         let Err(refusal) = parse(
             Kind::Chat,
-            &json!({"messages": [], "n": -2, "max_tokens": 0, "functions": []}),
+            json!({"messages": [], "n": -2, "max_tokens": 0, "functions": []}),
         ) else {
             panic!("invalid request accepted")
         };
@@ -1163,7 +777,7 @@ mod tests {
             assert!(refusal.message.contains(field), "{field} in {}", refusal.message);
         }
         // the legacy operation: logprobs is a count; echo and suffix are refused by name
-        let Ok(request) = parse(Kind::Completion, &json!({"prompt": "a", "logprobs": 2, "n": 2})) else {
+        let Ok(request) = parse(Kind::Completion, json!({"prompt": "a", "logprobs": 2, "n": 2})) else {
             panic!("valid request refused")
         };
         assert_eq!(
@@ -1175,7 +789,7 @@ mod tests {
             (json!({"prompt": "a", "suffix": "end"}), "suffix"),
             (json!({"prompt": "a", "logprobs": 6}), "logprobs"),
         ] {
-            let Err(refusal) = parse(Kind::Completion, &body) else {
+            let Err(refusal) = parse(Kind::Completion, body.clone()) else {
                 panic!("accepted: {body}")
             };
             assert_eq!(refusal.param.as_deref(), Some(param), "{}", refusal.message);
@@ -1184,7 +798,7 @@ mod tests {
         let tools = json!([{"type": "function", "function": {"name": "f"}}]);
         let Ok(request) = parse(
             Kind::Chat,
-            &json!({"messages": [{"role": "user", "content": "x"},
+            json!({"messages": [{"role": "user", "content": "x"},
                 {"role": "assistant", "content": null, "tool_calls": [{"id": "c", "type": "function", "function": {"name": "f", "arguments": "{}"}}]},
                 {"role": "tool", "tool_call_id": "c", "content": "done"}],
                 "tools": tools, "tool_choice": "required", "response_format": {"type": "json_object"}}),
@@ -1210,7 +824,7 @@ mod tests {
     /// sampling values out of the documented ranges.
     #[test]
     fn what_the_document_refuses_is_refused() {
-        let refused = |kind, body: Value| match parse(kind, &body) {
+        let refused = |kind, body: Value| match parse(kind, body.clone()) {
             Err(refusal) => refusal.message,
             Ok(_) => panic!("accepted: {body}"),
         };
@@ -1238,7 +852,7 @@ mod tests {
         assert!(
             parse(
                 Kind::Completion,
-                &json!({"prompt": "x", "echo": false, "suffix": null, "best_of": 1, "temperature": 2, "top_p": 1})
+                json!({"prompt": "x", "echo": false, "suffix": null, "best_of": 1, "temperature": 2, "top_p": 1})
             )
             .is_ok()
         );
@@ -1251,24 +865,33 @@ mod tests {
             "{message}"
         );
 
-        // And the document says so.
+        // And the document says so: it refuses unknown members, and every
+        // member it lists is read (null, as OpenAI's clients send, included).
         let doc = crate::openapi::public_openapi_json();
-        for (path, own) in [
-            ("/v2/{model_id}/openai/v1/chat/completions", &CHAT_PARAMETERS[..]),
-            ("/v2/{model_id}/openai/v1/completions", &COMPLETION_PARAMETERS[..]),
+        for (path, kind, required) in [
+            (
+                "/v2/{model_id}/openai/v1/chat/completions",
+                Kind::Chat,
+                json!({"messages": [{"role": "user", "content": "hi"}]}),
+            ),
+            (
+                "/v2/{model_id}/openai/v1/completions",
+                Kind::Completion,
+                json!({"prompt": "x"}),
+            ),
         ] {
             let schema = &doc["paths"][path]["post"]["requestBody"]["content"]["application/json"]["schema"];
-            assert_eq!(schema["additionalProperties"], json!(false));
-            let mut documented: Vec<&str> = schema["properties"]
-                .as_object()
-                .unwrap()
-                .keys()
-                .map(String::as_str)
-                .collect();
-            let mut accepted: Vec<&str> = own.iter().chain(COMMON_PARAMETERS.iter()).copied().collect();
-            documented.sort_unstable();
-            accepted.sort_unstable();
-            assert_eq!(documented, accepted, "{path}");
+            assert_eq!(schema["additionalProperties"], json!(false), "{path}");
+            let properties = schema["properties"].as_object().unwrap();
+            assert!(properties.len() > 20, "{path}: {schema}");
+            for name in properties.keys().filter(|name| required.get(name.as_str()).is_none()) {
+                let mut body = required.clone();
+                body[name.as_str()] = Value::Null;
+                assert!(parse(kind, body).is_ok(), "{path}: {name}: null refused");
+            }
+            let mut body = required.clone();
+            body["undocumented"] = json!(1);
+            assert_eq!(parse(kind, body).unwrap_err().param.as_deref(), Some("undocumented"));
         }
     }
 }

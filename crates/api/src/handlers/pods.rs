@@ -12,7 +12,7 @@ use gantry_containers::pods::{
 };
 use gantry_containers::{Container, PodAction, PodRecord, PodSpec, PodStatus, check_name};
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 
 use crate::body::{Failures, RequestBody, present, present_object, read_body};
 use crate::handlers::serverless::{
@@ -21,6 +21,7 @@ use crate::handlers::serverless::{
 };
 use crate::middleware::Caller;
 use crate::problem::ApiError;
+use crate::query::{self, RequestQuery, parse_query};
 use crate::state::AppState;
 
 // --- request bodies -------------------------------------------------------
@@ -667,6 +668,25 @@ async fn new_pod_spec(state: &AppState, owner: &str, mut body: CreatePodRequest)
     })
 }
 
+/// The query of the pod list.
+#[derive(Deserialize, IntoParams)]
+#[serde(rename_all = "camelCase")]
+#[into_params(parameter_in = Query)]
+struct ListPodsQuery {
+    /// Accepted; this platform has no cluster pods yet
+    #[serde(default, deserialize_with = "query::value")]
+    #[allow(dead_code)]
+    include_cluster_pods: Option<bool>,
+}
+
+impl RequestQuery for ListPodsQuery {
+    type Valid = ();
+
+    fn validate(self, _: &mut Vec<String>) -> Option<()> {
+        Some(())
+    }
+}
+
 // --- handlers -------------------------------------------------------------
 
 /// A pod starts only with credit, when credit is required (402 otherwise):
@@ -686,19 +706,12 @@ pub(crate) async fn require_credit(state: &AppState, owner: &str) -> Result<(), 
 
 #[utoipa::path(get, path = "/v2/pods", operation_id = "listPods", tag = "Pods",
     description = "The caller's pods, oldest first. Requires `pods:read`.",
-    params(("includeClusterPods" = Option<bool>, Query, description = "Accepted; this platform has no cluster pods yet")),
+    params(ListPodsQuery),
     responses((status = 200, description = "OK", body = ListPodsResponse),
         (status = 400, description = "Bad query parameters", body = crate::problem::Problem, content_type = "application/problem+json")))]
 pub async fn list_pods(state: web::Data<AppState>, caller: Caller, req: HttpRequest) -> Result<HttpResponse, ApiError> {
     caller.require(Scope::PodsRead)?;
-    #[derive(Deserialize)]
-    #[serde(rename_all = "camelCase", deny_unknown_fields)]
-    struct ListQuery {
-        #[allow(dead_code)]
-        include_cluster_pods: Option<bool>,
-    }
-    serde_urlencoded::from_str::<ListQuery>(req.query_string())
-        .map_err(|e| ApiError::bad_request(format!("invalid query parameters: {e}")))?;
+    parse_query::<ListPodsQuery>(&req)?;
     let mut pods = Vec::new();
     for record in state.containers.list_pods(caller.user_id()).await? {
         pods.push(pod_view(&state, record, false).await);
@@ -885,10 +898,7 @@ pub async fn pod_action(
 #[utoipa::path(get, path = "/v2/pods/{id}/logs", operation_id = "getPodLogs", tag = "Pods",
     description = "The pod's logs as Server-Sent Events: `data: {source, line, ts}` with the line's time as the event id, so `Last-Event-ID` resumes after it. `source` is `container` (stdout and stderr), `system` (created, pulled, started, stopped, exit codes, errors) or `all` (default); `tail` (0 to 5000, default 100) lines first, or those after `since` (RFC 3339); `follow=true` keeps the stream open while the container runs. Requires `pods:read`.",
     params(("id" = String, Path, description = "Pod id"),
-        ("source" = Option<String>, Query, description = "container, system or all"),
-        ("tail" = Option<u32>, Query, description = "Lines to start with, 0 to 5000", minimum = 0, maximum = 5000),
-        ("since" = Option<String>, Query, description = "Only lines after this time (RFC 3339)"),
-        ("follow" = Option<bool>, Query, description = "Keep streaming new lines"),
+        crate::handlers::serverless::LogQuery,
         ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event")),
     responses((status = 200, description = "The log as Server-Sent Events", content_type = "text/event-stream", body = String),
         (status = 400, description = "Bad query parameters or Last-Event-ID, every failure listed", body = crate::problem::Problem, content_type = "application/problem+json"),

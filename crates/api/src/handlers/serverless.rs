@@ -13,11 +13,12 @@ use gantry_containers::{
     check_container, check_name, is_cuda_version,
 };
 use serde::{Deserialize, Serialize};
-use utoipa::ToSchema;
+use utoipa::{IntoParams, ToSchema};
 
 use crate::body::{Failures, RequestBody, present, present_object, read_body};
 use crate::middleware::Caller;
 use crate::problem::ApiError;
+use crate::query::{self, Between, One, RequestQuery, Time, parse_query};
 use crate::state::AppState;
 
 /// Default container disk, GB.
@@ -1366,14 +1367,42 @@ pub async fn releases(
     }))
 }
 
-/// Query of the logs route.
-#[derive(Deserialize)]
-#[serde(deny_unknown_fields)]
-struct LogQuery {
-    source: Option<String>,
-    tail: Option<u32>,
-    since: Option<String>,
+/// Which lines a log shows.
+#[derive(Deserialize, ToSchema, Clone, Copy, PartialEq, Eq)]
+#[serde(rename_all = "lowercase")]
+pub(crate) enum LogSource {
+    Container,
+    System,
+    All,
+}
+
+/// The query of a logs route.
+#[derive(Deserialize, IntoParams)]
+#[into_params(parameter_in = Query)]
+pub(crate) struct LogQuery {
+    /// container, system or all
+    #[serde(default, deserialize_with = "query::value")]
+    #[param(inline)]
+    source: Option<One<LogSource>>,
+    /// Lines to start with, 0 to 5000
+    #[serde(default, deserialize_with = "query::value")]
+    #[param(inline)]
+    tail: Option<Between<0, 5000>>,
+    /// Only lines after this time (RFC 3339)
+    #[serde(default, deserialize_with = "query::value")]
+    #[param(inline)]
+    since: Option<Time>,
+    /// Keep streaming new lines
+    #[serde(default, deserialize_with = "query::value")]
     follow: Option<bool>,
+}
+
+impl RequestQuery for LogQuery {
+    type Valid = Self;
+
+    fn validate(self, _: &mut Vec<String>) -> Option<Self> {
+        Some(self)
+    }
 }
 
 /// One log line as the SSE `data` carries it.
@@ -1387,10 +1416,7 @@ struct LogEvent<'a> {
 #[utoipa::path(get, path = "/v2/serverless/{id}/workers/{workerId}/logs", operation_id = "getWorkerLogs", tag = "Serverless",
     description = "A worker's logs as Server-Sent Events: `data: {source, line, ts}` with the line's time as the event id, so `Last-Event-ID` resumes after it. `source` is `container` (stdout and stderr), `system` (why the worker started or ended) or `all` (default); `tail` (0 to 5000, default 100) lines first, or those after `since` (RFC 3339); `follow=true` keeps the stream open while the container runs. Requires `endpoints:read`.",
     params(("id" = String, Path, description = "Endpoint id"), ("workerId" = String, Path, description = "Worker id"),
-        ("source" = Option<String>, Query, description = "container, system or all"),
-        ("tail" = Option<u32>, Query, description = "Lines to start with, 0 to 5000", minimum = 0, maximum = 5000),
-        ("since" = Option<String>, Query, description = "Only lines after this time (RFC 3339)"),
-        ("follow" = Option<bool>, Query, description = "Keep streaming new lines"),
+        LogQuery,
         ("Last-Event-ID" = Option<String>, Header, description = "Resume after this event")),
     responses((status = 200, description = "The log as Server-Sent Events", content_type = "text/event-stream", body = String),
         (status = 400, description = "Bad query parameters or Last-Event-ID, every failure listed", body = crate::problem::Problem, content_type = "application/problem+json"),
@@ -1433,7 +1459,7 @@ pub async fn worker_logs(
 /// The query of a logs route, checked (every failure at once) and with
 /// `Last-Event-ID` folded into `since`.
 pub(crate) struct LogRequest {
-    source: String,
+    source: LogSource,
     tail: u32,
     since_ns: Option<i64>,
     /// `since` was given: every line after it, not only the last `tail`.
@@ -1443,30 +1469,8 @@ pub(crate) struct LogRequest {
 
 impl LogRequest {
     pub(crate) fn parse(req: &HttpRequest) -> Result<Self, ApiError> {
-        let query: LogQuery = serde_urlencoded::from_str(req.query_string())
-            .map_err(|e| ApiError::bad_request(format!("invalid query parameters: {e}")))?;
-        let mut errors = Vec::new();
-        let source = query.source.unwrap_or_else(|| "all".to_owned());
-        if !["container", "system", "all"].contains(&source.as_str()) {
-            errors.push(format!("source: must be container, system or all (got '{source}')"));
-        }
-        let tail = query.tail.unwrap_or(100);
-        if tail > 5000 {
-            errors.push(format!("tail: must be from 0 to 5000 (got {tail})"));
-        }
-        let mut since_ns: Option<i64> = None;
-        if let Some(since) = &query.since {
-            match gantry_billing::history::parse_rfc3339(since) {
-                Some(ms) => since_ns = Some(ms.saturating_mul(1_000_000)),
-                None => errors.push(format!("since: must be an RFC 3339 time (got '{since}')")),
-            }
-        }
-        if !errors.is_empty() {
-            return Err(ApiError::BadRequest {
-                detail: "invalid query parameters".into(),
-                errors,
-            });
-        }
+        let query = parse_query::<LogQuery>(req)?;
+        let mut since_ns = query.since.map(|t| t.0.saturating_mul(1_000_000));
         if let Some(last) = req.headers().get("last-event-id").and_then(|v| v.to_str().ok()) {
             match last.trim().parse::<i64>() {
                 Ok(ns) => since_ns = Some(since_ns.map_or(ns, |s| s.max(ns))),
@@ -1478,8 +1482,8 @@ impl LogRequest {
             }
         }
         Ok(Self {
-            source,
-            tail,
+            source: query.source.map_or(LogSource::All, |s| s.0),
+            tail: query.tail.map_or(100, |t| u32::try_from(t.0).unwrap_or(5000)),
             since_ns,
             since_given: query.since.is_some(),
             follow: query.follow.unwrap_or(false),
@@ -1497,13 +1501,13 @@ pub(crate) async fn log_response(
     system: Vec<(i64, String)>,
     live: bool,
 ) -> Result<HttpResponse, ApiError> {
-    let (source, tail, since_ns) = (query.source.as_str(), query.tail, query.since_ns);
+    let (source, tail, since_ns) = (query.source, query.tail, query.since_ns);
     let mut events: Vec<(i64, &'static str, String)> = Vec::new();
-    if source != "container" {
+    if source != LogSource::Container {
         events.extend(system.into_iter().map(|(ts, line)| (ts, "system", line)));
     }
     let runtime = state.fleet.as_ref().and_then(|fleet| fleet.runtime().cloned());
-    if source != "system" && live {
+    if source != LogSource::System && live {
         let Some(runtime) = &runtime else {
             return Err(ApiError::Unavailable("no container runtime is configured".into()));
         };
@@ -1532,7 +1536,7 @@ pub(crate) async fn log_response(
         body.push_str(&log_event(*ts, source, line));
         last_ts = last_ts.max(*ts);
     }
-    let follow = query.follow && source != "system" && live;
+    let follow = query.follow && source != LogSource::System && live;
     let head = futures_util::stream::once(async move { Ok::<_, actix_web::Error>(web::Bytes::from(body)) });
     let mut response = HttpResponse::Ok();
     response
