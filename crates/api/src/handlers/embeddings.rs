@@ -173,11 +173,13 @@ fn render(model_id: &str, output: &Value) -> Value {
 
 /// Sets `input`'s forms into the typed request body of the document `doc`.
 pub(crate) fn request_schema(doc: &mut Value) {
+    // Only where the document has the route (indexing would add it).
+    if doc["paths"].get("/v2/{model_id}/openai/v1/embeddings").is_none() {
+        return;
+    }
     let properties = &mut doc["paths"]["/v2/{model_id}/openai/v1/embeddings"]["post"]["requestBody"]["content"]["application/json"]
         ["schema"]["properties"];
-    if !properties.is_null() {
-        properties["input"] = input_schema();
-    }
+    properties["input"] = input_schema();
 }
 
 #[utoipa::path(post, path = "/v2/{model_id}/openai/v1/embeddings", operation_id = "openaiEmbeddings",
