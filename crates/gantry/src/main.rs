@@ -662,7 +662,7 @@ async fn users(cmd: UsersCommand, db: sea_orm::DatabaseConnection) -> CliResult 
         }
         UsersCommand::WebhookSecret { email, rotate } => {
             let user = auth.find_user(&email).await?;
-            let secret = gantry_jobs::webhook_secret(&db, &user.id, rotate).await?;
+            let secret = gantry_webhooks::webhook_secret(&db, &user.id, rotate).await?;
             println!("{secret}");
             if rotate {
                 eprintln!(

@@ -197,25 +197,6 @@ pub mod file {
     }
 }
 
-pub mod webhook_secret {
-    use sea_orm::entity::prelude::*;
-
-    /// A user's webhook signing secret (see `signing.rs`).
-    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
-    #[sea_orm(table_name = "webhook_secrets")]
-    pub struct Model {
-        #[sea_orm(primary_key, auto_increment = false)]
-        pub user_id: String,
-        pub secret: String,
-        pub created_at_ms: i64,
-    }
-
-    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
-    pub enum Relation {}
-
-    impl ActiveModelBehavior for ActiveModel {}
-}
-
 pub mod worker_gpu {
     use sea_orm::entity::prelude::*;
 

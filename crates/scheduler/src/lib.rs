@@ -35,6 +35,7 @@ use gantry_jobs::wakeups::Attached;
 use gantry_webhooks as webhooks;
 
 mod assign;
+mod file_sweep;
 mod settle;
 mod sweep;
 mod worker_presence;
@@ -115,7 +116,7 @@ impl Scheduler {
             .observe_live(Some(Arc::new(core.parts.outcomes.live_observer())));
         let mut background = Vec::new();
         if let Some(files) = core.store.config.files.clone() {
-            background.push(tokio::spawn(gantry_jobs::files::sweep(
+            background.push(tokio::spawn(file_sweep::sweep(
                 files,
                 core.db.clone(),
                 core.parts.writer.clone(),

@@ -6,6 +6,9 @@
 //! `SSL_CERT_DIR`), plus those of [`SchedulerConfig::webhook_ca_file`]; a
 //! system without any (a slim container image without `ca-certificates`)
 //! falls back to the Mozilla roots compiled into `webpki-roots`.
+//!
+//! Each delivery is signed with its owner's secret ([`signing`]: the
+//! Standard Webhooks scheme, one secret per user in `webhook_secrets`).
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -22,6 +25,9 @@ use gantry_jobs::{JobStatus, JobView, SchedulerError};
 use gantry_net::{AddressPolicy, error_chain};
 
 use job::Column as J;
+
+pub mod signing;
+pub use signing::webhook_secret;
 
 /// The longest one delivery can take: every attempt timing out, plus the
 /// pauses between attempts (0.5 s, 1 s, 2 s …).
@@ -90,7 +96,7 @@ impl Deliveries {
         self.running.spawn(async move {
             let view = view.linked(files.as_ref()).await;
             if view.status != JobStatus::Cancelled {
-                match gantry_jobs::signing::secret_for(&db, &user_id).await {
+                match crate::signing::secret_for(&db, &user_id).await {
                     Ok(secret) => {
                         let message_id = format!("msg_{}_{}", view.id, finished_at.unwrap_or_default());
                         let delivery = Delivery {
@@ -193,7 +199,7 @@ async fn deliver(
     for attempt in 1..=attempts {
         // Each attempt is signed at its own time (receivers reject stale timestamps).
         let timestamp = now_ms().div_euclid(1000);
-        let signature = gantry_jobs::signing::signature(delivery.secret, delivery.message_id, timestamp, &body);
+        let signature = crate::signing::signature(delivery.secret, delivery.message_id, timestamp, &body);
         let request = client
             .post(url)
             .header(reqwest::header::CONTENT_TYPE, "application/json")

@@ -8,16 +8,18 @@
 //! completion was stale, or the process died in between. Objects without a
 //! row are deleted once older than `files.orphan_grace_secs` (an hour by
 //! default: far longer than any result takes to commit after its files).
-//! Several schedulers may sweep the same store: deletes are idempotent.
+//! Several schedulers may sweep the same store: deletes are idempotent. It is
+//! one of the scheduler's duties, started beside its loop when the platform
+//! stores files.
 
 use std::time::Duration;
 
 use gantry_files::Files;
 use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 
-use crate::db::now_ms;
-use crate::entity::file;
-use crate::transition::JobWriter;
+use gantry_jobs::JobWriter;
+use gantry_jobs::db::now_ms;
+use gantry_jobs::entity::file;
 
 /// Expired files deleted per round.
 const BATCH: u64 = 256;
@@ -48,12 +50,7 @@ pub async fn sweep(files: Files, db: DatabaseConnection, writer: JobWriter) {
 }
 
 /// Deletes the objects past their lifetime, then their rows; returns how many.
-pub async fn delete_expired(
-    files: &Files,
-    db: &DatabaseConnection,
-    writer: &JobWriter,
-    now: i64,
-) -> Result<usize, String> {
+async fn delete_expired(files: &Files, db: &DatabaseConnection, writer: &JobWriter, now: i64) -> Result<usize, String> {
     let mut total = 0;
     loop {
         let keys: Vec<String> = file::Entity::find()
@@ -88,7 +85,7 @@ pub async fn delete_expired(
 }
 
 /// Deletes objects older than the grace period that no `files` row names.
-pub async fn delete_orphans(files: &Files, db: &DatabaseConnection, now: i64) -> Result<usize, String> {
+async fn delete_orphans(files: &Files, db: &DatabaseConnection, now: i64) -> Result<usize, String> {
     let grace = i64::try_from(files.orphan_grace().as_millis()).unwrap_or(i64::MAX);
     let old: Vec<String> = files
         .list()

@@ -13,7 +13,7 @@ use rand::RngExt;
 use sea_orm::sea_query::{Expr, OnConflict, Query};
 use sea_orm::{ColumnTrait, ConnectionTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter};
 
-use crate::entity::webhook_secret;
+use gantry_jobs::db::now_ms;
 
 const PREFIX: &str = "whsec_";
 
@@ -36,7 +36,7 @@ pub async fn secret_for(db: &DatabaseConnection, user_id: &str) -> Result<String
             webhook_secret::Column::Secret,
             webhook_secret::Column::CreatedAtMs,
         ])
-        .values_panic([user_id.into(), new_secret().into(), crate::db::now_ms().into()])
+        .values_panic([user_id.into(), new_secret().into(), now_ms().into()])
         .on_conflict(
             OnConflict::column(webhook_secret::Column::UserId)
                 .do_nothing()
@@ -60,7 +60,7 @@ pub async fn webhook_secret(db: &DatabaseConnection, user_id: &str, rotate: bool
     let fresh = new_secret();
     webhook_secret::Entity::update_many()
         .col_expr(webhook_secret::Column::Secret, Expr::value(fresh.as_str()))
-        .col_expr(webhook_secret::Column::CreatedAtMs, Expr::value(crate::db::now_ms()))
+        .col_expr(webhook_secret::Column::CreatedAtMs, Expr::value(now_ms()))
         .filter(webhook_secret::Column::UserId.eq(user_id))
         .exec(db)
         .await?;
@@ -80,6 +80,25 @@ pub fn signature(secret: &str, id: &str, timestamp: i64, body: &[u8]) -> String 
     mac.update(b".");
     mac.update(body);
     format!("v1,{}", STANDARD.encode(mac.finalize().into_bytes()))
+}
+
+/// The `webhook_secrets` table: one signing secret per user.
+mod webhook_secret {
+    use sea_orm::entity::prelude::*;
+
+    #[derive(Clone, Debug, PartialEq, Eq, DeriveEntityModel)]
+    #[sea_orm(table_name = "webhook_secrets")]
+    pub struct Model {
+        #[sea_orm(primary_key, auto_increment = false)]
+        pub user_id: String,
+        pub secret: String,
+        pub created_at_ms: i64,
+    }
+
+    #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
+    pub enum Relation {}
+
+    impl ActiveModelBehavior for ActiveModel {}
 }
 
 #[cfg(test)]
