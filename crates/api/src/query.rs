@@ -12,6 +12,10 @@
 //! Each value type also states its schema (`PartialSchema`), which the
 //! parameter shows (`#[param(inline)]`): the document says what the parser
 //! reads because the same type does both.
+use std::any::TypeId;
+use std::collections::HashMap;
+use std::sync::{Arc, OnceLock, RwLock};
+
 use actix_web::HttpRequest;
 use serde::de::DeserializeOwned;
 use utoipa::IntoParams;
@@ -25,7 +29,7 @@ use crate::problem::ApiError;
 /// A query string as one type: a struct that derives `Deserialize` and
 /// `IntoParams` (`#[into_params(parameter_in = Query)]`), whose fields are
 /// `Option`s of [`QueryValue`] types read with [`value`].
-pub trait RequestQuery: DeserializeOwned + IntoParams {
+pub trait RequestQuery: DeserializeOwned + IntoParams + 'static {
     /// What a valid query becomes.
     type Valid;
     /// Rules about which parameters go together (`count` only with
@@ -123,12 +127,22 @@ pub fn invalid(errors: Vec<String>) -> ApiError {
     }
 }
 
-/// The parameters `T` documents, in its order.
-fn names<T: IntoParams>() -> Vec<String> {
-    T::into_params(|| Some(ParameterIn::Query))
+/// The parameters `T` documents, in its order: built once per type (the
+/// parameters' descriptions and schemas are made to read the names).
+fn names<T: IntoParams + 'static>() -> Arc<[String]> {
+    static NAMES: OnceLock<RwLock<HashMap<TypeId, Arc<[String]>>>> = OnceLock::new();
+    let names = NAMES.get_or_init(RwLock::default);
+    if let Some(known) = names.read().ok().and_then(|map| map.get(&TypeId::of::<T>()).cloned()) {
+        return known;
+    }
+    let known: Arc<[String]> = T::into_params(|| Some(ParameterIn::Query))
         .into_iter()
         .map(|parameter| parameter.name)
-        .collect()
+        .collect();
+    if let Ok(mut map) = names.write() {
+        map.insert(TypeId::of::<T>(), Arc::clone(&known));
+    }
+    known
 }
 
 /// A parameter's value, read from its text. The error is the problem without
