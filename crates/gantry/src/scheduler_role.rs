@@ -50,9 +50,10 @@ impl SchedulerRole {
     /// Refuses settings the scheduler would fail on, before anything is
     /// created or bound.
     pub fn check(settings: &Settings) -> Result<(), StartError> {
+        settings.job_config().map_err(StartError::Config)?;
         settings
-            .job_config()
-            .map_err(StartError::Config)?
+            .scheduler
+            .webhook_config()
             .check()
             .map_err(|e| StartError::Config(format!("scheduler: {e}")))
     }
@@ -83,7 +84,8 @@ impl SchedulerRole {
             }
         });
         let models = Arc::new(settings.models.clone());
-        let scheduler = Scheduler::start(store, models, dispatcher.clone(), events)
+        let webhooks = settings.scheduler.webhook_config();
+        let scheduler = Scheduler::start(store, models, dispatcher.clone(), events, &webhooks)
             .await
             .map_err(|e| StartError::Config(format!("scheduler: {e}")))?;
         tracing::info!(scheduler = %local, instance = scheduler.instance_id(), "scheduler is listening for workers");

@@ -329,6 +329,11 @@ impl Settings {
     /// The job layer's configuration, with the file store.
     pub fn job_config(&self) -> Result<gantry_jobs::SchedulerConfig, String> {
         let mut config = self.scheduler.job_config();
+        config.webhook_destinations = self
+            .scheduler
+            .webhook_config()
+            .policy()
+            .map_err(|e| format!("scheduler: {e}"))?;
         config.files = Some(self.open_files()?);
         config.require_credit = self.billing.require_credit;
         config.storage_prices = self.billing.storage;
@@ -346,10 +351,16 @@ impl SchedulerSettings {
         config.sweep_interval = std::time::Duration::from_millis(self.sweep_interval_ms.max(10));
         config.claim_ahead = self.claim_ahead;
         config.sync_store_after = std::time::Duration::from_millis(self.sync_store_after_ms);
-        config.webhook_attempts = self.webhook_attempts.max(1);
-        config.webhook_timeout = std::time::Duration::from_millis(self.webhook_timeout_ms.max(1));
-        config.webhook_ca_file = self.webhook_ca_file.clone();
-        config.webhook_allow_ranges = self.webhook_allow_ranges.clone();
+        config
+    }
+
+    /// The webhook outbox's settings.
+    pub fn webhook_config(&self) -> gantry_webhooks::WebhookConfig {
+        let mut config = gantry_webhooks::WebhookConfig::default();
+        config.attempts = self.webhook_attempts.max(1);
+        config.timeout = std::time::Duration::from_millis(self.webhook_timeout_ms.max(1));
+        config.ca_file = self.webhook_ca_file.clone();
+        config.allow_ranges = self.webhook_allow_ranges.clone();
         config
     }
 }

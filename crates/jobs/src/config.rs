@@ -1,10 +1,6 @@
-use std::path::PathBuf;
-use std::sync::Arc;
 use std::time::Duration;
 
 use gantry_net::AddressPolicy;
-
-use crate::types::SchedulerError;
 
 /// Settings of the job layer, shared by [`crate::JobStore`] and [`crate::Scheduler`].
 #[derive(Debug, Clone)]
@@ -48,23 +44,16 @@ pub struct SchedulerConfig {
     /// caller's request fails with it). Zero writes every job at submit.
     /// Default 200 ms; at most 500 ms.
     pub sync_store_after: Duration,
-    /// Webhook deliveries tried per job. Default 3.
-    pub webhook_attempts: u32,
-    /// Timeout of one webhook request. Default 10 s.
-    pub webhook_timeout: Duration,
-    /// A PEM file of extra root certificates trusted for `https://` webhooks,
-    /// on top of the system's (for receivers behind a private CA). Default
-    /// none.
-    pub webhook_ca_file: Option<PathBuf>,
     /// This process is the only one using the database (the embedded SQLite
     /// file, whose lock it holds): a job left `IN_PROGRESS` when the
     /// scheduler starts was run by a process that died, so it is requeued at
     /// once instead of after its lease lapses. Default false.
     pub sole_owner: bool,
-    /// Address ranges (CIDR) webhooks may reach although they are loopback,
-    /// private or otherwise special-purpose (refused by default: see
-    /// `destinations.rs`). Default none.
-    pub webhook_allow_ranges: Vec<String>,
+    /// The destinations a job's `webhook` may name (an address literal is
+    /// judged at submit, a name when it is delivered). The webhooks crate's
+    /// settings give it (`gantry_webhooks::WebhookConfig::policy`); default:
+    /// public addresses only.
+    pub webhook_destinations: AddressPolicy,
     /// Where output files are stored, and how their URLs are made. Without
     /// it a job whose worker sends files fails. Default none.
     pub files: Option<gantry_files::Files>,
@@ -90,11 +79,8 @@ impl Default for SchedulerConfig {
             claim_batch: 64,
             claim_ahead: 0,
             sync_store_after: Duration::from_millis(200),
-            webhook_attempts: 3,
-            webhook_timeout: Duration::from_secs(10),
-            webhook_ca_file: None,
             sole_owner: false,
-            webhook_allow_ranges: Vec::new(),
+            webhook_destinations: AddressPolicy::default(),
             files: None,
             require_credit: false,
             storage_prices: gantry_billing::storage::StoragePrices::default(),
@@ -103,28 +89,6 @@ impl Default for SchedulerConfig {
 }
 
 impl SchedulerConfig {
-    /// Checks what can be wrong before anything starts: the webhook client
-    /// must build (`webhook_ca_file` readable and holding certificates).
-    pub fn check(&self) -> Result<(), SchedulerError> {
-        self.webhook_client().map(drop)
-    }
-
-    /// The client every webhook delivery of one scheduler goes through: only
-    /// permitted addresses are ever connected to (gantry-net), and a redirect
-    /// could lead anywhere, so none is followed.
-    pub fn webhook_client(&self) -> Result<reqwest::Client, SchedulerError> {
-        let fail = |e: String| SchedulerError::Webhooks(e);
-        let tls = gantry_net::tls_config(self.webhook_ca_file.as_deref())
-            .map_err(|e| fail(format!("webhook_ca_file {e}")))?;
-        gantry_net::client(Arc::new(self.webhook_policy()?), self.webhook_timeout, tls).map_err(fail)
-    }
-
-    /// The destinations webhooks may reach (see gantry-net).
-    pub fn webhook_policy(&self) -> Result<AddressPolicy, SchedulerError> {
-        AddressPolicy::new(&self.webhook_allow_ranges)
-            .map_err(|e| SchedulerError::Webhooks(format!("webhook_allow_ranges: {e}")))
-    }
-
     /// How recent a scheduler's `worker_presence` rows must be to count:
     /// three sweeps, at least 3 s. Rows of a crashed scheduler stop counting
     /// after this.

@@ -107,11 +107,8 @@ impl JobStore {
             }
             // An address literal can be judged now; a name is judged on the
             // addresses it resolves to when the webhook is delivered.
-            let policy = self
-                .config
-                .webhook_policy()
-                .map_err(|e| JobError::Invalid(e.to_string()))?;
-            policy
+            self.config
+                .webhook_destinations
                 .check_url(&parsed)
                 .map_err(|e| JobError::Invalid(format!("`webhook`: {e}")))?;
         }

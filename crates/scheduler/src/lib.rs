@@ -33,6 +33,7 @@ use gantry_jobs::transition::plan::Settled;
 use gantry_jobs::types::SchedulerError;
 use gantry_jobs::wakeups::Attached;
 use gantry_webhooks as webhooks;
+pub use gantry_webhooks::WebhookConfig;
 
 mod assign;
 mod file_sweep;
@@ -67,17 +68,24 @@ pub struct Scheduler {
 
 impl Scheduler {
     /// Starts claiming jobs of `store` for the workers of `dispatcher`, whose
-    /// events this scheduler consumes. Each call is a new scheduler instance
-    /// with its own leases. Fails if the database cannot be reached.
+    /// events this scheduler consumes, delivering their webhooks as
+    /// `webhook_config` says. Each call is a new scheduler instance with its own
+    /// leases. Fails if the database cannot be reached.
     pub async fn start(
         store: JobStore,
         catalog: Arc<ModelCatalog>,
         dispatcher: Dispatcher,
         events: mpsc::Receiver<Event>,
+        webhook_config: &WebhookConfig,
     ) -> Result<Scheduler, SchedulerError> {
         let instance_id = format!("sched-{:016x}", rand::rng().random::<u64>());
         let parts = store.scheduler_parts();
-        let webhooks = webhooks::Deliveries::new(&store.config, store.db.clone(), parts.writer.clone())?;
+        let webhooks = webhooks::Deliveries::new(
+            webhook_config,
+            store.config.files.clone(),
+            store.db.clone(),
+            parts.writer.clone(),
+        )?;
         let mut core = Core {
             _attached: Attached::new(&parts.wakeups),
             parts,

@@ -3,13 +3,14 @@
 //!
 //! TLS is rustls with the ring provider (already in the tree for sqlx). The
 //! trusted roots are the system's (`/etc/ssl/certs`, or `SSL_CERT_FILE` /
-//! `SSL_CERT_DIR`), plus those of [`SchedulerConfig::webhook_ca_file`]; a
+//! `SSL_CERT_DIR`), plus those of [`WebhookConfig::ca_file`]; a
 //! system without any (a slim container image without `ca-certificates`)
 //! falls back to the Mozilla roots compiled into `webpki-roots`.
 //!
 //! Each delivery is signed with its owner's secret ([`signing`]: the
 //! Standard Webhooks scheme, one secret per user in `webhook_secrets`).
 
+use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -18,7 +19,6 @@ use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, 
 use tokio::task::JoinSet;
 
 use gantry_jobs::JobWriter;
-use gantry_jobs::SchedulerConfig;
 use gantry_jobs::db::now_ms;
 use gantry_jobs::entity::job;
 use gantry_jobs::{JobStatus, JobView, SchedulerError};
@@ -29,12 +29,65 @@ use job::Column as J;
 pub mod signing;
 pub use signing::webhook_secret;
 
-/// The longest one delivery can take: every attempt timing out, plus the
-/// pauses between attempts (0.5 s, 1 s, 2 s …).
-pub fn window(config: &SchedulerConfig) -> Duration {
-    let attempts = config.webhook_attempts.max(1);
-    let pauses: Duration = (1..attempts).map(pause_after).sum();
-    config.webhook_timeout * attempts + pauses
+/// The outbox's settings (`[scheduler] webhook_*` in the platform's settings).
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct WebhookConfig {
+    /// Deliveries tried per job. Default 3.
+    pub attempts: u32,
+    /// Timeout of one request. Default 10 s.
+    pub timeout: Duration,
+    /// A PEM file of extra root certificates trusted for `https://`
+    /// webhooks, on top of the system's (for receivers behind a private CA).
+    /// Default none.
+    pub ca_file: Option<PathBuf>,
+    /// Address ranges (CIDR) webhooks may reach although they are loopback,
+    /// private or otherwise special-purpose (refused by default: see
+    /// gantry-net). Default none.
+    pub allow_ranges: Vec<String>,
+}
+
+impl Default for WebhookConfig {
+    fn default() -> Self {
+        Self {
+            attempts: 3,
+            timeout: Duration::from_secs(10),
+            ca_file: None,
+            allow_ranges: Vec::new(),
+        }
+    }
+}
+
+impl WebhookConfig {
+    /// Checks what can be wrong before anything starts: the client must
+    /// build (`ca_file` readable and holding certificates, the ranges valid).
+    pub fn check(&self) -> Result<(), SchedulerError> {
+        self.client().map(drop)
+    }
+
+    /// The client every delivery of one scheduler goes through: only
+    /// permitted addresses are ever connected to (gantry-net), and a
+    /// redirect could lead anywhere, so none is followed.
+    pub fn client(&self) -> Result<reqwest::Client, SchedulerError> {
+        let fail = |e: String| SchedulerError::Webhooks(e);
+        let tls = gantry_net::tls_config(self.ca_file.as_deref()).map_err(|e| fail(format!("webhook_ca_file {e}")))?;
+        gantry_net::client(Arc::new(self.policy()?), self.timeout, tls).map_err(fail)
+    }
+
+    /// The destinations webhooks may reach (what the job store checks a
+    /// `webhook` against at submit, too: `SchedulerConfig::webhook_destinations`).
+    pub fn policy(&self) -> Result<AddressPolicy, SchedulerError> {
+        AddressPolicy::new(&self.allow_ranges)
+            .map_err(|e| SchedulerError::Webhooks(format!("webhook_allow_ranges: {e}")))
+    }
+
+    /// The longest one delivery can take: every attempt timing out, plus the
+    /// pauses between attempts (0.5 s, 1 s, 2 s …).
+    pub fn window(&self) -> Duration {
+        let attempts = self.attempts.max(1);
+        let pauses: Duration = (1..attempts).map(pause_after).sum();
+        self.timeout * attempts + pauses
+    }
 }
 
 /// The pause after failed attempt `attempt` (from 1): 0.5 s, 1 s, 2 s …
@@ -65,15 +118,21 @@ pub struct Deliveries {
 }
 
 impl Deliveries {
-    pub fn new(config: &SchedulerConfig, db: DatabaseConnection, writer: JobWriter) -> Result<Self, SchedulerError> {
+    /// `files`: the store whose URLs go into the delivered outputs.
+    pub fn new(
+        config: &WebhookConfig,
+        files: Option<gantry_files::Files>,
+        db: DatabaseConnection,
+        writer: JobWriter,
+    ) -> Result<Self, SchedulerError> {
         Ok(Deliveries {
-            client: config.webhook_client()?,
-            policy: Arc::new(config.webhook_policy()?),
+            client: config.client()?,
+            policy: Arc::new(config.policy()?),
             db,
             writer,
-            attempts: config.webhook_attempts.max(1),
-            window: window(config),
-            files: config.files.clone(),
+            attempts: config.attempts.max(1),
+            window: config.window(),
+            files,
             running: JoinSet::new(),
         })
     }

@@ -8,7 +8,7 @@ use gantry_catalog::{ModelCatalog, ModelSpec};
 use gantry_dispatch::{DispatchConfig, Dispatcher, Event};
 use gantry_jobs::{JobStatus, JobStore, JobView, Mode, NewJob, SchedulerConfig};
 use gantry_migrations::MigratorTrait;
-use gantry_scheduler::Scheduler;
+use gantry_scheduler::{Scheduler, WebhookConfig};
 use gantry_worker_sdk::{Credentials, JobContext, JobError, Model, Output, WorkerConfig, WorkerRuntime};
 use sea_orm::{ConnectionTrait, Database, DatabaseConnection, DbBackend, Statement};
 use serde_json::Value;
@@ -31,10 +31,16 @@ pub use gantry_testkit::Backend;
 /// Tests of crash recovery use [`crash_config`].
 pub fn config() -> SchedulerConfig {
     let mut config = SchedulerConfig::default();
-    // The tests' webhook receivers listen on loopback.
-    config.webhook_allow_ranges = vec!["127.0.0.0/8".into()];
+    config.webhook_destinations = webhooks().policy().expect("valid ranges");
     config.sweep_interval = Duration::from_millis(50);
     config.lease = Duration::from_secs(60);
+    config
+}
+
+/// Webhooks as the tests deliver them: their receivers listen on loopback.
+pub fn webhooks() -> WebhookConfig {
+    let mut config = WebhookConfig::default();
+    config.allow_ranges = vec!["127.0.0.0/8".into()];
     config
 }
 
@@ -256,11 +262,25 @@ impl Node {
         Self::start_with(store, catalog, |events| events).await
     }
 
+    /// A node whose scheduler delivers webhooks as `webhooks` says.
+    pub async fn start_with_webhooks(store: &JobStore, catalog: &Arc<ModelCatalog>, webhooks: &WebhookConfig) -> Node {
+        Self::start_full(store, catalog, |events| events, webhooks).await
+    }
+
     /// `tap` may interpose on the dispatcher's events before the scheduler sees them.
     pub async fn start_with(
         store: &JobStore,
         catalog: &Arc<ModelCatalog>,
         tap: impl FnOnce(mpsc::Receiver<Event>) -> mpsc::Receiver<Event>,
+    ) -> Node {
+        Self::start_full(store, catalog, tap, &webhooks()).await
+    }
+
+    async fn start_full(
+        store: &JobStore,
+        catalog: &Arc<ModelCatalog>,
+        tap: impl FnOnce(mpsc::Receiver<Event>) -> mpsc::Receiver<Event>,
+        webhooks: &WebhookConfig,
     ) -> Node {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let url = format!("http://{}", listener.local_addr().expect("addr"));
@@ -272,9 +292,15 @@ impl Node {
         tokio::spawn(dispatcher.clone().serve(listener, async {
             let _ = stopped.await;
         }));
-        let scheduler = Scheduler::start(store.clone(), Arc::clone(catalog), dispatcher.clone(), tap(events))
-            .await
-            .expect("scheduler starts");
+        let scheduler = Scheduler::start(
+            store.clone(),
+            Arc::clone(catalog),
+            dispatcher.clone(),
+            tap(events),
+            webhooks,
+        )
+        .await
+        .expect("scheduler starts");
         Node {
             url,
             dispatcher,

@@ -366,14 +366,19 @@ fn fixture(name: &str) -> std::path::PathBuf {
         .join(name)
 }
 
+/// Webhooks of one delivery attempt of at most `timeout`.
+fn quick(timeout: Duration) -> gantry_scheduler::WebhookConfig {
+    let mut webhooks = crate::harness::webhooks();
+    webhooks.attempts = 1;
+    webhooks.timeout = timeout;
+    webhooks
+}
+
 /// One delivery attempt of at most `timeout`, a scheduler and a 1-slot echo
 /// worker: for the tests of deliveries that outlive their attempt.
 async fn quick_webhooks(backend: Backend, timeout: Duration) -> (Env, Node, crate::harness::Worker) {
-    let mut config = crate::harness::config();
-    config.webhook_attempts = 1;
-    config.webhook_timeout = timeout;
-    let env = Env::with_config(backend, config).await;
-    let node = Node::start(&env.store, &env.catalog).await;
+    let env = Env::new(backend).await;
+    let node = Node::start_with_webhooks(&env.store, &env.catalog, &quick(timeout)).await;
     let worker = node.echo_worker("w1", 1);
     (env, node, worker)
 }
@@ -499,10 +504,10 @@ async fn https_webhook_trusts_the_configured_ca_and_refuses_an_unknown_one(backe
     let (url, mut received) = https_receiver().await;
 
     // Trusting the private CA: the final view arrives over TLS.
-    let mut config = crate::harness::config();
-    config.webhook_ca_file = Some(fixture("ca.pem"));
-    let env = Env::with_config(backend, config).await;
-    let node = Node::start(&env.store, &env.catalog).await;
+    let mut webhooks = crate::harness::webhooks();
+    webhooks.ca_file = Some(fixture("ca.pem"));
+    let env = Env::new(backend).await;
+    let node = Node::start_with_webhooks(&env.store, &env.catalog, &webhooks).await;
     let _worker = node.echo_worker("w1", 1);
     let job = NewJob {
         webhook: Some(url.clone()),
@@ -521,10 +526,10 @@ async fn https_webhook_trusts_the_configured_ca_and_refuses_an_unknown_one(backe
 
     // Without it, the certificate is refused: the client aborts the
     // handshake, on every attempt, and the receiver never reads a request.
-    let mut config = crate::harness::config();
-    config.webhook_attempts = 2;
-    let env = Env::with_config(backend, config).await;
-    let node = Node::start(&env.store, &env.catalog).await;
+    let mut webhooks = crate::harness::webhooks();
+    webhooks.attempts = 2;
+    let env = Env::new(backend).await;
+    let node = Node::start_with_webhooks(&env.store, &env.catalog, &webhooks).await;
     let _worker = node.echo_worker("w1", 1);
     let job = NewJob {
         webhook: Some(url),
@@ -586,7 +591,8 @@ async fn webhook_outlives_the_scheduler_that_finished_the_job(backend: Backend) 
     drop(node.scheduler.take());
     drop(node);
     worker.kill();
-    let second = Node::start(&env.store, &env.catalog).await;
+    // The second scheduler's sweep takes over with the same settings.
+    let second = Node::start_with_webhooks(&env.store, &env.catalog, &quick(Duration::from_secs(3))).await;
     let again = tokio::time::timeout(WAIT, rx.recv())
         .await
         .expect("the delivery is taken over")
@@ -651,10 +657,10 @@ async fn a_retry_keeps_its_own_webhook_pending(backend: Backend) {
     node.shutdown().await;
 }
 
-/// A scheduler configuration whose webhooks trust the CA in `path`.
-fn with_ca(path: std::path::PathBuf) -> gantry_jobs::SchedulerConfig {
-    let mut config = gantry_jobs::SchedulerConfig::default();
-    config.webhook_ca_file = Some(path);
+/// Webhook settings that trust the CA in `path`.
+fn with_ca(path: std::path::PathBuf) -> gantry_scheduler::WebhookConfig {
+    let mut config = gantry_scheduler::WebhookConfig::default();
+    config.ca_file = Some(path);
     config
 }
 
@@ -662,17 +668,17 @@ fn with_ca(path: std::path::PathBuf) -> gantry_jobs::SchedulerConfig {
 fn a_ca_file_that_gives_no_certificate_is_an_error_naming_it() {
     let dir = tempfile::tempdir().unwrap();
     let missing = dir.path().join("missing.pem");
-    let error = with_ca(missing.clone()).webhook_client().unwrap_err().to_string();
+    let error = with_ca(missing.clone()).client().unwrap_err().to_string();
     assert!(error.contains(&missing.display().to_string()), "{error}");
 
     let empty = dir.path().join("empty.pem");
     std::fs::write(&empty, "not a certificate\n").unwrap();
-    let error = with_ca(empty).webhook_client().unwrap_err().to_string();
+    let error = with_ca(empty).client().unwrap_err().to_string();
     assert!(error.contains("holds no certificate"), "{error}");
 
     let ca = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("tests/fixtures/ca.pem");
-    with_ca(ca).webhook_client().expect("the test CA loads");
-    gantry_jobs::SchedulerConfig::default()
-        .webhook_client()
+    with_ca(ca).client().expect("the test CA loads");
+    gantry_scheduler::WebhookConfig::default()
+        .client()
         .expect("no CA file: the system's roots");
 }
