@@ -215,7 +215,7 @@ pub fn metrics_server(
                 let (census, models, dispatcher) = (census.clone(), models.clone(), dispatcher.clone());
                 async move {
                     let ids: Vec<String> = models.iter().map(|m| m.id.clone()).collect();
-                    match gantry_jobs::metrics::render(&census, &ids, dispatcher.as_ref()).await {
+                    match gantry_jobs::render_metrics(&census, &ids, dispatcher.as_ref()).await {
                         Ok(text) => actix_web::HttpResponse::Ok()
                             .content_type(gantry_telemetry::CONTENT_TYPE)
                             .body(text),

@@ -12,31 +12,38 @@
 // Every write of `jobs` is a transition in `transition/`, run by a
 // [`JobWriter`]: the scheduler (the loop) and `gantry-webhooks` (the outbox)
 // submit transitions and settlement plans to the writer they get with
-// `store::SchedulerParts`, and read the tables directly. API processes need
-// only the re-exports below.
+// `SchedulerParts`, and read the tables directly (`entity`). Only `entity`
+// and `transition` (the settlement plans the scheduler builds) are public
+// modules; everything else a caller uses is re-exported below, so the
+// crate's surface is this list.
 mod census;
-pub mod config;
+mod config;
 mod credit;
-pub mod db;
+mod db;
 pub mod entity;
 mod follow;
-pub mod lane;
+mod lane;
 mod live;
-pub mod metrics;
-pub mod signals;
-pub mod store;
+mod metrics;
+mod signals;
+mod store;
 pub mod transition;
-pub mod types;
+mod types;
 mod waiters;
-pub mod wakeups;
+mod wakeups;
 
 pub use census::Census;
-pub use config::SchedulerConfig;
+pub use config::{SchedulerConfig, millis};
+pub use db::now_ms;
 pub use follow::{Follow, Frame};
 pub use gantry_net::{AddressPolicy, IpRange};
+pub use lane::{FastLane, Handed};
 pub use live::{Cursor, LiveStream, Taken};
-pub use store::JobStore;
+pub use metrics::render as render_metrics;
+pub use signals::Signal;
+pub use store::{JobStore, Outcomes, SchedulerParts};
 pub use transition::{JobWriter, Retention, WriteTurn};
 pub use types::{
     JobCounts, JobError, JobPolicy, JobStatus, JobView, Mode, NewJob, SchedulerError, StreamView, WorkerTimings,
 };
+pub use wakeups::Attached;

@@ -8,10 +8,10 @@ use std::collections::HashSet;
 use gantry_dispatch::{AssignError, Assignment};
 use sea_orm::DbErr;
 
-use gantry_jobs::db::now_ms;
+use gantry_jobs::Handed;
+use gantry_jobs::Signal;
 use gantry_jobs::entity::job;
-use gantry_jobs::lane::Handed;
-use gantry_jobs::signals::Signal;
+use gantry_jobs::now_ms;
 use gantry_jobs::transition::plan::{Plan, Store};
 
 use super::{Core, Running, system_time};

@@ -18,8 +18,8 @@ use gantry_files::Files;
 use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, QueryOrder, QuerySelect};
 
 use gantry_jobs::JobWriter;
-use gantry_jobs::db::now_ms;
 use gantry_jobs::entity::file;
+use gantry_jobs::now_ms;
 
 /// Expired files deleted per round.
 const BATCH: u64 = 256;

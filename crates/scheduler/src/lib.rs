@@ -24,14 +24,14 @@ use sea_orm::{DatabaseConnection, DbErr};
 use tokio::sync::{mpsc, oneshot};
 use tokio::task::JoinHandle;
 
-use gantry_jobs::config::millis;
-use gantry_jobs::db::now_ms;
+use gantry_jobs::Attached;
+use gantry_jobs::FastLane;
+use gantry_jobs::SchedulerError;
 use gantry_jobs::entity::job;
-use gantry_jobs::lane::FastLane;
-use gantry_jobs::store::{JobStore, Outcomes, SchedulerParts};
+use gantry_jobs::millis;
+use gantry_jobs::now_ms;
 use gantry_jobs::transition::plan::Settled;
-use gantry_jobs::types::SchedulerError;
-use gantry_jobs::wakeups::Attached;
+use gantry_jobs::{JobStore, Outcomes, SchedulerParts};
 use gantry_webhooks as webhooks;
 pub use gantry_webhooks::WebhookConfig;
 

@@ -10,11 +10,11 @@ use sea_orm::DbErr;
 use serde_json::Value;
 
 use gantry_jobs::JobWriter;
-use gantry_jobs::db::now_ms;
+use gantry_jobs::Signal;
 use gantry_jobs::entity::job;
-use gantry_jobs::signals::Signal;
+use gantry_jobs::now_ms;
 use gantry_jobs::transition::plan::{Plan, Settled, Step, Store, Usage};
-use gantry_jobs::types::{JobStatus, JobView, WorkerTimings};
+use gantry_jobs::{JobStatus, JobView, WorkerTimings};
 
 use super::{Core, InFlight, Outcome, Running, Settling, stream_job, terminal_job};
 

@@ -6,13 +6,13 @@ use std::collections::HashSet;
 
 use sea_orm::{ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, QueryFilter, QuerySelect};
 
+use gantry_jobs::JobStatus;
 use gantry_jobs::Retention;
-use gantry_jobs::config::millis;
-use gantry_jobs::db::now_ms;
+use gantry_jobs::Signal;
 use gantry_jobs::entity::job;
-use gantry_jobs::signals::Signal;
+use gantry_jobs::millis;
+use gantry_jobs::now_ms;
 use gantry_jobs::transition::plan::is_final;
-use gantry_jobs::types::JobStatus;
 
 use job::Column as J;
 

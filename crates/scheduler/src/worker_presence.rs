@@ -7,8 +7,8 @@ use gantry_dispatch::Health;
 use sea_orm::sea_query::{OnConflict, Query};
 use sea_orm::{ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter};
 
-use gantry_jobs::db::now_ms;
 use gantry_jobs::entity::{presence, worker_gpu};
+use gantry_jobs::now_ms;
 
 use super::Core;
 

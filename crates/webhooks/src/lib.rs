@@ -19,8 +19,8 @@ use sea_orm::{ColumnTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter, 
 use tokio::task::JoinSet;
 
 use gantry_jobs::JobWriter;
-use gantry_jobs::db::now_ms;
 use gantry_jobs::entity::job;
+use gantry_jobs::now_ms;
 use gantry_jobs::{JobStatus, JobView, SchedulerError};
 use gantry_net::{AddressPolicy, error_chain};
 

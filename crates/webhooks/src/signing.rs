@@ -13,7 +13,7 @@ use rand::RngExt;
 use sea_orm::sea_query::{Expr, OnConflict, Query};
 use sea_orm::{ColumnTrait, ConnectionTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter};
 
-use gantry_jobs::db::now_ms;
+use gantry_jobs::now_ms;
 
 const PREFIX: &str = "whsec_";
 

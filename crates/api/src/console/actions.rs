@@ -400,7 +400,7 @@ pub async fn admin_credit(
     let (Some(user), Some(amount), true) = (user, amount, errors.is_empty()) else {
         return Err(ApiError::Unprocessable(errors));
     };
-    let balance = gantry_billing::credit::add_credit(&state.db, &user.id, amount, &reason, gantry_jobs::db::now_ms())
+    let balance = gantry_billing::credit::add_credit(&state.db, &user.id, amount, &reason, gantry_jobs::now_ms())
         .await
         .map_err(|e| ApiError::internal("console credit", &e))?;
     tracing::info!(admin = %admin.user.id, user = %user.id, amount, "console credit top-up");

@@ -21,7 +21,7 @@ const JS: &str = include_str!("assets/console.js");
 const DAY_MS: i64 = 86_400_000;
 
 fn now_ms() -> i64 {
-    gantry_jobs::db::now_ms()
+    gantry_jobs::now_ms()
 }
 
 fn internal(what: &'static str) -> impl Fn(sea_orm::DbErr) -> ApiError {

@@ -41,7 +41,7 @@ workers and slots by model, units produced and USD charged per model. No key nee
 pub async fn metrics(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let models: Vec<String> = state.models.iter().map(|m| m.id.clone()).collect();
     let dispatcher = state.dispatcher.as_ref();
-    let text = gantry_jobs::metrics::render(&state.census, &models, dispatcher).await?;
+    let text = gantry_jobs::render_metrics(&state.census, &models, dispatcher).await?;
     Ok(HttpResponse::Ok()
         .content_type(gantry_telemetry::CONTENT_TYPE)
         .body(text))

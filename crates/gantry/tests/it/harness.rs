@@ -123,7 +123,7 @@ impl TestApp {
                 &user.id,
                 self.starting_credit_micro_usd,
                 "test",
-                gantry_jobs::db::now_ms(),
+                gantry_jobs::now_ms(),
             )
             .await
             .expect("add credit");
