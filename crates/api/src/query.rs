@@ -58,6 +58,10 @@ pub fn parse_query_str<T: RequestQuery>(query: &str) -> Result<T::Valid, ApiErro
         ))
         .map_err(|e| ApiError::bad_request(e.to_string()))?;
         let mut failures = Vec::new();
+        T::combinations(&[], &mut failures);
+        if !failures.is_empty() {
+            return Err(invalid(failures));
+        }
         return match parsed.validate(&mut failures) {
             Some(valid) if failures.is_empty() => Ok(valid),
             _ => Err(invalid(failures)),
