@@ -27,8 +27,8 @@ use job::Column as J;
 /// clones share the in-process notifications (waiters and scheduler wake-ups).
 #[derive(Clone)]
 pub struct JobStore {
-    pub db: DatabaseConnection,
-    pub config: Arc<SchedulerConfig>,
+    db: DatabaseConnection,
+    config: Arc<SchedulerConfig>,
     /// What this store shares with the schedulers of its process; they get
     /// its parts by name ([`JobStore::scheduler_parts`]), never the hub.
     hub: Arc<Hub>,
@@ -52,6 +52,12 @@ impl JobStore {
 
     pub fn config(&self) -> &SchedulerConfig {
         &self.config
+    }
+
+    /// The database the store is on (the scheduler and the outbox read its
+    /// tables directly; every write of `jobs` goes through the writer).
+    pub fn db(&self) -> &DatabaseConnection {
+        &self.db
     }
 
     /// The parts a scheduler of this process shares with this store.

@@ -63,8 +63,8 @@ impl Core {
         if free == 0 {
             return 0;
         }
-        let batch = u64::from(self.store.config.claim_batch.max(1));
-        let ahead = u64::from(self.store.config.claim_ahead);
+        let batch = u64::from(self.store.config().claim_batch.max(1));
+        let ahead = u64::from(self.store.config().claim_ahead);
         let ready = self.ready.get(model).map_or(0, |queue| queue.len() as u64);
         free.saturating_add(ahead)
             .saturating_sub(ready)
@@ -180,7 +180,7 @@ impl Core {
         let mut put_back = Vec::new();
         // Unstored jobs no worker took: written to the queue instead.
         let mut queue = Vec::new();
-        let store_after = self.store.config.sync_store_after_ms();
+        let store_after = self.store.config().sync_store_after_ms();
         for Handed { row, stored } in rows {
             let deadline_ms = row.run_deadline_ms.unwrap_or(i64::MAX);
             // The assignment joins the job's trace; the worker's run is its child.
@@ -203,7 +203,7 @@ impl Core {
                 deadline: system_time(deadline_ms),
                 trace_parent: gantry_telemetry::trace::traceparent_of(&span),
             };
-            let ahead = self.store.config.claim_ahead > 0;
+            let ahead = self.store.config().claim_ahead > 0;
             let retry = ahead.then(|| assignment.clone());
             let assigned = match self.dispatcher.assign(assignment) {
                 Ok(worker_id) => {
@@ -251,7 +251,7 @@ impl Core {
         }
         let queued = !queue.is_empty();
         if queued {
-            let mut plan = Plan::new(now_ms(), &self.store.config, &self.instance);
+            let mut plan = Plan::new(now_ms(), self.store.config(), &self.instance);
             let mut written = Vec::new();
             for row in queue {
                 written.push(row.id.clone());
@@ -280,7 +280,7 @@ impl Core {
     /// as running; from then on they are like any other claimed job.
     pub(super) async fn store_due(&mut self) -> Result<(), DbErr> {
         let now = now_ms();
-        let mut plan = Plan::new(now, &self.store.config, &self.instance);
+        let mut plan = Plan::new(now, self.store.config(), &self.instance);
         let mut ids = Vec::new();
         for (job_id, running) in &self.running {
             if let Some(row) = running.unstored.as_deref()
@@ -315,7 +315,7 @@ impl Core {
     /// Claims up to `limit` queued jobs of `model` for this instance, normal
     /// priority first, oldest first (see `plan.rs`).
     pub(super) async fn claim(&self, model: &str, limit: u64) -> Result<Vec<job::Model>, DbErr> {
-        let mut plan = Plan::new(now_ms(), &self.store.config, &self.instance);
+        let mut plan = Plan::new(now_ms(), self.store.config(), &self.instance);
         plan.claims.push((model.to_string(), limit));
         let settled = self.run_plan(plan).await?;
         Ok(settled
@@ -341,7 +341,7 @@ impl Core {
         for job_id in self.running.keys() {
             self.dispatcher.cancel(job_id, "scheduler shutting down");
         }
-        let mut plan = Plan::new(now_ms(), &self.store.config, &self.instance);
+        let mut plan = Plan::new(now_ms(), self.store.config(), &self.instance);
         let running = std::mem::take(&mut self.running);
         let mut models: HashSet<String> = running.values().map(|r| r.model.clone()).collect();
         models.extend(left.iter().map(|job| job.row.model.clone()));

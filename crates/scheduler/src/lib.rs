@@ -82,14 +82,14 @@ impl Scheduler {
         let parts = store.scheduler_parts();
         let webhooks = webhooks::Deliveries::new(
             webhook_config,
-            store.config.files.clone(),
-            store.db.clone(),
+            store.config().files.clone(),
+            store.db().clone(),
             parts.writer.clone(),
         )?;
         let mut core = Core {
             _attached: Attached::new(&parts.wakeups),
             parts,
-            db: store.db.clone(),
+            db: store.db().clone(),
             store,
             catalog,
             dispatcher,
@@ -109,7 +109,7 @@ impl Scheduler {
             analyze_after: ANALYZE_AFTER_FIRST,
             rechecks: HashSet::new(),
         };
-        if core.store.config.sole_owner {
+        if core.store.config().sole_owner {
             // No other process can hold these jobs: a crashed predecessor did.
             core.requeue_orphans(true).await?;
         }
@@ -117,13 +117,13 @@ impl Scheduler {
         // Every submit may take the lane, on both backends. (Until the
         // PostgreSQL claim was fixed, `/run` jobs did not on PostgreSQL: see
         // "Claims" in docs/scheduler.md and decision 0021 in docs/decisions/dispatch-path.md.)
-        core.fast_lane = core.parts.lane.open(&core.instance, millis(core.store.config.lease));
+        core.fast_lane = core.parts.lane.open(&core.instance, millis(core.store.config().lease));
         // Chunks and progress reach live readers as they arrive, before they
         // are stored (see live.rs).
         core.dispatcher
             .observe_live(Some(Arc::new(core.parts.outcomes.live_observer())));
         let mut background = Vec::new();
-        if let Some(files) = core.store.config.files.clone() {
+        if let Some(files) = core.store.config().files.clone() {
             background.push(tokio::spawn(file_sweep::sweep(
                 files,
                 core.db.clone(),
@@ -266,7 +266,7 @@ struct Outcome {
 impl Core {
     async fn run(mut self, mut events: mpsc::Receiver<Event>, mut stopped: oneshot::Receiver<()>) {
         let wakeups = Arc::clone(&self.parts.wakeups);
-        let mut tick = tokio::time::interval(self.store.config.sweep_interval);
+        let mut tick = tokio::time::interval(self.store.config().sweep_interval);
         tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
         let mut events_open = true;
         // The settlement being committed. The loop does not wait for it: it

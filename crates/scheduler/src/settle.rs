@@ -214,7 +214,7 @@ impl Core {
     /// What settling `batch` writes (see `plan.rs`), and the bookkeeping to
     /// apply once it is committed.
     pub(super) fn plan_settlement(&self, batch: &[Event]) -> (Outcome, Plan) {
-        let mut plan = Plan::new(now_ms(), &self.store.config, &self.instance);
+        let mut plan = Plan::new(now_ms(), self.store.config(), &self.instance);
         let mut outcome = Outcome::default();
         // Jobs already settled earlier in this batch (duplicates are ignored).
         let mut done: HashSet<&str> = HashSet::new();
@@ -274,7 +274,7 @@ impl Core {
                     // The files are kept until their URLs expire: that stay is
                     // charged with the job, beside the model's usage.
                     let kept_bytes = files.iter().map(|file| file.size).fold(0u64, u64::saturating_add);
-                    let config = &self.store.config;
+                    let config = self.store.config();
                     let kept = config.storage_prices.kept_files(kept_bytes, config.file_lifetime_ms());
                     let files = (!files.is_empty()).then(|| serde_json::to_string(files).unwrap_or_default());
                     let timings = WorkerTimings::from_nanos(timings.queue_ns, timings.load_ns, timings.run_ns)

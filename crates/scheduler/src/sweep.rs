@@ -73,7 +73,7 @@ impl Core {
     /// requeued elsewhere). The sweep does it for every running job; a
     /// cancel signalled by another process does it for that job at once.
     pub(super) async fn recheck(&mut self, ids: Vec<String>) -> Result<(), DbErr> {
-        let lease_until = now_ms().saturating_add(millis(self.store.config.lease));
+        let lease_until = now_ms().saturating_add(millis(self.store.config().lease));
         let alive: HashSet<(String, i32)> = self
             .parts
             .writer
@@ -103,7 +103,7 @@ impl Core {
         let rows = self
             .parts
             .writer
-            .time_out(Retention::of(&self.store.config, now))
+            .time_out(Retention::of(self.store.config(), now))
             .await?;
         // Every job of ours that is due has now ended: timed out by this
         // statement, or already finished elsewhere. Stop them all (but those
@@ -132,7 +132,7 @@ impl Core {
         let rows = self
             .parts
             .writer
-            .requeue_orphans(Retention::of(&self.store.config, now), lapsed)
+            .requeue_orphans(Retention::of(self.store.config(), now), lapsed)
             .await?;
         if all && !rows.is_empty() {
             tracing::info!(jobs = rows.len(), "requeued the jobs a previous process left running");

@@ -47,7 +47,7 @@ impl Core {
             .filter(|model| !counts.iter().any(|(m, ..)| m == model))
             .map(String::as_str)
             .collect();
-        let prune_before = now.saturating_sub(self.store.config.presence_window_ms().max(PRESENCE_PRUNE_MS));
+        let prune_before = now.saturating_sub(self.store.config().presence_window_ms().max(PRESENCE_PRUNE_MS));
         let prune = now.saturating_sub(self.presence_pruned_ms) >= PRESENCE_PRUNE_MS;
         let writer = self.parts.writer.clone();
         let turn = writer.turn().await;

@@ -457,7 +457,7 @@ pub(crate) fn prices_of(state: &AppState, spec: &PodSpec) -> PodPrices {
     let disk_gb = i64::from(spec.container.disk) + spec.mounts.persistent.as_ref().map_or(0, |m| i64::from(m.size));
     PodPrices {
         hourly_micro_usd: hourly_of(state, spec),
-        disk_hourly_micro_usd: state.jobs.config.storage_prices.stopped_pod_disk_hourly(disk_gb),
+        disk_hourly_micro_usd: state.jobs.config().storage_prices.stopped_pod_disk_hourly(disk_gb),
     }
 }
 
