@@ -3,9 +3,9 @@
 //! the fast lane, writing them when they run too long unwritten, and putting back what could
 //! not be assigned.
 
-use std::collections::HashSet;
+use std::collections::{HashMap, HashSet};
 
-use gantry_dispatch::{AssignError, Assignment};
+use gantry_dispatch::{AssignError, Assignment, Health};
 use sea_orm::DbErr;
 
 use gantry_jobs::Handed;
@@ -362,6 +362,43 @@ impl Core {
         // Back in the queue: the other processes' schedulers may take them now.
         for model in models {
             self.parts.outcomes.signal(Signal::Queued(model));
+        }
+        Ok(())
+    }
+}
+
+impl Core {
+    /// Marks every model with free slots for a claim.
+    pub(super) fn fill_all_with_free_slots(&mut self, health: &Health) {
+        for (model, health) in &health.models {
+            if health.free_slots > 0 {
+                self.to_fill.insert(model.clone());
+            }
+        }
+    }
+
+    /// Writes the worker ids of running jobs (one statement per worker).
+    pub(super) async fn flush_workers(&mut self) -> Result<(), DbErr> {
+        if self.pending_workers.is_empty() {
+            return Ok(());
+        }
+        let mut by_worker: HashMap<String, Vec<String>> = HashMap::new();
+        let running = &self.running;
+        // Unstored jobs keep theirs until they are written.
+        let unstored = |job_id: &str| running.get(job_id).is_some_and(|r| r.unstored.is_some());
+        let flush: Vec<String> = self
+            .pending_workers
+            .keys()
+            .filter(|id| !unstored(id))
+            .cloned()
+            .collect();
+        for job_id in flush {
+            if let Some(worker_id) = self.pending_workers.remove(&job_id) {
+                by_worker.entry(worker_id).or_default().push(job_id);
+            }
+        }
+        for (worker_id, jobs) in by_worker {
+            self.parts.writer.set_worker(&jobs, &self.instance, &worker_id).await?;
         }
         Ok(())
     }

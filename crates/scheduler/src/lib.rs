@@ -86,6 +86,12 @@ impl Scheduler {
             store.db().clone(),
             parts.writer.clone(),
         )?;
+        let presence = worker_presence::Presence::new(
+            &instance_id,
+            store.db().clone(),
+            parts.writer.clone(),
+            store.config().presence_window_ms(),
+        );
         let mut core = Core {
             _attached: Attached::new(&parts.wakeups),
             parts,
@@ -99,10 +105,8 @@ impl Scheduler {
             to_fill: HashSet::new(),
             drained: HashSet::new(),
             signalled_in_flight: HashSet::new(),
-            gpus_published: false,
             webhooks,
-            presence: HashSet::new(),
-            presence_pruned_ms: 0,
+            presence,
             fast_lane: false,
             ready: HashMap::new(),
             finished_since_analyze: 0,
@@ -228,13 +232,9 @@ struct Core {
     /// was being committed: that claim may have missed the new jobs, so its
     /// finding an empty queue must not drop them (see `finish_settlement`).
     signalled_in_flight: HashSet<String>,
-    /// Whether `worker_gpus` holds rows of this instance.
-    gpus_published: bool,
     webhooks: webhooks::Deliveries,
-    /// Models this instance has `worker_presence` rows for.
-    presence: HashSet<String>,
-    /// When this instance last pruned long-stale `worker_presence` rows.
-    presence_pruned_ms: i64,
+    /// The presence duty (`worker_presence.rs`), with its own state.
+    presence: worker_presence::Presence,
     /// Whether this instance has the process's fast lane (see `store::Lane`).
     fast_lane: bool,
     /// Jobs claimed ahead of free slots, per model, oldest first (see
@@ -402,7 +402,7 @@ impl Core {
             // Any job still only in memory could not be written: gone.
             self.parts.outcomes.lose_all();
         }
-        if let Err(error) = self.withdraw_presence().await {
+        if let Err(error) = self.presence.withdraw().await {
             tracing::warn!(%error, "could not remove this scheduler's worker presence");
         }
     }

@@ -48,7 +48,7 @@ impl Core {
         self.flush_workers().await?;
         self.webhooks.take_over(now_ms()).await?;
         let health = self.dispatcher.health();
-        self.publish_presence(&health).await
+        self.presence.publish(&health, &self.dispatcher).await
     }
 
     /// Renews this instance's lease on the jobs it runs, and learns which of

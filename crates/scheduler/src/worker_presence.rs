@@ -1,28 +1,48 @@
-//! Worker presence: which models this instance has workers for (`worker_presence`), the
-//! GPUs they report (`worker_gpus`), and worker ids not yet written to their job rows.
+//! The presence duty: which models this instance has workers for
+//! (`worker_presence`) and the GPUs they report (`worker_gpus`), published
+//! at each sweep and withdrawn at shutdown. It owns its state; the loop
+//! calls [`Presence::publish`] and [`Presence::withdraw`].
 
-use std::collections::HashMap;
+use std::collections::HashSet;
 
-use gantry_dispatch::Health;
+use gantry_dispatch::{Dispatcher, Health};
 use sea_orm::sea_query::{OnConflict, Query};
-use sea_orm::{ColumnTrait, ConnectionTrait, DbErr, EntityTrait, QueryFilter};
+use sea_orm::{ColumnTrait, ConnectionTrait, DatabaseConnection, DbErr, EntityTrait, QueryFilter};
 
+use gantry_jobs::JobWriter;
 use gantry_jobs::entity::{presence, worker_gpu};
 use gantry_jobs::now_ms;
-
-use super::Core;
 
 /// `worker_presence` rows of any instance not refreshed for this long (and
 /// at least the freshness window) are deleted, at most once per this period.
 const PRESENCE_PRUNE_MS: i64 = 60_000;
 
-impl Core {
-    /// Marks every model with free slots for a claim.
-    pub(super) fn fill_all_with_free_slots(&mut self, health: &Health) {
-        for (model, health) in &health.models {
-            if health.free_slots > 0 {
-                self.to_fill.insert(model.clone());
-            }
+/// What this instance has published about its workers.
+pub(super) struct Presence {
+    instance: String,
+    db: DatabaseConnection,
+    /// The rows are written in the job writer's turn.
+    writer: JobWriter,
+    /// How long rows of other instances count (prunes after it).
+    window_ms: i64,
+    /// Models this instance has `worker_presence` rows for.
+    models: HashSet<String>,
+    /// Whether `worker_gpus` holds rows of this instance.
+    gpus_published: bool,
+    /// When this instance last pruned long-stale rows.
+    pruned_ms: i64,
+}
+
+impl Presence {
+    pub(super) fn new(instance: &str, db: DatabaseConnection, writer: JobWriter, window_ms: i64) -> Self {
+        Self {
+            instance: instance.to_owned(),
+            db,
+            writer,
+            window_ms,
+            models: HashSet::new(),
+            gpus_published: false,
+            pruned_ms: 0,
         }
     }
 
@@ -31,7 +51,7 @@ impl Core {
     /// without workers any more deleted. API processes without a dispatcher
     /// read them ([`JobStore::workers`]). Once a minute it also deletes rows
     /// long stale (of crashed instances).
-    pub(super) async fn publish_presence(&mut self, health: &Health) -> Result<(), DbErr> {
+    pub(super) async fn publish(&mut self, health: &Health, dispatcher: &Dispatcher) -> Result<(), DbErr> {
         use presence::Column as P;
         let now = now_ms();
         let clamp = |n: usize| i32::try_from(n).unwrap_or(i32::MAX);
@@ -42,14 +62,14 @@ impl Core {
             .map(|(model, h)| (model, clamp(h.idle_workers), clamp(h.running_workers)))
             .collect();
         let gone: Vec<&str> = self
-            .presence
+            .models
             .iter()
             .filter(|model| !counts.iter().any(|(m, ..)| m == model))
             .map(String::as_str)
             .collect();
-        let prune_before = now.saturating_sub(self.store.config().presence_window_ms().max(PRESENCE_PRUNE_MS));
-        let prune = now.saturating_sub(self.presence_pruned_ms) >= PRESENCE_PRUNE_MS;
-        let writer = self.parts.writer.clone();
+        let prune_before = now.saturating_sub(self.window_ms.max(PRESENCE_PRUNE_MS));
+        let prune = now.saturating_sub(self.pruned_ms) >= PRESENCE_PRUNE_MS;
+        let writer = self.writer.clone();
         let turn = writer.turn().await;
         if !counts.is_empty() {
             let mut upsert = Query::insert();
@@ -95,22 +115,22 @@ impl Core {
                 .exec(&self.db)
                 .await?;
         }
-        self.publish_gpus(now).await?;
+        self.publish_gpus(now, dispatcher).await?;
         drop(turn);
         if prune {
-            self.presence_pruned_ms = now;
+            self.pruned_ms = now;
         }
-        self.presence = counts.into_iter().map(|(model, ..)| model.clone()).collect();
+        self.models = counts.into_iter().map(|(model, ..)| model.clone()).collect();
         Ok(())
     }
 
     /// Publishes the GPUs this instance's workers reported in their hello
     /// (`worker_gpus`: one row per GPU name, `""` for workers without a GPU;
     /// rows of names gone deleted). The caller holds the write lock.
-    pub(super) async fn publish_gpus(&mut self, now: i64) -> Result<(), DbErr> {
+    async fn publish_gpus(&mut self, now: i64, dispatcher: &Dispatcher) -> Result<(), DbErr> {
         use worker_gpu::Column as G;
         let mut gpus: std::collections::BTreeMap<String, (i32, i64)> = std::collections::BTreeMap::new();
-        for worker in self.dispatcher.workers() {
+        for worker in dispatcher.workers() {
             // Workers without a GPU are counted under the empty name (CPU capacity).
             if worker.draining {
                 continue;
@@ -160,8 +180,8 @@ impl Core {
 
     /// On shutdown: deletes this instance's `worker_presence` rows, so its
     /// workers stop counting at once.
-    pub(super) async fn withdraw_presence(&mut self) -> Result<(), DbErr> {
-        let _turn = self.parts.writer.turn().await;
+    pub(super) async fn withdraw(&mut self) -> Result<(), DbErr> {
+        let _turn = self.writer.turn().await;
         worker_gpu::Entity::delete_many()
             .filter(worker_gpu::Column::SchedulerId.eq(self.instance.as_str()))
             .exec(&self.db)
@@ -170,33 +190,7 @@ impl Core {
             .filter(presence::Column::SchedulerId.eq(self.instance.as_str()))
             .exec(&self.db)
             .await?;
-        self.presence.clear();
-        Ok(())
-    }
-
-    /// Writes the worker ids of running jobs (one statement per worker).
-    pub(super) async fn flush_workers(&mut self) -> Result<(), DbErr> {
-        if self.pending_workers.is_empty() {
-            return Ok(());
-        }
-        let mut by_worker: HashMap<String, Vec<String>> = HashMap::new();
-        let running = &self.running;
-        // Unstored jobs keep theirs until they are written.
-        let unstored = |job_id: &str| running.get(job_id).is_some_and(|r| r.unstored.is_some());
-        let flush: Vec<String> = self
-            .pending_workers
-            .keys()
-            .filter(|id| !unstored(id))
-            .cloned()
-            .collect();
-        for job_id in flush {
-            if let Some(worker_id) = self.pending_workers.remove(&job_id) {
-                by_worker.entry(worker_id).or_default().push(job_id);
-            }
-        }
-        for (worker_id, jobs) in by_worker {
-            self.parts.writer.set_worker(&jobs, &self.instance, &worker_id).await?;
-        }
+        self.models.clear();
         Ok(())
     }
 }
