@@ -48,9 +48,6 @@ const EVENT_BATCH: usize = 256;
 /// `live.rs`), so a token stream costs one transaction per this period, not
 /// one per token. A terminal event stores them at once, before itself.
 const STREAM_COALESCE: Duration = Duration::from_millis(25);
-/// Finished jobs before the first `ANALYZE jobs` (PostgreSQL); see
-/// `sweep::ANALYZE_AFTER_MAX` for the most between two.
-const ANALYZE_AFTER_FIRST: u64 = 1_000;
 
 /// The scheduler's loops, running on a Tokio task. Stop it with
 /// [`Scheduler::shutdown`]; dropping it instead behaves like a crash (its jobs
@@ -109,8 +106,7 @@ impl Scheduler {
             presence,
             fast_lane: false,
             ready: HashMap::new(),
-            finished_since_analyze: 0,
-            analyze_after: ANALYZE_AFTER_FIRST,
+            statistics: sweep::Statistics::new(),
             rechecks: HashSet::new(),
         };
         if core.store.config().sole_owner {
@@ -240,10 +236,8 @@ struct Core {
     /// Jobs claimed ahead of free slots, per model, oldest first (see
     /// `SchedulerConfig::claim_ahead`). Also in `running`, not assigned.
     ready: HashMap<String, VecDeque<Assignment>>,
-    /// Jobs finished since statistics were last refreshed, and how many more
-    /// call for the next refresh (see `analyze_if_grown`).
-    finished_since_analyze: u64,
-    analyze_after: u64,
+    /// When PostgreSQL's statistics of `jobs` are refreshed (`sweep.rs`).
+    statistics: sweep::Statistics,
     /// Running jobs another process signalled cancelled: their rows are
     /// checked between settlements (see `recheck`).
     rechecks: HashSet<String>,

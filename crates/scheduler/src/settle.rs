@@ -489,7 +489,7 @@ impl Core {
     /// Redis signals are configured): those a caller or reader may follow
     /// there. The rare bulk endings (timeouts, orphans) announce all.
     pub(super) fn publish(&mut self, finals: &[job::Model], announce: impl Fn(&job::Model) -> bool) {
-        self.finished_since_analyze += finals.len() as u64;
+        self.statistics.finished(finals.len());
         if finals.is_empty() {
             return;
         }

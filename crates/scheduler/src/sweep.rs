@@ -4,7 +4,9 @@
 
 use std::collections::HashSet;
 
-use sea_orm::{ColumnTrait, ConnectionTrait, DbBackend, DbErr, EntityTrait, QueryFilter, QuerySelect};
+use sea_orm::{
+    ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, QueryFilter, QuerySelect,
+};
 
 use gantry_jobs::JobStatus;
 use gantry_jobs::Retention;
@@ -23,6 +25,8 @@ const EXPIRE_BATCH: u64 = 1000;
 const EXPIRE_ROUNDS: usize = 10;
 /// The most finished jobs between two `ANALYZE jobs` (PostgreSQL).
 const ANALYZE_AFTER_MAX: u64 = 1_000_000;
+/// Jobs finished before the first `ANALYZE`; see [`Statistics`].
+const ANALYZE_AFTER_FIRST: u64 = 1_000;
 
 impl Core {
     pub(super) async fn sweep(&mut self) -> Result<(), DbErr> {
@@ -40,7 +44,7 @@ impl Core {
     /// rows, webhook deliveries and presence, in that order; the first
     /// failure stops it until the next sweep.
     pub(super) async fn sweep_rows(&mut self) -> Result<(), DbErr> {
-        self.analyze_if_grown().await;
+        self.statistics.refresh_if_grown(&self.db).await;
         self.renew().await?;
         self.time_out().await?;
         self.requeue_orphans(false).await?;
@@ -187,23 +191,45 @@ impl Core {
         }
         Ok(found)
     }
+}
 
-    /// PostgreSQL: refreshes the planner's statistics of `jobs` after this
-    /// instance has finished 1 000 jobs, then 2 000 more, 4 000… (up to every
-    /// million). A connection keeps the generic plan it makes of a statement
-    /// after five runs until the table's statistics change; made while `jobs`
-    /// was nearly empty (a new database; autovacuum analyzes only about once a
-    /// minute), the settlement's plan scanned the table for every job and took
-    /// seconds once it held tens of thousands of rows. `ANALYZE` samples a
-    /// bounded number of rows and makes connections plan again.
-    pub(super) async fn analyze_if_grown(&mut self) {
-        if self.finished_since_analyze < self.analyze_after || self.db.get_database_backend() != DbBackend::Postgres {
+/// PostgreSQL: refreshes the planner's statistics of `jobs` after this
+/// instance has finished 1 000 jobs, then 2 000 more, 4 000… (up to every
+/// million). A connection keeps the generic plan it makes of a statement
+/// after five runs until the table's statistics change; made while `jobs`
+/// was nearly empty (a new database; autovacuum analyzes only about once a
+/// minute), the settlement's plan scanned the table for every job and took
+/// seconds once it held tens of thousands of rows. `ANALYZE` samples a
+/// bounded number of rows and makes connections plan again.
+pub(super) struct Statistics {
+    /// Jobs finished since the last refresh.
+    finished: u64,
+    /// How many call for the next.
+    after: u64,
+}
+
+impl Statistics {
+    pub(super) fn new() -> Self {
+        Self {
+            finished: 0,
+            after: ANALYZE_AFTER_FIRST,
+        }
+    }
+
+    /// Counts jobs this instance finished.
+    pub(super) fn finished(&mut self, jobs: usize) {
+        self.finished = self.finished.saturating_add(jobs as u64);
+    }
+
+    /// Runs `ANALYZE jobs` once enough jobs finished (PostgreSQL only).
+    pub(super) async fn refresh_if_grown(&mut self, db: &DatabaseConnection) {
+        if self.finished < self.after || db.get_database_backend() != DbBackend::Postgres {
             return;
         }
-        match self.db.execute_unprepared("ANALYZE jobs").await {
+        match db.execute_unprepared("ANALYZE jobs").await {
             Ok(_) => {
-                self.finished_since_analyze = 0;
-                self.analyze_after = (self.analyze_after * 2).min(ANALYZE_AFTER_MAX);
+                self.finished = 0;
+                self.after = (self.after * 2).min(ANALYZE_AFTER_MAX);
             }
             Err(error) => tracing::warn!(%error, "could not analyze the jobs table"),
         }
