@@ -49,7 +49,7 @@ impl Presence {
     /// Publishes this instance's worker counts to `worker_presence`: one row
     /// per model it has workers for (one upsert statement), its rows of models
     /// without workers any more deleted. API processes without a dispatcher
-    /// read them ([`JobStore::workers`]). Once a minute it also deletes rows
+    /// read them (`Census::workers`). Once a minute it also deletes rows
     /// long stale (of crashed instances).
     pub(super) async fn publish(&mut self, health: &Health, dispatcher: &Dispatcher) -> Result<(), DbErr> {
         use presence::Column as P;

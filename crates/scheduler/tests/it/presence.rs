@@ -1,5 +1,5 @@
 //! Worker presence: what schedulers publish to `worker_presence`, read back by
-//! `JobStore::workers` as an API process without a dispatcher does.
+//! `Census::workers` as an API process without a dispatcher does.
 
 use std::time::Duration;
 
@@ -10,7 +10,7 @@ use crate::harness::{Backend, ECHO, Env, Node, WAIT};
 
 gantry_testkit::on_both_backends!(schedulers_publish_their_workers_and_withdraw_them_on_shutdown);
 
-/// Polls `JobStore::workers` until it reports `(idle, running)`.
+/// Polls `Census::workers` until it reports `(idle, running)`.
 /// The presence reads of `env`'s database, as an API process makes them.
 fn census(env: &Env) -> gantry_jobs::Census {
     gantry_jobs::Census::new(env.db.clone(), env.store.config())
