@@ -233,7 +233,7 @@ fn backticked(message: &str) -> Vec<String> {
 }
 
 /// Serde's wording of a field's failure in the document's terms.
-fn describe(message: &str, value: Option<&Value>) -> String {
+pub(crate) fn describe(message: &str, value: Option<&Value>) -> String {
     if let Some(rest) = message.strip_prefix("invalid type: ") {
         let expected = rest.rsplit_once(", expected ").map_or("another type", |(_, e)| e);
         let got = value.map_or("another type", kind);

@@ -51,22 +51,6 @@ pub fn parse_query<T: RequestQuery>(req: &HttpRequest) -> Result<T::Valid, ApiEr
 pub fn parse_query_str<T: RequestQuery>(query: &str) -> Result<T::Valid, ApiError> {
     let pairs: Vec<(String, String)> = serde_urlencoded::from_str(query)
         .map_err(|e| ApiError::bad_request(format!("query string could not be parsed: {e}")))?;
-    if pairs.is_empty() {
-        // No parameters (most requests): nothing to check but the rules.
-        let parsed = T::deserialize(serde::de::value::MapDeserializer::<_, serde::de::value::Error>::new(
-            std::iter::empty::<(String, String)>(),
-        ))
-        .map_err(|e| ApiError::bad_request(e.to_string()))?;
-        let mut failures = Vec::new();
-        T::combinations(&[], &mut failures);
-        if !failures.is_empty() {
-            return Err(invalid(failures));
-        }
-        return match parsed.validate(&mut failures) {
-            Some(valid) if failures.is_empty() => Ok(valid),
-            _ => Err(invalid(failures)),
-        };
-    }
     let known = names::<T>();
     let mut failures = Vec::new();
     let mut kept: Vec<(String, String)> = Vec::with_capacity(pairs.len());
@@ -247,18 +231,10 @@ pub struct One<T>(pub T);
 
 impl<T: DeserializeOwned> QueryValue for One<T> {
     fn from_query(text: &str) -> Result<Self, String> {
-        serde_json::from_value(serde_json::Value::String(text.to_owned()))
+        let value = serde_json::Value::String(text.to_owned());
+        serde_json::from_value(value.clone())
             .map(Self)
-            .map_err(|e| {
-                // serde names the variants: "unknown variant `X`, expected one of `A`, `B`".
-                let message = e.to_string();
-                let names: Vec<&str> = message.split('`').skip(1).step_by(2).skip(1).collect();
-                if names.is_empty() {
-                    format!("is not a valid value (got '{text}')")
-                } else {
-                    format!("must be one of {} (got '{text}')", names.join(", "))
-                }
-            })
+            .map_err(|e| crate::body::describe(&e.to_string(), Some(&value)))
     }
 }
 
@@ -430,5 +406,58 @@ mod tests {
         assert_eq!(count["in"], "query");
         assert_eq!(count["schema"]["minimum"], 1);
         assert_eq!(count["schema"]["maximum"], 10);
+    }
+
+    /// The served documents show each value type's schema, not a bare type:
+    /// a route's parameters say what its parser accepts.
+    #[test]
+    fn the_served_parameters_carry_their_value_types_schemas() {
+        let management = crate::openapi::openapi_json();
+        let public = crate::openapi::public_openapi_json();
+        let parameter = |doc: &serde_json::Value, path: &str, method: &str, name: &str| {
+            doc["paths"][path][method]["parameters"]
+                .as_array()
+                .and_then(|list| list.iter().find(|p| p["name"] == name && p["in"] == "query"))
+                .unwrap_or_else(|| panic!("{path}: no {name}"))["schema"]
+                .clone()
+        };
+        let bucket = parameter(&management, "/v2/billing", "get", "bucketSize");
+        assert_eq!(
+            bucket["enum"],
+            serde_json::json!(["hour", "day", "week", "month", "year"])
+        );
+        let last_n = parameter(&management, "/v2/billing/pods", "get", "lastN");
+        assert_eq!(
+            (last_n["minimum"].clone(), last_n["maximum"].clone()),
+            (1.into(), 10_000.into())
+        );
+        assert_eq!(
+            parameter(&management, "/v2/billing", "get", "startTime")["format"],
+            "date-time"
+        );
+        let regions = parameter(&management, "/v2/catalog/datacenters", "get", "regions");
+        assert!(
+            regions["enum"].as_array().is_some_and(|v| v.contains(&"EUROPE".into())),
+            "{regions}"
+        );
+        let codes = parameter(&management, "/v2/catalog/gpus", "get", "countryCodes");
+        assert_eq!(codes["pattern"], "^[A-Z]{2}(,[A-Z]{2})*$");
+        let tail = parameter(&management, "/v2/pods/{id}/logs", "get", "tail");
+        assert_eq!(
+            (tail["minimum"].clone(), tail["maximum"].clone()),
+            (0.into(), 5_000.into())
+        );
+        let source = parameter(
+            &management,
+            "/v2/serverless/{id}/workers/{workerId}/logs",
+            "get",
+            "source",
+        );
+        assert_eq!(source["enum"], serde_json::json!(["container", "system", "all"]));
+        let wait = parameter(&public, "/v2/{model_id}/runsync", "post", "wait");
+        assert_eq!(
+            (wait["minimum"].clone(), wait["maximum"].clone()),
+            (1_000.into(), 300_000.into())
+        );
     }
 }

@@ -95,7 +95,7 @@ macro_rules! history_query {
                     self.end_time.map(|t| t.0),
                     self.last_n.map(|n| n.0),
                     self.bucket_size.map_or(BucketSize::Day, |b| b.0.size()),
-                    now_ms(),
+                    gantry_jobs::now_ms(),
                 )
                 .map_err(|errors| failures.extend(errors))
                 .ok()?;
@@ -133,12 +133,6 @@ impl Bucket {
             Bucket::Year => BucketSize::Year,
         }
     }
-}
-
-fn now_ms() -> i64 {
-    std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX))
 }
 
 fn query_echo(window: &Window) -> Value {

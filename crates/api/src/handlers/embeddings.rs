@@ -13,7 +13,7 @@ use serde_json::{Map, Value, json};
 use serde::{Deserialize, Serialize};
 use utoipa::ToSchema;
 
-use super::openai::{BODY_LIMIT, Refusal, api_error, finished_output, members, served_model};
+use super::openai::{BODY_LIMIT, Refusal, api_error, finished_output, member_failure, members, served_model};
 use crate::body::{Failures, RequestBody, parse_body, read_json};
 use crate::middleware::Caller;
 use crate::problem::ApiError;
@@ -126,14 +126,13 @@ fn job_input(body: Value) -> Result<Map<String, Value>, Refusal> {
     let (param, messages): (Vec<String>, Vec<String>) = failures
         .iter()
         .map(|failure| {
-            let rest = failure.strip_prefix("$.").unwrap_or(failure);
-            let (member, problem) = rest.split_once(": ").unwrap_or(("", rest));
-            let message = match problem {
-                "unknown property" => {
+            let (member, problem) = member_failure(failure);
+            let message = match problem.as_str() {
+                "unknown parameter" => {
                     format!("Unrecognized request argument supplied: {member} (accepted: {accepted})")
                 }
                 "required property is missing" if member == "input" => INPUT_REQUIRED.to_owned(),
-                _ if problem.starts_with('`') => problem.to_owned(),
+                _ if problem.starts_with('`') => problem,
                 _ => format!("`{member}` {problem}"),
             };
             (member.split('.').next().unwrap_or_default().to_owned(), message)

@@ -272,13 +272,13 @@ fn parse(kind: Kind, mut body: Value) -> Result<TextRequest, Refusal> {
 
 /// A body failure (`$.member.path: problem`) as (member path, problem), in
 /// OpenAI's words for an unknown member.
-fn member_failure(failure: &str) -> (String, String) {
+pub(super) fn member_failure(failure: &str) -> (String, String) {
     let rest = failure
         .strip_prefix("$.")
         .or_else(|| failure.strip_prefix("$"))
         .unwrap_or(failure);
     let (path, problem) = rest.split_once(": ").unwrap_or(("", rest));
-    let path = path.trim_start_matches(':').to_owned();
+    let path = path.to_owned();
     let problem = if problem == "unknown property" && !path.contains('.') {
         "unknown parameter".to_owned()
     } else {

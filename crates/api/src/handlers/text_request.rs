@@ -641,17 +641,8 @@ fn best_of_schema() -> Value {
 
 #[cfg(test)]
 mod tests {
-    use utoipa::ToSchema;
-    use utoipa::openapi::{RefOr, schema::Schema};
-
     use super::{ChatRequest, CompletionRequest, written_schemas};
-
-    fn members<T: ToSchema>() -> Vec<String> {
-        match T::schema() {
-            RefOr::T(Schema::Object(object)) => object.properties.keys().cloned().collect(),
-            _ => Vec::new(),
-        }
-    }
+    use crate::handlers::openai::members;
 
     /// Every written shape belongs to a member the type reads, and the
     /// served documents show it.

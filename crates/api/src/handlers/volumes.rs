@@ -200,10 +200,7 @@ pub async fn delete(
     // Only the caller's own volume is accrued (another's id is answered
     // exactly like a missing one, by the delete below).
     if state.volumes.get(&principal.user_id, &id).await.is_ok() {
-        let now = std::time::SystemTime::now()
-            .duration_since(std::time::UNIX_EPOCH)
-            .map_or(0, |d| i64::try_from(d.as_millis()).unwrap_or(i64::MAX));
-        state.jobs.accrue_storage(now, Some(&id)).await?;
+        state.jobs.accrue_storage(gantry_jobs::now_ms(), Some(&id)).await?;
     }
     state.volumes.delete(&principal.user_id, &id).await?;
     // Its files go with it (pods mounted it as an engine volume).
