@@ -132,69 +132,21 @@ pub async fn read_body<T: RequestBody>(
 
 /// Parses a JSON value as the request body `T`: the body must be an object;
 /// every unknown property, missing required property and field that breaks its
-/// type's rules is reported (422), and only a body whose fields are all well
-/// formed goes on to [`RequestBody::validate`].
-pub fn parse_body<T: RequestBody>(mut body: Value, context: &T::Context) -> Result<T::Valid, ApiError> {
-    let Value::Object(object) = &body else {
-        return Err(ApiError::Unprocessable(vec![format!(
-            "$: must be a JSON object, not {}",
-            kind(&body)
-        )]));
-    };
-    let none_of_them =
-        !T::AT_LEAST_ONE_OF.is_empty() && !T::AT_LEAST_ONE_OF.iter().any(|name| object.contains_key(*name));
+/// type's rules is reported (422, through [`gantry_input::read`]), and only a
+/// body whose fields are all well formed goes on to [`RequestBody::validate`].
+pub fn parse_body<T: RequestBody>(body: Value, context: &T::Context) -> Result<T::Valid, ApiError> {
+    let none_of_them = body.as_object().is_some_and(|object| {
+        !T::AT_LEAST_ONE_OF.is_empty() && !T::AT_LEAST_ONE_OF.iter().any(|name| object.contains_key(*name))
+    });
     let mut failures = Failures::default();
-    // Members taken out after a failure: not missing, only wrong.
-    let mut removed: Vec<Vec<String>> = Vec::new();
-    // The well-formed body is read in one pass. A failure names its place; it
-    // is recorded, the offending member is taken out, and the rest is read
-    // again, so that every failure is found (a body has a handful of members).
-    let parsed = loop {
-        let err = match serde_path_to_error::deserialize::<_, T>(&body) {
-            Ok(parsed) => break Some(parsed),
-            Err(err) => err,
-        };
-        let mut path: Vec<String> = err
-            .path()
-            .iter()
-            .filter_map(|segment| match segment {
-                serde_path_to_error::Segment::Map { key } => Some(key.clone()),
-                serde_path_to_error::Segment::Seq { index } => Some(index.to_string()),
-                _ => None,
-            })
-            .collect();
-        let message = err.into_inner().to_string();
-        if message.starts_with("missing field") {
-            if path.is_empty() {
-                // Serde names the first missing field only: name them all.
-                for name in missing_required::<T>(&body) {
-                    if !removed.iter().any(|path| path.len() == 1 && path[0] == name) {
-                        failures.fail(&name, "required property is missing");
-                    }
-                }
-            } else if let Some(name) = backticked(&message).into_iter().next() {
-                path.push(name);
-                failures.fail(&path.join("."), "required property is missing");
+    let parsed = match gantry_input::read::<T>(body) {
+        Ok(parsed) => Some(parsed),
+        Err(found) => {
+            for failure in found {
+                failures.fail(&failure.place(), failure.problem);
             }
-            break None;
+            None
         }
-        if let Some(name) = backticked(&message)
-            .into_iter()
-            .next()
-            .filter(|_| message.starts_with("unknown field"))
-        {
-            if path.last() != Some(&name) {
-                path.push(name);
-            }
-            failures.fail(&path.join("."), "unknown property");
-        } else {
-            let problem = describe(&message, member(&body, &path));
-            failures.fail(&path.join("."), problem);
-        }
-        if !remove(&mut body, &path) {
-            break None;
-        }
-        removed.push(path);
     };
     if none_of_them {
         failures.fail(
@@ -214,128 +166,7 @@ pub fn parse_body<T: RequestBody>(mut body: Value, context: &T::Context) -> Resu
     }
 }
 
-/// The required properties of `T` that `body` lacks, in the schema's order.
-fn missing_required<T: ToSchema>(body: &Value) -> Vec<String> {
-    use utoipa::openapi::{RefOr, schema::Schema};
-    match T::schema() {
-        RefOr::T(Schema::Object(schema)) => schema
-            .required
-            .into_iter()
-            .filter(|name| body.get(name.as_str()).is_none())
-            .collect(),
-        _ => Vec::new(),
-    }
-}
-
-/// The words serde quotes in backticks, in order.
-fn backticked(message: &str) -> Vec<String> {
-    message.split('`').skip(1).step_by(2).map(str::to_string).collect()
-}
-
-/// Serde's wording of a field's failure in the document's terms.
-pub(crate) fn describe(message: &str, value: Option<&Value>) -> String {
-    if let Some(rest) = message.strip_prefix("invalid type: ") {
-        let expected = rest.rsplit_once(", expected ").map_or("another type", |(_, e)| e);
-        let got = value.map_or("another type", kind);
-        return format!("must be {}, not {got}", plain_type(expected));
-    }
-    if let Some(rest) = message.strip_prefix("invalid value: ") {
-        let expected = rest.rsplit_once(", expected ").map_or("another value", |(_, e)| e);
-        let got = value.map_or_else(String::new, |v| format!(" (got {v})"));
-        return format!("must be {}{got}", plain_type(expected));
-    }
-    if message.starts_with("unknown variant") {
-        let words = backticked(message);
-        if let Some((got, allowed)) = words.split_first() {
-            return format!("must be one of {} (got '{got}')", allowed.join(", "));
-        }
-    }
-    message.to_string()
-}
-
-/// Serde's name of an expected type as the document says it.
-fn plain_type(expected: &str) -> &str {
-    match expected {
-        "i8" | "i16" | "i32" | "i64" | "isize" => "an integer",
-        "u8" => "an integer from 0 to 255",
-        "u16" => "an integer from 0 to 65535",
-        "u32" => "an integer from 0 to 4294967295",
-        "u64" | "usize" => "an integer from 0 to 18446744073709551615",
-        "f32" | "f64" => "a number",
-        "a map" => "a JSON object",
-        "a sequence" => "an array",
-        other if other.starts_with("struct ") => "a JSON object",
-        other => other,
-    }
-}
-
-/// The member of `body` at `path`.
-fn member<'a>(body: &'a Value, path: &[String]) -> Option<&'a Value> {
-    path.iter().try_fold(body, |value, key| match value {
-        Value::Object(object) => object.get(key),
-        Value::Array(items) => key.parse::<usize>().ok().and_then(|i| items.get(i)),
-        _ => None,
-    })
-}
-
-/// Takes the member at `path` out of `body`; false when there is none.
-fn remove(body: &mut Value, path: &[String]) -> bool {
-    let Some((last, parents)) = path.split_last() else {
-        return false;
-    };
-    let parent = parents.iter().try_fold(body, |value, key| match value {
-        Value::Object(object) => object.get_mut(key),
-        _ => None,
-    });
-    match parent {
-        Some(Value::Object(object)) => object.remove(last).is_some(),
-        _ => false,
-    }
-}
-
-/// For an optional member that may be absent but not `null`:
-/// `#[serde(default, deserialize_with = "present")]`.
-pub fn present<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: serde::Deserialize<'de>,
-{
-    T::deserialize(deserializer).map(Some)
-}
-
-/// [`present`] for a nested struct: only a JSON object, never an array read
-/// field by field in declaration order (which serde's derived structs accept).
-pub fn present_object<'de, D, T>(deserializer: D) -> Result<Option<T>, D::Error>
-where
-    D: serde::Deserializer<'de>,
-    T: serde::Deserialize<'de>,
-{
-    struct Object<T>(std::marker::PhantomData<T>);
-    impl<'de, T: serde::Deserialize<'de>> serde::de::Visitor<'de> for Object<T> {
-        type Value = T;
-
-        fn expecting(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-            f.write_str("an object")
-        }
-
-        fn visit_map<A: serde::de::MapAccess<'de>>(self, map: A) -> Result<T, A::Error> {
-            T::deserialize(serde::de::value::MapAccessDeserializer::new(map))
-        }
-    }
-    deserializer.deserialize_map(Object(std::marker::PhantomData)).map(Some)
-}
-
-fn kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(n) if n.is_f64() => "a fractional number",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
+pub use gantry_input::{describe, present, present_object};
 
 #[cfg(test)]
 mod tests {

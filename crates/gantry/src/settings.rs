@@ -511,15 +511,18 @@ impl Settings {
     /// The model manifest in effect: the built-in one, and the models of
     /// `manifest` after them when it is set. [`Settings::apply_manifest`]
     /// reports a bad file; here one is logged and the built-in one used.
+    /// Each entry without an `input_schema` of its own has the schema of the
+    /// family that serves it ([`crate::workers::described`]).
     pub fn manifest(&self) -> &'static gantry_manifest::Manifest {
         let builtin = gantry_manifest::Manifest::builtin();
-        match &self.manifest {
+        let manifest = match &self.manifest {
             None => builtin,
             Some(path) => gantry_manifest::Manifest::with_extra(path).unwrap_or_else(|error| {
                 tracing::error!(%error, "using the built-in model manifest only");
                 builtin
             }),
-        }
+        };
+        crate::workers::described(manifest)
     }
 
     /// Reads the operator's manifest (an error names what is wrong with it)

@@ -4,7 +4,7 @@
 use std::sync::LazyLock;
 use std::time::Duration;
 
-use gantry_manifest::{ModelEntry, ModelStatus, ModelStore, Progress};
+use gantry_manifest::{Manifest, ModelEntry, ModelStatus, ModelStore, Progress};
 use gantry_worker_sdk::{Credentials, Family, ModelFiles, WorkerConfig, family};
 use tokio::sync::watch;
 use tokio::task::JoinHandle;
@@ -60,6 +60,21 @@ pub fn families() -> &'static [Box<dyn Family>] {
         ]
     });
     &FAMILIES
+}
+
+/// `manifest` with each entry's input schema filled in by the family that
+/// serves it, where the entry states none; made once per manifest.
+pub fn described(manifest: &'static Manifest) -> &'static Manifest {
+    type Made = std::collections::HashMap<usize, &'static Manifest>;
+    static MADE: std::sync::Mutex<Option<Made>> = std::sync::Mutex::new(None);
+    let mut made = MADE.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    // The manifests are `'static` and never freed: the address names one.
+    let key = std::ptr::from_ref(manifest) as usize;
+    made.get_or_insert_with(Made::new).entry(key).or_insert_with(|| {
+        Box::leak(Box::new(manifest.with_input_schemas(|entry| {
+            family_of(entry).map(|family| family.input_schema(entry))
+        })))
+    })
 }
 
 /// The family that serves `entry`, if this binary has one.

@@ -33,8 +33,10 @@ pub struct ModelEntry {
     pub default: bool,
     /// The licence of the weights (an SPDX id, or the name of the terms).
     pub license: String,
-    /// A JSON Schema for the job input. In TOML either a table or a string holding JSON.
-    #[serde(deserialize_with = "schema")]
+    /// A JSON Schema for the job input. In TOML either a table or a string
+    /// holding JSON. Absent (`null`) for an entry a bundled family serves:
+    /// the binary fills in the family's schema, made from its input type.
+    #[serde(default, deserialize_with = "schema", skip_serializing_if = "Value::is_null")]
     pub input_schema: Value,
     /// The most units one job may use, read from its input: the credit a
     /// job holds while queued and running. Required for every unit but
@@ -329,6 +331,20 @@ impl Manifest {
     /// Every model, in file order.
     pub fn models(&self) -> &[ModelEntry] {
         &self.models
+    }
+
+    /// This manifest with the input schema of each entry that states none
+    /// taken from `schema_of` (the model family that serves it).
+    pub fn with_input_schemas(&self, schema_of: impl Fn(&ModelEntry) -> Option<Value>) -> Manifest {
+        let mut described = self.clone();
+        for entry in &mut described.models {
+            if entry.input_schema.is_null()
+                && let Some(schema) = schema_of(entry)
+            {
+                entry.input_schema = schema;
+            }
+        }
+        described
     }
 
     /// The models marked `default = true`.

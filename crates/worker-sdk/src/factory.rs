@@ -39,6 +39,10 @@
 //!     fn load(files: &ModelFiles<'_>, settings: &UpperSettings) -> Result<Upper, String> {
 //!         Upper::load(&files.find("weights", |name| name.ends_with(".bin"))?, settings.shout)
 //!     }
+//!
+//!     fn input_schema(_entry: &ModelEntry) -> serde_json::Value {
+//!         serde_json::json!({"type": "object", "required": ["text"], "properties": {"text": {"type": "string"}}})
+//!     }
 //! }
 //! ```
 
@@ -86,6 +90,14 @@ pub trait ModelFactory: Send + Sync + 'static {
     fn slots(_settings: &Self::Settings) -> Option<u32> {
         None
     }
+
+    /// The JSON Schema of a job's input for `entry`: the schema of the
+    /// crate's input type (`gantry_input::schema_of`), with what the entry
+    /// decides filled in (its voices, its context). The API serves it as the
+    /// model's `inputSchema` and in the public OpenAPI document, and the
+    /// console draws its form from it; an entry that states its own
+    /// `input_schema` keeps that one.
+    fn input_schema(entry: &ModelEntry) -> Value;
 }
 
 /// A model family as the binary holds it: a [`ModelFactory`] behind a
@@ -104,6 +116,8 @@ pub trait Family: Send + Sync {
     fn accepts(&self, entry: &ModelEntry) -> bool;
     /// [`ModelFactory::slots`] for `table`.
     fn slots(&self, table: Option<&Value>) -> Result<Option<u32>, String>;
+    /// [`ModelFactory::input_schema`].
+    fn input_schema(&self, entry: &ModelEntry) -> Value;
     /// Loads the model (on the calling thread) and runs it as a worker with
     /// `config` on the current Tokio runtime until `shutdown`.
     fn start(
@@ -160,6 +174,10 @@ impl<F: ModelFactory> Family for Plugin<F> {
 
     fn slots(&self, table: Option<&Value>) -> Result<Option<u32>, String> {
         Ok(F::slots(&Self::settings(table)?).map(|n| n.max(1)))
+    }
+
+    fn input_schema(&self, entry: &ModelEntry) -> Value {
+        F::input_schema(entry)
     }
 
     fn start(
@@ -308,6 +326,10 @@ mod tests {
 
         fn slots(settings: &FixedSettings) -> Option<u32> {
             Some(settings.batch)
+        }
+
+        fn input_schema(_entry: &ModelEntry) -> Value {
+            serde_json::json!({"type": "object"})
         }
     }
 

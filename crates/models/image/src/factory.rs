@@ -15,6 +15,11 @@ impl ModelFactory for ImageFactory {
     type Settings = ();
     type Model = ImageModel;
 
+    // The input schema is still the manifest entry's own (to be made from the input type).
+    fn input_schema(_entry: &ModelEntry) -> serde_json::Value {
+        serde_json::Value::Null
+    }
+
     fn accepts(entry: &ModelEntry) -> bool {
         entry.category == ModelKind::Image
             && entry.engine.get("architecture").and_then(|a| a.as_str()) != Some("stable-diffusion")

@@ -40,4 +40,8 @@ impl ModelFactory for TranscriptionFactory {
         };
         TranscriptionModel::load(files.id(), &dir, &options).map_err(|e| format!("{}: {e}", dir.display()))
     }
+
+    fn input_schema(_entry: &ModelEntry) -> serde_json::Value {
+        crate::input::schema()
+    }
 }
