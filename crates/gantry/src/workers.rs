@@ -234,6 +234,24 @@ mod tests {
         assert_eq!(family_of(&sd).map(|f| f.name()), Some("DiffusionModel"));
     }
 
+    /// What `GET /v2/models`, the public OpenAPI document and the console
+    /// show: each built-in model's input schema, made by its family from
+    /// the family's input type, a standalone JSON Schema of an object.
+    #[test]
+    fn every_builtin_model_has_its_familys_input_schema() {
+        let builtin = gantry_manifest::Manifest::builtin();
+        let described = described(builtin);
+        assert!(std::ptr::eq(described, super::described(builtin)), "made once");
+        for entry in described.models() {
+            let schema = &entry.input_schema;
+            assert_eq!(schema["type"], "object", "{}: {schema}", entry.id);
+            assert!(schema["properties"].is_object(), "{}: {schema}", entry.id);
+            assert!(!schema.to_string().contains("\"$ref\":"), "{}: {schema}", entry.id);
+            let family = family_of(entry).unwrap();
+            assert_eq!(schema, &family.input_schema(entry), "{}", entry.id);
+        }
+    }
+
     #[test]
     fn each_family_reads_its_own_table_from_the_file_and_refuses_a_bad_one() {
         let dir = tempfile::tempdir().unwrap();

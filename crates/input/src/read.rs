@@ -92,10 +92,12 @@ pub fn read<T: DeserializeOwned + ToSchema>(mut body: Value) -> Result<T, Vec<Fa
                 }
             } else if let Some(name) = backticked(&message).into_iter().next() {
                 path.push(name);
-                failures.push(Failure {
-                    path,
-                    problem: "required property is missing".into(),
-                });
+                if !removed.contains(&path) {
+                    failures.push(Failure {
+                        path,
+                        problem: "required property is missing".into(),
+                    });
+                }
             }
             return Err(failures);
         }
@@ -176,6 +178,8 @@ fn plain_type(expected: &str) -> &str {
         "f32" | "f64" => "a number",
         "a map" => "a JSON object",
         "a sequence" => "an array",
+        // An enum of names (serde also takes a one-member map for a variant).
+        "string or map" => "a string",
         other if other.starts_with("struct ") => "a JSON object",
         other => other,
     }

@@ -12,7 +12,9 @@ use utoipa::ToSchema;
 ///   `null` alternative utoipa gives an `Option` is left out (the readers
 ///   take `null` as absent all the same);
 /// - a member's own words (its description, default) are merged into its
-///   type's schema rather than wrapped beside it in an `allOf`.
+///   type's schema rather than wrapped beside it in an `allOf`, and a
+///   description's lines are joined into one (a blank line still parts
+///   paragraphs), as a doc comment's line breaks are only its wrapping.
 pub fn schema_of<T: ToSchema>() -> Value {
     let mut named = Vec::new();
     T::schemas(&mut named);
@@ -35,6 +37,22 @@ fn plain(value: &mut Value) {
         Value::Object(object) => {
             for member in object.values_mut() {
                 plain(member);
+            }
+            // `type: [T, "null"]`: T.
+            if let Some(Value::Array(types)) = object.get_mut("type")
+                && types.len() == 2
+                && types.iter().any(|t| t == "null")
+            {
+                types.retain(|t| t != "null");
+                let only = types.remove(0);
+                object.insert("type".into(), only);
+            }
+            if let Some(Value::String(text)) = object.get_mut("description") {
+                *text = text
+                    .split("\n\n")
+                    .map(|paragraph| paragraph.split('\n').map(str::trim).collect::<Vec<_>>().join(" "))
+                    .collect::<Vec<_>>()
+                    .join("\n\n");
             }
             // `oneOf: [X, {type: null}]`: X.
             if let Some(Value::Array(choices)) = object.get("oneOf")

@@ -41,6 +41,39 @@ struct Part {
     name: String,
 }
 
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+struct Outer {
+    /// What the inner object
+    /// says, in two lines.
+    inner: Inner,
+    #[serde(default)]
+    note: Option<String>,
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+struct Inner {
+    #[schema(inline)]
+    size: Between<1, 4>,
+}
+
+#[test]
+fn a_nested_member_that_breaks_its_rule_is_not_also_called_missing() {
+    let failures = read::<Outer>(json!({"inner": {"size": 9}})).unwrap_err();
+    assert_eq!(
+        sentence(&failures),
+        "inner.size: must be an integer from 1 to 4 (got 9)"
+    );
+    let schema = schema_of::<Outer>();
+    assert_eq!(schema["properties"]["note"]["type"], json!("string"), "{schema}");
+    assert_eq!(
+        schema["properties"]["inner"]["description"],
+        json!("What the inner object says, in two lines."),
+        "{schema}"
+    );
+}
+
 fn failures(body: Value) -> Vec<String> {
     match read::<Sample>(body) {
         Ok(sample) => panic!("accepted: {sample:?}"),

@@ -386,7 +386,9 @@ mod tests {
         for model in manifest.models() {
             assert!(!model.description.trim().is_empty(), "{}", model.id);
             assert!(!model.license.trim().is_empty(), "{}", model.id);
-            assert!(model.input_schema.is_object(), "{}", model.id);
+            // The bundled families state their models' input schemas
+            // (made from their input types), so the entries state none.
+            assert!(model.input_schema.is_null(), "{}", model.id);
             for file in &model.files {
                 assert_eq!(file.sha256.len(), 64);
                 assert!(
@@ -413,8 +415,6 @@ mod tests {
         assert_eq!(smol.price, Price::new(10_000_000, 1_000_000).unwrap());
         assert!(smol.default);
         assert_eq!(smol.engine["context_tokens"], 8192);
-        assert_eq!(smol.input_schema["additionalProperties"], false);
-        assert_eq!(smol.input_schema["properties"]["max_tokens"]["default"], 512);
         assert_eq!(smol.files.len(), 1);
         assert_eq!(smol.files[0].size, 98_362_432);
         assert_eq!(
@@ -448,8 +448,6 @@ mod tests {
         assert_eq!((joe.category, joe.unit.as_str()), (ModelKind::Speech, "characters"));
         assert_eq!(joe.price, Price::new(50_000, 1_000).unwrap());
         assert!(!joe.default);
-        assert_eq!(joe.input_schema["properties"]["prompt"]["maxLength"], 5000);
-        assert_eq!(joe.input_schema["additionalProperties"], false);
         let names: Vec<&str> = joe.files.iter().map(|f| f.name.as_str()).collect();
         assert_eq!(
             names,
@@ -462,7 +460,6 @@ mod tests {
         );
         // Resemblyzer's speaker encoder, for voice matching, converted at pull.
         assert_eq!(joe.files[3].converted_name().as_deref(), Some("pretrained.safetensors"));
-        assert_eq!(joe.input_schema["properties"]["reference_audio"]["type"], "string");
         // kokoro-hibari: the graph, the G2P's files and the runtime, all
         // from wheels; the engine table names the voice.
         let hibari = manifest.get("kokoro-hibari").unwrap();
@@ -473,7 +470,6 @@ mod tests {
         assert_eq!(hibari.price, Price::new(50_000, 1_000).unwrap());
         assert_eq!(hibari.engine["architecture"], "hibari");
         assert_eq!(hibari.engine["voice"], "heart");
-        assert_eq!(hibari.input_schema["properties"]["voice"]["enum"][0], "heart");
         assert_eq!(hibari.files.len(), 15);
         assert!(hibari.files.iter().all(|f| f.sources.len() == 1));
         let faces = manifest.get("dcgan-faces-64").unwrap();
@@ -568,6 +564,29 @@ sha256 = "B179C9523D0E6A0F98A330C7562B682750A6F8C8C15E5BC70EA373728110DB53"
 size = 3
 parts = ["path:a", "hf:o/r@main#b"]
 "#;
+
+    #[test]
+    fn an_entry_without_a_schema_takes_its_familys_and_one_with_a_schema_keeps_it() {
+        let two = format!(
+            "{ONE}\n{}",
+            ONE.replace("id = \"m\"", "id = \"n\"").replace(
+                "input_schema = { type = \"object\", properties = { prompt = { type = \"string\" } } }\n",
+                ""
+            )
+        );
+        let manifest = Manifest::from_toml(&two).unwrap();
+        assert!(manifest.get("n").unwrap().input_schema.is_null());
+        let family = serde_json::json!({"type": "object", "required": ["prompt"]});
+        let described = manifest.with_input_schemas(|entry| (entry.id != "x").then(|| family.clone()));
+        assert_eq!(described.get("n").unwrap().input_schema, family);
+        assert_eq!(
+            described.get("m").unwrap().input_schema,
+            manifest.get("m").unwrap().input_schema
+        );
+        // A model no family serves keeps none.
+        let none = manifest.with_input_schemas(|_| None);
+        assert!(none.get("n").unwrap().input_schema.is_null());
+    }
 
     #[test]
     fn parses_tables_and_json_strings() {

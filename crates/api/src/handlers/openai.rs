@@ -499,8 +499,10 @@ fn completion_logprobs(entries: Option<&[TokenLogprob]>, offset: usize) -> Value
     json!({"tokens": tokens, "token_logprobs": logprobs, "top_logprobs": top, "text_offset": offsets})
 }
 
-/// The OpenAI parameter a model's refusal names: its message quotes the
-/// field first (`` `response_format.json_schema.schema` cannot be ... ``).
+/// The OpenAI parameter a model's refusal names: a member's failure starts
+/// with its place (`tools.0.function.name: must be ...`, as the model's input
+/// reader writes them), a rule between members quotes the member first
+/// (`` `response_format.json_schema.schema` cannot be ... ``).
 fn param_of(message: &str) -> Option<String> {
     const PARAMETERS: [&str; 19] = [
         "messages",
@@ -523,9 +525,15 @@ fn param_of(message: &str) -> Option<String> {
         "tool_choice",
         "parallel_tool_calls",
     ];
-    let quoted = message.split('`').nth(1)?;
-    let name = quoted.split(['.', '[', ' ', '/']).next()?;
-    PARAMETERS.contains(&name).then(|| name.to_owned())
+    let message = message.strip_prefix("bad input: ").unwrap_or(message);
+    let placed = message.split_once(": ").map(|(place, _)| place);
+    let quoted = message.split('`').nth(1);
+    [placed, quoted]
+        .into_iter()
+        .flatten()
+        .filter_map(|place| place.split(['.', '[', ' ', '/']).next())
+        .find(|name| PARAMETERS.contains(name))
+        .map(str::to_owned)
 }
 
 /// Renders the frames of a streaming request as OpenAI chunks.
@@ -818,6 +826,15 @@ mod tests {
             Some("tools")
         );
         assert_eq!(param_of("bad input: the prompt is 9000 tokens"), None);
+        assert_eq!(
+            param_of("bad input: tools.0.function.name: must be 1 to 64 letters").as_deref(),
+            Some("tools")
+        );
+        assert_eq!(
+            param_of("bad input: messages.0.role: must be one of system, user (got 'bot'); n: x").as_deref(),
+            Some("messages")
+        );
+        assert_eq!(param_of("bad input: must be a JSON object, not a string"), None);
     }
 
     /// The parser refuses what the document refuses: unknown members, and

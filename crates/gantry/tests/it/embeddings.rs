@@ -159,8 +159,8 @@ async fn bad_input_fails_and_costs_nothing(backend: Backend) {
         (json!({"input": []}), "must not be an empty array"),
         (json!({"input": [30522]}), "30522 is not a token id"),
         (json!({"input": "x", "dimensions": 128}), "cannot be shortened"),
-        (json!({"input": "x", "normalize": true}), "unknown field `normalize`"),
-        (json!({"text": "x"}), "`input` is required"),
+        (json!({"input": "x", "normalize": true}), "normalize: unknown property"),
+        (json!({"text": "x"}), "input: required property is missing"),
     ] {
         let job = app.embed(&key, input.clone()).await;
         assert_eq!(job["status"], "FAILED", "{input} -> {job}");

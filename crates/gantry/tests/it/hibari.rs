@@ -94,11 +94,11 @@ async fn bad_input_fails_and_costs_nothing(backend: Backend) {
     let app = hibari_app(backend).await;
     let (_, key) = app.user_with_key("endpoints:run").await;
     for (input, needle) in [
-        (json!({"prompt": " "}), "'prompt' is empty"),
+        (json!({"prompt": " "}), "prompt: must not be empty or only whitespace"),
         (json!({"prompt": "Hello.", "voice": "joe"}), "unknown voice 'joe'"),
         (
             json!({"prompt": "Hello.", "speed": 0.1}),
-            "'speed' must be from 0.5 to 2",
+            "speed: must be a number from 0.5 to 2 (got 0.1)",
         ),
         (json!({"prompt": "x".repeat(5001)}), "at most 5000"),
         (

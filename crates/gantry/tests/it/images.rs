@@ -154,7 +154,11 @@ async fn inputs_a_model_cannot_honour_fail_and_cost_nothing(backend: Backend) {
         (FACES, json!({"num_images": 9}), "num_images"),
         (EYES, json!({"prompt": "an eye"}), "colours this model draws"),
         (EYES, json!({"prompt": "a blue or green eye"}), "several"),
-        (EYES, json!({"prompt": "a red eye", "style": "anime"}), "unknown field"),
+        (
+            EYES,
+            json!({"prompt": "a red eye", "style": "anime"}),
+            "style: unknown property",
+        ),
     ] {
         let job = app.draw(model, &key, input.clone()).await;
         assert_eq!(job["status"], "FAILED", "{model} {input} -> {job}");

@@ -128,13 +128,16 @@ async fn bad_input_fails_and_costs_nothing(backend: Backend) {
     let app = speech_app(backend).await;
     let (_, key) = app.user_with_key("endpoints:run").await;
     for (input, needle) in [
-        (json!({"prompt": ""}), "'prompt' is empty"),
-        (json!({}), "'prompt' is required"),
+        (json!({"prompt": ""}), "prompt: must not be empty or only whitespace"),
+        (json!({}), "prompt: required property is missing"),
         (json!({"prompt": "Hello.", "voice": "amy"}), "unknown voice 'amy'"),
-        (json!({"prompt": "Hello.", "speed": 9}), "'speed' must be from 0.5 to 2"),
-        (json!({"prompt": "Hello.", "format": "mp3"}), "'mp3'"),
+        (
+            json!({"prompt": "Hello.", "speed": 9}),
+            "speed: must be a number from 0.5 to 2 (got 9)",
+        ),
+        (json!({"prompt": "Hello.", "format": "mp3"}), "(got 'mp3')"),
         (json!({"prompt": "x".repeat(5001)}), "at most 5000"),
-        (json!({"prompt": "Hello.", "pitch": 2}), "unknown field 'pitch'"),
+        (json!({"prompt": "Hello.", "pitch": 2}), "pitch: unknown property"),
     ] {
         let job = app.speak("runsync", &key, input.clone()).await;
         assert_eq!(job["status"], "FAILED", "{input} -> {job}");

@@ -422,7 +422,7 @@ async fn ignore_eos_generates_exactly_max_tokens() {
         job["error"]
             .as_str()
             .unwrap()
-            .contains("`ignore_eos` must be a boolean"),
+            .contains("ignore_eos: must be a boolean, not a string"),
         "{job}"
     );
 }

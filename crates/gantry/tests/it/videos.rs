@@ -343,11 +343,19 @@ async fn inputs_a_video_model_cannot_honour_fail_and_cost_nothing(backend: Backe
         (FACES, json!({"width": 100, "height": 100}), "multiple of 16"),
         (FACES, json!({"width": 128, "height": 64}), "equal"),
         (FACES, json!({"fps": 120}), "fps"),
-        (FACES, json!({"negative_prompt": "x"}), "unknown input field"),
-        (IMAGES, json!({}), "images is required"),
+        (
+            FACES,
+            json!({"negative_prompt": "x"}),
+            "negative_prompt: unknown property",
+        ),
+        (IMAGES, json!({}), "images: required property is missing"),
         (IMAGES, json!({"images": [png]}), "2 to 16"),
-        (IMAGES, json!({"images": [png, "!!not base64!!"]}), "images[1]"),
-        (IMAGES, json!({"images": [png, b64(b"GIF89a not really")]}), "images[1]"),
+        (IMAGES, json!({"images": [png, "!!not base64!!"]}), "images.1: "),
+        (
+            IMAGES,
+            json!({"images": [png, b64(b"GIF89a not really")]}),
+            "images.1: ",
+        ),
         (IMAGES, json!({"images": [png, missing]}), "404"),
         // the cloud metadata address and the private network are never fetched
         (

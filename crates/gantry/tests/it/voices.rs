@@ -170,7 +170,7 @@ async fn a_bad_reference_fails_and_costs_nothing() {
         (json!("@@"), "'reference_audio': not an http(s) URL"),
         (json!(b64(&short)), "at least 1 s"),
         (json!("http://10.1.2.3/me.wav"), "10.1.2.3 is not allowed"),
-        (json!(7), "'reference_audio' must be a string"),
+        (json!(7), "reference_audio: must be a string, not a number"),
     ] {
         let job = app
             .read_aloud(&key, json!({ "prompt": "Hello there.", "reference_audio": reference }))

@@ -26,9 +26,15 @@ impl ModelFactory for DiffusionFactory {
     type Settings = DiffusionSettings;
     type Model = DiffusionModel;
 
-    // The input schema is still the manifest entry's own (to be made from the input type).
-    fn input_schema(_entry: &ModelEntry) -> serde_json::Value {
-        serde_json::Value::Null
+    /// The input type's schema with the bounds and defaults of the entry's
+    /// `engine.variant` (an entry that states its own schema keeps it).
+    fn input_schema(entry: &ModelEntry) -> serde_json::Value {
+        let variant = entry
+            .engine
+            .get("variant")
+            .and_then(|v| v.as_str())
+            .and_then(Variant::parse);
+        crate::input::schema(variant)
     }
 
     fn accepts(entry: &ModelEntry) -> bool {
@@ -49,5 +55,44 @@ impl ModelFactory for DiffusionFactory {
         let model = DiffusionModel::load(files.id(), &files.dir(), variant, options).map_err(|e| e.to_string())?;
         tracing::info!(model = files.id(), variant = variant.name(), "diffusion model ready");
         Ok(model)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use gantry_manifest::Manifest;
+
+    use super::*;
+
+    fn entry(variant: &str) -> ModelEntry {
+        let toml = format!(
+            r#"
+[[models]]
+id = "sd"
+category = "image"
+unit = "megapixels"
+hold = {{ units = 1 }}
+price = {{ micro_usd = 1, per = 1 }}
+description = "a test entry"
+license = "MIT"
+engine = {{ architecture = "stable-diffusion", variant = "{variant}" }}
+"#
+        );
+        Manifest::from_toml(&toml).expect("manifest").models()[0].clone()
+    }
+
+    #[test]
+    fn the_schema_is_the_entrys_variants() {
+        let turbo = entry("sd-turbo");
+        assert!(DiffusionFactory::accepts(&turbo));
+        let schema = DiffusionFactory::input_schema(&turbo);
+        assert_eq!(schema["required"], serde_json::json!(["prompt"]));
+        assert_eq!(schema["properties"]["num_inference_steps"]["maximum"], 4);
+        let xl = DiffusionFactory::input_schema(&entry("sdxl"));
+        assert_eq!(xl["properties"]["width"]["maximum"], 1536);
+        // A variant no model has: the type's schema, without a variant's bounds.
+        let unknown = DiffusionFactory::input_schema(&entry("sd-9"));
+        assert_eq!(unknown["properties"]["prompt"]["maxLength"], 2000);
+        assert!(unknown["properties"]["width"].get("maximum").is_none());
     }
 }

@@ -1,7 +1,20 @@
-//! Validation of a text-to-image job's input. Every problem is collected and
-//! reported at once (joined with `"; "`) before any work is done.
+//! A text-to-image job's input: one typed struct that is both the parser
+//! (every failure reported at once, before any work) and the model's input
+//! schema. What depends on the variant (the largest side, the most steps,
+//! guidance at all) is checked once the members are well formed, and filled
+//! into the schema of an entry from its `engine.variant`.
+use std::fmt;
+use std::marker::PhantomData;
 
-use serde_json::{Map, Value};
+use gantry_input::{Between, Chars, Real};
+use serde::Deserialize;
+use serde::de::{self, Deserializer, Visitor};
+use serde_json::{Value, json};
+use utoipa::openapi::RefOr;
+use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, Schema, SchemaFormat, Type};
+use utoipa::{PartialSchema, ToSchema};
+
+pub use gantry_media::image::Format;
 
 use crate::pipeline::Variant;
 
@@ -11,20 +24,164 @@ pub const MAX_PROMPT_CHARS: usize = 2000;
 pub const MAX_IMAGES: u64 = 4;
 /// Smallest side of an image.
 pub const MIN_SIDE: u64 = 64;
+/// Largest seed: 2^53 - 1, a number the caller can send back exactly.
+pub const MAX_SEED: u64 = (1 << 53) - 1;
 
-const FIELDS: [&str; 9] = [
-    "prompt",
-    "negative_prompt",
-    "width",
-    "height",
-    "num_images",
-    "seed",
-    "num_inference_steps",
-    "guidance_scale",
-    "output_format",
-];
+gantry_input::bounds! {
+    /// Classifier-free guidance, where a variant takes it.
+    pub Guidance: 0.0..=20.0;
+}
 
-pub use gantry_media::image::Format;
+/// A text-to-image job's input, as a client sends it.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Input {
+    /// What to draw; not blank.
+    #[schema(inline)]
+    pub prompt: Chars<{ MAX_PROMPT_CHARS }>,
+    /// What the images should not show: the other side of classifier-free
+    /// guidance (used when guidance_scale is above 1). Empty by default.
+    #[serde(default)]
+    #[schema(inline)]
+    pub negative_prompt: Option<Chars<{ MAX_PROMPT_CHARS }>>,
+    /// Width of each image in pixels, a multiple of 8.
+    #[serde(default)]
+    #[schema(inline)]
+    pub width: Option<AtLeast<{ MIN_SIDE }>>,
+    /// Height of each image in pixels, a multiple of 8.
+    #[serde(default)]
+    #[schema(inline)]
+    pub height: Option<AtLeast<{ MIN_SIDE }>>,
+    /// How many images to make, each from its own noise; every delivered
+    /// pixel is billed.
+    #[serde(default)]
+    #[schema(inline, default = 1)]
+    pub num_images: Option<Between<1, { MAX_IMAGES }>>,
+    /// The seed: image i starts from the noise of seed + i, so the same seed
+    /// and input give the same images. A random one when absent; the output
+    /// reports it.
+    #[serde(default)]
+    #[schema(inline)]
+    pub seed: Option<Between<0, { MAX_SEED }>>,
+    /// Denoising steps: more are slower and finer.
+    #[serde(default)]
+    #[schema(inline)]
+    pub num_inference_steps: Option<AtLeast<1>>,
+    /// How closely the images follow the prompt (classifier-free guidance);
+    /// at 1 or below it is off.
+    #[serde(default)]
+    #[schema(inline)]
+    pub guidance_scale: Option<Real<Guidance>>,
+    /// PNG, JPEG (quality 90) or lossless WebP; jpg is taken for jpeg, in
+    /// any case.
+    #[serde(default)]
+    #[schema(inline, default = "png")]
+    pub output_format: Option<FormatName>,
+}
+
+/// An integer of at least `MIN` (a number with no fractional part, such as
+/// `512.0`, is an integer, as JSON Schema counts it); the most is the
+/// variant's, checked by [`parse`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct AtLeast<const MIN: u64>(pub u64);
+
+impl<'de, const MIN: u64> Deserialize<'de> for AtLeast<MIN> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Integer<const MIN: u64>;
+        impl<const MIN: u64> Integer<MIN> {
+            fn problem<E: de::Error>(got: impl fmt::Display) -> E {
+                E::custom(format!("must be an integer of at least {MIN} (got {got})"))
+            }
+        }
+        impl<const MIN: u64> Visitor<'_> for Integer<MIN> {
+            type Value = AtLeast<MIN>;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "an integer of at least {MIN}")
+            }
+
+            fn visit_u64<E: de::Error>(self, n: u64) -> Result<Self::Value, E> {
+                if n >= MIN {
+                    Ok(AtLeast(n))
+                } else {
+                    Err(Self::problem(n))
+                }
+            }
+
+            fn visit_i64<E: de::Error>(self, n: i64) -> Result<Self::Value, E> {
+                match u64::try_from(n) {
+                    Ok(n) => self.visit_u64(n),
+                    Err(_) => Err(Self::problem(n)),
+                }
+            }
+
+            fn visit_f64<E: de::Error>(self, n: f64) -> Result<Self::Value, E> {
+                if n.fract() == 0.0 && n >= 0.0 && n <= u64::MAX as f64 {
+                    self.visit_u64(n as u64)
+                } else {
+                    Err(Self::problem(n))
+                }
+            }
+        }
+        deserializer.deserialize_any(Integer::<MIN>)
+    }
+}
+
+impl<const MIN: u64> PartialSchema for AtLeast<MIN> {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::Integer)
+            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
+            .minimum(Some(MIN))
+            .into()
+    }
+}
+
+impl<const MIN: u64> ToSchema for AtLeast<MIN> {}
+
+/// `output_format`: the name of a [`Format`], in any case (`jpg` is
+/// `jpeg`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct FormatName(pub Format);
+
+const FORMATS: [&str; 3] = ["png", "jpeg", "webp"];
+
+impl<'de> Deserialize<'de> for FormatName {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Name(PhantomData<FormatName>);
+        impl Visitor<'_> for Name {
+            type Value = FormatName;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                write!(f, "one of {}", FORMATS.join(", "))
+            }
+
+            fn visit_str<E: de::Error>(self, name: &str) -> Result<FormatName, E> {
+                match name.to_ascii_lowercase().as_str() {
+                    "png" => Ok(FormatName(Format::Png)),
+                    "jpeg" | "jpg" => Ok(FormatName(Format::Jpeg)),
+                    "webp" => Ok(FormatName(Format::Webp)),
+                    _ => Err(E::custom(format!(
+                        "must be one of {} (got '{name}')",
+                        FORMATS.join(", ")
+                    ))),
+                }
+            }
+        }
+        deserializer.deserialize_str(Name(PhantomData))
+    }
+}
+
+impl PartialSchema for FormatName {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .enum_values(Some(FORMATS))
+            .into()
+    }
+}
+
+impl ToSchema for FormatName {}
 
 /// What a variant accepts.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -88,130 +245,91 @@ pub struct Request {
     pub format: Format,
 }
 
-fn integer(v: &Value) -> Option<u64> {
-    v.as_u64().or_else(|| {
-        v.as_f64()
-            .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f < 2f64.powi(53))
-            .map(|f| f as u64)
-    })
-}
-
-fn text(object: &Map<String, Value>, name: &str, required: bool, errors: &mut Vec<String>) -> String {
-    match object.get(name) {
-        None | Some(Value::Null) => {
-            if required {
-                errors.push(format!("{name}: required"));
-            }
-            String::new()
-        }
-        Some(Value::String(p)) if p.chars().count() > MAX_PROMPT_CHARS => {
-            errors.push(format!("{name}: at most {MAX_PROMPT_CHARS} characters"));
-            String::new()
-        }
-        Some(Value::String(p)) if required && p.trim().is_empty() => {
-            errors.push(format!("{name}: must not be empty"));
-            String::new()
-        }
-        Some(Value::String(p)) => p.clone(),
-        Some(_) => {
-            errors.push(format!("{name}: must be a string"));
-            String::new()
-        }
+/// The input schema the API serves for a model of `variant` (the entry's
+/// `engine.variant`): the input type's, with the variant's bounds and
+/// defaults; without a variant, the type's alone.
+pub fn schema(variant: Option<Variant>) -> Value {
+    let mut schema = gantry_input::schema_of::<Input>();
+    let properties = &mut schema["properties"];
+    for side in ["width", "height"] {
+        properties[side]["multipleOf"] = json!(8);
     }
+    let Some(variant) = variant else {
+        return schema;
+    };
+    let limits = Limits::of(variant);
+    let properties = &mut schema["properties"];
+    for side in ["width", "height"] {
+        properties[side]["maximum"] = json!(limits.max_side);
+        properties[side]["default"] = json!(limits.default_side);
+    }
+    properties["num_inference_steps"]["maximum"] = json!(limits.max_steps);
+    properties["num_inference_steps"]["default"] = json!(limits.default_steps);
+    let guidance = &mut properties["guidance_scale"];
+    if limits.guidance {
+        guidance["default"] = json!(limits.default_guidance);
+    } else {
+        guidance["maximum"] = json!(0);
+        guidance["default"] = json!(0);
+        guidance["description"] = json!("This distilled model runs without guidance: only 0 is accepted.");
+    }
+    schema
 }
 
-/// Checks a job's input against what `variant` accepts.
+/// Reads `input` as [`Input`], then what `variant` accepts: its largest
+/// side, its most steps, and whether it takes guidance.
 pub fn parse(input: &Value, variant: Variant) -> Result<Request, String> {
     let limits = Limits::of(variant);
-    let Some(object) = input.as_object() else {
-        return Err("input must be a JSON object".into());
-    };
+    let input: Input = gantry_input::read(input.clone()).map_err(|failures| gantry_input::sentence(&failures))?;
     let mut errors = Vec::new();
-    for key in object.keys() {
-        if !FIELDS.contains(&key.as_str()) {
-            errors.push(format!("unknown field `{key}` (accepted: {})", FIELDS.join(", ")));
-        }
+    if input.prompt.as_str().trim().is_empty() {
+        errors.push("prompt: must not be empty".to_owned());
     }
-    let prompt = text(object, "prompt", true, &mut errors);
-    let negative_prompt = text(object, "negative_prompt", false, &mut errors);
-    let side = |name: &str, errors: &mut Vec<String>| -> u32 {
-        match object.get(name) {
-            None | Some(Value::Null) => limits.default_side as u32,
-            Some(v) => match integer(v).filter(|n| (MIN_SIDE..=limits.max_side).contains(n) && n.is_multiple_of(8)) {
-                Some(n) => n as u32,
-                None => {
-                    errors.push(format!(
-                        "{name}: a multiple of 8 from {MIN_SIDE} to {}",
-                        limits.max_side
-                    ));
-                    0
-                }
-            },
+    let mut side = |name: &str, given: Option<AtLeast<{ MIN_SIDE }>>| match given {
+        None => limits.default_side as u32,
+        Some(AtLeast(n)) if n <= limits.max_side && n.is_multiple_of(8) => n as u32,
+        Some(AtLeast(n)) => {
+            errors.push(format!(
+                "{name}: must be a multiple of 8 from {MIN_SIDE} to {} (got {n})",
+                limits.max_side
+            ));
+            0
         }
     };
-    let width = side("width", &mut errors);
-    let height = side("height", &mut errors);
-    let num_images = match object.get("num_images") {
-        None | Some(Value::Null) => 1,
-        Some(v) => match integer(v).filter(|n| (1..=MAX_IMAGES).contains(n)) {
-            Some(n) => n as usize,
-            None => {
-                errors.push(format!("num_images: an integer from 1 to {MAX_IMAGES}"));
-                0
-            }
-        },
+    let width = side("width", input.width);
+    let height = side("height", input.height);
+    let steps = match input.num_inference_steps {
+        None => limits.default_steps as usize,
+        Some(AtLeast(n)) if n <= limits.max_steps => n as usize,
+        Some(AtLeast(n)) => {
+            errors.push(format!(
+                "num_inference_steps: must be an integer from 1 to {} (got {n})",
+                limits.max_steps
+            ));
+            0
+        }
     };
-    let seed = match object.get("seed") {
-        None | Some(Value::Null) => None,
-        Some(v) => match integer(v) {
-            Some(n) => Some(n),
-            None => {
-                errors.push("seed: a non-negative integer below 2^53".into());
-                None
-            }
-        },
+    let guidance_scale = match input.guidance_scale {
+        None => limits.default_guidance,
+        Some(g) if !limits.guidance && g.0 != 0.0 => {
+            errors.push("guidance_scale: this distilled model runs without guidance; only 0 is accepted".into());
+            0.0
+        }
+        Some(g) => g.0,
     };
-    let steps = match object.get("num_inference_steps") {
-        None | Some(Value::Null) => limits.default_steps as usize,
-        Some(v) => match integer(v).filter(|n| (1..=limits.max_steps).contains(n)) {
-            Some(n) => n as usize,
-            None => {
-                errors.push(format!(
-                    "num_inference_steps: an integer from 1 to {}",
-                    limits.max_steps
-                ));
-                0
-            }
-        },
-    };
-    let guidance_scale = match object.get("guidance_scale") {
-        None | Some(Value::Null) => limits.default_guidance,
-        Some(v) => match v.as_f64() {
-            Some(g) if !limits.guidance && g != 0.0 => {
-                errors.push("guidance_scale: this distilled model runs without guidance; only 0 is accepted".into());
-                0.0
-            }
-            Some(g) if (0.0..=20.0).contains(&g) => g,
-            _ => {
-                errors.push("guidance_scale: a number from 0 to 20".into());
-                0.0
-            }
-        },
-    };
-    let format = Format::from_input(object.get("output_format"), &mut errors).unwrap_or(Format::Png);
     if !errors.is_empty() {
         return Err(errors.join("; "));
     }
     Ok(Request {
-        prompt,
-        negative_prompt,
+        prompt: input.prompt.0,
+        negative_prompt: input.negative_prompt.map(|text| text.0).unwrap_or_default(),
         width,
         height,
-        num_images,
-        seed,
+        num_images: input.num_images.map_or(1, |Between(n)| n as usize),
+        seed: input.seed.map(|Between(seed)| seed),
         steps,
         guidance_scale,
-        format,
+        format: input.output_format.map_or(Format::Png, |FormatName(format)| format),
     })
 }
 
@@ -220,6 +338,12 @@ mod tests {
     use serde_json::json;
 
     use super::*;
+
+    fn sorted(message: String) -> Vec<String> {
+        let mut parts: Vec<String> = message.split("; ").map(str::to_owned).collect();
+        parts.sort();
+        parts
+    }
 
     #[test]
     fn defaults_per_variant() {
@@ -234,34 +358,80 @@ mod tests {
         assert_eq!((r.width, r.height, r.steps, r.guidance_scale), (1024, 1024, 30, 5.0));
         assert_eq!(r.format, Format::Png);
         assert_eq!(r.seed, None);
+        assert_eq!(r.negative_prompt, "");
+        // Null is absent; whole floats are integers; the format in any case.
+        let r = parse(
+            &json!({"prompt": "a cat", "negative_prompt": "dogs", "width": 256.0, "height": null, "seed": 9007199254740991u64,
+                    "num_images": 2, "guidance_scale": 3, "output_format": "JPG"}),
+            Variant::V1_5,
+        )
+        .unwrap();
+        assert_eq!(
+            (r.width, r.height, r.seed, r.num_images, r.guidance_scale, r.format),
+            (256, 512, Some(MAX_SEED), 2, 3.0, Format::Jpeg)
+        );
+        assert_eq!((r.prompt.as_str(), r.negative_prompt.as_str()), ("a cat", "dogs"));
     }
 
     #[test]
     fn every_problem_is_reported_at_once() {
         let input = json!({
-            "width": 100, "height": 4096, "num_images": 9, "seed": -1,
+            "width": 10, "height": 4096.5, "num_images": 9, "seed": -1,
             "num_inference_steps": 0, "guidance_scale": 21, "output_format": "gif", "colour": 1
         });
         let e = parse(&input, Variant::V1_5).unwrap_err();
-        for part in [
-            "prompt: required",
-            "width:",
-            "height:",
-            "num_images:",
-            "seed:",
-            "num_inference_steps:",
-            "guidance_scale:",
-            "output_format:",
-            "unknown field `colour`",
-        ] {
-            assert!(e.contains(part), "{part} missing from {e}");
-        }
-        assert_eq!(e.matches("; ").count(), 8, "{e}");
+        assert_eq!(
+            sorted(e),
+            [
+                "colour: unknown property",
+                "guidance_scale: must be a number from 0 to 20 (got 21)",
+                "height: must be an integer of at least 64 (got 4096.5)",
+                "num_images: must be an integer from 1 to 4 (got 9)",
+                "num_inference_steps: must be an integer of at least 1 (got 0)",
+                "output_format: must be one of png, jpeg, webp (got 'gif')",
+                "prompt: required property is missing",
+                "seed: must be an integer from 0 to 9007199254740991 (got -1)",
+                "width: must be an integer of at least 64 (got 10)",
+            ]
+        );
         let long = "x".repeat(MAX_PROMPT_CHARS + 1);
-        assert!(
-            parse(&json!({"prompt": long}), Variant::V1_5)
+        assert_eq!(
+            sorted(
+                parse(
+                    &json!({"prompt": long, "negative_prompt": 3, "output_format": 1}),
+                    Variant::V1_5
+                )
                 .unwrap_err()
-                .contains("at most 2000")
+            ),
+            [
+                "negative_prompt: must be a string, not a number",
+                "output_format: must be one of png, jpeg, webp, not a number",
+                "prompt: must be a string of at most 2000 characters (got 2001)",
+            ]
+        );
+        // The variant's rules, once the members are well formed.
+        assert_eq!(
+            sorted(
+                parse(
+                    &json!({"prompt": "  ", "width": 1100, "height": 100, "num_inference_steps": 101}),
+                    Variant::V1_5
+                )
+                .unwrap_err()
+            ),
+            [
+                "height: must be a multiple of 8 from 64 to 1024 (got 100)",
+                "num_inference_steps: must be an integer from 1 to 100 (got 101)",
+                "prompt: must not be empty",
+                "width: must be a multiple of 8 from 64 to 1024 (got 1100)",
+            ]
+        );
+        assert_eq!(
+            parse(&json!({"prompt": null}), Variant::V1_5).unwrap_err(),
+            "prompt: must be a string, not null"
+        );
+        assert_eq!(
+            parse(&json!("a cat"), Variant::V1_5).unwrap_err(),
+            "must be a JSON object, not a string"
         );
     }
 
@@ -272,7 +442,11 @@ mod tests {
             Variant::Turbo,
         )
         .unwrap_err();
-        assert!(e.contains("from 1 to 4") && e.contains("only 0"), "{e}");
+        assert_eq!(
+            e,
+            "num_inference_steps: must be an integer from 1 to 4 (got 5); \
+             guidance_scale: this distilled model runs without guidance; only 0 is accepted"
+        );
         let r = parse(&json!({"prompt": "a", "num_inference_steps": 4, "guidance_scale": 0, "width": 64, "height": 96, "output_format": "webp", "seed": 7}), Variant::Turbo).unwrap();
         assert_eq!(
             (r.steps, r.width, r.height, r.format, r.seed),
@@ -280,5 +454,90 @@ mod tests {
         );
         assert!(parse(&json!({"prompt": "a", "width": 1536}), Variant::Xl).is_ok());
         assert!(parse(&json!({"prompt": "a", "width": 1536}), Variant::V1_5).is_err());
+    }
+
+    #[test]
+    fn the_schema_states_what_each_variant_accepts() {
+        let v15 = schema(Some(Variant::V1_5));
+        assert_eq!(v15["type"], json!("object"));
+        assert_eq!(v15["required"], json!(["prompt"]));
+        assert_eq!(v15["additionalProperties"], json!(false));
+        let properties = &v15["properties"];
+        let mut names: Vec<&str> = properties.as_object().unwrap().keys().map(String::as_str).collect();
+        names.sort_unstable();
+        assert_eq!(
+            names,
+            [
+                "guidance_scale",
+                "height",
+                "negative_prompt",
+                "num_images",
+                "num_inference_steps",
+                "output_format",
+                "prompt",
+                "seed",
+                "width"
+            ]
+        );
+        assert_eq!(properties["prompt"]["maxLength"], json!(2000), "{v15}");
+        assert_eq!(properties["prompt"]["type"], json!("string"));
+        assert!(
+            properties["prompt"]["description"]
+                .as_str()
+                .unwrap()
+                .starts_with("What to draw")
+        );
+        assert_eq!(properties["negative_prompt"]["maxLength"], json!(2000));
+        for side in ["width", "height"] {
+            assert_eq!(properties[side]["type"], json!("integer"));
+            assert_eq!(properties[side]["minimum"], json!(64));
+            assert_eq!(properties[side]["maximum"], json!(1024));
+            assert_eq!(properties[side]["multipleOf"], json!(8), "{v15}");
+            assert_eq!(properties[side]["default"], json!(512));
+        }
+        assert_eq!(properties["num_images"]["minimum"], json!(1));
+        assert_eq!(properties["num_images"]["maximum"], json!(4));
+        assert_eq!(properties["num_images"]["default"], json!(1));
+        assert_eq!(properties["seed"]["minimum"], json!(0));
+        assert_eq!(properties["seed"]["maximum"], json!(MAX_SEED));
+        let steps = &properties["num_inference_steps"];
+        assert_eq!(
+            (&steps["minimum"], &steps["maximum"], &steps["default"]),
+            (&json!(1), &json!(100), &json!(30))
+        );
+        let guidance = &properties["guidance_scale"];
+        assert_eq!(guidance["type"], json!("number"));
+        assert_eq!(
+            (&guidance["minimum"], &guidance["maximum"]),
+            (&json!(0), &json!(20)),
+            "{v15}"
+        );
+        assert_eq!(guidance["default"], json!(7.5));
+        assert_eq!(properties["output_format"]["enum"], json!(["png", "jpeg", "webp"]));
+        assert_eq!(properties["output_format"]["default"], json!("png"));
+        assert!(!v15.to_string().contains("$ref"), "{v15}");
+
+        let turbo = schema(Some(Variant::Turbo));
+        let properties = &turbo["properties"];
+        assert_eq!(properties["width"]["maximum"], json!(1024));
+        assert_eq!(properties["num_inference_steps"]["maximum"], json!(4));
+        assert_eq!(properties["num_inference_steps"]["default"], json!(1));
+        assert_eq!(properties["guidance_scale"]["maximum"], json!(0));
+        assert!(
+            properties["guidance_scale"]["description"]
+                .as_str()
+                .unwrap()
+                .contains("only 0")
+        );
+        let xl = schema(Some(Variant::Xl));
+        assert_eq!(xl["properties"]["width"]["maximum"], json!(1536));
+        assert_eq!(xl["properties"]["height"]["default"], json!(1024));
+        assert_eq!(xl["properties"]["guidance_scale"]["default"], json!(5.0));
+        // Without a variant: the type's own bounds, no variant's defaults.
+        let plain = schema(None);
+        assert_eq!(plain["properties"]["width"]["minimum"], json!(64));
+        assert!(plain["properties"]["width"].get("maximum").is_none());
+        assert_eq!(plain["properties"]["width"]["multipleOf"], json!(8));
+        assert_eq!(plain["required"], json!(["prompt"]));
     }
 }

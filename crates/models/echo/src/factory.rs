@@ -12,9 +12,8 @@ impl ModelFactory for EchoFactory {
     type Settings = ();
     type Model = EchoModel;
 
-    // The input schema is still the manifest entry's own (to be made from the input type).
     fn input_schema(_entry: &ModelEntry) -> serde_json::Value {
-        serde_json::Value::Null
+        crate::input::schema()
     }
 
     fn accepts(entry: &ModelEntry) -> bool {

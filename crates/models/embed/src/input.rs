@@ -1,6 +1,16 @@
-//! Validation of an embedding job's JSON input. Every problem is collected
-//! and reported at once.
-use serde_json::{Map, Value};
+//! An embedding job's input: one typed struct that is both the parser (every
+//! failure reported at once, before any work) and the model's input schema.
+//! The rules that need the loaded model (its vocabulary, its vectors'
+//! length) are checked once the members are well formed.
+use std::fmt;
+
+use gantry_worker_sdk::factory::ModelEntry;
+use serde::de::{self, Deserializer, Visitor};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use utoipa::openapi::RefOr;
+use utoipa::openapi::schema::{AnyOfBuilder, ArrayBuilder, KnownFormat, ObjectBuilder, Schema, SchemaFormat, Type};
+use utoipa::{PartialSchema, ToSchema};
 
 /// Most inputs one request may embed.
 pub const MAX_INPUTS: usize = 2048;
@@ -9,7 +19,40 @@ pub const MAX_INPUTS: usize = 2048;
 /// cut to the model's length in tokens; this only bounds the tokenizer's work).
 pub const MAX_TEXT_BYTES: usize = 1 << 20;
 
-const FIELDS: [&str; 6] = ["input", "encoding_format", "dimensions", "truncate", "model", "user"];
+/// An embedding job's input, as a client sends it (OpenAI's embeddings
+/// request, with Gantry's `truncate`).
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Input {
+    /// What to embed: one string, a list of up to 2048 strings, a list of
+    /// token ids of the model's WordPiece vocabulary, or a list of up to 2048
+    /// such lists. Each input gets one vector, in order. A text is at most
+    /// 1 MiB (1048576 bytes of UTF-8).
+    #[schema(inline)]
+    pub input: Given,
+    /// float: arrays of numbers; base64: each vector as the base64 of its
+    /// little-endian 32-bit floats.
+    #[serde(default)]
+    #[schema(default = "float")]
+    pub encoding_format: Option<Encoding>,
+    /// Only the model's own length is accepted; vectors cannot be shortened.
+    #[serde(default)]
+    #[schema(inline)]
+    pub dimensions: Option<Positive>,
+    /// Cut inputs longer than the model reads to that length; false refuses
+    /// them instead.
+    #[serde(default)]
+    #[schema(default = true, nullable = false)]
+    pub truncate: Option<bool>,
+    /// Accepted for OpenAI compatibility; ignored (the route names the model).
+    #[serde(default)]
+    #[schema(nullable = false)]
+    pub model: Option<String>,
+    /// Accepted for OpenAI compatibility; ignored.
+    #[serde(default)]
+    #[schema(nullable = false)]
+    pub user: Option<String>,
+}
 
 /// What to embed.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -32,10 +75,166 @@ impl Inputs {
     }
 }
 
-/// How vectors are written in the output.
+/// `input` as given, in one of its four forms: the texts, or the lists of
+/// token ids as they were written (each id is checked against the model's
+/// vocabulary by [`parse`]).
+#[derive(Debug, Clone, PartialEq)]
+pub enum Given {
+    Texts(Vec<String>),
+    Tokens(Vec<Vec<Value>>),
+}
+
+const SHAPE: &str = "must be a string, an array of strings, an array of token ids or an array of arrays of token ids";
+
+impl Given {
+    /// The form of `value`; the error is the member's problem.
+    fn of(value: Value) -> Result<Self, String> {
+        let items = match value {
+            // A null input is no input.
+            Value::Null => return Err("required property is missing".into()),
+            Value::String(text) => return Ok(Given::Texts(vec![text])),
+            Value::Array(items) => items,
+            _ => return Err(SHAPE.into()),
+        };
+        if items.is_empty() {
+            return Err("must not be an empty array".into());
+        }
+        let given = if items.iter().all(Value::is_string) {
+            Given::Texts(
+                items
+                    .into_iter()
+                    .filter_map(|item| match item {
+                        Value::String(text) => Some(text),
+                        _ => None,
+                    })
+                    .collect(),
+            )
+        } else if items.iter().all(Value::is_number) {
+            // One list of ids: one input.
+            Given::Tokens(vec![items])
+        } else if items.iter().all(Value::is_array) {
+            Given::Tokens(
+                items
+                    .into_iter()
+                    .filter_map(|item| match item {
+                        Value::Array(ids) => Some(ids),
+                        _ => None,
+                    })
+                    .collect(),
+            )
+        } else {
+            return Err(SHAPE.into());
+        };
+        let count = match &given {
+            Given::Texts(texts) => texts.len(),
+            Given::Tokens(lists) => lists.len(),
+        };
+        if count > MAX_INPUTS {
+            return Err(format!("may hold at most {MAX_INPUTS} inputs (got {count})"));
+        }
+        Ok(given)
+    }
+}
+
+impl<'de> Deserialize<'de> for Given {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        Given::of(Value::deserialize(deserializer)?).map_err(de::Error::custom)
+    }
+}
+
+impl PartialSchema for Given {
+    fn schema() -> RefOr<Schema> {
+        let text = || {
+            ObjectBuilder::new()
+                .schema_type(Type::String)
+                .max_length(Some(MAX_TEXT_BYTES))
+        };
+        let ids = || {
+            ArrayBuilder::new()
+                .items(ObjectBuilder::new().schema_type(Type::Integer).minimum(Some(0)))
+                .min_items(Some(1))
+        };
+        AnyOfBuilder::new()
+            .item(text())
+            .item(
+                ArrayBuilder::new()
+                    .items(text())
+                    .min_items(Some(1))
+                    .max_items(Some(MAX_INPUTS)),
+            )
+            .item(ids())
+            .item(
+                ArrayBuilder::new()
+                    .items(ids())
+                    .min_items(Some(1))
+                    .max_items(Some(MAX_INPUTS)),
+            )
+            .into()
+    }
+}
+
+impl ToSchema for Given {}
+
+/// An integer of at least 1 (a number with no fractional part, such as
+/// `384.0`, is an integer, as JSON Schema counts it).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Positive(pub u64);
+
+impl<'de> Deserialize<'de> for Positive {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        struct Integer;
+        impl Visitor<'_> for Integer {
+            type Value = Positive;
+
+            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+                f.write_str("a positive integer")
+            }
+
+            fn visit_u64<E: de::Error>(self, n: u64) -> Result<Positive, E> {
+                if n >= 1 {
+                    Ok(Positive(n))
+                } else {
+                    Err(E::custom(format!("must be a positive integer (got {n})")))
+                }
+            }
+
+            fn visit_i64<E: de::Error>(self, n: i64) -> Result<Positive, E> {
+                match u64::try_from(n) {
+                    Ok(n) => self.visit_u64(n),
+                    Err(_) => Err(E::custom(format!("must be a positive integer (got {n})"))),
+                }
+            }
+
+            fn visit_f64<E: de::Error>(self, n: f64) -> Result<Positive, E> {
+                if n.fract() == 0.0 && n >= 0.0 && n <= u64::MAX as f64 {
+                    self.visit_u64(n as u64)
+                } else {
+                    Err(E::custom(format!("must be a positive integer (got {n})")))
+                }
+            }
+        }
+        deserializer.deserialize_any(Integer)
+    }
+}
+
+impl PartialSchema for Positive {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::Integer)
+            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
+            .minimum(Some(1))
+            .into()
+    }
+}
+
+impl ToSchema for Positive {}
+
+/// How vectors are written in the output.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
 pub enum Encoding {
     /// Arrays of JSON numbers.
+    #[default]
     Float,
     /// Base64 of the little-endian 32-bit floats (OpenAI's `base64`).
     Base64,
@@ -50,141 +249,114 @@ pub struct Request {
     pub truncate: bool,
 }
 
-/// Parses `input` for a model with `dimensions`-long vectors and a
-/// vocabulary of `vocab_size` ids.
-pub fn parse(input: &Value, dimensions: usize, vocab_size: usize) -> Result<Request, String> {
-    let Some(fields) = input.as_object() else {
-        return Err("the input must be a JSON object".into());
-    };
-    let mut errors = Vec::new();
-    for name in fields.keys() {
-        if !FIELDS.contains(&name.as_str()) {
-            errors.push(format!("unknown field `{name}` (accepted: {})", FIELDS.join(", ")));
-        }
-    }
-    let inputs = parse_inputs(fields, vocab_size, &mut errors);
-    let encoding = match fields.get("encoding_format") {
-        None | Some(Value::Null) => Encoding::Float,
-        Some(Value::String(s)) if s == "float" => Encoding::Float,
-        Some(Value::String(s)) if s == "base64" => Encoding::Base64,
-        Some(_) => {
-            errors.push("`encoding_format` must be \"float\" or \"base64\"".into());
-            Encoding::Float
-        }
-    };
-    match fields.get("dimensions") {
-        None | Some(Value::Null) => {}
-        Some(value) if value.as_u64() == Some(dimensions as u64) => {}
-        Some(value) if value.as_u64().is_some_and(|n| n > 0) => errors.push(format!(
-            "`dimensions`: this model's vectors have {dimensions} dimensions and cannot be shortened (asked for {value})"
-        )),
-        Some(_) => errors.push("`dimensions` must be a positive integer".into()),
-    }
-    let truncate = match fields.get("truncate") {
-        None | Some(Value::Null) => true,
-        Some(Value::Bool(b)) => *b,
-        Some(_) => {
-            errors.push("`truncate` must be a boolean".into());
-            true
-        }
-    };
-    for name in ["model", "user"] {
-        if let Some(value) = fields.get(name)
-            && !value.is_string()
-            && !value.is_null()
-        {
-            errors.push(format!("`{name}` must be a string"));
-        }
-    }
-    match inputs {
-        Some(inputs) if errors.is_empty() => Ok(Request {
-            inputs,
-            encoding,
-            truncate,
+/// What the schema says of a model's sizes, where they are known before its
+/// files are read (the loaded model reads them from its files).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Sizes {
+    /// Length of each vector.
+    pub dimensions: usize,
+    /// Token ids run from 0 to this less 1.
+    pub vocab_size: usize,
+    /// Most tokens one sequence holds, `[CLS]` and `[SEP]` included.
+    pub max_tokens: usize,
+}
+
+/// The sizes of the built-in models, by manifest id.
+pub fn known_sizes(id: &str) -> Option<Sizes> {
+    match id {
+        "all-minilm-l6-v2" => Some(Sizes {
+            dimensions: 384,
+            vocab_size: 30522,
+            max_tokens: 256,
         }),
-        _ => Err(errors.join("; ")),
+        _ => None,
     }
 }
 
-fn parse_inputs(fields: &Map<String, Value>, vocab_size: usize, errors: &mut Vec<String>) -> Option<Inputs> {
-    let shape =
-        "`input` must be a string, an array of strings, an array of token ids or an array of arrays of token ids";
-    let items = match fields.get("input") {
-        None | Some(Value::Null) => {
-            errors.push("`input` is required".into());
-            return None;
+/// The input schema the API serves for the embedding model `entry`: the
+/// input type's, with the model's sizes where they are known.
+pub fn schema(entry: &ModelEntry) -> Value {
+    let mut schema = gantry_input::schema_of::<Input>();
+    if let Some(sizes) = known_sizes(&entry.id) {
+        let properties = &mut schema["properties"];
+        let last_id = json!(sizes.vocab_size - 1);
+        properties["input"]["anyOf"][2]["items"]["maximum"] = last_id.clone();
+        properties["input"]["anyOf"][3]["items"]["items"]["maximum"] = last_id;
+        properties["dimensions"]["description"] = json!(format!(
+            "Only {}, this model's length, is accepted; vectors cannot be shortened.",
+            sizes.dimensions
+        ));
+        properties["truncate"]["description"] = json!(format!(
+            "Cut inputs longer than {} tokens (the model's {} less [CLS] and [SEP]) to that length; false refuses them instead.",
+            sizes.max_tokens - 2,
+            sizes.max_tokens
+        ));
+    }
+    schema
+}
+
+/// Reads `input` as [`Input`], then the rules that need the model (vectors
+/// `dimensions` long, a vocabulary of `vocab_size` ids) and the length of
+/// each text.
+pub fn parse(input: &Value, dimensions: usize, vocab_size: usize) -> Result<Request, String> {
+    let input: Input = gantry_input::read(input.clone()).map_err(|failures| gantry_input::sentence(&failures))?;
+    let mut errors = Vec::new();
+    let inputs = match input.input {
+        Given::Texts(texts) => {
+            for (i, text) in texts.iter().enumerate() {
+                if text.len() > MAX_TEXT_BYTES {
+                    errors.push(format!("input[{i}] is longer than {MAX_TEXT_BYTES} bytes"));
+                }
+            }
+            Inputs::Texts(texts)
         }
-        Some(Value::String(text)) => return check_texts(vec![text.clone()], errors),
-        Some(Value::Array(items)) => items,
-        Some(_) => {
-            errors.push(shape.into());
-            return None;
-        }
+        Given::Tokens(lists) => Inputs::Tokens(token_ids(&lists, vocab_size, &mut errors)),
     };
-    if items.is_empty() {
-        errors.push("`input` must not be an empty array".into());
-        return None;
+    if let Some(Positive(asked)) = input.dimensions
+        && asked != dimensions as u64
+    {
+        errors.push(format!(
+            "dimensions: this model's vectors have {dimensions} dimensions and cannot be shortened (asked for {asked})"
+        ));
     }
-    if items.iter().all(Value::is_string) {
-        let texts = items.iter().filter_map(Value::as_str).map(str::to_owned).collect();
-        return check_texts(texts, errors);
+    if !errors.is_empty() {
+        return Err(errors.join("; "));
     }
-    if items.iter().all(Value::is_number) {
-        return check_tokens(vec![items], vocab_size, errors);
-    }
-    if items.iter().all(Value::is_array) {
-        let lists: Vec<&Vec<Value>> = items.iter().filter_map(Value::as_array).collect();
-        return check_tokens(lists, vocab_size, errors);
-    }
-    errors.push(shape.into());
-    None
+    Ok(Request {
+        inputs,
+        encoding: input.encoding_format.unwrap_or_default(),
+        truncate: input.truncate.unwrap_or(true),
+    })
 }
 
-fn check_count(count: usize, errors: &mut Vec<String>) -> bool {
-    if count > MAX_INPUTS {
-        errors.push(format!("`input` may hold at most {MAX_INPUTS} inputs (got {count})"));
-        return false;
-    }
-    true
-}
-
-fn check_texts(texts: Vec<String>, errors: &mut Vec<String>) -> Option<Inputs> {
-    let mut ok = check_count(texts.len(), errors);
-    for (i, text) in texts.iter().enumerate() {
-        if text.len() > MAX_TEXT_BYTES {
-            errors.push(format!("`input[{i}]` is longer than {MAX_TEXT_BYTES} bytes"));
-            ok = false;
-        }
-    }
-    ok.then_some(Inputs::Texts(texts))
-}
-
-fn check_tokens(lists: Vec<&Vec<Value>>, vocab_size: usize, errors: &mut Vec<String>) -> Option<Inputs> {
-    let mut ok = check_count(lists.len(), errors);
+/// The ids of each list, which must be a non-empty list of ids below
+/// `vocab_size`; the first wrong id of a list is reported.
+fn token_ids(lists: &[Vec<Value>], vocab_size: usize, errors: &mut Vec<String>) -> Vec<Vec<u32>> {
     let mut out = Vec::with_capacity(lists.len());
     for (i, list) in lists.iter().enumerate() {
         if list.is_empty() {
-            errors.push(format!("`input[{i}]`: an empty list of token ids"));
-            ok = false;
+            errors.push(format!("input[{i}]: an empty list of token ids"));
             continue;
         }
-        let mut ids = Vec::with_capacity(list.len());
-        for value in *list {
-            match value.as_u64().filter(|&id| (id as usize) < vocab_size) {
-                Some(id) => ids.push(id as u32),
-                None => {
-                    errors.push(format!(
-                        "`input[{i}]`: {value} is not a token id of this model (0 to {})",
-                        vocab_size - 1
-                    ));
-                    ok = false;
-                    break;
-                }
-            }
+        let ids: Result<Vec<u32>, &Value> = list
+            .iter()
+            .map(|value| {
+                value
+                    .as_u64()
+                    .filter(|&id| (id as usize) < vocab_size)
+                    .map(|id| id as u32)
+                    .ok_or(value)
+            })
+            .collect();
+        match ids {
+            Ok(ids) => out.push(ids),
+            Err(value) => errors.push(format!(
+                "input[{i}]: {value} is not a token id of this model (0 to {})",
+                vocab_size - 1
+            )),
         }
-        out.push(ids);
     }
-    ok.then_some(Inputs::Tokens(out))
+    out
 }
 
 #[cfg(test)]
@@ -209,37 +381,145 @@ mod tests {
             parse(&json!({"input": [[1], [2, 99]]}), 384, 100).unwrap().inputs,
             Inputs::Tokens(vec![vec![1], vec![2, 99]])
         );
+        // Null optional members are absent; a whole float is an integer.
+        let nulls = parse(
+            &json!({"input": "x", "encoding_format": null, "truncate": null, "dimensions": 384.0, "user": null}),
+            384,
+            100,
+        )
+        .unwrap();
+        assert_eq!((nulls.encoding, nulls.truncate), (Encoding::Float, true));
     }
 
     #[test]
     fn every_problem_is_reported_at_once() {
+        // The members' own rules, all at once.
+        let mut found: Vec<String> = parse(
+            &json!({"input": [[1], [100], []], "encoding_format": "int8", "dimensions": 0, "truncate": "yes", "model": 1, "extra": 1}),
+            384,
+            100,
+        )
+        .unwrap_err()
+        .split("; ")
+        .map(str::to_owned)
+        .collect();
+        found.sort();
+        assert_eq!(
+            found,
+            [
+                "dimensions: must be a positive integer (got 0)",
+                "encoding_format: must be one of float, base64 (got 'int8')",
+                "extra: unknown property",
+                "model: must be a string, not a number",
+                "truncate: must be a boolean, not a string",
+            ]
+        );
+        // The model's rules, once the members are well formed.
         let err = parse(
-            &json!({"input": [[1], [100], []], "encoding_format": "int8", "dimensions": 256, "truncate": "yes", "extra": 1}),
+            &json!({"input": [[1], [100], [], [2, "a"]], "dimensions": 256}),
             384,
             100,
         )
         .unwrap_err();
-        for needle in [
-            "unknown field `extra`",
-            "`input[1]`: 100 is not a token id of this model (0 to 99)",
-            "`input[2]`: an empty list",
-            "`encoding_format` must be",
-            "cannot be shortened (asked for 256)",
-            "`truncate` must be a boolean",
-        ] {
-            assert!(err.contains(needle), "{needle:?} not in {err}");
-        }
+        assert_eq!(
+            err,
+            "input[1]: 100 is not a token id of this model (0 to 99); input[2]: an empty list of token ids; \
+             input[3]: \"a\" is not a token id of this model (0 to 99); \
+             dimensions: this model's vectors have 384 dimensions and cannot be shortened (asked for 256)"
+        );
+        let long = "x".repeat(MAX_TEXT_BYTES + 1);
+        let err = parse(&json!({"input": ["a", long]}), 384, 100).unwrap_err();
+        assert_eq!(err, "input[1] is longer than 1048576 bytes");
         for (input, needle) in [
-            (json!({}), "`input` is required"),
-            (json!({"input": []}), "empty array"),
-            (json!({"input": ["a", 1]}), "must be a string, an array"),
-            (json!({"input": 5}), "must be a string, an array"),
-            (json!({"input": [1.5]}), "1.5 is not a token id"),
-            (json!({"input": vec!["x"; MAX_INPUTS + 1]}), "at most 2048 inputs"),
-            (json!("text"), "must be a JSON object"),
+            (json!({}), "input: required property is missing"),
+            (json!({"input": null}), "input: required property is missing"),
+            (json!({"input": []}), "input: must not be an empty array"),
+            (json!({"input": ["a", 1]}), "input: must be a string, an array"),
+            (json!({"input": 5}), "input: must be a string, an array"),
+            (json!({"input": [1.5]}), "input[0]: 1.5 is not a token id"),
+            (json!({"input": [-1]}), "input[0]: -1 is not a token id"),
+            (
+                json!({"input": vec!["x"; MAX_INPUTS + 1]}),
+                "input: may hold at most 2048 inputs (got 2049)",
+            ),
+            (
+                json!({"input": "x", "dimensions": -3}),
+                "dimensions: must be a positive integer (got -3)",
+            ),
+            (json!("text"), "must be a JSON object, not a string"),
+            (json!({"input": "x", "encoding_format": 1}), "encoding_format: must be"),
         ] {
             let err = parse(&input, 384, 100).unwrap_err();
             assert!(err.contains(needle), "{needle:?} not in {err}");
         }
+        // A wrong input is not also called missing.
+        assert_eq!(
+            parse(&json!({"text": "x"}), 384, 100).unwrap_err(),
+            "text: unknown property; input: required property is missing"
+        );
+    }
+
+    #[test]
+    fn the_schema_of_the_builtin_model_states_its_sizes() {
+        let entry = gantry_manifest::Manifest::builtin()
+            .get("all-minilm-l6-v2")
+            .expect("the built-in embedding model");
+        let schema = schema(entry);
+        assert_eq!(schema["type"], json!("object"));
+        assert_eq!(schema["required"], json!(["input"]));
+        assert_eq!(schema["additionalProperties"], json!(false));
+        let properties = &schema["properties"];
+        let mut names: Vec<&str> = properties.as_object().unwrap().keys().map(String::as_str).collect();
+        names.sort_unstable();
+        assert_eq!(
+            names,
+            ["dimensions", "encoding_format", "input", "model", "truncate", "user"]
+        );
+        let forms = properties["input"]["anyOf"].as_array().unwrap();
+        assert_eq!(forms[0], json!({"type": "string", "maxLength": 1048576}), "{schema}");
+        assert_eq!(
+            forms[1],
+            json!({"type": "array", "minItems": 1, "maxItems": 2048, "items": {"type": "string", "maxLength": 1048576}})
+        );
+        assert_eq!(
+            forms[2],
+            json!({"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0, "maximum": 30521}})
+        );
+        assert_eq!(
+            forms[3],
+            json!({"type": "array", "minItems": 1, "maxItems": 2048,
+                   "items": {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 0, "maximum": 30521}}})
+        );
+        let description = properties["input"]["description"].as_str().unwrap();
+        assert!(description.starts_with("What to embed: one string"), "{description}");
+        assert_eq!(properties["encoding_format"]["enum"], json!(["float", "base64"]));
+        assert_eq!(properties["encoding_format"]["default"], json!("float"));
+        assert!(
+            properties["encoding_format"]["description"]
+                .as_str()
+                .unwrap()
+                .contains("little-endian 32-bit floats")
+        );
+        assert_eq!(properties["dimensions"]["type"], json!("integer"));
+        assert_eq!(properties["dimensions"]["minimum"], json!(1));
+        assert!(
+            properties["dimensions"]["description"]
+                .as_str()
+                .unwrap()
+                .starts_with("Only 384, this model's length")
+        );
+        assert_eq!(properties["truncate"]["type"], json!("boolean"));
+        assert_eq!(properties["truncate"]["default"], json!(true));
+        assert!(
+            properties["truncate"]["description"]
+                .as_str()
+                .unwrap()
+                .contains("longer than 254 tokens (the model's 256 less [CLS] and [SEP])")
+        );
+        for name in ["model", "user"] {
+            assert_eq!(properties[name]["type"], json!("string"));
+            assert!(properties[name]["description"].as_str().unwrap().contains("OpenAI"));
+        }
+        assert!(!schema.to_string().contains("$ref"), "{schema}");
     }
 }

@@ -1,8 +1,19 @@
-//! Validation of an image job's input. Every problem is collected, so a
-//! client sees all of them in one `BadInput` message (joined with `"; "`),
-//! and nothing is generated (or charged) for an input the model cannot honour.
+//! An image job's input: one typed struct ([`Input`]) that is both the parser
+//! (every failure reported at once, in one `BadInput` message joined with
+//! `"; "`, before anything is generated or charged) and the model's input
+//! schema. What depends on the model (its side, the colours a conditional
+//! model draws, the difficulty levels of a terrain) is checked on the typed
+//! input once its members are well formed, and filled into the schema of
+//! each manifest entry ([`schema`]).
 
-use serde_json::Value;
+use gantry_input::{Between, Chars};
+use gantry_manifest::ModelEntry;
+use serde::de::{self, Deserializer, IgnoredAny};
+use serde::{Deserialize, Serialize};
+use serde_json::{Value, json};
+use utoipa::openapi::RefOr;
+use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, Schema, SchemaFormat, Type};
+use utoipa::{PartialSchema, ToSchema};
 
 /// Smallest and largest side of a delivered image.
 pub const MIN_SIDE: u64 = 16;
@@ -12,20 +23,195 @@ pub const MAX_IMAGES: u64 = 8;
 /// Longest accepted prompt, in characters.
 pub const MAX_PROMPT_CHARS: usize = 2000;
 
-const FIELDS: [&str; 10] = [
-    "difficulty",
-    "prompt",
-    "negative_prompt",
-    "width",
-    "height",
-    "num_images",
-    "seed",
-    "num_inference_steps",
-    "guidance_scale",
-    "output_format",
-];
-
 pub use gantry_media::image::Format;
+
+// `difficulty` exists only for a model conditioned on one (a terrain): the
+// schema of the others leaves it out, and their parse refuses it.
+// `guidance_scale` is read only to say why it is refused; no schema has it.
+/// An image job's input, as a client sends it.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Input {
+    /// Accepted for compatibility; an unconditional model draws the same
+    /// whatever the prompt says.
+    #[serde(default)]
+    #[schema(inline)]
+    pub prompt: Option<Chars<{ MAX_PROMPT_CHARS }>>,
+    /// The difficulty asked for, for a model conditioned on one.
+    #[serde(default)]
+    #[schema(inline)]
+    pub difficulty: Option<Natural>,
+    /// Not supported (the model has no text guidance to steer away from a
+    /// prompt): only an empty or blank string is accepted.
+    #[serde(default)]
+    #[schema(inline)]
+    pub negative_prompt: Option<Blank>,
+    /// Side of the square image; must equal height. Drawn at the model's own
+    /// side and resized (Lanczos, 3 lobes).
+    #[serde(default)]
+    #[schema(inline)]
+    pub width: Option<Between<{ MIN_SIDE }, { MAX_SIDE }>>,
+    /// Must equal width.
+    #[serde(default)]
+    #[schema(inline)]
+    pub height: Option<Between<{ MIN_SIDE }, { MAX_SIDE }>>,
+    /// Images to draw; more than one are returned as `images`.
+    #[serde(default)]
+    #[schema(inline, default = 1)]
+    pub num_images: Option<Between<1, { MAX_IMAGES }>>,
+    /// Same seed, same bytes; image i of a job uses seed + i. Picked at
+    /// random (and returned) when absent.
+    #[serde(default)]
+    #[schema(inline)]
+    pub seed: Option<Natural>,
+    /// The model draws in one step; only 1 is accepted.
+    #[serde(default)]
+    #[schema(inline)]
+    pub num_inference_steps: Option<OneStep>,
+    /// PNG, JPEG (quality 90) or lossless WebP (any case; `jpg` is jpeg).
+    #[serde(default)]
+    #[schema(default = "png")]
+    pub output_format: Option<OutputFormat>,
+    /// Refused with the reason (the model has no classifier-free guidance).
+    #[serde(default)]
+    #[schema(ignore)]
+    pub guidance_scale: Option<NoGuidance>,
+}
+
+/// A non-negative integer, also when written as a number with no fraction
+/// (`512.0`, below 2^53).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Natural(pub u64);
+
+impl<'de> Deserialize<'de> for Natural {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let value = Value::deserialize(deserializer)?;
+        let whole = value.as_u64().or_else(|| {
+            value
+                .as_f64()
+                .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f < 2f64.powi(53))
+                .map(|f| f as u64)
+        });
+        whole
+            .map(Self)
+            .ok_or_else(|| de::Error::custom(format!("must be a non-negative integer (got {value})")))
+    }
+}
+
+impl PartialSchema for Natural {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::Integer)
+            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
+            .minimum(Some(0))
+            .into()
+    }
+}
+
+impl ToSchema for Natural {}
+
+/// A string with nothing but white space in it: a negative prompt the model
+/// can ignore.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Blank;
+
+impl<'de> Deserialize<'de> for Blank {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        if text.trim().is_empty() {
+            Ok(Self)
+        } else {
+            Err(de::Error::custom(
+                "this model has no text guidance to steer away from a prompt",
+            ))
+        }
+    }
+}
+
+impl PartialSchema for Blank {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .pattern(Some(r"^\s*$"))
+            .into()
+    }
+}
+
+impl ToSchema for Blank {}
+
+/// The number of inference steps of a one-step model: 1.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct OneStep;
+
+impl<'de> Deserialize<'de> for OneStep {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        match Natural::deserialize(deserializer) {
+            Ok(Natural(1)) => Ok(Self),
+            _ => Err(de::Error::custom(
+                "this model generates in one step; only 1 is accepted",
+            )),
+        }
+    }
+}
+
+impl PartialSchema for OneStep {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::Integer)
+            .enum_values(Some([1]))
+            .default(Some(json!(1)))
+            .into()
+    }
+}
+
+impl ToSchema for OneStep {}
+
+/// Any `guidance_scale` but `null`: refused, with the reason.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct NoGuidance;
+
+impl<'de> Deserialize<'de> for NoGuidance {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        IgnoredAny::deserialize(deserializer)?;
+        Err(de::Error::custom(
+            "this model is conditioned directly; it has no classifier-free guidance",
+        ))
+    }
+}
+
+/// The encodings of the delivered images. Read in any case, with `jpg` for
+/// `jpeg`, as the models always have.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum OutputFormat {
+    Png,
+    Jpeg,
+    Webp,
+}
+
+impl<'de> Deserialize<'de> for OutputFormat {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        match name.to_ascii_lowercase().as_str() {
+            "png" => Ok(Self::Png),
+            "jpeg" | "jpg" => Ok(Self::Jpeg),
+            "webp" => Ok(Self::Webp),
+            _ => Err(de::Error::custom(format!(
+                "must be one of png, jpeg, webp (got '{name}')"
+            ))),
+        }
+    }
+}
+
+impl From<OutputFormat> for Format {
+    fn from(format: OutputFormat) -> Self {
+        match format {
+            OutputFormat::Png => Format::Png,
+            OutputFormat::Jpeg => Format::Jpeg,
+            OutputFormat::Webp => Format::Webp,
+        }
+    }
+}
 
 /// A validated request.
 #[derive(Debug, Clone, PartialEq)]
@@ -54,91 +240,33 @@ pub struct Abilities<'a> {
     pub difficulty_levels: u32,
 }
 
+/// Reads `input` as [`Input`], then the rules that need the model: a square
+/// size (its own side where none is given), a difficulty only where the
+/// model takes one and within its levels, and for a conditional model a
+/// prompt that names exactly one of its labels.
 pub fn parse(input: &Value, model: &Abilities<'_>) -> Result<Request, String> {
-    let Some(object) = input.as_object() else {
-        return Err("input must be a JSON object".into());
-    };
+    let input: Input = gantry_input::read(input.clone()).map_err(|failures| gantry_input::sentence(&failures))?;
     let mut errors = Vec::new();
-    for key in object.keys() {
-        if !FIELDS.contains(&key.as_str()) || (key == "difficulty" && model.difficulty_levels == 0) {
-            errors.push(format!("unknown field `{key}` (accepted: {})", FIELDS.join(", ")));
-        }
-    }
-    let prompt = match object.get("prompt") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(p)) if p.chars().count() > MAX_PROMPT_CHARS => {
-            errors.push(format!("prompt: at most {MAX_PROMPT_CHARS} characters"));
-            None
-        }
-        Some(Value::String(p)) => Some(p.as_str()),
-        Some(_) => {
-            errors.push("prompt: must be a string".into());
-            None
-        }
-    };
-    match object.get("negative_prompt") {
-        None | Some(Value::Null) => {}
-        Some(Value::String(s)) if s.trim().is_empty() => {}
-        Some(_) => errors.push("negative_prompt: this model has no text guidance to steer away from a prompt".into()),
-    }
-    if !matches!(object.get("guidance_scale"), None | Some(Value::Null)) {
-        errors.push("guidance_scale: this model is conditioned directly; it has no classifier-free guidance".into());
-    }
-    match object.get("num_inference_steps") {
-        None | Some(Value::Null) => {}
-        Some(v) if v.as_u64() == Some(1) => {}
-        Some(_) => errors.push("num_inference_steps: this model generates in one step; only 1 is accepted".into()),
-    }
-    let side = |name: &str, errors: &mut Vec<String>| -> Option<u64> {
-        match object.get(name) {
-            None | Some(Value::Null) => Some(u64::from(model.native_side)),
-            Some(v) => match integer(v).filter(|n| (MIN_SIDE..=MAX_SIDE).contains(n)) {
-                Some(n) => Some(n),
-                None => {
-                    errors.push(format!("{name}: an integer from {MIN_SIDE} to {MAX_SIDE}"));
-                    None
-                }
-            },
-        }
-    };
-    let width = side("width", &mut errors);
-    let height = side("height", &mut errors);
-    if let (Some(w), Some(h)) = (width, height)
-        && w != h
-    {
+    let native = u64::from(model.native_side);
+    let width = input.width.map_or(native, |w| w.0);
+    let height = input.height.map_or(native, |h| h.0);
+    if width != height {
         errors.push(format!(
             "width and height must be equal: the model draws square images ({0}x{0} natively)",
             model.native_side
         ));
     }
-    let num_images = match object.get("num_images") {
-        None | Some(Value::Null) => Some(1),
-        Some(v) => match integer(v).filter(|n| (1..=MAX_IMAGES).contains(n)) {
-            Some(n) => Some(n as usize),
+    let levels = model.difficulty_levels;
+    let difficulty = match input.difficulty {
+        None => None,
+        Some(_) if levels == 0 => {
+            errors.push("difficulty: unknown property".into());
+            None
+        }
+        Some(Natural(d)) => match u32::try_from(d).ok().filter(|d| (1..=levels).contains(d)) {
+            Some(d) => Some(d),
             None => {
-                errors.push(format!("num_images: an integer from 1 to {MAX_IMAGES}"));
-                None
-            }
-        },
-    };
-    let seed = match object.get("seed") {
-        None | Some(Value::Null) => None,
-        Some(v) => match integer(v) {
-            Some(n) => Some(n),
-            None => {
-                errors.push("seed: a non-negative integer".into());
-                None
-            }
-        },
-    };
-    let format = Format::from_input(object.get("output_format"), &mut errors);
-    let difficulty = match object.get("difficulty") {
-        None | Some(Value::Null) => None,
-        Some(_) if model.difficulty_levels == 0 => None,
-        Some(v) => match integer(v).filter(|d| (1..=u64::from(model.difficulty_levels)).contains(d)) {
-            Some(d) => Some(d as u32),
-            None => {
-                errors.push(format!("difficulty: an integer from 1 to {}", model.difficulty_levels));
+                errors.push(format!("difficulty: must be an integer from 1 to {levels} (got {d})"));
                 None
             }
         },
@@ -146,7 +274,11 @@ pub fn parse(input: &Value, model: &Abilities<'_>) -> Result<Request, String> {
     let label = if model.labels.is_empty() {
         None
     } else {
-        let found = prompt.map(|p| labels_in(p, model.labels)).unwrap_or_default();
+        let found = input
+            .prompt
+            .as_ref()
+            .map(|p| labels_in(p.as_str(), model.labels))
+            .unwrap_or_default();
         match found.as_slice() {
             [one] => Some(*one),
             [] => {
@@ -171,22 +303,120 @@ pub fn parse(input: &Value, model: &Abilities<'_>) -> Result<Request, String> {
         return Err(errors.join("; "));
     }
     Ok(Request {
-        side: u32::try_from(width.unwrap_or_default()).unwrap_or(u32::MAX),
-        num_images: num_images.unwrap_or(1),
-        seed,
-        format: format.unwrap_or(Format::Png),
+        side: u32::try_from(width).unwrap_or(u32::MAX),
+        num_images: input.num_images.map_or(1, |n| n.0 as usize),
+        seed: input.seed.map(|s| s.0),
+        format: input.output_format.map_or(Format::Png, Format::from),
         label,
         difficulty,
     })
 }
 
-/// A non-negative integer, also when written as a float with no fraction (`512.0`).
-fn integer(v: &Value) -> Option<u64> {
-    v.as_u64().or_else(|| {
-        v.as_f64()
-            .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f < 2f64.powi(53))
-            .map(|f| f as u64)
+/// The input schema the API serves for the image model of `entry`: that of
+/// [`Input`] with what the entry decides. A terrain (`architecture =
+/// "consistency-onnx"`) draws 128x128 heightfields for a difficulty of 1 to
+/// `engine.levels`; a GAN draws at the side its id ends with (`-64`), and a
+/// conditional one (`engine.labels`) needs a prompt naming a label.
+pub fn schema(entry: &ModelEntry) -> Value {
+    let terrain = entry.engine.get("architecture").and_then(Value::as_str) == Some("consistency-onnx");
+    if terrain {
+        let levels = crate::TerrainSpec::from_engine(&entry.engine).map_or(0, |spec| spec.levels);
+        let model = Abilities {
+            native_side: crate::terrain::SIDE as u32,
+            labels: &[],
+            difficulty_levels: levels,
+        };
+        let mut schema = schema_for(&model);
+        let properties = &mut schema["properties"];
+        properties["prompt"]["description"] =
+            json!("Accepted for compatibility; the model is conditioned on `difficulty`, not on text.");
+        properties["width"]["description"] = json!(format!(
+            "Side of the square heightfield; must equal height. {}",
+            drawn_at(model.native_side)
+        ));
+        properties["num_images"]["description"] =
+            json!("Heightfields to draw; more than one are returned as `images`.");
+        properties["num_inference_steps"]["description"] =
+            json!("The consistency model draws in one step; only 1 is accepted.");
+        properties["output_format"]["description"] =
+            json!("16-bit grey PNG, or 8-bit grey JPEG (quality 90) or lossless WebP (any case; `jpg` is jpeg).");
+        return schema;
+    }
+    let labels = crate::GanSpec::from_engine(&entry.engine)
+        .map(|spec| spec.labels)
+        .unwrap_or_default();
+    schema_for(&Abilities {
+        native_side: side_in_id(&entry.id).unwrap_or(0),
+        labels: &labels,
+        difficulty_levels: 0,
     })
+}
+
+/// The schema of [`Input`] for `model` (a `native_side` of 0: unknown, no
+/// default size).
+pub fn schema_for(model: &Abilities<'_>) -> Value {
+    let mut schema = gantry_input::schema_of::<Input>();
+    let Some(properties) = schema["properties"].as_object_mut() else {
+        return schema;
+    };
+    if model.native_side > 0 {
+        let side = model.native_side;
+        properties["width"]["default"] = json!(side);
+        properties["height"]["default"] = json!(side);
+        properties["width"]["description"] = json!(format!(
+            "Side of the square image; must equal height. {}",
+            drawn_at(side)
+        ));
+    }
+    if model.difficulty_levels == 0 {
+        properties.remove("difficulty");
+    } else {
+        let difficulty = &mut properties["difficulty"];
+        difficulty["minimum"] = json!(1);
+        difficulty["maximum"] = json!(model.difficulty_levels);
+        difficulty["description"] = json!(format!(
+            "How rough the terrain is, 1 (gentle) to {} (rugged). Drawn from the seed when absent, and returned.",
+            model.difficulty_levels
+        ));
+    }
+    if !model.labels.is_empty() {
+        let names: Vec<String> = model
+            .labels
+            .iter()
+            .map(|(name, words)| {
+                let others: Vec<&str> = words
+                    .iter()
+                    .map(String::as_str)
+                    .filter(|w| !w.eq_ignore_ascii_case(name))
+                    .collect();
+                if others.is_empty() {
+                    name.clone()
+                } else {
+                    format!("{name} ({})", others.join(", "))
+                }
+            })
+            .collect();
+        let listed = match names.split_last() {
+            Some((last, [])) => last.clone(),
+            Some((last, rest)) => format!("{} or {last}", rest.join(", ")),
+            None => String::new(),
+        };
+        properties["prompt"]["description"] = json!(format!(
+            "Must name exactly one of the colours this model draws (whole words, any case): {listed}."
+        ));
+        schema["required"] = json!(["prompt"]);
+    }
+    schema
+}
+
+fn drawn_at(side: u32) -> String {
+    format!("Drawn at {side}x{side} and resized (Lanczos, 3 lobes).")
+}
+
+/// The side a GAN's id ends with (`dcgan-faces-64`: 64), if any.
+fn side_in_id(id: &str) -> Option<u32> {
+    let (_, tail) = id.rsplit_once('-')?;
+    tail.parse().ok().filter(|side| (1..=4096).contains(side))
 }
 
 /// The labels a prompt names, each once, in label order. A phrase matches
@@ -244,17 +474,15 @@ mod tests {
         .collect()
     }
 
+    const FACES: Abilities<'static> = Abilities {
+        native_side: 64,
+        labels: &[],
+        difficulty_levels: 0,
+    };
+
     #[test]
     fn defaults_fill_in() {
-        let r = parse(
-            &json!({"prompt": "a face"}),
-            &Abilities {
-                native_side: 64,
-                labels: &[],
-                difficulty_levels: 0,
-            },
-        )
-        .unwrap();
+        let r = parse(&json!({"prompt": "a face"}), &FACES).unwrap();
         assert_eq!(
             r,
             Request {
@@ -266,33 +494,51 @@ mod tests {
                 difficulty: None,
             }
         );
+        let r = parse(
+            &json!({"prompt": null, "negative_prompt": " ", "num_inference_steps": 1, "guidance_scale": null,
+                    "seed": 7.0, "num_images": 2, "output_format": "JPG"}),
+            &FACES,
+        )
+        .unwrap();
+        assert_eq!((r.seed, r.num_images, r.format), (Some(7), 2, Format::Jpeg));
     }
 
     #[test]
     fn every_problem_is_reported_at_once() {
         let err = parse(
             &json!({"width": 8, "height": 2000, "num_images": 0, "seed": -1, "output_format": "gif",
-                    "guidance_scale": 7.5, "num_inference_steps": 20, "negative_prompt": "blurry", "style": "x"}),
-            &Abilities {
-                native_side: 64,
-                labels: &[],
-                difficulty_levels: 0,
-            },
+                    "guidance_scale": 7.5, "num_inference_steps": 20, "negative_prompt": "blurry", "style": "x",
+                    "prompt": "x".repeat(2001)}),
+            &FACES,
         )
         .unwrap_err();
         for part in [
-            "unknown field `style`",
-            "width:",
-            "height:",
-            "num_images:",
-            "seed:",
-            "output_format:",
-            "guidance_scale:",
-            "num_inference_steps:",
-            "negative_prompt:",
+            "style: unknown property",
+            "width: must be an integer from 16 to 1024 (got 8)",
+            "height: must be an integer from 16 to 1024 (got 2000)",
+            "num_images: must be an integer from 1 to 8 (got 0)",
+            "seed: must be a non-negative integer (got -1)",
+            "output_format: must be one of png, jpeg, webp (got 'gif')",
+            "guidance_scale: this model is conditioned directly; it has no classifier-free guidance",
+            "num_inference_steps: this model generates in one step; only 1 is accepted",
+            "negative_prompt: this model has no text guidance to steer away from a prompt",
+            "prompt: must be a string of at most 2000 characters (got 2001)",
         ] {
             assert!(err.contains(part), "{part} missing from {err}");
         }
+        assert_eq!(err.matches(": ").count(), 10, "{err}");
+        let err = parse(&json!({"prompt": 3, "output_format": 1, "negative_prompt": 2}), &FACES).unwrap_err();
+        for part in [
+            "prompt: must be a string, not a number",
+            "output_format: must be a string, not a number",
+            "negative_prompt: must be a string, not a number",
+        ] {
+            assert!(err.contains(part), "{part} missing from {err}");
+        }
+        assert_eq!(
+            parse(&json!([1]), &FACES).unwrap_err(),
+            "must be a JSON object, not an array"
+        );
     }
 
     #[test]
@@ -307,9 +553,18 @@ mod tests {
         assert_eq!(label("A Grey eye, close up"), Ok(Some(1)));
         assert_eq!(label("black and white photo of an eye"), Ok(Some(2)));
         assert_eq!(label("blue-eyed"), Ok(Some(0)));
-        assert!(label("an eye").unwrap_err().contains("blue, gray, grayscale"));
-        assert!(label("blue or grey").unwrap_err().contains("several"));
+        assert_eq!(
+            label("an eye").unwrap_err(),
+            "prompt: must name one of the colours this model draws: blue, gray, grayscale"
+        );
+        assert!(
+            label("blue or grey")
+                .unwrap_err()
+                .contains("names several colours (blue, gray)")
+        );
         assert!(label("bluest").is_err());
+        let err = parse(&json!({}), &model).unwrap_err();
+        assert!(err.contains("must name one of the colours"), "{err}");
     }
 
     #[test]
@@ -323,38 +578,174 @@ mod tests {
             parse(&json!({"difficulty": 35}), &terrain).unwrap().difficulty,
             Some(35)
         );
-        assert!(
-            parse(&json!({"difficulty": 0}), &terrain)
-                .unwrap_err()
-                .contains("1 to 100")
+        assert_eq!(
+            parse(&json!({"difficulty": 0}), &terrain).unwrap_err(),
+            "difficulty: must be an integer from 1 to 100 (got 0)"
         );
-        let gan = Abilities {
-            native_side: 64,
-            labels: &[],
-            difficulty_levels: 0,
-        };
         assert!(
-            parse(&json!({"difficulty": 35}), &gan)
+            parse(&json!({"difficulty": "hard"}), &terrain)
                 .unwrap_err()
-                .contains("unknown field `difficulty`")
+                .starts_with("difficulty: must be a non-negative integer")
+        );
+        assert_eq!(
+            parse(&json!({"difficulty": 35}), &FACES).unwrap_err(),
+            "difficulty: unknown property"
         );
     }
 
     #[test]
     fn sizes_must_be_square_and_bounded() {
-        let model = Abilities {
-            native_side: 64,
-            labels: &[],
-            difficulty_levels: 0,
-        };
         assert_eq!(
-            parse(&json!({"width": 512, "height": 512.0}), &model).unwrap().side,
+            parse(&json!({"width": 512, "height": 512.0}), &FACES).unwrap().side,
             512
         );
-        assert!(
-            parse(&json!({"width": 512, "height": 256}), &model)
-                .unwrap_err()
-                .contains("equal")
+        assert_eq!(
+            parse(&json!({"width": 512, "height": 256}), &FACES).unwrap_err(),
+            "width and height must be equal: the model draws square images (64x64 natively)"
         );
+        // An absent side is the model's own.
+        assert!(parse(&json!({"width": 512}), &FACES).unwrap_err().contains("equal"));
+    }
+
+    fn builtin(id: &str) -> Value {
+        use gantry_worker_sdk::factory::ModelFactory;
+        let entry = gantry_manifest::Manifest::builtin().get(id).unwrap();
+        assert!(crate::ImageFactory::accepts(entry), "{id}");
+        let schema = schema(entry);
+        assert_eq!(crate::ImageFactory::input_schema(entry), schema);
+        schema
+    }
+
+    /// The facts every image entry's schema states (those of the schemas
+    /// the manifest entries once had written out).
+    fn common(schema: &Value, side: u64) {
+        assert_eq!(schema["type"], json!("object"));
+        assert_eq!(schema["additionalProperties"], json!(false));
+        let p = &schema["properties"];
+        assert_eq!(p["prompt"]["type"], json!("string"));
+        assert_eq!(p["prompt"]["maxLength"], json!(2000));
+        assert_eq!(p["negative_prompt"]["type"], json!("string"));
+        assert_eq!(p["negative_prompt"]["pattern"], json!(r"^\s*$"));
+        for side_name in ["width", "height"] {
+            let member = &p[side_name];
+            assert_eq!(member["type"], json!("integer"), "{side_name}");
+            assert_eq!(
+                (&member["minimum"], &member["maximum"], &member["default"]),
+                (&json!(16), &json!(1024), &json!(side)),
+                "{side_name}"
+            );
+        }
+        assert!(
+            p["width"]["description"]
+                .as_str()
+                .unwrap()
+                .contains("must equal height")
+        );
+        assert!(
+            p["width"]["description"]
+                .as_str()
+                .unwrap()
+                .contains(&format!("Drawn at {side}x{side} and resized (Lanczos, 3 lobes)")),
+            "{schema}"
+        );
+        assert_eq!(p["height"]["description"], json!("Must equal width."));
+        assert_eq!(
+            (
+                &p["num_images"]["minimum"],
+                &p["num_images"]["maximum"],
+                &p["num_images"]["default"]
+            ),
+            (&json!(1), &json!(8), &json!(1))
+        );
+        assert!(
+            p["num_images"]["description"]
+                .as_str()
+                .unwrap()
+                .contains("returned as `images`")
+        );
+        assert_eq!(p["seed"]["type"], json!("integer"));
+        assert_eq!(p["seed"]["minimum"], json!(0));
+        assert!(p["seed"]["description"].as_str().unwrap().contains("seed + i"));
+        assert_eq!(p["num_inference_steps"]["enum"], json!([1]));
+        assert_eq!(p["output_format"]["enum"], json!(["png", "jpeg", "webp"]));
+        assert_eq!(p["output_format"]["default"], json!("png"));
+        assert!(
+            p["output_format"]["description"]
+                .as_str()
+                .unwrap()
+                .contains("quality 90")
+        );
+        assert!(p.get("guidance_scale").is_none(), "{schema}");
+        let whole = schema.to_string();
+        assert!(!whole.contains("$ref") && !whole.contains("oneOf"), "{whole}");
+    }
+
+    #[test]
+    fn the_faces_schema_states_the_old_facts() {
+        let schema = builtin("dcgan-faces-64");
+        common(&schema, 64);
+        let mut names: Vec<&String> = schema["properties"].as_object().unwrap().keys().collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "height",
+                "negative_prompt",
+                "num_images",
+                "num_inference_steps",
+                "output_format",
+                "prompt",
+                "seed",
+                "width",
+            ]
+        );
+        assert!(schema.get("required").is_none_or(|r| r == &json!([])), "{schema}");
+        assert!(
+            schema["properties"]["prompt"]["description"]
+                .as_str()
+                .unwrap()
+                .starts_with("Accepted for compatibility")
+        );
+    }
+
+    #[test]
+    fn the_eyes_schema_needs_a_prompt_naming_a_colour() {
+        let schema = builtin("eyes-128");
+        common(&schema, 128);
+        assert_eq!(schema["required"], json!(["prompt"]));
+        assert!(schema["properties"].get("difficulty").is_none());
+        assert_eq!(
+            schema["properties"]["prompt"]["description"],
+            json!(
+                "Must name exactly one of the colours this model draws (whole words, any case): amber, blue, \
+                 brown, gray (grey), grayscale (greyscale, black and white, monochrome), green, hazel or red."
+            )
+        );
+    }
+
+    #[test]
+    fn the_terrain_schema_has_a_difficulty() {
+        let schema = builtin("terrain-128");
+        common(&schema, 128);
+        let p = &schema["properties"];
+        assert_eq!(p["difficulty"]["type"], json!("integer"));
+        assert_eq!(
+            (&p["difficulty"]["minimum"], &p["difficulty"]["maximum"]),
+            (&json!(1), &json!(100))
+        );
+        assert!(
+            p["difficulty"]["description"]
+                .as_str()
+                .unwrap()
+                .contains("Drawn from the seed when absent")
+        );
+        assert_eq!(p.as_object().unwrap().len(), 9, "{schema}");
+        assert!(
+            p["output_format"]["description"]
+                .as_str()
+                .unwrap()
+                .starts_with("16-bit grey PNG")
+        );
+        assert!(schema.get("required").is_none_or(|r| r == &json!([])), "{schema}");
     }
 }

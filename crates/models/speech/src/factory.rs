@@ -44,9 +44,10 @@ impl ModelFactory for SpeechFactory {
     type Settings = SpeechSettings;
     type Model = SpeechModel;
 
-    // The input schema is still the manifest entry's own (to be made from the input type).
-    fn input_schema(_entry: &ModelEntry) -> serde_json::Value {
-        serde_json::Value::Null
+    /// The input type's schema with the entry's voice, sample rate and
+    /// voice matching filled in ([`crate::input::schema`]).
+    fn input_schema(entry: &ModelEntry) -> serde_json::Value {
+        crate::input::schema(entry)
     }
 
     fn accepts(entry: &ModelEntry) -> bool {

@@ -5,6 +5,9 @@
 //! LGPL and would be linked statically into the binary.
 use std::num::{NonZeroU8, NonZeroU32};
 
+use serde::Deserialize;
+use utoipa::ToSchema;
+
 use crate::wav;
 
 /// Vorbis quality, -0.2 ..= 1 (0.5 is about 80 kbit/s for mono speech at 22 kHz).
@@ -14,8 +17,10 @@ const OGG_SERIAL: i32 = 0x6761_6e74;
 /// Samples handed to libvorbis at once (its documentation suggests about 1024).
 const VORBIS_BLOCK: usize = 1024;
 
-/// An audio file format of the speech models.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// An audio file format of the speech models: a job's `format`, read by its
+/// lowercase name.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
 pub enum Format {
     Wav,
     Flac,
@@ -23,18 +28,7 @@ pub enum Format {
 }
 
 impl Format {
-    /// The names accepted in a job's `format`.
-    pub const NAMES: [&'static str; 3] = ["wav", "flac", "ogg"];
-
-    pub fn parse(name: &str) -> Option<Self> {
-        match name {
-            "wav" => Some(Self::Wav),
-            "flac" => Some(Self::Flac),
-            "ogg" => Some(Self::Ogg),
-            _ => None,
-        }
-    }
-
+    /// The name a job's `format` gives.
     pub fn name(self) -> &'static str {
         match self {
             Self::Wav => "wav",
@@ -121,12 +115,13 @@ mod tests {
                 format.encode(&samples, 22_050).unwrap(),
                 "{format:?}: same input, same bytes"
             );
-            assert_eq!(Format::parse(format.name()), Some(format));
+            let named: Format = serde_json::from_value(serde_json::json!(format.name())).unwrap();
+            assert_eq!(named, format);
         }
         // FLAC is lossless but smaller than the PCM; Vorbis far smaller.
         let wav = Format::Wav.encode(&samples, 22_050).unwrap().len();
         assert!(Format::Flac.encode(&samples, 22_050).unwrap().len() < wav);
         assert!(Format::Ogg.encode(&samples, 22_050).unwrap().len() * 4 < wav);
-        assert_eq!(Format::parse("mp3"), None);
+        assert!(serde_json::from_value::<Format>(serde_json::json!("mp3")).is_err());
     }
 }

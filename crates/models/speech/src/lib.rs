@@ -540,7 +540,7 @@ impl Voice {
 }
 
 /// `en_US-joe-medium.onnx` → `joe`; the stem when the name has another shape.
-fn voice_name_from_file(model: &Path) -> String {
+pub(crate) fn voice_name_from_file(model: &Path) -> String {
     let stem = model.file_stem().and_then(|s| s.to_str()).unwrap_or("voice");
     stem.split('-').nth(1).unwrap_or(stem).to_owned()
 }

@@ -48,9 +48,9 @@ impl ModelFactory for TextFactory {
     type Settings = TextSettings;
     type Model = TextModel;
 
-    // The input schema is still the manifest entry's own (to be made from the input type).
-    fn input_schema(_entry: &ModelEntry) -> serde_json::Value {
-        serde_json::Value::Null
+    /// The input type's schema, bounded by the entry's context length.
+    fn input_schema(entry: &ModelEntry) -> serde_json::Value {
+        crate::input::schema(entry)
     }
 
     fn accepts(entry: &ModelEntry) -> bool {

@@ -1,9 +1,20 @@
-//! Validation of a job's JSON input.
-//!
-//! Every problem found is collected, so a client sees all of them at once in
-//! one `BadInput` message (joined with `"; "`).
+//! A text job's input: one typed struct ([`Input`]) that is both the parser
+//! (every failure of every member reported at once, each with its place) and
+//! the model's input schema ([`schema`]). [`Params::parse`] reads it, then
+//! applies the rules between members and those that need the model (its
+//! context length, the grammars of `response_format` and `tools`), all
+//! problems joined with `"; "` in one `BadInput` message.
 
-use serde_json::{Map, Value};
+use std::collections::BTreeMap;
+
+use gantry_input::{Between, Items, Real};
+use gantry_worker_sdk::factory::ModelEntry;
+use serde::Deserialize;
+use serde::de::{Deserializer, Error as _};
+use serde_json::{Value, json};
+use utoipa::openapi::RefOr;
+use utoipa::openapi::schema::{ArrayBuilder, ObjectBuilder, OneOfBuilder, Schema, SchemaType, Type};
+use utoipa::{PartialSchema, ToSchema};
 
 use crate::grammar;
 use crate::tools::{Call, Grammar, Tool, ToolChoice, Tools};
@@ -18,9 +29,6 @@ pub const DEFAULT_MAX_TOKENS: u32 = 512;
 /// Default sampling temperature.
 pub const DEFAULT_TEMPERATURE: f32 = 0.7;
 
-/// Highest accepted temperature.
-pub const MAX_TEMPERATURE: f64 = 2.0;
-
 /// Most choices one request may ask for.
 pub const MAX_CHOICES: u64 = 8;
 
@@ -30,32 +38,250 @@ pub const MAX_TOP_LOGPROBS: u64 = 20;
 /// Most tools one request may offer.
 pub const MAX_TOOLS: usize = 128;
 
-const FIELDS: [&str; 21] = [
-    "prompt",
-    "messages",
-    "max_tokens",
-    "temperature",
-    "top_p",
-    "top_k",
-    "min_p",
-    "presence_penalty",
-    "frequency_penalty",
-    "logit_bias",
-    "stop",
-    "seed",
-    "n",
-    "logprobs",
-    "top_logprobs",
-    "response_format",
-    "tools",
-    "tool_choice",
-    "parallel_tool_calls",
-    "raw",
-    "ignore_eos",
-];
+/// The context a manifest entry that states no `engine.context_tokens` gets.
+const DEFAULT_CONTEXT_TOKENS: u64 = 8192;
+
+gantry_input::bounds! {
+    /// A sampling temperature.
+    pub Temperature: 0.0..=2.0;
+    /// A probability mass: above 0, at most 1.
+    pub TopP: 0.0..=1.0, above_min;
+    /// A share of the likeliest token's probability.
+    pub MinP: 0.0..=1.0;
+    /// OpenAI's presence and frequency penalties.
+    pub Penalty: -2.0..=2.0;
+    /// A bias added to a token's logit.
+    pub Bias: -100.0..=100.0;
+}
+
+/// A text job's input, as a client sends it: `prompt` or `messages`, and
+/// how to generate.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct Input {
+    /// The text to continue (or the user message, unless raw). Give exactly
+    /// one of prompt and messages.
+    #[serde(default)]
+    pub prompt: Option<String>,
+    /// A chat: messages in order, formatted with the model's chat template.
+    #[serde(default, deserialize_with = "non_empty")]
+    #[schema(min_items = 1)]
+    pub messages: Option<Vec<MessageInput>>,
+    /// Most tokens to generate (per choice), at most the model's context
+    /// length; without it 512, or less when the context has less room.
+    #[serde(default)]
+    #[schema(inline, default = 512)]
+    pub max_tokens: Option<MaxTokens>,
+    /// Sampling temperature; 0 is greedy.
+    #[serde(default)]
+    #[schema(inline, default = 0.7)]
+    pub temperature: Option<Real<Temperature>>,
+    /// Nucleus sampling mass; 1 turns it off.
+    #[serde(default)]
+    #[schema(inline, default = 1.0)]
+    pub top_p: Option<Real<TopP>>,
+    /// Sample among the k likeliest tokens; 0 turns it off.
+    #[serde(default)]
+    #[schema(inline, default = 0)]
+    pub top_k: Option<Between<0, 2147483647>>,
+    /// Drop tokens less likely than min_p times the likeliest one; 0 turns
+    /// it off.
+    #[serde(default)]
+    #[schema(inline, default = 0.0)]
+    pub min_p: Option<Real<MinP>>,
+    /// Subtracted once from the logit of every token already generated.
+    #[serde(default)]
+    #[schema(inline, default = 0.0)]
+    pub presence_penalty: Option<Real<Penalty>>,
+    /// Subtracted from a token's logit for every time it was generated.
+    #[serde(default)]
+    #[schema(inline, default = 0.0)]
+    pub frequency_penalty: Option<Real<Penalty>>,
+    /// Token id (as a string of digits) to a bias added to its logit, from
+    /// -100 to 100.
+    #[serde(default)]
+    #[schema(inline)]
+    pub logit_bias: Option<BTreeMap<TokenId, Real<Bias>>>,
+    /// Generation ends before any of these strings: one non-empty string, or
+    /// an array of at most 4.
+    #[serde(default)]
+    #[schema(inline)]
+    pub stop: Option<Stop>,
+    /// Seed of the sampler, for repeatable output; without it, a random one.
+    #[serde(default)]
+    pub seed: Option<u64>,
+    /// Choices to generate; every choice's tokens are billed, the prompt once.
+    #[serde(default)]
+    #[schema(inline, default = 1)]
+    pub n: Option<Between<1, { MAX_CHOICES }>>,
+    /// Report each generated token's log-probability (the model's
+    /// distribution, before sampling adjustments).
+    #[serde(default)]
+    #[schema(default = false)]
+    pub logprobs: Option<bool>,
+    /// Alternatives reported per token; needs logprobs.
+    #[serde(default)]
+    #[schema(inline, default = 0)]
+    pub top_logprobs: Option<Between<0, { MAX_TOP_LOGPROBS }>>,
+    /// The answer's format, enforced while generating by a grammar: text,
+    /// any JSON object, or JSON matching a schema. A schema the grammar
+    /// cannot express (pattern, not, multipleOf, ...) is refused.
+    #[serde(default)]
+    pub response_format: Option<ResponseFormat>,
+    /// Functions the model may call, as OpenAI describes them; calls come
+    /// back in the choice's tool_calls.
+    #[serde(default)]
+    #[schema(inline)]
+    pub tools: Option<Items<ToolInput, 0, { MAX_TOOLS }>>,
+    /// auto (the default with tools): text or calls; required: calls only;
+    /// a function: calls of it only; none: tools not offered. A named
+    /// function must be in tools.
+    #[serde(default)]
+    #[schema(inline)]
+    pub tool_choice: Option<ToolChoiceInput>,
+    /// Several calls in one answer (as many as max_tokens leaves room for),
+    /// or only 1 when false.
+    #[serde(default)]
+    #[schema(default = true)]
+    pub parallel_tool_calls: Option<bool>,
+    /// Pass the prompt as is, without the chat template (prompt only).
+    #[serde(default)]
+    #[schema(default = false)]
+    pub raw: Option<bool>,
+    /// Never end at the model's end-of-sequence tokens: generate until
+    /// max_tokens, a stop string or a cancel. Not with response_format or
+    /// tools.
+    #[serde(default)]
+    #[schema(default = false)]
+    pub ignore_eos: Option<bool>,
+}
+
+/// One chat message, as OpenAI writes it.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct MessageInput {
+    pub role: Role,
+    /// The text; null only in an assistant message with tool_calls.
+    #[serde(default)]
+    #[schema(inline)]
+    pub content: Option<Text>,
+    /// The function calls an assistant message made, as OpenAI writes them.
+    #[serde(default)]
+    pub tool_calls: Option<Vec<CallInput>>,
+    /// In a tool message: the call whose result this is.
+    #[serde(default)]
+    #[allow(dead_code)] // checked, not used: results are told apart by their order
+    pub tool_call_id: Option<String>,
+    /// The author's name; accepted, not used.
+    #[serde(default)]
+    #[allow(dead_code)] // checked, not used
+    pub name: Option<String>,
+}
+
+/// A call an assistant message made. Members beyond these are ignored (as
+/// OpenAI's clients may echo a streamed call's `index`).
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct CallInput {
+    #[serde(default)]
+    pub id: Option<String>,
+    #[serde(default, rename = "type")]
+    #[allow(dead_code)] // checked, not used: there is one kind
+    pub kind: Option<FunctionKind>,
+    pub function: CalledFunction,
+}
+
+/// The function a call named, and its arguments.
+#[derive(Debug, Deserialize, ToSchema)]
+pub struct CalledFunction {
+    #[schema(inline)]
+    pub name: Text,
+    /// The arguments object as JSON text (or the object itself); without
+    /// it, no arguments.
+    #[serde(default)]
+    #[schema(inline)]
+    pub arguments: Option<Arguments>,
+}
+
+/// The one kind of tool there is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "lowercase")]
+pub enum FunctionKind {
+    Function,
+}
+
+/// A tool offered to the model.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ToolInput {
+    #[serde(rename = "type")]
+    #[allow(dead_code)] // checked, not used: there is one kind
+    pub kind: FunctionKind,
+    pub function: FunctionInput,
+}
+
+/// A function the model may call.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct FunctionInput {
+    #[schema(inline)]
+    pub name: FunctionName,
+    #[serde(default)]
+    pub description: Option<String>,
+    // A JSON Schema is a document of its own, too free-form for a derived
+    // schema: read as JSON (an object), its schema written in `schema()`.
+    #[serde(default, deserialize_with = "schema_object")]
+    #[schema(value_type = Option<Object>)]
+    pub parameters: Option<Value>,
+    /// Accepted; the parameters are always enforced.
+    #[serde(default)]
+    #[allow(dead_code)] // checked, not used
+    pub strict: Option<bool>,
+}
+
+/// `response_format`: `type`, and with `json_schema` the schema.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+pub struct ResponseFormat {
+    /// text: free text; json_object: any JSON object; json_schema: JSON
+    /// matching json_schema.schema.
+    #[serde(rename = "type")]
+    pub kind: FormatKind,
+    /// With type json_schema (and only then): the schema to follow.
+    #[serde(default)]
+    pub json_schema: Option<JsonSchemaFormat>,
+}
+
+/// The kinds of answer `response_format` asks for.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Deserialize, ToSchema)]
+#[serde(rename_all = "snake_case")]
+pub enum FormatKind {
+    Text,
+    JsonObject,
+    JsonSchema,
+}
+
+/// `response_format.json_schema`, as OpenAI writes it.
+#[derive(Debug, Deserialize, ToSchema)]
+#[serde(deny_unknown_fields)]
+#[allow(dead_code)] // `name`, `description` and `strict`: checked, not used
+pub struct JsonSchemaFormat {
+    #[serde(default)]
+    pub name: Option<String>,
+    #[serde(default)]
+    pub description: Option<String>,
+    // A JSON Schema document (an object or a boolean): read as JSON, its
+    // schema written in `schema()`.
+    #[serde(default, deserialize_with = "schema_document")]
+    #[schema(value_type = Option<Object>)]
+    pub schema: Option<Value>,
+    /// Accepted; the schema is always enforced.
+    #[serde(default)]
+    pub strict: Option<bool>,
+}
 
 /// Who wrote a chat message.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, ToSchema)]
+#[schema(rename_all = "lowercase")]
 pub enum Role {
     System,
     User,
@@ -73,17 +299,354 @@ impl Role {
             Self::Tool => "tool",
         }
     }
+}
 
-    fn parse(role: &str) -> Option<Self> {
-        match role {
-            "system" => Some(Self::System),
-            "user" => Some(Self::User),
-            "assistant" => Some(Self::Assistant),
-            "tool" => Some(Self::Tool),
-            _ => None,
+/// Read by name, so that a role of another type is called not a string
+/// (serde's derive would say "string or map").
+impl<'de> Deserialize<'de> for Role {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let role = String::deserialize(deserializer)?;
+        [Self::System, Self::User, Self::Assistant, Self::Tool]
+            .into_iter()
+            .find(|r| r.as_str() == role)
+            .ok_or_else(|| D::Error::custom(format!("must be one of system, user, assistant, tool (got '{role}')")))
+    }
+}
+
+// --- member types that check their own rule and state it -------------------
+
+/// `max_tokens`: an integer from 1; the model's context length, its upper
+/// bound, is checked once the input is read (and filled into the schema).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct MaxTokens(pub u32);
+
+impl<'de> Deserialize<'de> for MaxTokens {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        match Between::<1, { u32::MAX as u64 }>::deserialize(deserializer) {
+            Ok(Between(n)) => Ok(Self(n as u32)),
+            Err(_) => Err(D::Error::custom(
+                "must be an integer from 1 to the model's context length",
+            )),
         }
     }
 }
+
+impl PartialSchema for MaxTokens {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::Integer)
+            .minimum(Some(1.0))
+            .into()
+    }
+}
+
+impl ToSchema for MaxTokens {}
+
+/// A string without NUL characters (the chat template and the tokenizer
+/// read C strings).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Text(pub String);
+
+impl<'de> Deserialize<'de> for Text {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let text = String::deserialize(deserializer)?;
+        if text.contains('\0') {
+            return Err(D::Error::custom("must not contain NUL characters"));
+        }
+        Ok(Self(text))
+    }
+}
+
+impl PartialSchema for Text {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new().schema_type(Type::String).into()
+    }
+}
+
+impl ToSchema for Text {}
+
+/// A call's arguments: the object's JSON text, or the object itself (kept
+/// as its text).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Arguments(pub String);
+
+impl<'de> Deserialize<'de> for Arguments {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        match Value::deserialize(deserializer)? {
+            Value::String(text) if text.contains('\0') => Err(D::Error::custom("must not contain NUL characters")),
+            Value::String(text) => Ok(Self(text)),
+            object @ Value::Object(_) => Ok(Self(object.to_string())),
+            other => Err(D::Error::custom(format!(
+                "must be a string (the arguments object as JSON text) or an object, not {}",
+                gantry_input::kind(&other)
+            ))),
+        }
+    }
+}
+
+impl PartialSchema for Arguments {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(SchemaType::Array(vec![Type::String, Type::Object]))
+            .into()
+    }
+}
+
+impl ToSchema for Arguments {}
+
+/// A function's name: 1 to 64 letters, digits, underscores or dashes.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct FunctionName(pub String);
+
+impl<'de> Deserialize<'de> for FunctionName {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        let fits =
+            (1..=64).contains(&name.len()) && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-');
+        if !fits {
+            return Err(D::Error::custom(format!(
+                "must be 1 to 64 letters, digits, underscores or dashes (got '{name}')"
+            )));
+        }
+        Ok(Self(name))
+    }
+}
+
+impl PartialSchema for FunctionName {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .pattern(Some("^[A-Za-z0-9_-]{1,64}$"))
+            .into()
+    }
+}
+
+impl ToSchema for FunctionName {}
+
+/// A `logit_bias` key: a token id, written as a string of digits.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord)]
+pub struct TokenId(pub i32);
+
+impl<'de> Deserialize<'de> for TokenId {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let key = String::deserialize(deserializer)?;
+        match key.parse::<i32>() {
+            Ok(id) if id >= 0 => Ok(Self(id)),
+            _ => Err(D::Error::custom("the key must be a token id, a string of digits")),
+        }
+    }
+}
+
+impl PartialSchema for TokenId {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::String)
+            .pattern(Some("^[0-9]{1,10}$"))
+            .into()
+    }
+}
+
+impl ToSchema for TokenId {}
+
+/// `stop`: one non-empty string, or an array of at most
+/// [`MAX_STOP_STRINGS`] of them.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Stop(pub Vec<String>);
+
+impl<'de> Deserialize<'de> for Stop {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        match Value::deserialize(deserializer)? {
+            Value::String(text) if !text.is_empty() => Ok(Self(vec![text])),
+            Value::Array(items)
+                if items.len() <= MAX_STOP_STRINGS
+                    && items.iter().all(|s| s.as_str().is_some_and(|s| !s.is_empty())) =>
+            {
+                Ok(Self(
+                    items.iter().filter_map(Value::as_str).map(str::to_owned).collect(),
+                ))
+            }
+            _ => Err(D::Error::custom(
+                "must be a non-empty string or an array of at most 4 non-empty strings",
+            )),
+        }
+    }
+}
+
+impl PartialSchema for Stop {
+    fn schema() -> RefOr<Schema> {
+        let text = || ObjectBuilder::new().schema_type(Type::String).min_length(Some(1));
+        OneOfBuilder::new()
+            .item(text())
+            .item(ArrayBuilder::new().items(text()).max_items(Some(MAX_STOP_STRINGS)))
+            .into()
+    }
+}
+
+impl ToSchema for Stop {}
+
+/// `tool_choice`: `none`, `auto`, `required`, or
+/// `{"type": "function", "function": {"name": …}}`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum ToolChoiceInput {
+    None,
+    Auto,
+    Required,
+    Function(String),
+}
+
+impl<'de> Deserialize<'de> for ToolChoiceInput {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        match Value::deserialize(deserializer)? {
+            Value::String(choice) => match choice.as_str() {
+                "none" => Ok(Self::None),
+                "auto" => Ok(Self::Auto),
+                "required" => Ok(Self::Required),
+                _ => Err(D::Error::custom(format!(
+                    "must be one of none, auto, required (got '{choice}') or a function"
+                ))),
+            },
+            Value::Object(choice) => choice
+                .get("function")
+                .and_then(|f| f.get("name"))
+                .and_then(Value::as_str)
+                .filter(|_| choice.get("type").and_then(Value::as_str) == Some("function"))
+                .map(|name| Self::Function(name.to_owned()))
+                .ok_or_else(|| {
+                    D::Error::custom(r#"must be {"type": "function", "function": {"name": ...}} when an object"#)
+                }),
+            other => Err(D::Error::custom(format!(
+                "must be a string or an object, not {}",
+                gantry_input::kind(&other)
+            ))),
+        }
+    }
+}
+
+impl PartialSchema for ToolChoiceInput {
+    fn schema() -> RefOr<Schema> {
+        let function = ObjectBuilder::new()
+            .schema_type(Type::Object)
+            .property(
+                "type",
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .enum_values(Some(["function"])),
+            )
+            .property(
+                "function",
+                ObjectBuilder::new()
+                    .schema_type(Type::Object)
+                    .property("name", ObjectBuilder::new().schema_type(Type::String))
+                    .required("name"),
+            )
+            .required("type")
+            .required("function");
+        OneOfBuilder::new()
+            .item(
+                ObjectBuilder::new()
+                    .schema_type(Type::String)
+                    .enum_values(Some(["none", "auto", "required"])),
+            )
+            .item(function)
+            .into()
+    }
+}
+
+impl ToSchema for ToolChoiceInput {}
+
+/// `messages`: absent (or null), or an array of at least one message.
+fn non_empty<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Vec<MessageInput>>, D::Error> {
+    match Option::<Vec<MessageInput>>::deserialize(deserializer)? {
+        Some(messages) if messages.is_empty() => Err(D::Error::custom("must not be empty")),
+        messages => Ok(messages),
+    }
+}
+
+/// A tool's `parameters`: a JSON Schema object.
+fn schema_object<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Value>, D::Error> {
+    match Option::<Value>::deserialize(deserializer)? {
+        None => Ok(None),
+        Some(schema @ Value::Object(_)) => Ok(Some(schema)),
+        Some(other) => Err(D::Error::custom(format!(
+            "must be a JSON Schema object, not {}",
+            gantry_input::kind(&other)
+        ))),
+    }
+}
+
+/// `json_schema.schema`: a JSON Schema, an object or a boolean.
+fn schema_document<'de, D: Deserializer<'de>>(deserializer: D) -> Result<Option<Value>, D::Error> {
+    match Option::<Value>::deserialize(deserializer)? {
+        None => Ok(None),
+        Some(schema @ (Value::Object(_) | Value::Bool(_))) => Ok(Some(schema)),
+        Some(other) => Err(D::Error::custom(format!(
+            "must be a JSON Schema (an object or a boolean), not {}",
+            gantry_input::kind(&other)
+        ))),
+    }
+}
+
+// --- the schema ----------------------------------------------------------
+
+/// What the grammars enforce of a JSON Schema, said where one is given.
+const SCHEMA_SUPPORT: &str = "Supported: type (or a list), properties, required, items, prefixItems, \
+minItems, maxItems, enum, const, anyOf, oneOf, allOf of one schema, $ref into $defs or definitions, \
+minLength, maxLength, formats date, time, date-time and uuid, small integer ranges. Anything else that \
+constrains values (pattern, not, multipleOf, ...) is refused.";
+
+/// The input schema of `entry`: [`Input`]'s, with the entry's context length
+/// as `max_tokens`' bound, the choice between `prompt` and `messages`, and
+/// the members that are JSON Schema documents themselves.
+pub fn schema(entry: &ModelEntry) -> Value {
+    let context = entry
+        .engine
+        .get("context_tokens")
+        .and_then(Value::as_u64)
+        .unwrap_or(DEFAULT_CONTEXT_TOKENS);
+    let mut schema = gantry_input::schema_of::<Input>();
+    without_null(&mut schema);
+    schema["oneOf"] = json!([{"required": ["prompt"]}, {"required": ["messages"]}]);
+    let properties = &mut schema["properties"];
+    properties["max_tokens"]["maximum"] = json!(context);
+    // `type` decides whether `json_schema` is given.
+    properties["response_format"]["oneOf"] = json!([
+        {"properties": {"type": {"enum": ["text", "json_object"]}}, "not": {"required": ["json_schema"]}},
+        {"properties": {"type": {"const": "json_schema"}}, "required": ["json_schema"]}
+    ]);
+    properties["response_format"]["properties"]["json_schema"]["properties"]["schema"] = json!({
+        "type": ["object", "boolean"],
+        "description": format!("The JSON Schema the answer must match, enforced while generating; \
+    without it, any JSON object. {SCHEMA_SUPPORT}")
+    });
+    properties["tools"]["items"]["properties"]["function"]["properties"]["parameters"] = json!({
+        "type": "object",
+        "description": format!("A JSON Schema of the arguments object; without it, \
+    {{\"type\": \"object\", \"properties\": {{}}}}. {SCHEMA_SUPPORT}")
+    });
+    schema
+}
+
+/// Takes `null` out of every `type` list (`Option<String>` is `["string",
+/// "null"]` in utoipa's words): an optional member is one left out of
+/// `required`, and null reads as absent all the same.
+fn without_null(schema: &mut Value) {
+    match schema {
+        Value::Object(object) => {
+            if let Some(Value::Array(types)) = object.get_mut("type") {
+                types.retain(|t| t != "null");
+                if let [single] = types.as_slice() {
+                    let single = single.clone();
+                    object.insert("type".into(), single);
+                }
+            }
+            object.values_mut().for_each(without_null);
+        }
+        Value::Array(items) => items.iter_mut().for_each(without_null),
+        _ => {}
+    }
+}
+
+// --- the validated request ------------------------------------------------
 
 /// One chat message.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -170,148 +733,63 @@ pub struct Params {
 }
 
 impl Params {
-    /// Validates `input`. `context_length` is the most tokens (prompt and
-    /// output together) one request may use. The error lists every problem,
-    /// separated by `"; "`.
+    /// Reads `input` as [`Input`], then the rules between its members and
+    /// those that need the model. `context_length` is the most tokens (prompt
+    /// and output together) one request may use. The error lists every
+    /// problem, separated by `"; "`.
     pub fn parse(input: &Value, context_length: u32) -> Result<Self, String> {
-        let Some(object) = input.as_object() else {
-            return Err(format!(
-                "input must be a JSON object with `prompt` or `messages`, got {}",
-                kind(input)
-            ));
-        };
-        let mut errors = Vec::new();
-        for key in object.keys() {
-            if !FIELDS.contains(&key.as_str()) {
-                errors.push(format!(
-                    "unknown field `{key}` (expected one of: {})",
-                    FIELDS.join(", ")
-                ));
-            }
-        }
-
-        let raw = match field(object, "raw") {
-            None => false,
-            Some(Value::Bool(raw)) => *raw,
-            Some(other) => {
-                errors.push(format!("`raw` must be a boolean, got {}", kind(other)));
-                false
-            }
-        };
-        let prompt = parse_prompt(object, raw, &mut errors);
-        let ignore_eos = match field(object, "ignore_eos") {
-            None => false,
-            Some(Value::Bool(ignore)) => *ignore,
-            Some(other) => {
-                errors.push(format!("`ignore_eos` must be a boolean, got {}", kind(other)));
-                false
-            }
-        };
-
-        let max_tokens = field(object, "max_tokens").and_then(|value| match value.as_u64() {
-            Some(n) if n >= 1 && n <= u64::from(context_length) => u32::try_from(n).ok(),
-            _ => {
-                errors.push(format!(
-                    "`max_tokens` must be an integer from 1 to {context_length}, got {value}"
-                ));
+        let input: Input = gantry_input::read(input.clone()).map_err(|failures| sentence(&failures))?;
+        let mut errors: Vec<String> = Vec::new();
+        let raw = input.raw.unwrap_or(false);
+        let ignore_eos = input.ignore_eos.unwrap_or(false);
+        let prompt = match (input.prompt, input.messages) {
+            (None, None) => {
+                errors.push("one of `prompt` (a string) or `messages` (an array) is required".into());
                 None
             }
-        });
-
-        let temperature = match field(object, "temperature") {
-            None => DEFAULT_TEMPERATURE,
-            Some(value) => match value.as_f64() {
-                Some(t) if (0.0..=MAX_TEMPERATURE).contains(&t) => t as f32,
-                _ => {
-                    errors.push(format!(
-                        "`temperature` must be a number from 0 to {MAX_TEMPERATURE}, got {value}"
-                    ));
-                    DEFAULT_TEMPERATURE
-                }
-            },
-        };
-
-        let top_p = match field(object, "top_p") {
-            None => 1.0,
-            Some(value) => match value.as_f64() {
-                Some(p) if p > 0.0 && p <= 1.0 => p as f32,
-                _ => {
-                    errors.push(format!(
-                        "`top_p` must be a number greater than 0 and at most 1, got {value}"
-                    ));
-                    1.0
-                }
-            },
-        };
-
-        let top_k = match field(object, "top_k") {
-            None => 0,
-            Some(value) => match value.as_u64().and_then(|k| i32::try_from(k).ok()) {
-                Some(k) => k.unsigned_abs(),
-                None => {
-                    errors.push(format!(
-                        "`top_k` must be an integer from 0 (off) to {}, got {value}",
-                        i32::MAX
-                    ));
-                    0
-                }
-            },
-        };
-
-        let seed = field(object, "seed").and_then(|value| {
-            let seed = value.as_u64();
-            if seed.is_none() {
-                errors.push(format!("`seed` must be an integer from 0 to {}, got {value}", u64::MAX));
+            (Some(_), Some(_)) => {
+                errors.push("give either `prompt` or `messages`, not both".into());
+                None
             }
-            seed
-        });
-
-        let stop = parse_stop(field(object, "stop"), &mut errors);
-
-        let min_p = number_in(object, "min_p", 0.0, 1.0, 0.0, &mut errors);
-        let presence_penalty = number_in(object, "presence_penalty", -2.0, 2.0, 0.0, &mut errors);
-        let frequency_penalty = number_in(object, "frequency_penalty", -2.0, 2.0, 0.0, &mut errors);
-        let logit_bias = parse_logit_bias(field(object, "logit_bias"), &mut errors);
-
-        let n = match field(object, "n") {
-            None => 1,
-            Some(value) => match value.as_u64() {
-                Some(n) if (1..=MAX_CHOICES).contains(&n) => n as u32,
-                _ => {
-                    errors.push(format!("`n` must be an integer from 1 to {MAX_CHOICES}, got {value}"));
-                    1
+            (Some(text), None) if raw => Some(Prompt::Raw(text)),
+            (Some(text), None) if text.contains('\0') => {
+                errors.push("`prompt` must not contain NUL characters (unless `raw` is true)".into());
+                None
+            }
+            (Some(text), None) => Some(Prompt::Chat(vec![Message {
+                role: Role::User,
+                content: text,
+                tool_calls: Vec::new(),
+            }])),
+            (None, Some(messages)) => {
+                if raw {
+                    errors.push("`raw` applies only to `prompt`; `messages` always use the chat template".into());
                 }
-            },
-        };
-
-        let logprobs = match field(object, "logprobs") {
-            None | Some(Value::Bool(false)) => false,
-            Some(Value::Bool(true)) => true,
-            Some(other) => {
-                errors.push(format!("`logprobs` must be a boolean, got {}", kind(other)));
-                false
+                Some(Prompt::Chat(chat(messages, &mut errors)))
             }
         };
-        let top_logprobs = match field(object, "top_logprobs") {
-            None => 0,
-            Some(value) => match value.as_u64() {
-                Some(k) if k <= MAX_TOP_LOGPROBS => {
-                    if !logprobs && k > 0 {
-                        errors.push("`top_logprobs` needs `logprobs: true`".into());
-                    }
-                    k as u32
-                }
-                _ => {
-                    errors.push(format!(
-                        "`top_logprobs` must be an integer from 0 to {MAX_TOP_LOGPROBS}, got {value}"
-                    ));
-                    0
-                }
-            },
-        };
 
-        let response = parse_response_format(field(object, "response_format"), &mut errors);
-        let tools = parse_tools(object, &mut errors);
+        let max_tokens = input.max_tokens.map(|n| n.0);
+        if let Some(n) = max_tokens.filter(|n| *n > context_length) {
+            errors.push(format!(
+                "`max_tokens` must be an integer from 1 to {context_length}, got {n}"
+            ));
+        }
+        let logprobs = input.logprobs.unwrap_or(false);
+        let top_logprobs = input.top_logprobs.map_or(0, |k| k.0 as u32);
+        if !logprobs && top_logprobs > 0 {
+            errors.push("`top_logprobs` needs `logprobs: true`".into());
+        }
+
+        let response = input
+            .response_format
+            .and_then(|format| response_grammar(format, &mut errors));
+        let tools = offered_tools(
+            input.tools.map(|tools| tools.0).unwrap_or_default(),
+            input.tool_choice,
+            input.parallel_tool_calls.unwrap_or(true),
+            &mut errors,
+        );
         let tools_grammar = match tools.as_ref().map(Tools::grammar) {
             Some(Err(error)) => {
                 errors.push(format!("`{}`: {}", error.at, error.reason));
@@ -341,26 +819,31 @@ impl Params {
             errors.push("`tools` need a chat: send `messages` (or a `prompt` without `raw`)".into());
         }
 
-        if !errors.is_empty() {
+        let (Some(prompt), true) = (prompt, errors.is_empty()) else {
             return Err(errors.join("; "));
-        }
+        };
+        let real = |value: Option<f64>, default: f32| value.map_or(default, |x| x as f32);
         Ok(Self {
-            // `parse_prompt` pushes an error whenever it returns `None`.
-            prompt: prompt.unwrap_or(Prompt::Raw(String::new())),
+            prompt,
             max_tokens,
             sampling: Sampling {
-                temperature,
-                top_p,
-                top_k,
-                seed,
-                min_p,
-                presence_penalty,
-                frequency_penalty,
-                logit_bias,
+                temperature: real(input.temperature.map(|t| t.0), DEFAULT_TEMPERATURE),
+                top_p: real(input.top_p.map(|p| p.0), 1.0),
+                top_k: input.top_k.map_or(0, |k| k.0 as u32),
+                seed: input.seed,
+                min_p: real(input.min_p.map(|p| p.0), 0.0),
+                presence_penalty: real(input.presence_penalty.map(|p| p.0), 0.0),
+                frequency_penalty: real(input.frequency_penalty.map(|p| p.0), 0.0),
+                logit_bias: input
+                    .logit_bias
+                    .unwrap_or_default()
+                    .into_iter()
+                    .map(|(token, bias)| (token.0, bias.0 as f32))
+                    .collect(),
             },
-            stop,
+            stop: input.stop.map(|stop| stop.0).unwrap_or_default(),
             ignore_eos,
-            n,
+            n: input.n.map_or(1, |n| n.0 as u32),
             logprobs: logprobs.then_some(top_logprobs),
             grammar,
             tools,
@@ -368,100 +851,37 @@ impl Params {
     }
 }
 
-/// A field, treating JSON `null` like an absent field.
-fn field<'a>(object: &'a Map<String, Value>, name: &str) -> Option<&'a Value> {
-    object.get(name).filter(|value| !value.is_null())
+/// The failures of [`gantry_input::read`] as one sentence. A nested member
+/// that breaks its rule (`response_format.type`) is taken out and the object
+/// read again, which then also calls it missing: it is named once.
+fn sentence(failures: &[gantry_input::Failure]) -> String {
+    let kept: Vec<gantry_input::Failure> = failures
+        .iter()
+        .enumerate()
+        .filter(|(i, failure)| {
+            failure.problem != "required property is missing"
+                || !failures[..*i].iter().any(|earlier| earlier.path == failure.path)
+        })
+        .map(|(_, failure)| failure.clone())
+        .collect();
+    gantry_input::sentence(&kept)
 }
 
-fn kind(value: &Value) -> &'static str {
-    match value {
-        Value::Null => "null",
-        Value::Bool(_) => "a boolean",
-        Value::Number(_) => "a number",
-        Value::String(_) => "a string",
-        Value::Array(_) => "an array",
-        Value::Object(_) => "an object",
-    }
-}
-
-fn parse_prompt(object: &Map<String, Value>, raw: bool, errors: &mut Vec<String>) -> Option<Prompt> {
-    match (field(object, "prompt"), field(object, "messages")) {
-        (None, None) => {
-            errors.push("one of `prompt` (a string) or `messages` (an array) is required".into());
-            None
-        }
-        (Some(_), Some(_)) => {
-            errors.push("give either `prompt` or `messages`, not both".into());
-            None
-        }
-        (Some(prompt), None) => {
-            let Value::String(text) = prompt else {
-                errors.push(format!("`prompt` must be a string, got {}", kind(prompt)));
-                return None;
-            };
-            if raw {
-                Some(Prompt::Raw(text.clone()))
-            } else if text.contains('\0') {
-                errors.push("`prompt` must not contain NUL characters (unless `raw` is true)".into());
-                None
-            } else {
-                Some(Prompt::Chat(vec![Message {
-                    role: Role::User,
-                    content: text.clone(),
-                    tool_calls: Vec::new(),
-                }]))
-            }
-        }
-        (None, Some(messages)) => {
-            if raw {
-                errors.push("`raw` applies only to `prompt`; `messages` always use the chat template".into());
-            }
-            parse_messages(messages, errors).map(Prompt::Chat)
-        }
-    }
-}
-
-fn parse_messages(messages: &Value, errors: &mut Vec<String>) -> Option<Vec<Message>> {
-    let Value::Array(items) = messages else {
-        errors.push(format!(
-            "`messages` must be an array of {{\"role\", \"content\"}} objects, got {}",
-            kind(messages)
-        ));
-        return None;
-    };
-    if items.is_empty() {
-        errors.push("`messages` must not be empty".into());
-        return None;
-    }
-    let before = errors.len();
-    let mut parsed = Vec::with_capacity(items.len());
-    for (i, item) in items.iter().enumerate() {
-        let Value::Object(message) = item else {
-            errors.push(format!(
-                "`messages[{i}]` must be an object with `role` and `content`, got {}",
-                kind(item)
-            ));
-            continue;
-        };
-        for key in message.keys() {
-            if !["role", "content", "tool_calls", "tool_call_id", "name"].contains(&key.as_str()) {
-                errors.push(format!(
-                    "`messages[{i}]`: unknown field `{key}` (expected `role`, `content`, `tool_calls`, `tool_call_id`, `name`)"
-                ));
-            }
-        }
-        let role = match message.get("role") {
-            Some(Value::String(role)) => Role::parse(role),
-            _ => None,
-        };
-        if role.is_none() {
-            errors.push(format!(
-                "`messages[{i}].role` must be one of \"system\", \"user\", \"assistant\", \"tool\""
-            ));
-        }
-        let tool_calls = match message.get("tool_calls") {
-            None | Some(Value::Null) => Vec::new(),
-            Some(calls) if role == Some(Role::Assistant) => parse_calls(calls, i, errors),
+/// The chat of `messages`: only assistant messages make calls, and a message
+/// has content unless it makes calls.
+fn chat(messages: Vec<MessageInput>, errors: &mut Vec<String>) -> Vec<Message> {
+    let mut chat = Vec::with_capacity(messages.len());
+    for (i, message) in messages.into_iter().enumerate() {
+        let tool_calls: Vec<Call> = match message.tool_calls {
+            None => Vec::new(),
+            Some(calls) if message.role == Role::Assistant => calls
+                .into_iter()
+                .map(|call| Call {
+                    id: call.id.unwrap_or_default(),
+                    name: call.function.name.0,
+                    arguments: call.function.arguments.map_or_else(|| "{}".to_owned(), |a| a.0),
+                })
+                .collect(),
             Some(_) => {
                 errors.push(format!(
                     "`messages[{i}].tool_calls`: only assistant messages make calls"
@@ -469,214 +889,94 @@ fn parse_messages(messages: &Value, errors: &mut Vec<String>) -> Option<Vec<Mess
                 Vec::new()
             }
         };
-        for key in ["tool_call_id", "name"] {
-            if message.get(key).is_some_and(|v| !v.is_string() && !v.is_null()) {
-                errors.push(format!("`messages[{i}].{key}` must be a string"));
-            }
-        }
-        let content = match message.get("content") {
-            Some(Value::String(content)) if !content.contains('\0') => Some(content.clone()),
-            Some(Value::String(_)) => {
-                errors.push(format!("`messages[{i}].content` must not contain NUL characters"));
-                None
-            }
+        let content = match message.content {
+            Some(text) => text.0,
             // An assistant message that only calls tools has no content.
-            None | Some(Value::Null) if !tool_calls.is_empty() => Some(String::new()),
-            _ => {
+            None if !tool_calls.is_empty() => String::new(),
+            None => {
                 errors.push(format!("`messages[{i}].content` must be a string"));
-                None
+                continue;
             }
         };
-        if let (Some(role), Some(content)) = (role, content) {
-            parsed.push(Message {
-                role,
-                content,
-                tool_calls,
-            });
-        }
+        chat.push(Message {
+            role: message.role,
+            content,
+            tool_calls,
+        });
     }
-    (errors.len() == before).then_some(parsed)
+    chat
 }
 
-/// A number field within `low ..= high`, or `default` when absent.
-fn number_in(
-    object: &Map<String, Value>,
-    name: &str,
-    low: f64,
-    high: f64,
-    default: f32,
-    errors: &mut Vec<String>,
-) -> f32 {
-    match field(object, name) {
-        None => default,
-        Some(value) => match value.as_f64() {
-            Some(x) if (low..=high).contains(&x) => x as f32,
-            _ => {
-                errors.push(format!("`{name}` must be a number from {low} to {high}, got {value}"));
-                default
-            }
-        },
-    }
-}
-
-/// `logit_bias`: `{"<token id>": bias}`, bias from -100 to 100.
-fn parse_logit_bias(value: Option<&Value>, errors: &mut Vec<String>) -> Vec<(i32, f32)> {
-    let Some(value) = value else {
-        return Vec::new();
-    };
-    let Value::Object(map) = value else {
-        errors.push(format!(
-            "`logit_bias` must be an object mapping token ids to numbers, got {}",
-            kind(value)
-        ));
-        return Vec::new();
-    };
-    let mut biases = Vec::with_capacity(map.len());
-    for (token, bias) in map {
-        match (token.parse::<i32>().ok().filter(|t| *t >= 0), bias.as_f64()) {
-            (Some(token), Some(bias)) if (-100.0..=100.0).contains(&bias) => biases.push((token, bias as f32)),
-            (None, _) => errors.push(format!("`logit_bias`: `{token}` is not a token id")),
-            _ => errors.push(format!("`logit_bias.{token}` must be a number from -100 to 100")),
-        }
-    }
-    biases
-}
-
-/// `response_format`: the grammar its JSON answer must follow, if any.
-fn parse_response_format(value: Option<&Value>, errors: &mut Vec<String>) -> Option<Grammar> {
-    let value = value?;
+/// `response_format`'s grammar, if the answer's text has one: `json_schema`
+/// comes with type `json_schema` only, and its schema must be one the
+/// grammar can express.
+fn response_grammar(format: ResponseFormat, errors: &mut Vec<String>) -> Option<Grammar> {
     let plain = |text: String| Grammar { text, trigger: None };
-    let Value::Object(format) = value else {
-        errors.push(format!("`response_format` must be an object, got {}", kind(value)));
-        return None;
-    };
-    let allowed: &[&str] = match format.get("type").and_then(Value::as_str) {
-        Some("text") => &["type"],
-        Some("json_object") => &["type"],
-        Some("json_schema") => &["type", "json_schema"],
-        _ => {
-            errors.push("`response_format.type` must be \"text\", \"json_object\" or \"json_schema\"".into());
-            return None;
+    match (format.kind, format.json_schema) {
+        (FormatKind::Text, None) => None,
+        (FormatKind::JsonObject, None) => Some(plain(grammar::any_object_gbnf())),
+        (FormatKind::Text | FormatKind::JsonObject, Some(_)) => {
+            errors.push("`response_format`: unknown field `json_schema`".into());
+            None
         }
-    };
-    if let Some(key) = format.keys().find(|k| !allowed.contains(&k.as_str())) {
-        errors.push(format!("`response_format`: unknown field `{key}`"));
-        return None;
-    }
-    match format.get("type").and_then(Value::as_str) {
-        Some("json_object") => Some(plain(grammar::any_object_gbnf())),
-        Some("json_schema") => {
-            let Some(Value::Object(spec)) = format.get("json_schema") else {
-                errors.push("`response_format.json_schema` must be an object with `name` and `schema`".into());
-                return None;
-            };
-            for (key, value) in spec {
-                let fits = match key.as_str() {
-                    "name" | "description" => value.is_string(),
-                    "strict" => value.is_boolean() || value.is_null(),
-                    "schema" => value.is_object() || value.is_boolean(),
-                    _ => {
-                        errors.push(format!("`response_format.json_schema`: unknown field `{key}`"));
-                        return None;
-                    }
-                };
-                if !fits {
-                    errors.push(format!("`response_format.json_schema.{key}` has the wrong type"));
-                    return None;
-                }
-            }
-            let converted = match spec.get("schema") {
+        (FormatKind::JsonSchema, None) => {
+            errors.push("`response_format.json_schema` must be an object with `name` and `schema`".into());
+            None
+        }
+        (FormatKind::JsonSchema, Some(spec)) => {
+            let converted = match &spec.schema {
                 Some(schema) => grammar::schema_to_gbnf(schema),
                 None => Ok(grammar::any_object_gbnf()),
             };
-            match converted {
-                Ok(text) => Some(plain(text)),
-                Err(error) => {
+            converted
+                .map_err(|error| {
                     errors.push(format!(
                         "`response_format.json_schema.schema` cannot be enforced: {error}"
                     ));
-                    None
-                }
-            }
+                })
+                .ok()
+                .map(plain)
         }
-        _ => None,
     }
 }
 
-/// `tools`, `tool_choice` and `parallel_tool_calls`: the tools offered,
-/// `None` when there are none or `tool_choice` is `none`.
-fn parse_tools(object: &Map<String, Value>, errors: &mut Vec<String>) -> Option<Tools> {
-    let parallel = match field(object, "parallel_tool_calls") {
-        None => true,
-        Some(Value::Bool(b)) => *b,
-        Some(other) => {
-            errors.push(format!("`parallel_tool_calls` must be a boolean, got {}", kind(other)));
-            true
+/// The tools offered: `None` when there are none or `tool_choice` is
+/// `none`. Names are unique, a named choice is one of them, and `auto` or
+/// `required` need some.
+fn offered_tools(
+    given: Vec<ToolInput>,
+    choice: Option<ToolChoiceInput>,
+    parallel: bool,
+    errors: &mut Vec<String>,
+) -> Option<Tools> {
+    let mut tools: Vec<Tool> = Vec::with_capacity(given.len());
+    for (i, tool) in given.into_iter().enumerate() {
+        let function = tool.function;
+        if tools.iter().any(|t| t.name == function.name.0) {
+            errors.push(format!("`tools[{i}]`: the name `{}` is used twice", function.name.0));
+            continue;
         }
-    };
-    let mut tools = Vec::new();
-    match field(object, "tools") {
-        None => {}
-        Some(Value::Array(list)) if list.len() <= MAX_TOOLS => {
-            for (i, item) in list.iter().enumerate() {
-                match parse_tool(item) {
-                    Ok(tool) if tools.iter().any(|t: &Tool| t.name == tool.name) => {
-                        errors.push(format!("`tools[{i}]`: the name `{}` is used twice", tool.name));
-                    }
-                    Ok(tool) => tools.push(tool),
-                    Err(error) => errors.push(format!("`tools[{i}]`: {error}")),
-                }
-            }
-        }
-        Some(_) => errors.push(format!(
-            "`tools` must be an array of at most {MAX_TOOLS} {{\"type\": \"function\", \"function\": {{...}}}} objects"
-        )),
+        tools.push(Tool {
+            name: function.name.0,
+            description: function.description,
+            parameters: function
+                .parameters
+                .unwrap_or_else(|| json!({"type": "object", "properties": {}})),
+        });
     }
-    let choice = match field(object, "tool_choice") {
+    let asked = choice.is_some();
+    let choice = match choice {
         None if tools.is_empty() => ToolChoice::None,
-        None => ToolChoice::Auto,
-        Some(Value::String(choice)) => match choice.as_str() {
-            "none" => ToolChoice::None,
-            "auto" => ToolChoice::Auto,
-            "required" => ToolChoice::Required,
-            _ => {
-                errors.push("`tool_choice` must be \"none\", \"auto\", \"required\" or a function".into());
-                ToolChoice::None
-            }
-        },
-        Some(Value::Object(choice)) => {
-            let name = choice
-                .get("function")
-                .and_then(|f| f.get("name"))
-                .and_then(Value::as_str)
-                .filter(|_| choice.get("type").and_then(Value::as_str) == Some("function"));
-            match name {
-                Some(name) if tools.iter().any(|t| t.name == name) => ToolChoice::Named(name.to_owned()),
-                Some(name) => {
-                    errors.push(format!("`tool_choice` names `{name}`, which is not in `tools`"));
-                    ToolChoice::None
-                }
-                None => {
-                    errors.push(
-                        "`tool_choice` must be {\"type\": \"function\", \"function\": {\"name\": ...}} when an object"
-                            .into(),
-                    );
-                    ToolChoice::None
-                }
-            }
-        }
-        Some(other) => {
-            errors.push(format!(
-                "`tool_choice` must be a string or an object, got {}",
-                kind(other)
-            ));
+        None | Some(ToolChoiceInput::Auto) => ToolChoice::Auto,
+        Some(ToolChoiceInput::None) => ToolChoice::None,
+        Some(ToolChoiceInput::Required) => ToolChoice::Required,
+        Some(ToolChoiceInput::Function(name)) if tools.iter().any(|t| t.name == name) => ToolChoice::Named(name),
+        Some(ToolChoiceInput::Function(name)) => {
+            errors.push(format!("`tool_choice` names `{name}`, which is not in `tools`"));
             ToolChoice::None
         }
     };
-    if tools.is_empty()
-        && matches!(choice, ToolChoice::Required | ToolChoice::Auto)
-        && field(object, "tool_choice").is_some()
-    {
+    if asked && tools.is_empty() && matches!(choice, ToolChoice::Required | ToolChoice::Auto) {
         errors.push("`tool_choice` needs `tools`".into());
     }
     let tools = Tools {
@@ -687,381 +987,5 @@ fn parse_tools(object: &Map<String, Value>, errors: &mut Vec<String>) -> Option<
     tools.active().then_some(tools)
 }
 
-fn parse_tool(item: &Value) -> Result<Tool, String> {
-    let Some(object) = item.as_object() else {
-        return Err("must be an object".into());
-    };
-    if object.get("type").and_then(Value::as_str) != Some("function") {
-        return Err("`type` must be \"function\"".into());
-    }
-    if let Some(key) = object.keys().find(|k| *k != "type" && *k != "function") {
-        return Err(format!("unknown field `{key}`"));
-    }
-    let Some(function) = object.get("function").and_then(Value::as_object) else {
-        return Err("`function` must be an object with `name`".into());
-    };
-    if let Some(key) = function
-        .keys()
-        .find(|k| !["name", "description", "parameters", "strict"].contains(&k.as_str()))
-    {
-        return Err(format!("`function`: unknown field `{key}`"));
-    }
-    let name = function.get("name").and_then(Value::as_str).unwrap_or_default();
-    if name.is_empty() || name.len() > 64 || !name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_' || c == '-') {
-        return Err("`function.name` must be 1 to 64 letters, digits, underscores or dashes".into());
-    }
-    let description = match function.get("description") {
-        None | Some(Value::Null) => None,
-        Some(Value::String(text)) => Some(text.clone()),
-        Some(_) => return Err("`function.description` must be a string".into()),
-    };
-    let parameters = match function.get("parameters") {
-        None | Some(Value::Null) => serde_json::json!({"type": "object", "properties": {}}),
-        Some(schema @ Value::Object(_)) => schema.clone(),
-        Some(_) => return Err("`function.parameters` must be a JSON Schema object".into()),
-    };
-    Ok(Tool {
-        name: name.to_owned(),
-        description,
-        parameters,
-    })
-}
-
-/// An assistant message's `tool_calls`, in OpenAI's shape.
-fn parse_calls(calls: &Value, i: usize, errors: &mut Vec<String>) -> Vec<Call> {
-    let Some(list) = calls.as_array() else {
-        errors.push(format!("`messages[{i}].tool_calls` must be an array"));
-        return Vec::new();
-    };
-    let mut parsed = Vec::with_capacity(list.len());
-    for (j, call) in list.iter().enumerate() {
-        let function = call.get("function");
-        let name = function.and_then(|f| f.get("name")).and_then(Value::as_str);
-        let arguments = function.and_then(|f| f.get("arguments"));
-        let arguments = match arguments {
-            Some(Value::String(text)) => Some(text.clone()),
-            Some(object @ Value::Object(_)) => Some(object.to_string()),
-            None | Some(Value::Null) => Some("{}".to_owned()),
-            Some(_) => None,
-        };
-        match (name, arguments) {
-            (Some(name), Some(arguments)) if !name.contains('\0') && !arguments.contains('\0') => parsed.push(Call {
-                id: call.get("id").and_then(Value::as_str).unwrap_or_default().to_owned(),
-                name: name.to_owned(),
-                arguments,
-            }),
-            _ => errors.push(format!(
-                "`messages[{i}].tool_calls[{j}]` must be {{\"id\", \"type\": \"function\", \"function\": {{\"name\", \"arguments\"}}}}"
-            )),
-        }
-    }
-    parsed
-}
-
-fn parse_stop(stop: Option<&Value>, errors: &mut Vec<String>) -> Vec<String> {
-    const SHAPE: &str = "`stop` must be a non-empty string or an array of at most 4 non-empty strings";
-    match stop {
-        None => Vec::new(),
-        Some(Value::String(s)) if !s.is_empty() => vec![s.clone()],
-        Some(Value::Array(items))
-            if items.len() <= MAX_STOP_STRINGS
-                && items.iter().all(|item| item.as_str().is_some_and(|s| !s.is_empty())) =>
-        {
-            items.iter().filter_map(Value::as_str).map(str::to_owned).collect()
-        }
-        Some(_) => {
-            errors.push(SHAPE.into());
-            Vec::new()
-        }
-    }
-}
-
 #[cfg(test)]
-mod tests {
-    use serde_json::json;
-
-    use super::*;
-
-    fn parse(input: Value) -> Result<Params, String> {
-        Params::parse(&input, 2048)
-    }
-
-    #[test]
-    fn prompt_defaults() {
-        let params = parse(json!({"prompt": "hi"})).unwrap();
-        assert_eq!(
-            params,
-            Params {
-                prompt: Prompt::Chat(vec![Message {
-                    role: Role::User,
-                    content: "hi".into(),
-                    tool_calls: vec![],
-                }]),
-                max_tokens: None,
-                sampling: Sampling::default(),
-                stop: vec![],
-                ignore_eos: false,
-                n: 1,
-                logprobs: None,
-                grammar: None,
-                tools: None,
-            }
-        );
-    }
-
-    #[test]
-    fn all_fields() {
-        let params = parse(json!({
-            "prompt": "Once", "raw": true, "max_tokens": 7, "temperature": 0, "top_p": 0.5,
-            "top_k": 40, "stop": ["\n", "END"], "seed": u64::MAX
-        }))
-        .unwrap();
-        assert_eq!(params.prompt, Prompt::Raw("Once".into()));
-        assert_eq!(params.max_tokens, Some(7));
-        assert_eq!(
-            params.sampling,
-            Sampling {
-                temperature: 0.0,
-                top_p: 0.5,
-                top_k: 40,
-                seed: Some(u64::MAX),
-                ..Sampling::default()
-            }
-        );
-        assert!(params.sampling.is_greedy());
-        assert_eq!(params.stop, vec!["\n".to_owned(), "END".to_owned()]);
-        assert_eq!(
-            parse(json!({"prompt": "a", "stop": "x"})).unwrap().stop,
-            vec!["x".to_owned()]
-        );
-        assert!(parse(json!({"prompt": "a", "stop": []})).unwrap().stop.is_empty());
-        assert!(parse(json!({"prompt": "a", "ignore_eos": true})).unwrap().ignore_eos);
-        assert_eq!(
-            parse(json!({"prompt": "a", "ignore_eos": 1})).unwrap_err(),
-            "`ignore_eos` must be a boolean, got a number"
-        );
-        // null reads as absent
-        assert_eq!(
-            parse(json!({"prompt": "a", "seed": null, "stop": null, "max_tokens": null})).unwrap(),
-            parse(json!({"prompt": "a"})).unwrap()
-        );
-    }
-
-    #[test]
-    fn messages() {
-        let params = parse(json!({"messages": [
-            {"role": "system", "content": "Be brief."},
-            {"role": "user", "content": "Hi"},
-            {"role": "assistant", "content": "Hello"},
-            {"role": "user", "content": ""},
-        ]}))
-        .unwrap();
-        let Prompt::Chat(messages) = params.prompt else {
-            panic!("not a chat");
-        };
-        assert_eq!(
-            messages.iter().map(|m| m.role).collect::<Vec<_>>(),
-            [Role::System, Role::User, Role::Assistant, Role::User]
-        );
-        assert_eq!(messages[0].content, "Be brief.");
-    }
-
-    #[test]
-    fn every_problem_is_reported() {
-        let error = parse(json!({
-            "prompt": 3, "max_tokens": 0, "temperature": 2.5, "top_p": 0, "top_k": -1,
-            "stop": ["a", ""], "seed": -4, "raw": "yes", "extra": 1
-        }))
-        .unwrap_err();
-        let parts: Vec<&str> = error.split("; ").collect();
-        assert_eq!(parts.len(), 9, "{error}");
-        for needle in [
-            "unknown field `extra`",
-            "`raw` must be a boolean",
-            "`prompt` must be a string",
-            "`max_tokens` must be an integer from 1 to 2048",
-            "`temperature`",
-            "`top_p`",
-            "`top_k`",
-            "`seed`",
-            "`stop`",
-        ] {
-            assert!(error.contains(needle), "{needle} missing from {error}");
-        }
-    }
-
-    #[test]
-    fn bad_inputs() {
-        for (input, needle) in [
-            (json!("hello"), "must be a JSON object"),
-            (json!({}), "one of `prompt`"),
-            (json!({"prompt": "a", "messages": []}), "not both"),
-            (json!({"messages": []}), "must not be empty"),
-            (json!({"messages": "hi"}), "`messages` must be an array"),
-            (json!({"messages": [1]}), "`messages[0]` must be an object"),
-            (
-                json!({"messages": [{"role": "bot", "content": "x"}]}),
-                "`messages[0].role`",
-            ),
-            (json!({"messages": [{"role": "user"}]}), "`messages[0].content`"),
-            (
-                json!({"messages": [{"role": "user", "content": "x", "nam": "n"}]}),
-                "unknown field `nam`",
-            ),
-            (
-                json!({"messages": [{"role": "user", "content": "x"}], "raw": true}),
-                "`raw` applies only",
-            ),
-            (json!({"prompt": "a", "max_tokens": 2049}), "`max_tokens`"),
-            (json!({"prompt": "a", "max_tokens": 1.5}), "`max_tokens`"),
-            (json!({"prompt": "a", "temperature": "hot"}), "`temperature`"),
-            (json!({"prompt": "a", "top_p": 1.01}), "`top_p`"),
-            (json!({"prompt": "a", "top_k": 1u64 << 40}), "`top_k`"),
-            (json!({"prompt": "a", "stop": ["a", "b", "c", "d", "e"]}), "`stop`"),
-            (json!({"prompt": "a", "stop": ""}), "`stop`"),
-            (json!({"prompt": "a", "stop": [1]}), "`stop`"),
-            (json!({"prompt": "a", "seed": 1.5}), "`seed`"),
-            (json!({"prompt": "a\u{0}b"}), "`prompt` must not contain NUL"),
-            (
-                json!({"messages": [{"role": "user", "content": "a\u{0}"}]}),
-                "`messages[0].content` must not contain NUL",
-            ),
-        ] {
-            let error = parse(input.clone()).unwrap_err();
-            assert!(error.contains(needle), "{input}: {error}");
-        }
-    }
-
-    #[test]
-    fn openai_sampling_fields() {
-        let params = parse(json!({
-            "prompt": "a", "min_p": 0.05, "presence_penalty": 1.5, "frequency_penalty": -0.5,
-            "logit_bias": {"42": -100, "7": 3.5}, "n": 3, "logprobs": true, "top_logprobs": 2
-        }))
-        .unwrap();
-        assert_eq!(params.sampling.min_p, 0.05);
-        assert_eq!(params.sampling.presence_penalty, 1.5);
-        assert_eq!(params.sampling.frequency_penalty, -0.5);
-        let mut biases = params.sampling.logit_bias.clone();
-        biases.sort_by_key(|b| b.0);
-        assert_eq!(biases, [(7, 3.5), (42, -100.0)]);
-        assert_eq!((params.n, params.logprobs), (3, Some(2)));
-        assert_eq!(
-            parse(json!({"prompt": "a", "logprobs": true})).unwrap().logprobs,
-            Some(0)
-        );
-        assert_eq!(parse(json!({"prompt": "a", "logprobs": false})).unwrap().logprobs, None);
-        for (input, needle) in [
-            (json!({"prompt": "a", "n": 9}), "`n`"),
-            (json!({"prompt": "a", "n": 0}), "`n`"),
-            (json!({"prompt": "a", "min_p": 1.5}), "`min_p`"),
-            (json!({"prompt": "a", "presence_penalty": 2.5}), "`presence_penalty`"),
-            (json!({"prompt": "a", "frequency_penalty": "x"}), "`frequency_penalty`"),
-            (json!({"prompt": "a", "logit_bias": {"x": 1}}), "`logit_bias`"),
-            (json!({"prompt": "a", "logit_bias": {"1": 101}}), "`logit_bias.1`"),
-            (json!({"prompt": "a", "top_logprobs": 2}), "needs `logprobs: true`"),
-            (
-                json!({"prompt": "a", "logprobs": true, "top_logprobs": 21}),
-                "`top_logprobs`",
-            ),
-        ] {
-            let error = parse(input.clone()).unwrap_err();
-            assert!(error.contains(needle), "{input}: {error}");
-        }
-    }
-
-    #[test]
-    fn response_formats() {
-        assert!(
-            parse(json!({"prompt": "a", "response_format": {"type": "text"}}))
-                .unwrap()
-                .grammar
-                .is_none()
-        );
-        let object = parse(json!({"prompt": "a", "response_format": {"type": "json_object"}})).unwrap();
-        assert!(object.grammar.unwrap().text.starts_with("root ::= object"));
-        let schema = parse(json!({"prompt": "a", "response_format": {"type": "json_schema",
-            "json_schema": {"name": "x", "strict": true, "schema": {"type": "object",
-                "properties": {"a": {"type": "integer"}}, "required": ["a"]}}}}))
-        .unwrap();
-        assert!(schema.grammar.unwrap().trigger.is_none());
-        for (format, needle) in [
-            (json!("json"), "`response_format` must be an object"),
-            (json!({"type": "yaml"}), "`response_format.type`"),
-            (json!({"type": "json_schema"}), "`response_format.json_schema` must be"),
-            (
-                json!({"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "string", "pattern": "a+"}}}),
-                "`response_format.json_schema.schema` cannot be enforced: at /: the keyword `pattern`",
-            ),
-            (
-                json!({"type": "json_schema", "json_schema": {"name": "x", "shema": {}}}),
-                "unknown field `shema`",
-            ),
-        ] {
-            let error = parse(json!({"prompt": "a", "response_format": format})).unwrap_err();
-            assert!(error.contains(needle), "{format}: {error}");
-        }
-        let error =
-            parse(json!({"prompt": "a", "ignore_eos": true, "response_format": {"type": "json_object"}})).unwrap_err();
-        assert!(error.contains("`ignore_eos` cannot be combined"), "{error}");
-    }
-
-    #[test]
-    fn tools_and_tool_messages() {
-        let tools = json!([{"type": "function", "function": {"name": "get_weather", "description": "Weather",
-            "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"]}}}]);
-        let params = parse(json!({"messages": [
-            {"role": "user", "content": "Weather in Paris?"},
-            {"role": "assistant", "content": null, "tool_calls": [{"id": "call_1", "type": "function",
-                "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
-            {"role": "tool", "tool_call_id": "call_1", "content": "sunny"},
-        ], "tools": tools, "tool_choice": "required"}))
-        .unwrap();
-        let Prompt::Chat(messages) = &params.prompt else {
-            panic!("not a chat")
-        };
-        assert_eq!(messages[1].tool_calls[0].name, "get_weather");
-        assert_eq!(messages[2].role, Role::Tool);
-        assert_eq!(params.tools.as_ref().unwrap().choice, ToolChoice::Required);
-        assert!(params.grammar.as_ref().unwrap().trigger.is_none());
-        // auto is lazy; none offers nothing
-        let auto = parse(json!({"prompt": "a", "tools": tools})).unwrap();
-        assert_eq!(auto.grammar.unwrap().trigger.as_deref(), Some("<tool_call>"));
-        let none = parse(json!({"prompt": "a", "tools": tools, "tool_choice": "none"})).unwrap();
-        assert!(none.tools.is_none() && none.grammar.is_none());
-        let named = parse(json!({"prompt": "a", "tools": tools,
-            "tool_choice": {"type": "function", "function": {"name": "get_weather"}}}))
-        .unwrap();
-        assert_eq!(named.tools.unwrap().choice, ToolChoice::Named("get_weather".into()));
-        for (input, needle) in [
-            (
-                json!({"prompt": "a", "tools": tools, "tool_choice": {"type": "function", "function": {"name": "nope"}}}),
-                "not in `tools`",
-            ),
-            (
-                json!({"prompt": "a", "tool_choice": "required"}),
-                "`tool_choice` needs `tools`",
-            ),
-            (
-                json!({"prompt": "a", "tools": [{"type": "function", "function": {"name": "a b"}}]}),
-                "`tools[0]`",
-            ),
-            (
-                json!({"prompt": "a", "tools": [{"type": "function", "function": {"name": "f",
-                "parameters": {"type": "object", "properties": {"x": {"type": "string", "pattern": "x"}}}}}]}),
-                "`tools[0].function.parameters/properties/x`",
-            ),
-            (
-                json!({"prompt": "a", "raw": true, "tools": tools}),
-                "`tools` need a chat",
-            ),
-            (
-                json!({"messages": [{"role": "user", "content": "a", "tool_calls": []}]}),
-                "only assistant messages",
-            ),
-        ] {
-            let error = parse(input.clone()).unwrap_err();
-            assert!(error.contains(needle), "{input}: {error}");
-        }
-    }
-}
+mod tests;

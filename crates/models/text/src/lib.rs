@@ -32,8 +32,11 @@
 //! | `tools`, `tool_choice`, `parallel_tool_calls` | OpenAI's | | function calling (`tools.rs`); `messages` may hold `tool` results and assistant `tool_calls` |
 //!
 //! Exactly one of `prompt` and `messages` is required; other fields are
-//! rejected. `null` counts as absent. All problems are reported together in
-//! one `BadInput` message, separated by `"; "`.
+//! rejected. `null` counts as absent. The input is one typed struct
+//! (`input.rs`), which is also the model's input schema: every member's
+//! problem is reported together in one `BadInput` message, separated by
+//! `"; "` (`temperature: must be a number from 0 to 2 (got 5)`), and the
+//! rules between members once every member is well formed.
 //!
 //! # Output
 //!

@@ -27,9 +27,8 @@ impl ModelFactory for VideoFactory {
     type Settings = VideoSettings;
     type Model = VideoModel;
 
-    // The input schema is still the manifest entry's own (to be made from the input type).
-    fn input_schema(_entry: &ModelEntry) -> serde_json::Value {
-        serde_json::Value::Null
+    fn input_schema(entry: &ModelEntry) -> serde_json::Value {
+        crate::input::schema(entry)
     }
 
     fn accepts(entry: &ModelEntry) -> bool {

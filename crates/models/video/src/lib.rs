@@ -155,11 +155,11 @@ impl VideoModel {
                 .fetcher
                 .bytes(source, MAX_SOURCE_BYTES)
                 .await
-                .map_err(|e| JobError::bad_input(format!("images[{i}]: {e}")))?;
+                .map_err(|e| JobError::bad_input(format!("images.{i}: {e}")))?;
             let image = tokio::task::spawn_blocking(move || decode(&bytes))
                 .await
                 .map_err(|e| JobError::internal(format!("the image decoder stopped: {e}")))?
-                .map_err(|e| JobError::bad_input(format!("images[{i}]: {e}")))?;
+                .map_err(|e| JobError::bad_input(format!("images.{i}: {e}")))?;
             images.push(image);
         }
         Ok(images)
