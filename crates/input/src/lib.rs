@@ -3,7 +3,7 @@
 //! The management API's request bodies and the models' job inputs are both
 //! structs that derive `serde::Deserialize` (with `deny_unknown_fields` where
 //! unknown members are refused) and `utoipa::ToSchema`. The field types check
-//! their own rules while they are read ([`Between`], [`Chars`], [`NonEmpty`],
+//! their own rules while they are read ([`Between`], [`AtLeast`], [`Chars`], [`NonEmpty`],
 //! [`Items`], [`Real`], a serde enum), so the same type is at once:
 //! - the parser: [`read`] reports every failure of every member at once, each
 //!   with its place (`width`, `messages.0.role`);
@@ -23,7 +23,7 @@ pub use read::{Failure, describe, kind, present, present_object, read, sentence}
 pub use schema::schema_of;
 #[doc(hidden)]
 pub use utoipa as __utoipa;
-pub use value::{Between, Bounds, Chars, Items, NonEmpty, Real};
+pub use value::{AtLeast, Between, Bounds, Chars, Items, NonEmpty, Real};
 
 #[cfg(test)]
 mod tests;

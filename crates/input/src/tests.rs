@@ -2,7 +2,7 @@ use serde::Deserialize;
 use serde_json::{Value, json};
 use utoipa::ToSchema;
 
-use crate::{Between, Chars, Failure, Items, Real, read, schema_of, sentence};
+use crate::{AtLeast, Between, Chars, Failure, Items, Real, read, schema_of, sentence};
 
 crate::bounds! {
     Scale: 0.0..=2.0, above_min;
@@ -60,6 +60,8 @@ struct Inner {
 
 #[test]
 fn a_nested_member_that_breaks_its_rule_is_not_also_called_missing() {
+    let outer: Outer = read(json!({"inner": {"size": 2}, "note": "n"})).unwrap();
+    assert_eq!((outer.inner.size, outer.note.as_deref()), (Between(2), Some("n")));
     let failures = read::<Outer>(json!({"inner": {"size": 9}})).unwrap_err();
     assert_eq!(
         sentence(&failures),
@@ -169,4 +171,23 @@ fn the_schema_states_the_rules_the_reader_applies() {
         json!({"type": "array", "minItems": 1, "maxItems": 2, "items": {"type": "string", "maxLength": 3}})
     );
     assert_eq!(properties["parts"]["items"]["required"], json!(["name"]), "{whole}");
+}
+
+#[derive(Debug, Deserialize, ToSchema)]
+struct Steps {
+    #[schema(inline)]
+    steps: AtLeast<1>,
+}
+
+#[test]
+fn at_least_has_no_maximum_of_its_own() {
+    let steps: Steps = read(json!({"steps": 4000.0})).unwrap();
+    assert_eq!(steps.steps, AtLeast(4000));
+    let failures = read::<Steps>(json!({"steps": 0})).unwrap_err();
+    assert_eq!(sentence(&failures), "steps: must be an integer of at least 1 (got 0)");
+    let failures = read::<Steps>(json!({"steps": 1.5})).unwrap_err();
+    assert_eq!(sentence(&failures), "steps: must be an integer of at least 1 (got 1.5)");
+    let schema = schema_of::<Steps>();
+    assert_eq!(schema["properties"]["steps"]["minimum"], json!(1));
+    assert!(schema["properties"]["steps"].get("maximum").is_none(), "{schema}");
 }

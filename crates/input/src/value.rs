@@ -8,51 +8,60 @@ use utoipa::openapi::RefOr;
 use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, Schema, SchemaFormat, Type};
 use utoipa::{PartialSchema, ToSchema};
 
-/// An integer from `LOW` to `HIGH`. A number with no fractional part (`5.0`)
-/// is an integer, as JSON Schema counts it.
+/// Reads a whole number (a JSON number with no fractional part: `5.0` is an
+/// integer, as JSON Schema counts it) and checks it with `accept`, whose
+/// error is the failure's words.
+fn whole_number<'de, D: Deserializer<'de>>(
+    deserializer: D,
+    accept: impl Fn(u64) -> bool,
+    problem: impl Fn(&dyn fmt::Display) -> String,
+) -> Result<u64, D::Error> {
+    struct Whole<A, P>(A, P);
+    impl<A: Fn(u64) -> bool, P: Fn(&dyn fmt::Display) -> String> Visitor<'_> for Whole<A, P> {
+        type Value = u64;
+
+        fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("an integer")
+        }
+
+        fn visit_u64<E: de::Error>(self, n: u64) -> Result<u64, E> {
+            if (self.0)(n) {
+                Ok(n)
+            } else {
+                Err(E::custom((self.1)(&n)))
+            }
+        }
+
+        fn visit_i64<E: de::Error>(self, n: i64) -> Result<u64, E> {
+            match u64::try_from(n) {
+                Ok(n) => self.visit_u64(n),
+                Err(_) => Err(E::custom((self.1)(&n))),
+            }
+        }
+
+        fn visit_f64<E: de::Error>(self, n: f64) -> Result<u64, E> {
+            if n.fract() == 0.0 && n >= 0.0 && n <= u64::MAX as f64 {
+                self.visit_u64(n as u64)
+            } else {
+                Err(E::custom((self.1)(&n)))
+            }
+        }
+    }
+    deserializer.deserialize_any(Whole(accept, problem))
+}
+
+/// An integer from `LOW` to `HIGH`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
 pub struct Between<const LOW: u64, const HIGH: u64>(pub u64);
 
-impl<const LOW: u64, const HIGH: u64> Between<LOW, HIGH> {
-    fn problem(got: impl fmt::Display) -> String {
-        format!("must be an integer from {LOW} to {HIGH} (got {got})")
-    }
-}
-
 impl<'de, const LOW: u64, const HIGH: u64> Deserialize<'de> for Between<LOW, HIGH> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Integer<const LOW: u64, const HIGH: u64>;
-        impl<const LOW: u64, const HIGH: u64> Visitor<'_> for Integer<LOW, HIGH> {
-            type Value = Between<LOW, HIGH>;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                write!(f, "an integer from {LOW} to {HIGH}")
-            }
-
-            fn visit_u64<E: de::Error>(self, n: u64) -> Result<Self::Value, E> {
-                if (LOW..=HIGH).contains(&n) {
-                    Ok(Between(n))
-                } else {
-                    Err(E::custom(Between::<LOW, HIGH>::problem(n)))
-                }
-            }
-
-            fn visit_i64<E: de::Error>(self, n: i64) -> Result<Self::Value, E> {
-                match u64::try_from(n) {
-                    Ok(n) => self.visit_u64(n),
-                    Err(_) => Err(E::custom(Between::<LOW, HIGH>::problem(n))),
-                }
-            }
-
-            fn visit_f64<E: de::Error>(self, n: f64) -> Result<Self::Value, E> {
-                if n.fract() == 0.0 && n >= 0.0 && n <= u64::MAX as f64 {
-                    self.visit_u64(n as u64)
-                } else {
-                    Err(E::custom(Between::<LOW, HIGH>::problem(n)))
-                }
-            }
-        }
-        deserializer.deserialize_any(Integer::<LOW, HIGH>)
+        whole_number(
+            deserializer,
+            |n| (LOW..=HIGH).contains(&n),
+            |got| format!("must be an integer from {LOW} to {HIGH} (got {got})"),
+        )
+        .map(Self)
     }
 }
 
@@ -68,6 +77,34 @@ impl<const LOW: u64, const HIGH: u64> PartialSchema for Between<LOW, HIGH> {
 }
 
 impl<const LOW: u64, const HIGH: u64> ToSchema for Between<LOW, HIGH> {}
+
+/// An integer of at least `MIN`, with no maximum of its own (where the
+/// model decides the most, it checks it after reading).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct AtLeast<const MIN: u64>(pub u64);
+
+impl<'de, const MIN: u64> Deserialize<'de> for AtLeast<MIN> {
+    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        whole_number(
+            deserializer,
+            |n| n >= MIN,
+            |got| format!("must be an integer of at least {MIN} (got {got})"),
+        )
+        .map(Self)
+    }
+}
+
+impl<const MIN: u64> PartialSchema for AtLeast<MIN> {
+    fn schema() -> RefOr<Schema> {
+        ObjectBuilder::new()
+            .schema_type(Type::Integer)
+            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
+            .minimum(Some(MIN as f64))
+            .into()
+    }
+}
+
+impl<const MIN: u64> ToSchema for AtLeast<MIN> {}
 
 /// A string of at most `MAX` characters (Unicode scalar values, as JSON
 /// Schema's `maxLength` counts them).

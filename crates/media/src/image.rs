@@ -1,9 +1,9 @@
 //! Images out: 8-bit RGB pixels encoded as PNG, JPEG or lossless WebP, and
-//! the `output_format` of a job's input that picks one.
+//! the `output_format` of a job's input that picks one (`Format` reads
+//! itself from a job's input and states its schema).
 use std::io::Cursor;
 
 use image::ImageEncoder;
-use serde_json::Value;
 
 /// Encoding of the delivered images.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -13,33 +13,43 @@ pub enum Format {
     Webp,
 }
 
+/// The names `output_format` takes, in the order the schema lists them.
+const NAMES: [&str; 3] = ["png", "jpeg", "webp"];
+
+/// The `output_format` of a job's input: a name in any case, `jpg` for
+/// `jpeg`, as the image models have always read it.
+impl<'de> serde::Deserialize<'de> for Format {
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let name = String::deserialize(deserializer)?;
+        match name.to_ascii_lowercase().as_str() {
+            "png" => Ok(Format::Png),
+            "jpeg" | "jpg" => Ok(Format::Jpeg),
+            "webp" => Ok(Format::Webp),
+            _ => Err(serde::de::Error::custom(format!(
+                "must be one of {} (got '{name}')",
+                NAMES.join(", ")
+            ))),
+        }
+    }
+}
+
+impl utoipa::PartialSchema for Format {
+    fn schema() -> utoipa::openapi::RefOr<utoipa::openapi::schema::Schema> {
+        utoipa::openapi::schema::ObjectBuilder::new()
+            .schema_type(utoipa::openapi::schema::Type::String)
+            .enum_values(Some(NAMES))
+            .into()
+    }
+}
+
+impl utoipa::ToSchema for Format {}
+
 impl Format {
     pub fn name(self) -> &'static str {
         match self {
             Format::Png => "png",
             Format::Jpeg => "jpeg",
             Format::Webp => "webp",
-        }
-    }
-
-    /// The `output_format` of a job's input: PNG when absent; `None`, with
-    /// the reason in `errors`, when it names no format.
-    pub fn from_input(value: Option<&Value>, errors: &mut Vec<String>) -> Option<Format> {
-        match value {
-            None | Some(Value::Null) => Some(Format::Png),
-            Some(Value::String(f)) => match f.to_ascii_lowercase().as_str() {
-                "png" => Some(Format::Png),
-                "jpeg" | "jpg" => Some(Format::Jpeg),
-                "webp" => Some(Format::Webp),
-                _ => {
-                    errors.push(format!("output_format: one of png, jpeg, webp (got {f:?})"));
-                    None
-                }
-            },
-            Some(_) => {
-                errors.push("output_format: one of png, jpeg, webp".into());
-                None
-            }
         }
     }
 

@@ -3,16 +3,11 @@
 //! schema. What depends on the variant (the largest side, the most steps,
 //! guidance at all) is checked once the members are well formed, and filled
 //! into the schema of an entry from its `engine.variant`.
-use std::fmt;
-use std::marker::PhantomData;
 
-use gantry_input::{Between, Chars, Real};
+use gantry_input::{AtLeast, Between, Chars, Real};
 use serde::Deserialize;
-use serde::de::{self, Deserializer, Visitor};
 use serde_json::{Value, json};
-use utoipa::openapi::RefOr;
-use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, Schema, SchemaFormat, Type};
-use utoipa::{PartialSchema, ToSchema};
+use utoipa::ToSchema;
 
 pub use gantry_media::image::Format;
 
@@ -76,112 +71,8 @@ pub struct Input {
     /// any case.
     #[serde(default)]
     #[schema(inline, default = "png")]
-    pub output_format: Option<FormatName>,
+    pub output_format: Option<Format>,
 }
-
-/// An integer of at least `MIN` (a number with no fractional part, such as
-/// `512.0`, is an integer, as JSON Schema counts it); the most is the
-/// variant's, checked by [`parse`].
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct AtLeast<const MIN: u64>(pub u64);
-
-impl<'de, const MIN: u64> Deserialize<'de> for AtLeast<MIN> {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Integer<const MIN: u64>;
-        impl<const MIN: u64> Integer<MIN> {
-            fn problem<E: de::Error>(got: impl fmt::Display) -> E {
-                E::custom(format!("must be an integer of at least {MIN} (got {got})"))
-            }
-        }
-        impl<const MIN: u64> Visitor<'_> for Integer<MIN> {
-            type Value = AtLeast<MIN>;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                write!(f, "an integer of at least {MIN}")
-            }
-
-            fn visit_u64<E: de::Error>(self, n: u64) -> Result<Self::Value, E> {
-                if n >= MIN {
-                    Ok(AtLeast(n))
-                } else {
-                    Err(Self::problem(n))
-                }
-            }
-
-            fn visit_i64<E: de::Error>(self, n: i64) -> Result<Self::Value, E> {
-                match u64::try_from(n) {
-                    Ok(n) => self.visit_u64(n),
-                    Err(_) => Err(Self::problem(n)),
-                }
-            }
-
-            fn visit_f64<E: de::Error>(self, n: f64) -> Result<Self::Value, E> {
-                if n.fract() == 0.0 && n >= 0.0 && n <= u64::MAX as f64 {
-                    self.visit_u64(n as u64)
-                } else {
-                    Err(Self::problem(n))
-                }
-            }
-        }
-        deserializer.deserialize_any(Integer::<MIN>)
-    }
-}
-
-impl<const MIN: u64> PartialSchema for AtLeast<MIN> {
-    fn schema() -> RefOr<Schema> {
-        ObjectBuilder::new()
-            .schema_type(Type::Integer)
-            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
-            .minimum(Some(MIN))
-            .into()
-    }
-}
-
-impl<const MIN: u64> ToSchema for AtLeast<MIN> {}
-
-/// `output_format`: the name of a [`Format`], in any case (`jpg` is
-/// `jpeg`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct FormatName(pub Format);
-
-const FORMATS: [&str; 3] = ["png", "jpeg", "webp"];
-
-impl<'de> Deserialize<'de> for FormatName {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Name(PhantomData<FormatName>);
-        impl Visitor<'_> for Name {
-            type Value = FormatName;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                write!(f, "one of {}", FORMATS.join(", "))
-            }
-
-            fn visit_str<E: de::Error>(self, name: &str) -> Result<FormatName, E> {
-                match name.to_ascii_lowercase().as_str() {
-                    "png" => Ok(FormatName(Format::Png)),
-                    "jpeg" | "jpg" => Ok(FormatName(Format::Jpeg)),
-                    "webp" => Ok(FormatName(Format::Webp)),
-                    _ => Err(E::custom(format!(
-                        "must be one of {} (got '{name}')",
-                        FORMATS.join(", ")
-                    ))),
-                }
-            }
-        }
-        deserializer.deserialize_str(Name(PhantomData))
-    }
-}
-
-impl PartialSchema for FormatName {
-    fn schema() -> RefOr<Schema> {
-        ObjectBuilder::new()
-            .schema_type(Type::String)
-            .enum_values(Some(FORMATS))
-            .into()
-    }
-}
-
-impl ToSchema for FormatName {}
 
 /// What a variant accepts.
 #[derive(Debug, Clone, Copy, PartialEq)]
@@ -329,7 +220,7 @@ pub fn parse(input: &Value, variant: Variant) -> Result<Request, String> {
         seed: input.seed.map(|Between(seed)| seed),
         steps,
         guidance_scale,
-        format: input.output_format.map_or(Format::Png, |FormatName(format)| format),
+        format: input.output_format.unwrap_or(Format::Png),
     })
 }
 
@@ -405,7 +296,7 @@ mod tests {
             ),
             [
                 "negative_prompt: must be a string, not a number",
-                "output_format: must be one of png, jpeg, webp, not a number",
+                "output_format: must be a string, not a number",
                 "prompt: must be a string of at most 2000 characters (got 2001)",
             ]
         );

@@ -2,14 +2,14 @@
 //! failure reported at once, before any work) and the model's input schema.
 //! The rules that need the loaded model (its vocabulary, its vectors'
 //! length) are checked once the members are well formed.
-use std::fmt;
 
+use gantry_input::AtLeast;
 use gantry_worker_sdk::factory::ModelEntry;
-use serde::de::{self, Deserializer, Visitor};
+use serde::de::{self, Deserializer};
 use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use utoipa::openapi::RefOr;
-use utoipa::openapi::schema::{AnyOfBuilder, ArrayBuilder, KnownFormat, ObjectBuilder, Schema, SchemaFormat, Type};
+use utoipa::openapi::schema::{AnyOfBuilder, ArrayBuilder, ObjectBuilder, Schema, Type};
 use utoipa::{PartialSchema, ToSchema};
 
 /// Most inputs one request may embed.
@@ -38,7 +38,7 @@ pub struct Input {
     /// Only the model's own length is accepted; vectors cannot be shortened.
     #[serde(default)]
     #[schema(inline)]
-    pub dimensions: Option<Positive>,
+    pub dimensions: Option<AtLeast<1>>,
     /// Cut inputs longer than the model reads to that length; false refuses
     /// them instead.
     #[serde(default)]
@@ -175,60 +175,6 @@ impl PartialSchema for Given {
 
 impl ToSchema for Given {}
 
-/// An integer of at least 1 (a number with no fractional part, such as
-/// `384.0`, is an integer, as JSON Schema counts it).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Positive(pub u64);
-
-impl<'de> Deserialize<'de> for Positive {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        struct Integer;
-        impl Visitor<'_> for Integer {
-            type Value = Positive;
-
-            fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-                f.write_str("a positive integer")
-            }
-
-            fn visit_u64<E: de::Error>(self, n: u64) -> Result<Positive, E> {
-                if n >= 1 {
-                    Ok(Positive(n))
-                } else {
-                    Err(E::custom(format!("must be a positive integer (got {n})")))
-                }
-            }
-
-            fn visit_i64<E: de::Error>(self, n: i64) -> Result<Positive, E> {
-                match u64::try_from(n) {
-                    Ok(n) => self.visit_u64(n),
-                    Err(_) => Err(E::custom(format!("must be a positive integer (got {n})"))),
-                }
-            }
-
-            fn visit_f64<E: de::Error>(self, n: f64) -> Result<Positive, E> {
-                if n.fract() == 0.0 && n >= 0.0 && n <= u64::MAX as f64 {
-                    self.visit_u64(n as u64)
-                } else {
-                    Err(E::custom(format!("must be a positive integer (got {n})")))
-                }
-            }
-        }
-        deserializer.deserialize_any(Integer)
-    }
-}
-
-impl PartialSchema for Positive {
-    fn schema() -> RefOr<Schema> {
-        ObjectBuilder::new()
-            .schema_type(Type::Integer)
-            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
-            .minimum(Some(1))
-            .into()
-    }
-}
-
-impl ToSchema for Positive {}
-
 /// How vectors are written in the output.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize, ToSchema)]
 #[serde(rename_all = "lowercase")]
@@ -312,7 +258,7 @@ pub fn parse(input: &Value, dimensions: usize, vocab_size: usize) -> Result<Requ
         }
         Given::Tokens(lists) => Inputs::Tokens(token_ids(&lists, vocab_size, &mut errors)),
     };
-    if let Some(Positive(asked)) = input.dimensions
+    if let Some(AtLeast(asked)) = input.dimensions
         && asked != dimensions as u64
     {
         errors.push(format!(
@@ -407,7 +353,7 @@ mod tests {
         assert_eq!(
             found,
             [
-                "dimensions: must be a positive integer (got 0)",
+                "dimensions: must be an integer of at least 1 (got 0)",
                 "encoding_format: must be one of float, base64 (got 'int8')",
                 "extra: unknown property",
                 "model: must be a string, not a number",
@@ -444,7 +390,7 @@ mod tests {
             ),
             (
                 json!({"input": "x", "dimensions": -3}),
-                "dimensions: must be a positive integer (got -3)",
+                "dimensions: must be an integer of at least 1 (got -3)",
             ),
             (json!("text"), "must be a JSON object, not a string"),
             (json!({"input": "x", "encoding_format": 1}), "encoding_format: must be"),

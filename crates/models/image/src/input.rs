@@ -6,13 +6,13 @@
 //! input once its members are well formed, and filled into the schema of
 //! each manifest entry ([`schema`]).
 
-use gantry_input::{Between, Chars};
+use gantry_input::{AtLeast, Between, Chars};
 use gantry_manifest::ModelEntry;
+use serde::Deserialize;
 use serde::de::{self, Deserializer, IgnoredAny};
-use serde::{Deserialize, Serialize};
 use serde_json::{Value, json};
 use utoipa::openapi::RefOr;
-use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, Schema, SchemaFormat, Type};
+use utoipa::openapi::schema::{ObjectBuilder, Schema, Type};
 use utoipa::{PartialSchema, ToSchema};
 
 /// Smallest and largest side of a delivered image.
@@ -40,7 +40,7 @@ pub struct Input {
     /// The difficulty asked for, for a model conditioned on one.
     #[serde(default)]
     #[schema(inline)]
-    pub difficulty: Option<Natural>,
+    pub difficulty: Option<AtLeast<0>>,
     /// Not supported (the model has no text guidance to steer away from a
     /// prompt): only an empty or blank string is accepted.
     #[serde(default)]
@@ -63,7 +63,7 @@ pub struct Input {
     /// random (and returned) when absent.
     #[serde(default)]
     #[schema(inline)]
-    pub seed: Option<Natural>,
+    pub seed: Option<AtLeast<0>>,
     /// The model draws in one step; only 1 is accepted.
     #[serde(default)]
     #[schema(inline)]
@@ -71,44 +71,12 @@ pub struct Input {
     /// PNG, JPEG (quality 90) or lossless WebP (any case; `jpg` is jpeg).
     #[serde(default)]
     #[schema(default = "png")]
-    pub output_format: Option<OutputFormat>,
+    pub output_format: Option<Format>,
     /// Refused with the reason (the model has no classifier-free guidance).
     #[serde(default)]
     #[schema(ignore)]
     pub guidance_scale: Option<NoGuidance>,
 }
-
-/// A non-negative integer, also when written as a number with no fraction
-/// (`512.0`, below 2^53).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Natural(pub u64);
-
-impl<'de> Deserialize<'de> for Natural {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let value = Value::deserialize(deserializer)?;
-        let whole = value.as_u64().or_else(|| {
-            value
-                .as_f64()
-                .filter(|f| f.fract() == 0.0 && *f >= 0.0 && *f < 2f64.powi(53))
-                .map(|f| f as u64)
-        });
-        whole
-            .map(Self)
-            .ok_or_else(|| de::Error::custom(format!("must be a non-negative integer (got {value})")))
-    }
-}
-
-impl PartialSchema for Natural {
-    fn schema() -> RefOr<Schema> {
-        ObjectBuilder::new()
-            .schema_type(Type::Integer)
-            .format(Some(SchemaFormat::KnownFormat(KnownFormat::Int64)))
-            .minimum(Some(0))
-            .into()
-    }
-}
-
-impl ToSchema for Natural {}
 
 /// A string with nothing but white space in it: a negative prompt the model
 /// can ignore.
@@ -145,8 +113,8 @@ pub struct OneStep;
 
 impl<'de> Deserialize<'de> for OneStep {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        match Natural::deserialize(deserializer) {
-            Ok(Natural(1)) => Ok(Self),
+        match AtLeast::<0>::deserialize(deserializer) {
+            Ok(AtLeast(1)) => Ok(Self),
             _ => Err(de::Error::custom(
                 "this model generates in one step; only 1 is accepted",
             )),
@@ -176,40 +144,6 @@ impl<'de> Deserialize<'de> for NoGuidance {
         Err(de::Error::custom(
             "this model is conditioned directly; it has no classifier-free guidance",
         ))
-    }
-}
-
-/// The encodings of the delivered images. Read in any case, with `jpg` for
-/// `jpeg`, as the models always have.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, ToSchema)]
-#[serde(rename_all = "lowercase")]
-pub enum OutputFormat {
-    Png,
-    Jpeg,
-    Webp,
-}
-
-impl<'de> Deserialize<'de> for OutputFormat {
-    fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        let name = String::deserialize(deserializer)?;
-        match name.to_ascii_lowercase().as_str() {
-            "png" => Ok(Self::Png),
-            "jpeg" | "jpg" => Ok(Self::Jpeg),
-            "webp" => Ok(Self::Webp),
-            _ => Err(de::Error::custom(format!(
-                "must be one of png, jpeg, webp (got '{name}')"
-            ))),
-        }
-    }
-}
-
-impl From<OutputFormat> for Format {
-    fn from(format: OutputFormat) -> Self {
-        match format {
-            OutputFormat::Png => Format::Png,
-            OutputFormat::Jpeg => Format::Jpeg,
-            OutputFormat::Webp => Format::Webp,
-        }
     }
 }
 
@@ -263,7 +197,7 @@ pub fn parse(input: &Value, model: &Abilities<'_>) -> Result<Request, String> {
             errors.push("difficulty: unknown property".into());
             None
         }
-        Some(Natural(d)) => match u32::try_from(d).ok().filter(|d| (1..=levels).contains(d)) {
+        Some(AtLeast(d)) => match u32::try_from(d).ok().filter(|d| (1..=levels).contains(d)) {
             Some(d) => Some(d),
             None => {
                 errors.push(format!("difficulty: must be an integer from 1 to {levels} (got {d})"));
@@ -306,7 +240,7 @@ pub fn parse(input: &Value, model: &Abilities<'_>) -> Result<Request, String> {
         side: u32::try_from(width).unwrap_or(u32::MAX),
         num_images: input.num_images.map_or(1, |n| n.0 as usize),
         seed: input.seed.map(|s| s.0),
-        format: input.output_format.map_or(Format::Png, Format::from),
+        format: input.output_format.unwrap_or(Format::Png),
         label,
         difficulty,
     })
@@ -517,7 +451,7 @@ mod tests {
             "width: must be an integer from 16 to 1024 (got 8)",
             "height: must be an integer from 16 to 1024 (got 2000)",
             "num_images: must be an integer from 1 to 8 (got 0)",
-            "seed: must be a non-negative integer (got -1)",
+            "seed: must be an integer of at least 0 (got -1)",
             "output_format: must be one of png, jpeg, webp (got 'gif')",
             "guidance_scale: this model is conditioned directly; it has no classifier-free guidance",
             "num_inference_steps: this model generates in one step; only 1 is accepted",
@@ -585,7 +519,7 @@ mod tests {
         assert!(
             parse(&json!({"difficulty": "hard"}), &terrain)
                 .unwrap_err()
-                .starts_with("difficulty: must be a non-negative integer")
+                .starts_with("difficulty: must be an integer, not a string")
         );
         assert_eq!(
             parse(&json!({"difficulty": 35}), &FACES).unwrap_err(),
