@@ -5,7 +5,7 @@
 
 use std::collections::{HashMap, HashSet};
 
-use gantry_dispatch::{AssignError, Assignment, Health};
+use gantry_dispatch::{AssignError, Assignment};
 use sea_orm::DbErr;
 
 use gantry_jobs::Handed;
@@ -14,20 +14,17 @@ use gantry_jobs::entity::job;
 use gantry_jobs::now_ms;
 use gantry_jobs::transition::plan::{Plan, Store};
 
+use super::demand::Placed;
 use super::{Core, Running, system_time};
 
 impl Core {
     /// Claims and assigns queued jobs for every model marked for filling, as
     /// long as its workers have free slots.
     pub(super) async fn fill(&mut self) {
-        if !self.ready.is_empty() {
+        if self.demand.has_ready() {
             self.assign_ready();
         }
-        if self.to_fill.is_empty() {
-            return;
-        }
-        let models: Vec<String> = self.to_fill.drain().collect();
-        for model in models {
+        for model in self.demand.take_wanted() {
             if let Err(error) = self.fill_model(&model).await {
                 tracing::warn!(%model, %error, "claiming jobs failed");
             }
@@ -65,7 +62,7 @@ impl Core {
         }
         let batch = u64::from(self.store.config().claim_batch.max(1));
         let ahead = u64::from(self.store.config().claim_ahead);
-        let ready = self.ready.get(model).map_or(0, |queue| queue.len() as u64);
+        let ready = self.demand.ready_count(model);
         free.saturating_add(ahead)
             .saturating_sub(ready)
             .min(batch.saturating_mul(2))
@@ -89,42 +86,38 @@ impl Core {
         let cancels = self.parts.wakeups.take_cancels();
         self.apply_cancels(cancels);
         let Core {
-            ready,
+            demand,
             running,
             dispatcher,
             pending_workers,
             ..
         } = self;
-        for queue in ready.values_mut() {
-            while let Some(next) = queue.front() {
-                // Cancelled, expired or timed out meanwhile: drop it.
-                let waiting = running
-                    .get(&next.job_id)
-                    .is_some_and(|r| !r.assigned && i64::from(r.attempt) == i64::from(next.attempt));
-                if !waiting {
-                    queue.pop_front();
-                    continue;
+        demand.assign_ready(|next| {
+            // Cancelled, expired or timed out meanwhile: drop it.
+            let waiting = running
+                .get(&next.job_id)
+                .is_some_and(|r| !r.assigned && i64::from(r.attempt) == i64::from(next.attempt));
+            if !waiting {
+                return Placed::Gone;
+            }
+            match dispatcher.assign(next.clone()) {
+                Ok(worker_id) => {
+                    if let Some(r) = running.get_mut(&next.job_id) {
+                        r.assigned = true;
+                    }
+                    pending_workers.insert(next.job_id.clone(), worker_id);
+                    Placed::Gone
                 }
-                match dispatcher.assign(next.clone()) {
-                    Ok(worker_id) => {
-                        if let Some(r) = running.get_mut(&next.job_id) {
-                            r.assigned = true;
-                        }
-                        pending_workers.insert(next.job_id.clone(), worker_id);
-                        queue.pop_front();
-                    }
-                    Err(AssignError::NoCapacity { .. }) => break,
-                    Err(AssignError::AlreadyRunning { .. }) => {
-                        // A stale attempt still runs there: stop it; this
-                        // attempt's lease lapses and a sweep requeues it.
-                        dispatcher.cancel(&next.job_id, "superseded by a newer attempt");
-                        running.remove(&next.job_id);
-                        queue.pop_front();
-                    }
+                Err(AssignError::NoCapacity { .. }) => Placed::NoRoom,
+                Err(AssignError::AlreadyRunning { .. }) => {
+                    // A stale attempt still runs there: stop it; this
+                    // attempt's lease lapses and a sweep requeues it.
+                    dispatcher.cancel(&next.job_id, "superseded by a newer attempt");
+                    running.remove(&next.job_id);
+                    Placed::Gone
                 }
             }
-        }
-        ready.retain(|_, queue| !queue.is_empty());
+        });
     }
 
     /// Assigns just-claimed jobs of `model` (`want` were asked for) to workers.
@@ -135,12 +128,9 @@ impl Core {
         if !self.assign(rows).await? {
             return Ok(false);
         }
-        if claimed < want {
-            self.drained.insert(model.to_string());
-            return Ok(false);
-        }
-        self.drained.remove(model);
-        Ok(true)
+        let empty = claimed < want;
+        self.demand.claimed(model, empty);
+        Ok(!empty)
     }
 
     /// Places jobs that submits handed to this instance (written claimed by
@@ -152,7 +142,7 @@ impl Core {
             // Some went back to the queue: claim them when a slot frees.
             Ok(false) => {
                 for model in models {
-                    self.drained.remove(&model);
+                    self.demand.put_back(&model);
                 }
             }
             Err(error) => tracing::warn!(%error, "assigning handed-over jobs failed"),
@@ -166,9 +156,7 @@ impl Core {
         let free = health
             .models
             .into_iter()
-            .filter(|(model, health)| {
-                health.free_slots > 0 && self.drained.contains(model) && !self.ready.contains_key(model)
-            })
+            .filter(|(model, health)| health.free_slots > 0 && self.demand.lane_may_take(model))
             .map(|(model, health)| (model, health.free_slots));
         self.parts.lane.set_credits(&self.instance, free);
     }
@@ -212,7 +200,7 @@ impl Core {
                 }
                 // Kept claimed for the next free slot (see `claim_ahead`).
                 Err(AssignError::NoCapacity { model }) if let Some(retry) = retry => {
-                    self.ready.entry(model).or_default().push_back(retry);
+                    self.demand.keep_ready(model, retry);
                     false
                 }
                 Err(error) => {
@@ -353,7 +341,7 @@ impl Core {
             let row = plan.released(row, false);
             plan.stores.push(Store { row, charge: None });
         }
-        self.ready.clear();
+        self.demand.clear_ready();
         if !plan.is_empty() {
             self.run_plan(plan).await?;
             self.parts.lane.stored(&written);
@@ -368,15 +356,6 @@ impl Core {
 }
 
 impl Core {
-    /// Marks every model with free slots for a claim.
-    pub(super) fn fill_all_with_free_slots(&mut self, health: &Health) {
-        for (model, health) in &health.models {
-            if health.free_slots > 0 {
-                self.to_fill.insert(model.clone());
-            }
-        }
-    }
-
     /// Writes the worker ids of running jobs (one statement per worker).
     pub(super) async fn flush_workers(&mut self) -> Result<(), DbErr> {
         if self.pending_workers.is_empty() {

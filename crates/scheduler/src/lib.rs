@@ -6,19 +6,20 @@
 //! leases, timeouts and expired jobs, on the store of `gantry-jobs`.
 //!
 //! This file holds the loop (`Core::run`) and its state; each of its duties
-//! is a file of its own: `assign.rs` (claim and assign), `settle.rs` (settle
+//! is a file of its own: `assign.rs` (claim and assign, with its view of the
+//! queues in `demand.rs`), `settle.rs` (settle
 //! reported events), `sweep.rs` (leases, timeouts, requeues, expiry) and
 //! `worker_presence.rs` (which workers and GPUs this instance has). Webhook
 //! deliveries are `gantry-webhooks`' outbox, driven from the loop.
 
-use std::collections::{HashMap, HashSet, VecDeque};
+use std::collections::{HashMap, HashSet};
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use gantry_catalog::ModelCatalog;
-use gantry_dispatch::{Assignment, Dispatcher, Event};
+use gantry_dispatch::{Dispatcher, Event};
 use rand::RngExt;
 use sea_orm::{DatabaseConnection, DbErr};
 use tokio::sync::{mpsc, oneshot};
@@ -36,6 +37,7 @@ use gantry_webhooks as webhooks;
 pub use gantry_webhooks::WebhookConfig;
 
 mod assign;
+mod demand;
 mod file_sweep;
 mod settle;
 mod sweep;
@@ -99,13 +101,10 @@ impl Scheduler {
             instance: instance_id.clone(),
             running: HashMap::new(),
             pending_workers: HashMap::new(),
-            to_fill: HashSet::new(),
-            drained: HashSet::new(),
-            signalled_in_flight: HashSet::new(),
+            demand: demand::Demand::default(),
             webhooks,
             presence,
             fast_lane: false,
-            ready: HashMap::new(),
             statistics: sweep::Statistics::new(),
             rechecks: HashSet::new(),
         };
@@ -220,22 +219,14 @@ struct Core {
     /// Worker ids not yet written to their job rows (written at the next sweep,
     /// unless the job settles first and writes it itself).
     pending_workers: HashMap<String, String>,
-    to_fill: HashSet<String>,
-    /// Models whose last claim found the queue empty: a freed slot alone does
-    /// not trigger a claim for them (a submit, a requeue or a sweep does).
-    drained: HashSet<String>,
-    /// Models whose queue was signalled while a settlement (and its claims)
-    /// was being committed: that claim may have missed the new jobs, so its
-    /// finding an empty queue must not drop them (see `finish_settlement`).
-    signalled_in_flight: HashSet<String>,
+    /// The claim duty's view of the queues (`demand.rs`): models to claim
+    /// for, those found empty, jobs claimed ahead of free slots.
+    demand: demand::Demand,
     webhooks: webhooks::Deliveries,
     /// The presence duty (`worker_presence.rs`), with its own state.
     presence: worker_presence::Presence,
     /// Whether this instance has the process's fast lane (see `store::Lane`).
     fast_lane: bool,
-    /// Jobs claimed ahead of free slots, per model, oldest first (see
-    /// `SchedulerConfig::claim_ahead`). Also in `running`, not assigned.
-    ready: HashMap<String, VecDeque<Assignment>>,
     /// When PostgreSQL's statistics of `jobs` are refreshed (`sweep.rs`).
     statistics: sweep::Statistics,
     /// Running jobs another process signalled cancelled: their rows are
@@ -306,17 +297,10 @@ impl Core {
                     }
                     let pending = wakeups.take();
                     if pending.refill_all {
-                        self.fill_all_with_free_slots(&self.dispatcher.health());
-                        if flight.is_some() {
-                            self.signalled_in_flight.extend(self.to_fill.iter().cloned());
-                        }
+                        self.demand.all_with_free_slots(&self.dispatcher.health(), flight.is_some());
                     }
                     for model in pending.models {
-                        self.drained.remove(&model);
-                        if flight.is_some() {
-                            self.signalled_in_flight.insert(model.clone());
-                        }
-                        self.to_fill.insert(model);
+                        self.demand.signalled(model, flight.is_some());
                     }
                     self.apply_cancels(pending.cancels);
                     self.rechecks.extend(

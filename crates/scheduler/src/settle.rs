@@ -22,9 +22,9 @@ impl Core {
     /// Applies a batch of events in one transaction (retried a few times on a
     /// database error). Completion and charge of a job commit together.
     pub(super) fn start_settlement(&mut self, batch: Vec<Event>) -> InFlight {
-        self.signalled_in_flight.clear();
+        self.demand.settlement_started();
         // Freed slots take jobs kept ready before anything is written.
-        if !self.ready.is_empty() {
+        if self.demand.has_ready() {
             self.assign_ready();
         }
         let (outcome, plan) = self.plan_settlement(&batch);
@@ -160,49 +160,36 @@ impl Core {
         for model in outcome.refill {
             // Requeued: another process's scheduler may have a free slot first.
             self.parts.outcomes.signal(Signal::Queued(model.clone()));
-            self.drained.remove(&model);
-            self.to_fill.insert(model);
+            self.demand.queued(model);
         }
         self.publish(&outcome.finals, |row| row.sync || streamed.contains(&row.id));
         for event in batch {
-            if let Event::CapacityAvailable { model } = event
-                && !self.drained.contains(&model)
-            {
-                self.to_fill.insert(model);
+            if let Event::CapacityAvailable { model } = event {
+                self.demand.slot_freed(model);
             }
         }
         // Place what the transaction claimed; a model whose queue may hold
         // more stays marked for filling.
         for (model, want, rows) in outcome.claims {
             match self.place(&model, want, rows).await {
-                Ok(true) => {}
-                Ok(false) => {
-                    self.to_fill.remove(&model);
-                }
+                Ok(more) => self.demand.settled_claim(&model, more),
                 Err(error) => tracing::warn!(%model, %error, "assigning claimed jobs failed"),
             }
         }
         // Jobs queued while the claim was being committed may not have been
         // seen by it: claim again rather than wait for a sweep.
-        for model in std::mem::take(&mut self.signalled_in_flight) {
-            self.drained.remove(&model);
-            self.to_fill.insert(model);
-        }
+        self.demand.settlement_finished();
     }
 
     /// Models to claim for in the settlement transaction of `batch`: those
     /// marked for filling, those whose slots it freed (unless their queue was
     /// found empty), and those it requeues jobs of.
     pub(super) fn claim_models(&self, batch: &[Event], refill: &HashSet<String>) -> Vec<String> {
-        let mut models: Vec<String> = self.to_fill.iter().cloned().collect();
-        for event in batch {
-            if let Event::CapacityAvailable { model } = event
-                && !self.drained.contains(model)
-                && !models.contains(model)
-            {
-                models.push(model.clone());
-            }
-        }
+        let freed = batch.iter().filter_map(|event| match event {
+            Event::CapacityAvailable { model } => Some(model),
+            _ => None,
+        });
+        let mut models = self.demand.claim_models(freed);
         for model in refill {
             if !models.contains(model) {
                 models.push(model.clone());

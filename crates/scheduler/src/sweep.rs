@@ -36,7 +36,7 @@ impl Core {
         // claim is the fallback that keeps a queued job from waiting for
         // a wake-up that may never come.
         let health = self.dispatcher.health();
-        self.fill_all_with_free_slots(&health);
+        self.demand.all_with_free_slots(&health, false);
         result
     }
 
@@ -147,8 +147,7 @@ impl Core {
                 self.pending_workers.remove(&row.id);
                 self.dispatcher.cancel(&row.id, "lease lapsed");
             }
-            self.drained.remove(&row.model);
-            self.to_fill.insert(row.model.clone());
+            self.demand.queued(row.model.clone());
             if row.status == JobStatus::InQueue.as_str() && requeued.insert(row.model.as_str()) {
                 self.parts.outcomes.signal(Signal::Queued(row.model.clone()));
             }

@@ -127,3 +127,79 @@ async fn the_public_listener_documents_its_own_routes() {
     let cancel = &doc["paths"]["/v2/{model_id}/cancel/{job_id}"]["post"];
     assert!(cancel["responses"].get("413").is_none(), "no body, no body errors");
 }
+
+/// Every model's input schema as served (made from its family's input type)
+/// is a valid JSON Schema (draft 2020-12, which OpenAPI 3.1 uses), inputs the
+/// models take are valid against it, and an unknown member is not (except
+/// for echo, which takes any object). Checked by the `jsonschema` package, an
+/// implementation independent of ours.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_models_input_schema_is_a_valid_json_schema() {
+    let app = TestApp::spawn(Backend::Sqlite).await;
+    let doc: Value = app
+        .client
+        .get(format!("{}/v2/openapi.json", app.public_base))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    let schemas: serde_json::Map<String, Value> = doc["components"]["schemas"]
+        .as_object()
+        .unwrap()
+        .iter()
+        .filter(|(name, _)| name.starts_with("ModelInput."))
+        .map(|(name, schema)| (name.clone(), schema.clone()))
+        .collect();
+    assert!(schemas.len() >= 12, "{:?}", schemas.keys());
+    let accepted = serde_json::json!({
+        "ModelInput.gantry-echo": [{"anything": [1, 2]}, {"stream": 3, "file": {"text": "a"}}],
+        "ModelInput.smollm2-135m-instruct": [
+            {"prompt": "Hi", "max_tokens": 8, "temperature": 0},
+            {"messages": [{"role": "user", "content": "Hi"}], "stop": ["\n"], "response_format": {"type": "json_object"}}
+        ],
+        "ModelInput.gemma-3-270m-it": [{"messages": [{"role": "user", "content": "Hi"}], "max_tokens": 20000}],
+        "ModelInput.all-minilm-l6-v2": [{"input": "a"}, {"input": ["a", "b"], "encoding_format": "base64"}],
+        "ModelInput.kokoro-hibari": [{"prompt": "Hello.", "voice": "heart", "format": "ogg"}],
+        "ModelInput.piper-en-us-joe": [{"prompt": "Hello.", "speed": 1.5}],
+        "ModelInput.whisper-tiny-en": [{"audio_url": "https://example.com/a.wav", "language": "en"}],
+        "ModelInput.dcgan-faces-64": [{"num_images": 2, "seed": 7, "output_format": "jpeg"}],
+        "ModelInput.eyes-128": [{"prompt": "green eyes"}],
+        "ModelInput.terrain-128": [{"difficulty": 3}],
+        "ModelInput.interpolate-video": [{"images": ["https://example.com/a.png", "https://example.com/b.png"], "fps": 24}],
+    });
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("schemas.json");
+    let input = serde_json::json!({"schemas": schemas, "accepted": accepted});
+    std::fs::write(&path, input.to_string()).unwrap();
+    let script = r#"
+import json, sys
+from jsonschema import Draft202012Validator
+data = json.load(open(sys.argv[1]))
+for name, schema in data["schemas"].items():
+    Draft202012Validator.check_schema(schema)
+    validator = Draft202012Validator(schema)
+    for sample in data["accepted"].get(name, []):
+        errors = [e.message for e in validator.iter_errors(sample)]
+        assert not errors, (name, sample, errors)
+    unknown = {"no_such_member_anywhere": 1}
+    if name != "ModelInput.gantry-echo":
+        assert not validator.is_valid(unknown), (name, "takes an unknown member")
+    assert not validator.is_valid("not an object"), name
+print("checked", len(data["schemas"]))
+"#;
+    let output = std::process::Command::new("python3")
+        .arg("-c")
+        .arg(script)
+        .arg(&path)
+        .output()
+        .expect("python3 runs");
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    assert!(
+        output.status.success(),
+        "needs `pip install jsonschema`:\n{stdout}\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    assert!(stdout.starts_with("checked"), "{stdout}");
+}
