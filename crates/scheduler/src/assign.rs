@@ -3,7 +3,7 @@
 //! the fast lane, writing them when they run too long unwritten, and putting back what could
 //! not be assigned.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 
 use gantry_dispatch::{AssignError, Assignment};
 use sea_orm::DbErr;
@@ -15,7 +15,8 @@ use gantry_jobs::now_ms;
 use gantry_jobs::transition::plan::{Plan, Store};
 
 use super::demand::Placed;
-use super::{Core, Running, system_time};
+use super::held::Running;
+use super::{Core, system_time};
 
 impl Core {
     /// Claims and assigns queued jobs for every model marked for filling, as
@@ -72,8 +73,7 @@ impl Core {
     /// handed out) or cancelled on their workers.
     pub(super) fn apply_cancels(&mut self, cancels: Vec<String>) {
         for job_id in cancels {
-            if self.running.remove(&job_id).is_some() {
-                self.pending_workers.remove(&job_id);
+            if self.held.release(&job_id).is_some() {
                 self.dispatcher.cancel(&job_id, "cancelled");
             }
         }
@@ -87,14 +87,13 @@ impl Core {
         self.apply_cancels(cancels);
         let Core {
             demand,
-            running,
+            held,
             dispatcher,
-            pending_workers,
             ..
         } = self;
         demand.assign_ready(|next| {
             // Cancelled, expired or timed out meanwhile: drop it.
-            let waiting = running
+            let waiting = held
                 .get(&next.job_id)
                 .is_some_and(|r| !r.assigned && i64::from(r.attempt) == i64::from(next.attempt));
             if !waiting {
@@ -102,10 +101,10 @@ impl Core {
             }
             match dispatcher.assign(next.clone()) {
                 Ok(worker_id) => {
-                    if let Some(r) = running.get_mut(&next.job_id) {
+                    if let Some(r) = held.get_mut(&next.job_id) {
                         r.assigned = true;
                     }
-                    pending_workers.insert(next.job_id.clone(), worker_id);
+                    held.assigned_to(next.job_id.clone(), worker_id);
                     Placed::Gone
                 }
                 Err(AssignError::NoCapacity { .. }) => Placed::NoRoom,
@@ -113,7 +112,7 @@ impl Core {
                     // A stale attempt still runs there: stop it; this
                     // attempt's lease lapses and a sweep requeues it.
                     dispatcher.cancel(&next.job_id, "superseded by a newer attempt");
-                    running.remove(&next.job_id);
+                    held.release(&next.job_id);
                     Placed::Gone
                 }
             }
@@ -195,7 +194,7 @@ impl Core {
             let retry = ahead.then(|| assignment.clone());
             let assigned = match self.dispatcher.assign(assignment) {
                 Ok(worker_id) => {
-                    self.pending_workers.insert(row.id.clone(), worker_id);
+                    self.held.assigned_to(row.id.clone(), worker_id);
                     true
                 }
                 // Kept claimed for the next free slot (see `claim_ahead`).
@@ -224,7 +223,7 @@ impl Core {
                 .saturating_add(store_after)
                 .min(deadline_ms)
                 .min(row.expires_at_ms);
-            self.running.insert(
+            self.held.hold(
                 row.id.clone(),
                 Running {
                     attempt: row.attempt,
@@ -270,11 +269,11 @@ impl Core {
         let now = now_ms();
         let mut plan = Plan::new(now, self.store.config(), &self.instance);
         let mut ids = Vec::new();
-        for (job_id, running) in &self.running {
+        for (job_id, running) in self.held.iter() {
             if let Some(row) = running.unstored.as_deref()
                 && running.due_at() <= now
             {
-                let worker = self.pending_workers.get(job_id).cloned();
+                let worker = self.held.unwritten_worker(job_id);
                 plan.stores.push(Store {
                     row: plan.running(row.clone(), worker),
                     charge: None,
@@ -287,7 +286,7 @@ impl Core {
         }
         let result = self.run_plan(plan).await;
         for job_id in &ids {
-            if let Some(running) = self.running.get_mut(job_id) {
+            if let Some(running) = self.held.get_mut(job_id) {
                 match &result {
                     Ok(_) => running.unstored = None,
                     // Try again shortly.
@@ -326,11 +325,11 @@ impl Core {
     /// back in the queue, giving back the attempt they used. Jobs not written
     /// yet (running, or handed over and `left` unadopted) are written queued.
     pub(super) async fn release(&mut self, left: Vec<Handed>) -> Result<(), DbErr> {
-        for job_id in self.running.keys() {
+        for (job_id, _) in self.held.iter() {
             self.dispatcher.cancel(job_id, "scheduler shutting down");
         }
         let mut plan = Plan::new(now_ms(), self.store.config(), &self.instance);
-        let running = std::mem::take(&mut self.running);
+        let running = self.held.release_all();
         let mut models: HashSet<String> = running.values().map(|r| r.model.clone()).collect();
         models.extend(left.iter().map(|job| job.row.model.clone()));
         let unstored = running.into_values().filter_map(|r| r.unstored.map(|row| *row));
@@ -358,24 +357,7 @@ impl Core {
 impl Core {
     /// Writes the worker ids of running jobs (one statement per worker).
     pub(super) async fn flush_workers(&mut self) -> Result<(), DbErr> {
-        if self.pending_workers.is_empty() {
-            return Ok(());
-        }
-        let mut by_worker: HashMap<String, Vec<String>> = HashMap::new();
-        let running = &self.running;
-        // Unstored jobs keep theirs until they are written.
-        let unstored = |job_id: &str| running.get(job_id).is_some_and(|r| r.unstored.is_some());
-        let flush: Vec<String> = self
-            .pending_workers
-            .keys()
-            .filter(|id| !unstored(id))
-            .cloned()
-            .collect();
-        for job_id in flush {
-            if let Some(worker_id) = self.pending_workers.remove(&job_id) {
-                by_worker.entry(worker_id).or_default().push(job_id);
-            }
-        }
+        let by_worker = self.held.take_workers_to_write();
         for (worker_id, jobs) in by_worker {
             self.parts.writer.set_worker(&jobs, &self.instance, &worker_id).await?;
         }

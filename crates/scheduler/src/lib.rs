@@ -5,14 +5,15 @@
 //! ledger charge in one transaction), retries crashed attempts, and sweeps
 //! leases, timeouts and expired jobs, on the store of `gantry-jobs`.
 //!
-//! This file holds the loop (`Core::run`) and its state; each of its duties
+//! This file holds the loop (`Core::run`) and its state, the jobs it holds
+//! being `held.rs`; each of its duties
 //! is a file of its own: `assign.rs` (claim and assign, with its view of the
 //! queues in `demand.rs`), `settle.rs` (settle
 //! reported events), `sweep.rs` (leases, timeouts, requeues, expiry) and
 //! `worker_presence.rs` (which workers and GPUs this instance has). Webhook
 //! deliveries are `gantry-webhooks`' outbox, driven from the loop.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashSet;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -39,6 +40,7 @@ pub use gantry_webhooks::WebhookConfig;
 mod assign;
 mod demand;
 mod file_sweep;
+mod held;
 mod settle;
 mod sweep;
 mod worker_presence;
@@ -99,8 +101,7 @@ impl Scheduler {
             catalog,
             dispatcher,
             instance: instance_id.clone(),
-            running: HashMap::new(),
-            pending_workers: HashMap::new(),
+            held: held::Held::default(),
             demand: demand::Demand::default(),
             webhooks,
             presence,
@@ -180,33 +181,6 @@ impl Drop for Scheduler {
     }
 }
 
-/// A job this instance has assigned and not yet settled.
-struct Running {
-    attempt: i32,
-    model: String,
-    deadline_ms: i64,
-    /// False while it waits in `Core::ready` for a free slot.
-    assigned: bool,
-    /// The whole row of a job not written yet (a `runsync` job of the fast
-    /// lane, see `store::Lane`), and when it is to be written if still running.
-    unstored: Option<Box<job::Model>>,
-    store_at: i64,
-    /// It sent a chunk or progress: readers may follow it from other
-    /// processes, so its end is announced to them (see `publish`).
-    streamed: bool,
-}
-
-impl Running {
-    /// When the loop must look at this job: its deadline, or when to write it.
-    fn due_at(&self) -> i64 {
-        if self.unstored.is_some() {
-            self.store_at.min(self.deadline_ms)
-        } else {
-            self.deadline_ms
-        }
-    }
-}
-
 struct Core {
     store: JobStore,
     /// What this scheduler shares with `store`'s other users in the process.
@@ -215,10 +189,8 @@ struct Core {
     catalog: Arc<ModelCatalog>,
     dispatcher: Dispatcher,
     instance: String,
-    running: HashMap<String, Running>,
-    /// Worker ids not yet written to their job rows (written at the next sweep,
-    /// unless the job settles first and writes it itself).
-    pending_workers: HashMap<String, String>,
+    /// The jobs this instance holds (`held.rs`).
+    held: held::Held,
     /// The claim duty's view of the queues (`demand.rs`): models to claim
     /// for, those found empty, jobs claimed ahead of free slots.
     demand: demand::Demand,
@@ -262,7 +234,7 @@ impl Core {
         let mut deferred: Vec<Event> = Vec::new();
         let mut deferred_until: Option<tokio::time::Instant> = None;
         loop {
-            let next_deadline = self.running.values().map(Running::due_at).min();
+            let next_deadline = self.held.next_due();
             let deadline_sleep = sleep_until_some(next_deadline.map(|at| tokio::time::Instant::now() + until(at)));
             tokio::select! {
                 // Stop, sweeps and due deadlines are ready only now and then,
@@ -284,7 +256,7 @@ impl Core {
                         tracing::warn!(%error, "writing running jobs failed");
                     }
                     let now = now_ms();
-                    let timed_out = self.running.values().any(|r| r.unstored.is_none() && r.deadline_ms <= now);
+                    let timed_out = !self.held.stored_where(|r| r.deadline_ms <= now).is_empty();
                     if timed_out && let Err(error) = self.time_out().await {
                         tracing::warn!(%error, "timeout sweep failed");
                         tokio::time::sleep(Duration::from_millis(100)).await;
@@ -307,7 +279,7 @@ impl Core {
                         pending
                             .rechecks
                             .into_iter()
-                            .filter(|id| self.running.get(id).is_some_and(|r| r.unstored.is_none())),
+                            .filter(|id| self.held.get(id).is_some_and(held::Running::is_stored)),
                     );
                 }
                 done = settling(&mut flight), if flight.is_some() => {

@@ -16,7 +16,8 @@ use gantry_jobs::now_ms;
 use gantry_jobs::transition::plan::{Plan, Settled, Step, Store, Usage};
 use gantry_jobs::{JobStatus, JobView, WorkerTimings};
 
-use super::{Core, InFlight, Outcome, Running, Settling, stream_job, terminal_job};
+use super::held::Running;
+use super::{Core, InFlight, Outcome, Settling, stream_job, terminal_job};
 
 impl Core {
     /// Applies a batch of events in one transaction (retried a few times on a
@@ -117,33 +118,31 @@ impl Core {
                 let lost: Vec<String> = outcome
                     .settled
                     .iter()
-                    .filter(|id| self.running.get(*id).is_some_and(|r| r.unstored.is_some()))
+                    .filter(|id| self.held.get(id).is_some_and(|r| !r.is_stored()))
                     .cloned()
                     .collect();
                 for job_id in &lost {
-                    self.running.remove(job_id);
-                    self.pending_workers.remove(job_id);
+                    self.held.release(job_id);
                 }
                 self.parts.outcomes.lose(&lost);
                 // Left IN_PROGRESS in the database: forget them here so their
                 // lease lapses and a sweep requeues them.
                 for event in &batch {
                     if let Some(job_id) = terminal_job(event) {
-                        self.running.remove(job_id);
-                        self.pending_workers.remove(job_id);
+                        self.held.release(job_id);
                     }
                 }
                 return;
             }
         }
         for job_id in &outcome.stored {
-            if let Some(running) = self.running.get_mut(job_id) {
+            if let Some(running) = self.held.get_mut(job_id) {
                 running.unstored = None;
             }
         }
         self.parts.lane.stored(&outcome.stored);
         for job_id in batch.iter().filter_map(stream_job) {
-            if let Some(running) = self.running.get_mut(job_id) {
+            if let Some(running) = self.held.get_mut(job_id) {
                 running.streamed = true;
             }
         }
@@ -152,10 +151,9 @@ impl Core {
         // follow it there).
         let mut streamed = HashSet::new();
         for job_id in &outcome.settled {
-            if self.running.remove(job_id).is_some_and(|running| running.streamed) {
+            if self.held.release(job_id).is_some_and(|running| running.streamed) {
                 streamed.insert(job_id.clone());
             }
-            self.pending_workers.remove(job_id);
         }
         for model in outcome.refill {
             // Requeued: another process's scheduler may have a free slot first.
@@ -213,7 +211,7 @@ impl Core {
         let mut progress_at: HashMap<&str, usize> = HashMap::new();
         for event in batch {
             let current = |job_id: &str, attempt: u32| {
-                self.running
+                self.held
                     .get(job_id)
                     .filter(|r| i64::from(r.attempt) == i64::from(attempt) && !done.contains(job_id))
             };
@@ -238,7 +236,7 @@ impl Core {
                     };
                     // Chunks are read by job id: write the job first.
                     if let Some(row) = unstored(running, job_id) {
-                        let worker = self.pending_workers.get(job_id.as_str()).cloned();
+                        let worker = self.held.unwritten_worker(job_id);
                         plan.stores.push(Store {
                             row: plan.running(row, worker),
                             charge: None,
@@ -411,7 +409,7 @@ impl Core {
                 }
                 Event::WorkerLost { running_job_ids, .. } => {
                     for job_id in running_job_ids {
-                        let Some(running) = self.running.get(job_id).filter(|_| !done.contains(job_id.as_str())) else {
+                        let Some(running) = self.held.get(job_id).filter(|_| !done.contains(job_id.as_str())) else {
                             continue;
                         };
                         let row = unstored(running, job_id);

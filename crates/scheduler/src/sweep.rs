@@ -59,16 +59,11 @@ impl Core {
     /// them ended elsewhere (cancelled, timed out, expired, requeued): those
     /// are stopped on their workers.
     pub(super) async fn renew(&mut self) -> Result<(), DbErr> {
-        if self.running.is_empty() {
+        if self.held.is_empty() {
             return Ok(());
         }
         // Unstored jobs have no row to renew (nor can anything end them elsewhere).
-        let ids: Vec<String> = self
-            .running
-            .iter()
-            .filter(|(_, r)| r.unstored.is_none())
-            .map(|(id, _)| id.clone())
-            .collect();
+        let ids = self.held.stored_where(|_| true);
         self.recheck(ids).await
     }
 
@@ -88,14 +83,13 @@ impl Core {
         let gone: Vec<String> = ids
             .into_iter()
             .filter(|id| {
-                self.running
+                self.held
                     .get(id)
-                    .is_some_and(|r| r.unstored.is_none() && !alive.contains(&(id.clone(), r.attempt)))
+                    .is_some_and(|r| r.is_stored() && !alive.contains(&(id.clone(), r.attempt)))
             })
             .collect();
         for job_id in gone {
-            self.running.remove(&job_id);
-            self.pending_workers.remove(&job_id);
+            self.held.release(&job_id);
             self.dispatcher.cancel(&job_id, "job ended");
         }
         Ok(())
@@ -112,15 +106,9 @@ impl Core {
         // Every job of ours that is due has now ended: timed out by this
         // statement, or already finished elsewhere. Stop them all (but those
         // not written yet: they are written first, see `store_due`).
-        let due: Vec<String> = self
-            .running
-            .iter()
-            .filter(|(_, r)| r.unstored.is_none() && r.deadline_ms <= now)
-            .map(|(id, _)| id.clone())
-            .collect();
+        let due = self.held.stored_where(|r| r.deadline_ms <= now);
         for job_id in due {
-            self.running.remove(&job_id);
-            self.pending_workers.remove(&job_id);
+            self.held.release(&job_id);
             self.dispatcher.cancel(&job_id, "execution timeout");
         }
         self.publish(&rows, |_| true);
@@ -143,8 +131,7 @@ impl Core {
         }
         let mut requeued = HashSet::new();
         for row in &rows {
-            if self.running.remove(&row.id).is_some() {
-                self.pending_workers.remove(&row.id);
+            if self.held.release(&row.id).is_some() {
                 self.dispatcher.cancel(&row.id, "lease lapsed");
             }
             self.demand.queued(row.model.clone());
@@ -183,8 +170,7 @@ impl Core {
         let found = doomed.len() as u64;
         // A job retried since it was listed is kept (the writer's guard).
         for job_id in self.parts.writer.expire(&doomed, now).await? {
-            if self.running.remove(&job_id).is_some() {
-                self.pending_workers.remove(&job_id);
+            if self.held.release(&job_id).is_some() {
                 self.dispatcher.cancel(&job_id, "ttl expired");
             }
         }
