@@ -38,14 +38,15 @@ fn plain(value: &mut Value) {
             for member in object.values_mut() {
                 plain(member);
             }
-            // `type: [T, "null"]`: T.
+            // `type: [T, "null"]`: T; `[T, U, "null"]`: `[T, U]`.
             if let Some(Value::Array(types)) = object.get_mut("type")
-                && types.len() == 2
                 && types.iter().any(|t| t == "null")
             {
                 types.retain(|t| t != "null");
-                let only = types.remove(0);
-                object.insert("type".into(), only);
+                if let [only] = types.as_slice() {
+                    let only = only.clone();
+                    object.insert("type".into(), only);
+                }
             }
             if let Some(Value::String(text)) = object.get_mut("description") {
                 *text = text

@@ -191,3 +191,17 @@ fn at_least_has_no_maximum_of_its_own() {
     assert_eq!(schema["properties"]["steps"]["minimum"], json!(1));
     assert!(schema["properties"]["steps"].get("maximum").is_none(), "{schema}");
 }
+
+#[test]
+fn an_integer_of_the_wrong_type_says_its_range() {
+    let failures = read::<Sample>(json!({"prompt": "a", "count": "3"})).unwrap_err();
+    assert_eq!(
+        sentence(&failures),
+        "count: must be an integer from 1 to 8, not a string"
+    );
+    let failures = read::<Steps>(json!({"steps": true})).unwrap_err();
+    assert_eq!(
+        sentence(&failures),
+        "steps: must be an integer of at least 1, not a boolean"
+    );
+}

@@ -9,33 +9,41 @@ use utoipa::openapi::schema::{KnownFormat, ObjectBuilder, Schema, SchemaFormat, 
 use utoipa::{PartialSchema, ToSchema};
 
 /// Reads a whole number (a JSON number with no fractional part: `5.0` is an
-/// integer, as JSON Schema counts it) and checks it with `accept`, whose
-/// error is the failure's words.
+/// integer, as JSON Schema counts it) and checks it with `accept`; a failure
+/// says it must be `expected` ("an integer from 1 to 8").
 fn whole_number<'de, D: Deserializer<'de>>(
     deserializer: D,
+    expected: &str,
     accept: impl Fn(u64) -> bool,
-    problem: impl Fn(&dyn fmt::Display) -> String,
 ) -> Result<u64, D::Error> {
-    struct Whole<A, P>(A, P);
-    impl<A: Fn(u64) -> bool, P: Fn(&dyn fmt::Display) -> String> Visitor<'_> for Whole<A, P> {
+    struct Whole<'a, A> {
+        expected: &'a str,
+        accept: A,
+    }
+    impl<A: Fn(u64) -> bool> Whole<'_, A> {
+        fn problem(&self, got: &dyn fmt::Display) -> String {
+            format!("must be {} (got {got})", self.expected)
+        }
+    }
+    impl<A: Fn(u64) -> bool> Visitor<'_> for Whole<'_, A> {
         type Value = u64;
 
         fn expecting(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-            f.write_str("an integer")
+            f.write_str(self.expected)
         }
 
         fn visit_u64<E: de::Error>(self, n: u64) -> Result<u64, E> {
-            if (self.0)(n) {
+            if (self.accept)(n) {
                 Ok(n)
             } else {
-                Err(E::custom((self.1)(&n)))
+                Err(E::custom(self.problem(&n)))
             }
         }
 
         fn visit_i64<E: de::Error>(self, n: i64) -> Result<u64, E> {
             match u64::try_from(n) {
                 Ok(n) => self.visit_u64(n),
-                Err(_) => Err(E::custom((self.1)(&n))),
+                Err(_) => Err(E::custom(self.problem(&n))),
             }
         }
 
@@ -43,11 +51,11 @@ fn whole_number<'de, D: Deserializer<'de>>(
             if n.fract() == 0.0 && n >= 0.0 && n <= u64::MAX as f64 {
                 self.visit_u64(n as u64)
             } else {
-                Err(E::custom((self.1)(&n)))
+                Err(E::custom(self.problem(&n)))
             }
         }
     }
-    deserializer.deserialize_any(Whole(accept, problem))
+    deserializer.deserialize_any(Whole { expected, accept })
 }
 
 /// An integer from `LOW` to `HIGH`.
@@ -56,12 +64,8 @@ pub struct Between<const LOW: u64, const HIGH: u64>(pub u64);
 
 impl<'de, const LOW: u64, const HIGH: u64> Deserialize<'de> for Between<LOW, HIGH> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        whole_number(
-            deserializer,
-            |n| (LOW..=HIGH).contains(&n),
-            |got| format!("must be an integer from {LOW} to {HIGH} (got {got})"),
-        )
-        .map(Self)
+        let expected = format!("an integer from {LOW} to {HIGH}");
+        whole_number(deserializer, &expected, |n| (LOW..=HIGH).contains(&n)).map(Self)
     }
 }
 
@@ -85,12 +89,8 @@ pub struct AtLeast<const MIN: u64>(pub u64);
 
 impl<'de, const MIN: u64> Deserialize<'de> for AtLeast<MIN> {
     fn deserialize<D: Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
-        whole_number(
-            deserializer,
-            |n| n >= MIN,
-            |got| format!("must be an integer of at least {MIN} (got {got})"),
-        )
-        .map(Self)
+        let expected = format!("an integer of at least {MIN}");
+        whole_number(deserializer, &expected, |n| n >= MIN).map(Self)
     }
 }
 

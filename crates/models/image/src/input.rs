@@ -519,7 +519,7 @@ mod tests {
         assert!(
             parse(&json!({"difficulty": "hard"}), &terrain)
                 .unwrap_err()
-                .starts_with("difficulty: must be an integer, not a string")
+                .starts_with("difficulty: must be an integer of at least 0, not a string")
         );
         assert_eq!(
             parse(&json!({"difficulty": 35}), &FACES).unwrap_err(),

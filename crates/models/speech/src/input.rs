@@ -165,7 +165,6 @@ fn explain(mut failure: Failure, input: &Value) -> Failure {
 /// (`pretrained.pt`).
 pub fn schema(entry: &ModelEntry) -> Value {
     let mut schema = gantry_input::schema_of::<Input>();
-    one_line_descriptions(&mut schema["properties"]);
     let hibari = entry.engine.get("architecture").and_then(Value::as_str) == Some("hibari");
     let graph = entry
         .files
@@ -225,16 +224,6 @@ pub fn schema(entry: &ModelEntry) -> Value {
         properties.remove("reference_audio");
     }
     schema
-}
-
-/// Each property's description as one line: the doc comments it comes from
-/// are wrapped.
-fn one_line_descriptions(properties: &mut Value) {
-    for property in properties.as_object_mut().into_iter().flat_map(|p| p.values_mut()) {
-        if let Some(text) = property["description"].as_str() {
-            property["description"] = json!(text.split_whitespace().collect::<Vec<_>>().join(" "));
-        }
-    }
 }
 
 /// Adds `words` to the end of a property's description.

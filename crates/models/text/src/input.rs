@@ -604,7 +604,6 @@ pub fn schema(entry: &ModelEntry) -> Value {
         .and_then(Value::as_u64)
         .unwrap_or(DEFAULT_CONTEXT_TOKENS);
     let mut schema = gantry_input::schema_of::<Input>();
-    without_null(&mut schema);
     schema["oneOf"] = json!([{"required": ["prompt"]}, {"required": ["messages"]}]);
     let properties = &mut schema["properties"];
     properties["max_tokens"]["maximum"] = json!(context);
@@ -624,26 +623,6 @@ pub fn schema(entry: &ModelEntry) -> Value {
     {{\"type\": \"object\", \"properties\": {{}}}}. {SCHEMA_SUPPORT}")
     });
     schema
-}
-
-/// Takes `null` out of every `type` list (`Option<String>` is `["string",
-/// "null"]` in utoipa's words): an optional member is one left out of
-/// `required`, and null reads as absent all the same.
-fn without_null(schema: &mut Value) {
-    match schema {
-        Value::Object(object) => {
-            if let Some(Value::Array(types)) = object.get_mut("type") {
-                types.retain(|t| t != "null");
-                if let [single] = types.as_slice() {
-                    let single = single.clone();
-                    object.insert("type".into(), single);
-                }
-            }
-            object.values_mut().for_each(without_null);
-        }
-        Value::Array(items) => items.iter_mut().for_each(without_null),
-        _ => {}
-    }
 }
 
 // --- the validated request ------------------------------------------------
