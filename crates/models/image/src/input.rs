@@ -276,11 +276,11 @@ pub fn schema(entry: &ModelEntry) -> Value {
             json!("16-bit grey PNG, or 8-bit grey JPEG (quality 90) or lossless WebP (any case; `jpg` is jpeg).");
         return schema;
     }
-    let labels = crate::GanSpec::from_engine(&entry.engine)
-        .map(|spec| spec.labels)
+    let (labels, side) = crate::GanSpec::from_engine(&entry.engine)
+        .map(|spec| (spec.labels, spec.side))
         .unwrap_or_default();
     schema_for(&Abilities {
-        native_side: side_in_id(&entry.id).unwrap_or(0),
+        native_side: side.unwrap_or(0),
         labels: &labels,
         difficulty_levels: 0,
     })
@@ -345,12 +345,6 @@ pub fn schema_for(model: &Abilities<'_>) -> Value {
 
 fn drawn_at(side: u32) -> String {
     format!("Drawn at {side}x{side} and resized (Lanczos, 3 lobes).")
-}
-
-/// The side a GAN's id ends with (`dcgan-faces-64`: 64), if any.
-fn side_in_id(id: &str) -> Option<u32> {
-    let (_, tail) = id.rsplit_once('-')?;
-    tail.parse().ok().filter(|side| (1..=4096).contains(side))
 }
 
 /// The labels a prompt names, each once, in label order. A phrase matches

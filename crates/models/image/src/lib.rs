@@ -45,11 +45,15 @@ pub struct GanSpec {
     /// Labels of a conditional model, in the order of its one-hot input,
     /// each with the words of a prompt that name it.
     pub labels: Vec<(String, Vec<String>)>,
+    /// The side of the images the generator draws (`engine.side`), which
+    /// the input schema gives as the default size; checked against the
+    /// weights when they load. `None`: not stated (no default size).
+    pub side: Option<u32>,
 }
 
 impl GanSpec {
-    /// Reads `architecture = "dcgan"`, `tensor_prefix`, `latent` and
-    /// `labels` (a table of label → list of words) from an engine table.
+    /// Reads `architecture = "dcgan"`, `tensor_prefix`, `latent`, `labels`
+    /// (a table of label → list of words) and `side` from an engine table.
     pub fn from_engine(engine: &serde_json::Map<String, Value>) -> Result<Self, String> {
         if engine.get("architecture").and_then(Value::as_str) != Some("dcgan") {
             return Err("engine.architecture must be \"dcgan\"".into());
@@ -81,7 +85,21 @@ impl GanSpec {
                 .collect::<Result<Vec<_>, &str>>()?,
             Some(_) => return Err("engine.labels must be a list".into()),
         };
-        Ok(Self { prefix, latent, labels })
+        let side = match engine.get("side") {
+            None => None,
+            Some(side) => Some(
+                side.as_u64()
+                    .and_then(|side| u32::try_from(side).ok())
+                    .filter(|side| *side > 0)
+                    .ok_or("engine.side must be a positive integer")?,
+            ),
+        };
+        Ok(Self {
+            prefix,
+            latent,
+            labels,
+            side,
+        })
     }
 }
 
@@ -109,6 +127,14 @@ impl ImageModel {
                 generator.input_len(),
                 spec.latent,
                 spec.labels.len()
+            )));
+        }
+        if let Some(side) = spec.side
+            && side as usize != generator.side()
+        {
+            return Err(LoadError::new(format!(
+                "the generator draws {0}x{0} images, but the manifest says side = {side}",
+                generator.side()
             )));
         }
         Ok(Self {
@@ -356,5 +382,16 @@ mod tests {
         assert_eq!(spec.labels[1], ("red".to_owned(), vec!["red".to_owned()]));
         assert_eq!(spec.labels[0].1, vec!["gray", "grey"]);
         assert!(GanSpec::from_engine(json!({"architecture": "unet"}).as_object().unwrap()).is_err());
+        assert_eq!(spec.side, None);
+        let sided = json!({"architecture": "dcgan", "tensor_prefix": "main", "latent": 100, "side": 128});
+        assert_eq!(
+            GanSpec::from_engine(sided.as_object().unwrap()).unwrap().side,
+            Some(128)
+        );
+        let bad = json!({"architecture": "dcgan", "tensor_prefix": "main", "latent": 100, "side": "big"});
+        assert_eq!(
+            GanSpec::from_engine(bad.as_object().unwrap()).unwrap_err(),
+            "engine.side must be a positive integer"
+        );
     }
 }
