@@ -50,6 +50,11 @@ impl ModelFactory for EmbeddingFactory {
             max_batch: settings.max_batch.max(1),
             cuda_device: settings.cuda_device,
         };
-        EmbeddingModel::load(files.id(), &dir, &options).map_err(|e| format!("{}: {e}", dir.display()))
+        let stated = crate::input::Sizes::from_engine(&files.entry().engine)?;
+        let model = EmbeddingModel::load(files.id(), &dir, &options).map_err(|e| format!("{}: {e}", dir.display()))?;
+        if let Some(stated) = stated {
+            stated.check(&model.sizes())?;
+        }
+        Ok(model)
     }
 }

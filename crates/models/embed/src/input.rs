@@ -195,8 +195,9 @@ pub struct Request {
     pub truncate: bool,
 }
 
-/// What the schema says of a model's sizes, where they are known before its
-/// files are read (the loaded model reads them from its files).
+/// A model's sizes as its manifest entry states them (`engine = {
+/// dimensions, vocab_size, max_tokens }`), so that the schema can say them
+/// before the files are read; the loaded model checks them against its files.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Sizes {
     /// Length of each vector.
@@ -207,15 +208,55 @@ pub struct Sizes {
     pub max_tokens: usize,
 }
 
-/// The sizes of the built-in models, by manifest id.
-pub fn known_sizes(id: &str) -> Option<Sizes> {
-    match id {
-        "all-minilm-l6-v2" => Some(Sizes {
-            dimensions: 384,
-            vocab_size: 30522,
-            max_tokens: 256,
-        }),
-        _ => None,
+impl Sizes {
+    /// The sizes of an engine table: all three keys, or none (`None`).
+    pub fn from_engine(engine: &serde_json::Map<String, Value>) -> Result<Option<Sizes>, String> {
+        const KEYS: [&str; 3] = ["dimensions", "vocab_size", "max_tokens"];
+        let read: Vec<Option<usize>> = KEYS
+            .iter()
+            .map(|key| {
+                engine
+                    .get(*key)
+                    .map(|v| v.as_u64().and_then(|n| usize::try_from(n).ok()))
+            })
+            .map(|v| v.map(|n| n.filter(|n| *n > 2).unwrap_or(0)))
+            .collect();
+        match read.as_slice() {
+            [None, None, None] => Ok(None),
+            [Some(dimensions), Some(vocab_size), Some(max_tokens)]
+                if *dimensions > 0 && *vocab_size > 0 && *max_tokens > 0 =>
+            {
+                Ok(Some(Sizes {
+                    dimensions: *dimensions,
+                    vocab_size: *vocab_size,
+                    max_tokens: *max_tokens,
+                }))
+            }
+            _ => Err(format!(
+                "engine: give all of {} as integers above 2, or none",
+                KEYS.join(", ")
+            )),
+        }
+    }
+
+    /// Whether a loaded model has these sizes; the error names each that
+    /// differs.
+    pub fn check(&self, loaded: &Sizes) -> Result<(), String> {
+        let mut differ = Vec::new();
+        for (key, stated, found) in [
+            ("dimensions", self.dimensions, loaded.dimensions),
+            ("vocab_size", self.vocab_size, loaded.vocab_size),
+            ("max_tokens", self.max_tokens, loaded.max_tokens),
+        ] {
+            if stated != found {
+                differ.push(format!("engine.{key} is {stated}, but the files say {found}"));
+            }
+        }
+        if differ.is_empty() {
+            Ok(())
+        } else {
+            Err(differ.join("; "))
+        }
     }
 }
 
@@ -223,7 +264,7 @@ pub fn known_sizes(id: &str) -> Option<Sizes> {
 /// input type's, with the model's sizes where they are known.
 pub fn schema(entry: &ModelEntry) -> Value {
     let mut schema = gantry_input::schema_of::<Input>();
-    if let Some(sizes) = known_sizes(&entry.id) {
+    if let Ok(Some(sizes)) = Sizes::from_engine(&entry.engine) {
         let properties = &mut schema["properties"];
         let last_id = json!(sizes.vocab_size - 1);
         properties["input"]["anyOf"][2]["items"]["maximum"] = last_id.clone();
@@ -402,6 +443,33 @@ mod tests {
         assert_eq!(
             parse(&json!({"text": "x"}), 384, 100).unwrap_err(),
             "text: unknown property; input: required property is missing"
+        );
+    }
+
+    #[test]
+    fn sizes_are_stated_whole_or_not_at_all_and_checked_against_the_files() {
+        let engine = |v: Value| v.as_object().unwrap().clone();
+        let stated = Sizes::from_engine(&engine(
+            json!({"dimensions": 384, "vocab_size": 30522, "max_tokens": 256}),
+        ))
+        .unwrap()
+        .unwrap();
+        assert_eq!(Sizes::from_engine(&engine(json!({}))).unwrap(), None);
+        for partial in [
+            json!({"dimensions": 384}),
+            json!({"dimensions": "x", "vocab_size": 1, "max_tokens": 3}),
+        ] {
+            assert!(Sizes::from_engine(&engine(partial)).is_err());
+        }
+        assert_eq!(stated.check(&stated), Ok(()));
+        let other = Sizes {
+            dimensions: 768,
+            max_tokens: 512,
+            ..stated
+        };
+        assert_eq!(
+            stated.check(&other).unwrap_err(),
+            "engine.dimensions is 384, but the files say 768; engine.max_tokens is 256, but the files say 512"
         );
     }
 

@@ -97,6 +97,16 @@ impl EmbeddingModel {
         self.max_text_tokens
     }
 
+    /// The sizes its files give, as a manifest entry states them.
+    pub fn sizes(&self) -> input::Sizes {
+        input::Sizes {
+            dimensions: self.dimensions,
+            vocab_size: self.tokenizer.vocab_size(),
+            // The text tokens and `[CLS]`, `[SEP]`.
+            max_tokens: self.max_text_tokens + 2,
+        }
+    }
+
     /// The engine that runs this model's forward passes.
     pub fn engine(&self) -> &Engine {
         &self.engine
