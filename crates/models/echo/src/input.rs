@@ -182,18 +182,8 @@ impl Options {
             .iter()
             .filter_map(|&name| Some((name.to_owned(), object.get(name)?.clone())))
             .collect();
-        let input: Input = gantry_input::read(Value::Object(steering)).map_err(|mut failures| {
-            // A wrong member of `file` is taken out and read again, and then
-            // also called missing (gantry-input checks that only at the top
-            // level): each place is named once, with its first problem.
-            let mut seen = Vec::new();
-            failures.retain(|failure| {
-                let new = !seen.contains(&failure.path);
-                seen.push(failure.path.clone());
-                new
-            });
-            JobError::BadInput(gantry_input::sentence(&failures))
-        })?;
+        let input: Input = gantry_input::read(Value::Object(steering))
+            .map_err(|failures| JobError::BadInput(gantry_input::sentence(&failures)))?;
         let file = match input.file {
             None => None,
             Some(file) => {

@@ -717,7 +717,7 @@ impl Params {
     /// and output together) one request may use. The error lists every
     /// problem, separated by `"; "`.
     pub fn parse(input: &Value, context_length: u32) -> Result<Self, String> {
-        let input: Input = gantry_input::read(input.clone()).map_err(|failures| sentence(&failures))?;
+        let input: Input = gantry_input::read(input.clone()).map_err(|failures| gantry_input::sentence(&failures))?;
         let mut errors: Vec<String> = Vec::new();
         let raw = input.raw.unwrap_or(false);
         let ignore_eos = input.ignore_eos.unwrap_or(false);
@@ -828,22 +828,6 @@ impl Params {
             tools,
         })
     }
-}
-
-/// The failures of [`gantry_input::read`] as one sentence. A nested member
-/// that breaks its rule (`response_format.type`) is taken out and the object
-/// read again, which then also calls it missing: it is named once.
-fn sentence(failures: &[gantry_input::Failure]) -> String {
-    let kept: Vec<gantry_input::Failure> = failures
-        .iter()
-        .enumerate()
-        .filter(|(i, failure)| {
-            failure.problem != "required property is missing"
-                || !failures[..*i].iter().any(|earlier| earlier.path == failure.path)
-        })
-        .map(|(_, failure)| failure.clone())
-        .collect();
-    gantry_input::sentence(&kept)
 }
 
 /// The chat of `messages`: only assistant messages make calls, and a message
