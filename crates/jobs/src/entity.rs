@@ -69,8 +69,9 @@ pub mod job {
 
     impl ActiveModelBehavior for ActiveModel {}
 
-    /// A queued job of user `u` for unit tests.
-    #[cfg(test)]
+    /// A queued job of user `u` for unit tests (other crates': the
+    /// `test-util` feature).
+    #[cfg(any(test, feature = "test-util"))]
     pub fn sample(id: &str, model: &str) -> Model {
         Model {
             id: id.into(),

@@ -166,3 +166,109 @@ impl Demand {
         self.ready.clear();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use gantry_dispatch::{Assignment, Health, ModelHealth};
+
+    use super::{Demand, Placed};
+
+    fn wanted(demand: &mut Demand) -> Vec<String> {
+        let mut models = demand.take_wanted();
+        models.sort();
+        models
+    }
+
+    #[test]
+    fn a_model_found_empty_is_claimed_again_for_new_jobs_not_for_freed_slots() {
+        let mut demand = Demand::default();
+        demand.claimed("echo", true);
+        demand.slot_freed("echo".into());
+        assert!(wanted(&mut demand).is_empty(), "its queue was found empty");
+        assert!(demand.lane_may_take("echo"));
+        demand.queued("echo".into());
+        assert_eq!(wanted(&mut demand), ["echo"]);
+        assert!(!demand.lane_may_take("echo"), "its queue may hold jobs again");
+        demand.slot_freed("echo".into());
+        assert_eq!(wanted(&mut demand), ["echo"]);
+        // Jobs put back unclaimed: not empty, but nothing to claim before a slot frees.
+        demand.claimed("echo", true);
+        demand.put_back("echo");
+        assert!(wanted(&mut demand).is_empty());
+        assert!(!demand.lane_may_take("echo"));
+    }
+
+    #[test]
+    fn what_is_signalled_during_a_settlement_is_claimed_for_after_it() {
+        let mut demand = Demand::default();
+        demand.settlement_started();
+        demand.signalled("echo".into(), true);
+        // The settlement's claim found the queue empty and unmarked it...
+        demand.claimed("echo", true);
+        demand.settled_claim("echo", false);
+        assert!(demand.claim_models(std::iter::empty()).is_empty());
+        // ...but the signal came while it committed: claim again.
+        demand.settlement_finished();
+        assert_eq!(wanted(&mut demand), ["echo"]);
+        // Without a settlement in flight nothing is kept for later.
+        demand.settlement_started();
+        demand.signalled("text".into(), false);
+        demand.settled_claim("text", false);
+        demand.settlement_finished();
+        assert!(wanted(&mut demand).is_empty());
+    }
+
+    #[test]
+    fn a_wake_up_for_all_marks_the_models_with_free_slots() {
+        let mut demand = Demand::default();
+        let health = Health {
+            models: [
+                ("busy".to_string(), ModelHealth::default()),
+                (
+                    "echo".to_string(),
+                    ModelHealth {
+                        free_slots: 2,
+                        ..ModelHealth::default()
+                    },
+                ),
+            ]
+            .into(),
+        };
+        demand.queued("text".into());
+        demand.all_with_free_slots(&health, true);
+        let freed = ["busy".to_string(), "image".to_string()];
+        let mut models = demand.claim_models(freed.iter());
+        models.sort();
+        assert_eq!(models, ["busy", "echo", "image", "text"]);
+        // Every model marked then is claimed for again after the settlement.
+        demand.settled_claim("echo", false);
+        demand.settled_claim("text", false);
+        demand.settlement_finished();
+        assert_eq!(wanted(&mut demand), ["echo", "text"]);
+    }
+
+    #[test]
+    fn jobs_kept_ready_are_offered_oldest_first_until_a_model_has_no_room() {
+        let mut demand = Demand::default();
+        for id in ["a", "b", "c"] {
+            demand.keep_ready("echo".into(), Assignment::new(id, 1, "echo", serde_json::json!({})));
+        }
+        assert_eq!(demand.ready_count("echo"), 3);
+        demand.claimed("echo", true);
+        assert!(!demand.lane_may_take("echo"), "jobs wait for its slots");
+        let mut offered = Vec::new();
+        demand.assign_ready(|next| {
+            offered.push(next.job_id.clone());
+            if next.job_id == "b" {
+                Placed::NoRoom
+            } else {
+                Placed::Gone
+            }
+        });
+        assert_eq!(offered, ["a", "b"]);
+        assert_eq!(demand.ready_count("echo"), 2);
+        demand.assign_ready(|_| Placed::Gone);
+        assert!(!demand.has_ready());
+        assert!(demand.lane_may_take("echo"));
+    }
+}

@@ -96,6 +96,11 @@ impl Held {
             .collect()
     }
 
+    /// Whether a held job whose row is written is past its deadline at `now`.
+    pub(super) fn any_overdue(&self, now: i64) -> bool {
+        self.jobs.values().any(|r| r.is_stored() && r.deadline_ms <= now)
+    }
+
     /// The worker of a job whose id is not written yet.
     pub(super) fn unwritten_worker(&self, job_id: &str) -> Option<String> {
         self.workers.get(job_id).cloned()
@@ -123,5 +128,55 @@ impl Held {
             }
         }
         by_worker
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{Held, Running};
+
+    fn running(deadline_ms: i64, stored: bool) -> Running {
+        Running {
+            attempt: 1,
+            model: "echo".into(),
+            deadline_ms,
+            assigned: true,
+            unstored: (!stored).then(|| Box::new(gantry_jobs::entity::job::sample("sync", "echo"))),
+            store_at: 50,
+            streamed: false,
+        }
+    }
+
+    #[test]
+    fn a_released_job_takes_its_unwritten_worker_id_with_it() {
+        let mut held = Held::default();
+        held.hold("a".into(), running(100, true));
+        held.hold("b".into(), running(200, true));
+        held.assigned_to("a".into(), "w1".into());
+        held.assigned_to("b".into(), "w1".into());
+        assert!(held.release("a").is_some());
+        assert_eq!(held.unwritten_worker("a"), None);
+        assert_eq!(held.take_workers_to_write().remove("w1"), Some(vec!["b".to_string()]));
+        assert!(held.take_workers_to_write().is_empty(), "written once");
+        assert!(held.release("a").is_none());
+    }
+
+    #[test]
+    fn an_unstored_job_keeps_its_worker_id_and_is_due_when_it_is_to_be_written() {
+        let mut held = Held::default();
+        held.hold("sync".into(), running(1_000, false));
+        held.hold("stored".into(), running(300, true));
+        held.assigned_to("sync".into(), "w1".into());
+        assert!(held.take_workers_to_write().is_empty());
+        assert_eq!(held.unwritten_worker("sync").as_deref(), Some("w1"));
+        // Written at 50, before its deadline; the stored one at its deadline.
+        assert_eq!(held.next_due(), Some(50));
+        assert_eq!(held.stored_where(|_| true), ["stored"]);
+        assert!(!held.any_overdue(299) && held.any_overdue(300));
+        // Never overdue while unstored: it is written first.
+        held.release("stored");
+        assert!(!held.any_overdue(5_000));
+        assert_eq!(held.release_all().len(), 1);
+        assert!(held.is_empty() && held.unwritten_worker("sync").is_none());
     }
 }

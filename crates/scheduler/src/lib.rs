@@ -256,7 +256,7 @@ impl Core {
                         tracing::warn!(%error, "writing running jobs failed");
                     }
                     let now = now_ms();
-                    let timed_out = !self.held.stored_where(|r| r.deadline_ms <= now).is_empty();
+                    let timed_out = self.held.any_overdue(now);
                     if timed_out && let Err(error) = self.time_out().await {
                         tracing::warn!(%error, "timeout sweep failed");
                         tokio::time::sleep(Duration::from_millis(100)).await;

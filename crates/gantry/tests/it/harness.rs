@@ -154,6 +154,18 @@ impl TestApp {
             .expect("request")
     }
 
+    /// The OpenAPI document a listener serves (`base` or `public_base`).
+    pub async fn document(&self, base: &str) -> Value {
+        self.client
+            .get(format!("{base}/v2/openapi.json"))
+            .send()
+            .await
+            .expect("request")
+            .json()
+            .await
+            .expect("a JSON document")
+    }
+
     /// Runs SQL directly against the app's database, behind its back.
     pub async fn sql(&self, statement: &str) {
         let db = Database::connect(&self.database_url).await.expect("connect");

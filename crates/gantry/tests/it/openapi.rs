@@ -97,15 +97,7 @@ async fn the_document_describes_exactly_the_routes_that_exist() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_public_listener_documents_its_own_routes() {
     let app = TestApp::spawn(Backend::Sqlite).await;
-    let doc: Value = app
-        .client
-        .get(format!("{}/v2/openapi.json", app.public_base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let doc = app.document(&app.public_base).await;
     let mut documented = BTreeSet::new();
     for (path, item) in doc["paths"].as_object().unwrap() {
         for method in item.as_object().unwrap().keys() {
@@ -136,15 +128,7 @@ async fn the_public_listener_documents_its_own_routes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_models_input_schema_is_a_valid_json_schema() {
     let app = TestApp::spawn(Backend::Sqlite).await;
-    let doc: Value = app
-        .client
-        .get(format!("{}/v2/openapi.json", app.public_base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let doc = app.document(&app.public_base).await;
     let schemas: serde_json::Map<String, Value> = doc["components"]["schemas"]
         .as_object()
         .unwrap()

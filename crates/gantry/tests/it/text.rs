@@ -724,15 +724,7 @@ async fn the_model_list_and_the_openapi_document_follow_the_manifest() {
         .expect("in the manifest");
     assert_eq!(gemma["available"], false, "no worker serves it here");
 
-    let doc: Value = app
-        .client
-        .get(format!("{}/v2/openapi.json", app.public_base))
-        .send()
-        .await
-        .unwrap()
-        .json()
-        .await
-        .unwrap();
+    let doc = app.document(&app.public_base).await;
     let schema = &doc["components"]["schemas"][format!("ModelInput.{MODEL}")];
     assert_eq!(schema["properties"]["messages"]["type"], "array");
     let input = &doc["components"]["schemas"]["RunRequest"]["properties"]["input"]["x-model-inputs"];
