@@ -540,17 +540,51 @@ impl JobStore {
     /// the platform's file URLs is checked, each refusal named by its field;
     /// other URLs are the model's to fetch.
     async fn own_files_are_the_callers(&self, user: &str, input: &Value) -> Result<(), JobError> {
-        fn strings<'v>(value: &'v Value, path: String, found: &mut Vec<(String, &'v str)>) {
+        /// A step from the input down to a member: an array index or an object member.
+        enum Step<'v> {
+            Index(usize),
+            Member(&'v str),
+        }
+        /// Where `steps` leads, as the error names it (`input.images[0]`).
+        fn place(steps: &[Step<'_>]) -> String {
+            let mut place = String::from("input");
+            for step in steps {
+                match step {
+                    Step::Index(i) => place.push_str(&format!("[{i}]")),
+                    Step::Member(name) => {
+                        place.push('.');
+                        place.push_str(name);
+                    }
+                }
+            }
+            place
+        }
+        /// Every string that is this platform's file URL, with its place (made
+        /// only for those: most inputs hold none).
+        fn urls<'v>(
+            files: &gantry_files::Files,
+            value: &'v Value,
+            steps: &mut Vec<Step<'v>>,
+            found: &mut Vec<(String, Result<String, gantry_files::Denied>)>,
+        ) {
             match value {
-                Value::String(text) => found.push((path, text)),
+                Value::String(text) => {
+                    if let Some(key) = files.own_key_of(text) {
+                        found.push((place(steps), key));
+                    }
+                }
                 Value::Array(items) => {
                     for (i, item) in items.iter().enumerate() {
-                        strings(item, format!("{path}[{i}]"), found);
+                        steps.push(Step::Index(i));
+                        urls(files, item, steps, found);
+                        steps.pop();
                     }
                 }
                 Value::Object(members) => {
                     for (name, member) in members {
-                        strings(member, format!("{path}.{name}"), found);
+                        steps.push(Step::Member(name));
+                        urls(files, member, steps, found);
+                        steps.pop();
                     }
                 }
                 _ => {}
@@ -560,13 +594,12 @@ impl JobStore {
             return Ok(());
         };
         let mut found = Vec::new();
-        strings(input, "input".into(), &mut found);
+        urls(files, input, &mut Vec::new(), &mut found);
         let mut errors = Vec::new();
-        for (path, text) in found {
-            match files.own_key_of(text) {
-                None => {}
-                Some(Err(denied)) => errors.push(format!("{path}: this platform's file URL cannot be used: {denied}")),
-                Some(Ok(key)) => {
+        for (path, key) in found {
+            match key {
+                Err(denied) => errors.push(format!("{path}: this platform's file URL cannot be used: {denied}")),
+                Ok(key) => {
                     let stored = crate::entity::file::Entity::find_by_id(key).one(&self.db).await?;
                     if stored.is_none_or(|file| file.user_id != user) {
                         errors.push(format!(

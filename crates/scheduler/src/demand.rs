@@ -1,7 +1,8 @@
 //! What the claim duty (`assign.rs`) knows about the queues: which models to
 //! claim for, which were found empty, and the jobs claimed ahead of free
-//! slots. The loop, settlement and the sweep tell it what they saw through
-//! the methods below; none of them reads or writes its sets directly.
+//! slots. `Claim` owns it; settlement and the sweep tell it what they saw
+//! through `Claim`'s methods, which forward to the methods below; none of
+//! them reads or writes its sets directly.
 
 use std::collections::{HashMap, HashSet, VecDeque};
 

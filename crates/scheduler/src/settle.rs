@@ -3,36 +3,168 @@
 //! what the commit produced is published to waiters, live readers and other processes.
 
 use std::collections::{HashMap, HashSet};
+use std::future::Future;
+use std::pin::Pin;
 use std::time::Duration;
 
 use gantry_dispatch::{DEADLINE_EXCEEDED, Event, Timings};
 use sea_orm::DbErr;
 use serde_json::Value;
+use tokio::sync::mpsc;
 
 use gantry_jobs::JobWriter;
 use gantry_jobs::Signal;
 use gantry_jobs::entity::job;
 use gantry_jobs::now_ms;
 use gantry_jobs::transition::plan::{Plan, Settled, Step, Store, Usage};
-use gantry_jobs::{JobStatus, JobView, WorkerTimings};
+use gantry_jobs::{JobStatus, WorkerTimings};
 
-use super::held::Running;
-use super::{Core, InFlight, Outcome, Settling, stream_job, terminal_job};
+use super::Context;
+use super::assign::Claim;
+use super::held::{Held, Running};
+use super::publish::Publish;
 
-impl Core {
+/// Most events settled in one transaction.
+const EVENT_BATCH: usize = 256;
+/// How long a batch of only stream chunks and progress messages waits to be
+/// stored together with later events: live readers already have them (see
+/// `live.rs`), so a token stream costs one transaction per this period, not
+/// one per token. A terminal event stores them at once, before itself.
+const STREAM_COALESCE: Duration = Duration::from_millis(25);
+
+/// The settlement duty: turns the events workers report into batches, each
+/// settled in one transaction, and applies what it committed. It owns the
+/// settlement being committed and the stream events waiting to be stored
+/// with what comes next. The loop hands it each event that arrives
+/// ([`Settle::offer`]), the end of its coalescing wait
+/// ([`Settle::store_deferred`]) and of its commit ([`Settle::finish`]),
+/// and has it [`Settle::drain`] at shutdown; it tells the claim duty what the
+/// settlement freed and claimed, and has `Publish` publish what ended.
+#[derive(Default)]
+pub(super) struct Settle {
+    /// The settlement being committed. The loop does not wait for it: it
+    /// goes on placing handed-over jobs, cancelling and sweeping meanwhile.
+    flight: Option<InFlight>,
+    /// Chunks and progress waiting to be stored with what comes next (see
+    /// `STREAM_COALESCE`), and when they are stored at the latest.
+    deferred: Vec<Event>,
+    deferred_until: Option<tokio::time::Instant>,
+}
+
+/// What one settled batch produced, applied after its commit.
+#[derive(Default)]
+struct Outcome {
+    finals: Vec<job::Model>,
+    settled: Vec<String>,
+    refill: HashSet<String>,
+    /// Jobs claimed in the same transaction: (model, how many were asked for, rows).
+    claims: Vec<(String, u64, Vec<job::Model>)>,
+    /// Unstored jobs the plan writes.
+    stored: Vec<String>,
+}
+
+/// A settlement being committed.
+type Settling = Pin<Box<dyn Future<Output = Result<Settled, DbErr>> + Send>>;
+
+struct InFlight {
+    batch: Vec<Event>,
+    outcome: Outcome,
+    work: Settling,
+}
+
+impl Settle {
+    /// Whether a settlement is being committed.
+    pub(super) fn in_flight(&self) -> bool {
+        self.flight.is_some()
+    }
+
+    /// When the stream events waiting for company are stored at the latest.
+    pub(super) fn stream_due(&self) -> Option<tokio::time::Instant> {
+        self.deferred_until
+    }
+
+    /// The in-flight settlement's result (pending for ever if there is none).
+    pub(super) async fn settling(&mut self) -> Result<Settled, DbErr> {
+        match &mut self.flight {
+            Some(flight) => (&mut flight.work).await,
+            None => std::future::pending().await,
+        }
+    }
+
+    /// An event arrived (`first`): it and those already waiting in `events`
+    /// make up the next batch, settled now or, when it holds only chunks and
+    /// progress, with whatever arrives in the next few ms.
+    pub(super) fn offer(
+        &mut self,
+        ctx: &Context,
+        held: &mut Held,
+        claim: &mut Claim,
+        first: Event,
+        events: &mut mpsc::Receiver<Event>,
+    ) {
+        let mut batch = std::mem::take(&mut self.deferred);
+        batch.push(first);
+        while batch.len() < EVENT_BATCH {
+            match events.try_recv() {
+                Ok(event) => batch.push(event),
+                Err(_) => break,
+            }
+        }
+        if batch.len() < EVENT_BATCH && batch.iter().all(|event| stream_job(event).is_some()) {
+            // Readers have these live already: store them
+            // with whatever arrives in the next few ms.
+            self.deferred = batch;
+            self.deferred_until
+                .get_or_insert_with(|| tokio::time::Instant::now() + STREAM_COALESCE);
+        } else {
+            self.deferred_until = None;
+            self.flight = Some(Self::start(ctx, held, claim, batch));
+        }
+    }
+
+    /// The stream events waited long enough for company: settles them now.
+    pub(super) fn store_deferred(&mut self, ctx: &Context, held: &mut Held, claim: &mut Claim) {
+        self.deferred_until = None;
+        self.flight = Some(Self::start(ctx, held, claim, std::mem::take(&mut self.deferred)));
+    }
+
+    /// The settlement in flight committed (or gave up): applies `done`.
+    pub(super) async fn finish(
+        &mut self,
+        ctx: &Context,
+        held: &mut Held,
+        claim: &mut Claim,
+        publish: &mut Publish,
+        done: Result<Settled, DbErr>,
+    ) {
+        if let Some(InFlight { batch, outcome, .. }) = self.flight.take() {
+            Self::finish_settlement(ctx, held, claim, publish, batch, outcome, done).await;
+        }
+    }
+
+    /// On shutdown: waits for the settlement in flight, then settles the
+    /// events still waiting.
+    pub(super) async fn drain(&mut self, ctx: &Context, held: &mut Held, claim: &mut Claim, publish: &mut Publish) {
+        if let Some(InFlight { batch, outcome, work }) = self.flight.take() {
+            let done = work.await;
+            Self::finish_settlement(ctx, held, claim, publish, batch, outcome, done).await;
+        }
+        if !self.deferred.is_empty() {
+            let InFlight { batch, outcome, work } = Self::start(ctx, held, claim, std::mem::take(&mut self.deferred));
+            let done = work.await;
+            Self::finish_settlement(ctx, held, claim, publish, batch, outcome, done).await;
+        }
+    }
+
     /// Applies a batch of events in one transaction (retried a few times on a
     /// database error). Completion and charge of a job commit together.
-    pub(super) fn start_settlement(&mut self, batch: Vec<Event>) -> InFlight {
-        self.demand.settlement_started();
-        // Freed slots take jobs kept ready before anything is written.
-        if self.demand.has_ready() {
-            self.assign_ready();
-        }
-        let (outcome, plan) = self.plan_settlement(&batch);
+    fn start(ctx: &Context, held: &mut Held, claim: &mut Claim, batch: Vec<Event>) -> InFlight {
+        claim.settlement_started(ctx, held);
+        let (outcome, plan) = plan_settlement(ctx, held, claim, &batch);
         let work: Settling = if plan.is_empty() {
             Box::pin(std::future::ready(Ok(Settled::default())))
         } else {
-            let writer = self.parts.writer.clone();
+            let writer = ctx.parts.writer.clone();
             // Its own task, so it makes progress while the loop is busy elsewhere.
             let task = tokio::spawn(async move {
                 let mut attempt = 0u32;
@@ -55,8 +187,11 @@ impl Core {
 
     /// Applies a committed settlement: forgets the settled jobs, wakes their
     /// waiters, and places what it claimed.
-    pub(super) async fn finish_settlement(
-        &mut self,
+    async fn finish_settlement(
+        ctx: &Context,
+        held: &mut Held,
+        claim: &mut Claim,
+        publish: &mut Publish,
         batch: Vec<Event>,
         mut outcome: Outcome,
         done: Result<Settled, DbErr>,
@@ -110,7 +245,7 @@ impl Core {
                 outcome.claims = settled.claims;
                 // Chunks and progress are stored: readers of this process
                 // that were missing one (a gap) can read it now.
-                self.parts.live.stored(batch.iter().filter_map(stream_job));
+                ctx.parts.live.stored(batch.iter().filter_map(stream_job));
             }
             Err(error) => {
                 tracing::warn!(%error, "giving up on settling worker events");
@@ -118,31 +253,31 @@ impl Core {
                 let lost: Vec<String> = outcome
                     .settled
                     .iter()
-                    .filter(|id| self.held.get(id).is_some_and(|r| !r.is_stored()))
+                    .filter(|id| held.get(id).is_some_and(|r| !r.is_stored()))
                     .cloned()
                     .collect();
                 for job_id in &lost {
-                    self.held.release(job_id);
+                    held.release(job_id);
                 }
-                self.parts.outcomes.lose(&lost);
+                ctx.parts.outcomes.lose(&lost);
                 // Left IN_PROGRESS in the database: forget them here so their
                 // lease lapses and a sweep requeues them.
                 for event in &batch {
                     if let Some(job_id) = terminal_job(event) {
-                        self.held.release(job_id);
+                        held.release(job_id);
                     }
                 }
                 return;
             }
         }
         for job_id in &outcome.stored {
-            if let Some(running) = self.held.get_mut(job_id) {
+            if let Some(running) = held.get_mut(job_id) {
                 running.unstored = None;
             }
         }
-        self.parts.lane.stored(&outcome.stored);
+        ctx.parts.lane.stored(&outcome.stored);
         for job_id in batch.iter().filter_map(stream_job) {
-            if let Some(running) = self.held.get_mut(job_id) {
+            if let Some(running) = held.get_mut(job_id) {
                 running.streamed = true;
             }
         }
@@ -151,360 +286,322 @@ impl Core {
         // follow it there).
         let mut streamed = HashSet::new();
         for job_id in &outcome.settled {
-            if self.held.release(job_id).is_some_and(|running| running.streamed) {
+            if held.release(job_id).is_some_and(|running| running.streamed) {
                 streamed.insert(job_id.clone());
             }
         }
         for model in outcome.refill {
             // Requeued: another process's scheduler may have a free slot first.
-            self.parts.outcomes.signal(Signal::Queued(model.clone()));
-            self.demand.queued(model);
+            ctx.parts.outcomes.signal(Signal::Queued(model.clone()));
+            claim.queued(model);
         }
-        self.publish(&outcome.finals, |row| row.sync || streamed.contains(&row.id));
+        publish.publish(ctx, &outcome.finals, |row| row.sync || streamed.contains(&row.id));
         for event in batch {
             if let Event::CapacityAvailable { model } = event {
-                self.demand.slot_freed(model);
+                claim.slot_freed(model);
             }
         }
         // Place what the transaction claimed; a model whose queue may hold
         // more stays marked for filling.
         for (model, want, rows) in outcome.claims {
-            match self.place(&model, want, rows).await {
-                Ok(more) => self.demand.settled_claim(&model, more),
+            match claim.place(ctx, held, publish, &model, want, rows).await {
+                Ok(more) => claim.settled_claim(&model, more),
                 Err(error) => tracing::warn!(%model, %error, "assigning claimed jobs failed"),
             }
         }
         // Jobs queued while the claim was being committed may not have been
         // seen by it: claim again rather than wait for a sweep.
-        self.demand.settlement_finished();
+        claim.settlement_finished();
     }
+}
 
-    /// Models to claim for in the settlement transaction of `batch`: those
-    /// marked for filling, those whose slots it freed (unless their queue was
-    /// found empty), and those it requeues jobs of.
-    pub(super) fn claim_models(&self, batch: &[Event], refill: &HashSet<String>) -> Vec<String> {
-        let freed = batch.iter().filter_map(|event| match event {
-            Event::CapacityAvailable { model } => Some(model),
-            _ => None,
-        });
-        let mut models = self.demand.claim_models(freed);
-        for model in refill {
-            if !models.contains(model) {
-                models.push(model.clone());
-            }
+/// Models to claim for in the settlement transaction of `batch`: those
+/// marked for filling, those whose slots it freed (unless their queue was
+/// found empty), and those it requeues jobs of.
+fn claim_models(claim: &Claim, batch: &[Event], refill: &HashSet<String>) -> Vec<String> {
+    let freed = batch.iter().filter_map(|event| match event {
+        Event::CapacityAvailable { model } => Some(model),
+        _ => None,
+    });
+    let mut models = claim.claim_models(freed);
+    for model in refill {
+        if !models.contains(model) {
+            models.push(model.clone());
         }
-        models
     }
+    models
+}
 
-    /// What settling `batch` writes (see `plan.rs`), and the bookkeeping to
-    /// apply once it is committed.
-    pub(super) fn plan_settlement(&self, batch: &[Event]) -> (Outcome, Plan) {
-        let mut plan = Plan::new(now_ms(), self.store.config(), &self.instance);
-        let mut outcome = Outcome::default();
-        // Jobs already settled earlier in this batch (duplicates are ignored).
-        let mut done: HashSet<&str> = HashSet::new();
-        // Unstored jobs this plan writes as running (they streamed a chunk):
-        // later events of the batch update that row like any other.
-        let mut written: HashSet<&str> = HashSet::new();
-        // Where each job's progress message is in `plan.progress` (the
-        // batch's latest one wins: one write per job per batch).
-        let mut progress_at: HashMap<&str, usize> = HashMap::new();
-        for event in batch {
-            let current = |job_id: &str, attempt: u32| {
-                self.held
-                    .get(job_id)
-                    .filter(|r| i64::from(r.attempt) == i64::from(attempt) && !done.contains(job_id))
-            };
-            // The in-memory row of an unstored job, if it still is.
-            let unstored = |running: &Running, job_id: &str| {
-                running
-                    .unstored
-                    .as_deref()
-                    .filter(|_| !written.contains(job_id))
-                    .cloned()
-            };
-            match event {
-                Event::Chunk {
-                    job_id,
-                    attempt,
-                    seq,
-                    output,
-                    ..
-                } => {
-                    let Some(running) = current(job_id, *attempt) else {
-                        continue;
-                    };
-                    // Chunks are read by job id: write the job first.
-                    if let Some(row) = unstored(running, job_id) {
-                        let worker = self.held.unwritten_worker(job_id);
-                        plan.stores.push(Store {
-                            row: plan.running(row, worker),
+/// What settling `batch` writes (see `plan.rs`), and the bookkeeping to
+/// apply once it is committed.
+fn plan_settlement(ctx: &Context, held: &Held, claim: &Claim, batch: &[Event]) -> (Outcome, Plan) {
+    let mut plan = Plan::new(now_ms(), ctx.store.config(), &ctx.instance);
+    let mut outcome = Outcome::default();
+    // Jobs already settled earlier in this batch (duplicates are ignored).
+    let mut done: HashSet<&str> = HashSet::new();
+    // Unstored jobs this plan writes as running (they streamed a chunk):
+    // later events of the batch update that row like any other.
+    let mut written: HashSet<&str> = HashSet::new();
+    // Where each job's progress message is in `plan.progress` (the
+    // batch's latest one wins: one write per job per batch).
+    let mut progress_at: HashMap<&str, usize> = HashMap::new();
+    for event in batch {
+        let current = |job_id: &str, attempt: u32| {
+            held.get(job_id)
+                .filter(|r| i64::from(r.attempt) == i64::from(attempt) && !done.contains(job_id))
+        };
+        // The in-memory row of an unstored job, if it still is.
+        let unstored = |running: &Running, job_id: &str| {
+            running
+                .unstored
+                .as_deref()
+                .filter(|_| !written.contains(job_id))
+                .cloned()
+        };
+        match event {
+            Event::Chunk {
+                job_id,
+                attempt,
+                seq,
+                output,
+                ..
+            } => {
+                let Some(running) = current(job_id, *attempt) else {
+                    continue;
+                };
+                // Chunks are read by job id: write the job first.
+                if let Some(row) = unstored(running, job_id) {
+                    let worker = held.unwritten_worker(job_id);
+                    plan.stores.push(Store {
+                        row: plan.running(row, worker),
+                        charge: None,
+                    });
+                    outcome.stored.push(job_id.clone());
+                    written.insert(job_id);
+                }
+                let seq = i64::try_from(*seq).unwrap_or(i64::MAX);
+                plan.chunks.push((job_id.clone(), seq, output.to_string()));
+            }
+            Event::Completed {
+                job_id,
+                attempt,
+                worker_id,
+                output,
+                usage,
+                files,
+                timings,
+            } => {
+                // The files are kept until their URLs expire: that stay is
+                // charged with the job, beside the model's usage.
+                let kept_bytes = files.iter().map(|file| file.size).fold(0u64, u64::saturating_add);
+                let config = ctx.store.config();
+                let kept = config.storage_prices.kept_files(kept_bytes, config.file_lifetime_ms());
+                let files = (!files.is_empty()).then(|| serde_json::to_string(files).unwrap_or_default());
+                let timings =
+                    WorkerTimings::from_nanos(timings.queue_ns, timings.load_ns, timings.run_ns).map(|t| t.stored());
+                let Some(running) = current(job_id, *attempt) else {
+                    tracing::debug!(%job_id, attempt, "ignoring a result for an attempt not running here");
+                    continue;
+                };
+                let row = unstored(running, job_id);
+                done.insert(job_id);
+                outcome.settled.push(job_id.clone());
+                // A user's endpoint is priced by its workers' time, not per job.
+                let endpoint = gantry_catalog::is_endpoint_id(&running.model)
+                    .then(|| gantry_catalog::ModelSpec::endpoint(running.model.clone()));
+                let priced = match ctx.catalog.get(&running.model).or(endpoint.as_ref()) {
+                    Some(spec) => gantry_billing::cost(usage.quantity_micros, &usage.unit, spec)
+                        .map_err(|e| format!("cannot bill the result: {e}")),
+                    None => Err(format!("model {:?} is not in the catalog", running.model)),
+                };
+                let priced = priced.and_then(|amount| {
+                    Ok(Usage {
+                        unit: usage.unit.clone(),
+                        quantity_micros: usage.quantity_micros,
+                        amount: amount
+                            .checked_add(kept)
+                            .ok_or_else(|| "cannot bill the result: its cost does not fit in 64 bits".to_owned())?,
+                    })
+                });
+                if let Some(row) = row {
+                    outcome.stored.push(job_id.clone());
+                    plan.stores.push(match priced {
+                        Ok(usage) => Store {
+                            row: plan.completed(
+                                row,
+                                worker_id,
+                                if endpoint.is_some() {
+                                    // A user's output is theirs, unchanged.
+                                    output.to_string()
+                                } else {
+                                    output_with_cost(output, usage.amount)
+                                },
+                                &usage,
+                                files,
+                                timings,
+                            ),
+                            charge: Some(usage),
+                        },
+                        Err(error) => Store {
+                            row: plan.finished(row, JobStatus::Failed, Some(error), Some(worker_id.clone())),
                             charge: None,
-                        });
-                        outcome.stored.push(job_id.clone());
-                        written.insert(job_id);
-                    }
-                    let seq = i64::try_from(*seq).unwrap_or(i64::MAX);
-                    plan.chunks.push((job_id.clone(), seq, output.to_string()));
-                }
-                Event::Completed {
-                    job_id,
-                    attempt,
-                    worker_id,
-                    output,
-                    usage,
-                    files,
-                    timings,
-                } => {
-                    // The files are kept until their URLs expire: that stay is
-                    // charged with the job, beside the model's usage.
-                    let kept_bytes = files.iter().map(|file| file.size).fold(0u64, u64::saturating_add);
-                    let config = self.store.config();
-                    let kept = config.storage_prices.kept_files(kept_bytes, config.file_lifetime_ms());
-                    let files = (!files.is_empty()).then(|| serde_json::to_string(files).unwrap_or_default());
-                    let timings = WorkerTimings::from_nanos(timings.queue_ns, timings.load_ns, timings.run_ns)
-                        .map(|t| t.stored());
-                    let Some(running) = current(job_id, *attempt) else {
-                        tracing::debug!(%job_id, attempt, "ignoring a result for an attempt not running here");
-                        continue;
-                    };
-                    let row = unstored(running, job_id);
-                    done.insert(job_id);
-                    outcome.settled.push(job_id.clone());
-                    // A user's endpoint is priced by its workers' time, not per job.
-                    let endpoint = gantry_catalog::is_endpoint_id(&running.model)
-                        .then(|| gantry_catalog::ModelSpec::endpoint(running.model.clone()));
-                    let priced = match self.catalog.get(&running.model).or(endpoint.as_ref()) {
-                        Some(spec) => gantry_billing::cost(usage.quantity_micros, &usage.unit, spec)
-                            .map_err(|e| format!("cannot bill the result: {e}")),
-                        None => Err(format!("model {:?} is not in the catalog", running.model)),
-                    };
-                    let priced = priced.and_then(|amount| {
-                        Ok(Usage {
-                            unit: usage.unit.clone(),
-                            quantity_micros: usage.quantity_micros,
-                            amount: amount
-                                .checked_add(kept)
-                                .ok_or_else(|| "cannot bill the result: its cost does not fit in 64 bits".to_owned())?,
-                        })
-                    });
-                    if let Some(row) = row {
-                        outcome.stored.push(job_id.clone());
-                        plan.stores.push(match priced {
-                            Ok(usage) => Store {
-                                row: plan.completed(
-                                    row,
-                                    worker_id,
-                                    if endpoint.is_some() {
-                                        // A user's output is theirs, unchanged.
-                                        output.to_string()
-                                    } else {
-                                        output_with_cost(output, usage.amount)
-                                    },
-                                    &usage,
-                                    files,
-                                    timings,
-                                ),
-                                charge: Some(usage),
-                            },
-                            Err(error) => Store {
-                                row: plan.finished(row, JobStatus::Failed, Some(error), Some(worker_id.clone())),
-                                charge: None,
-                            },
-                        });
-                        continue;
-                    }
-                    plan.steps.push(match priced {
-                        Ok(usage) => Step::Complete {
-                            job_id: job_id.clone(),
-                            attempt: i64::from(*attempt),
-                            worker_id: worker_id.clone(),
-                            output: if endpoint.is_some() {
-                                // A user's output is theirs, unchanged.
-                                output.to_string()
-                            } else {
-                                output_with_cost(output, usage.amount)
-                            },
-                            usage,
-                            files,
-                            timings,
-                        },
-                        Err(error) => Step::Finish {
-                            job_id: job_id.clone(),
-                            attempt: i64::from(*attempt),
-                            status: JobStatus::Failed,
-                            error: Some(error),
-                            worker_id: Some(worker_id.clone()),
                         },
                     });
+                    continue;
                 }
-                Event::Failed {
-                    job_id,
-                    attempt,
-                    worker_id,
-                    error,
-                    retryable,
-                } => {
-                    let Some(running) = current(job_id, *attempt) else {
-                        continue;
-                    };
-                    let row = unstored(running, job_id);
-                    done.insert(job_id);
-                    outcome.settled.push(job_id.clone());
-                    let status = if error == DEADLINE_EXCEEDED {
-                        JobStatus::TimedOut
-                    } else {
-                        JobStatus::Failed
-                    };
-                    if *retryable {
-                        outcome.refill.insert(running.model.clone());
-                    }
-                    if let Some(row) = row {
-                        outcome.stored.push(job_id.clone());
-                        let row = if *retryable {
-                            plan.requeued(row, error)
+                plan.steps.push(match priced {
+                    Ok(usage) => Step::Complete {
+                        job_id: job_id.clone(),
+                        attempt: i64::from(*attempt),
+                        worker_id: worker_id.clone(),
+                        output: if endpoint.is_some() {
+                            // A user's output is theirs, unchanged.
+                            output.to_string()
                         } else {
-                            plan.finished(row, status, Some(error.clone()), Some(worker_id.clone()))
-                        };
-                        plan.stores.push(Store { row, charge: None });
-                    } else if *retryable {
-                        plan.steps.push(Step::Requeue {
-                            job_id: job_id.clone(),
-                            attempt: i64::from(running.attempt),
-                            error: error.clone(),
-                        });
-                    } else {
-                        plan.steps.push(Step::Finish {
-                            job_id: job_id.clone(),
-                            attempt: i64::from(*attempt),
-                            status,
-                            error: Some(error.clone()),
-                            worker_id: Some(worker_id.clone()),
-                        });
-                    }
+                            output_with_cost(output, usage.amount)
+                        },
+                        usage,
+                        files,
+                        timings,
+                    },
+                    Err(error) => Step::Finish {
+                        job_id: job_id.clone(),
+                        attempt: i64::from(*attempt),
+                        status: JobStatus::Failed,
+                        error: Some(error),
+                        worker_id: Some(worker_id.clone()),
+                    },
+                });
+            }
+            Event::Failed {
+                job_id,
+                attempt,
+                worker_id,
+                error,
+                retryable,
+            } => {
+                let Some(running) = current(job_id, *attempt) else {
+                    continue;
+                };
+                let row = unstored(running, job_id);
+                done.insert(job_id);
+                outcome.settled.push(job_id.clone());
+                let status = if error == DEADLINE_EXCEEDED {
+                    JobStatus::TimedOut
+                } else {
+                    JobStatus::Failed
+                };
+                if *retryable {
+                    outcome.refill.insert(running.model.clone());
                 }
-                Event::Cancelled { job_id, attempt, .. } => {
-                    let Some(running) = current(job_id, *attempt) else {
-                        continue;
+                if let Some(row) = row {
+                    outcome.stored.push(job_id.clone());
+                    let row = if *retryable {
+                        plan.requeued(row, error)
+                    } else {
+                        plan.finished(row, status, Some(error.clone()), Some(worker_id.clone()))
                     };
-                    let row = unstored(running, job_id);
-                    done.insert(job_id);
-                    outcome.settled.push(job_id.clone());
-                    if let Some(row) = row {
-                        outcome.stored.push(job_id.clone());
-                        plan.stores.push(Store {
-                            row: plan.finished(row, JobStatus::Cancelled, None, None),
-                            charge: None,
-                        });
-                        continue;
-                    }
-                    // Normally already CANCELLED (or TIMED_OUT) in the database.
+                    plan.stores.push(Store { row, charge: None });
+                } else if *retryable {
+                    plan.steps.push(Step::Requeue {
+                        job_id: job_id.clone(),
+                        attempt: i64::from(running.attempt),
+                        error: error.clone(),
+                    });
+                } else {
                     plan.steps.push(Step::Finish {
                         job_id: job_id.clone(),
                         attempt: i64::from(*attempt),
-                        status: JobStatus::Cancelled,
-                        error: None,
-                        worker_id: None,
+                        status,
+                        error: Some(error.clone()),
+                        worker_id: Some(worker_id.clone()),
                     });
                 }
-                Event::WorkerLost { running_job_ids, .. } => {
-                    for job_id in running_job_ids {
-                        let Some(running) = self.held.get(job_id).filter(|_| !done.contains(job_id.as_str())) else {
-                            continue;
-                        };
-                        let row = unstored(running, job_id);
-                        done.insert(job_id);
-                        outcome.settled.push(job_id.clone());
-                        outcome.refill.insert(running.model.clone());
-                        if let Some(row) = row {
-                            outcome.stored.push(job_id.clone());
-                            plan.stores.push(Store {
-                                row: plan.requeued(row, "worker lost"),
-                                charge: None,
-                            });
-                            continue;
-                        }
-                        plan.steps.push(Step::Requeue {
-                            job_id: job_id.clone(),
-                            attempt: i64::from(running.attempt),
-                            error: "worker lost".into(),
-                        });
-                    }
+            }
+            Event::Cancelled { job_id, attempt, .. } => {
+                let Some(running) = current(job_id, *attempt) else {
+                    continue;
+                };
+                let row = unstored(running, job_id);
+                done.insert(job_id);
+                outcome.settled.push(job_id.clone());
+                if let Some(row) = row {
+                    outcome.stored.push(job_id.clone());
+                    plan.stores.push(Store {
+                        row: plan.finished(row, JobStatus::Cancelled, None, None),
+                        charge: None,
+                    });
+                    continue;
                 }
-                Event::Progress {
-                    job_id,
-                    attempt,
-                    message,
-                    ..
-                } => {
-                    let Some(running) = current(job_id, *attempt) else {
+                // Normally already CANCELLED (or TIMED_OUT) in the database.
+                plan.steps.push(Step::Finish {
+                    job_id: job_id.clone(),
+                    attempt: i64::from(*attempt),
+                    status: JobStatus::Cancelled,
+                    error: None,
+                    worker_id: None,
+                });
+            }
+            Event::WorkerLost { running_job_ids, .. } => {
+                for job_id in running_job_ids {
+                    let Some(running) = held.get(job_id).filter(|_| !done.contains(job_id.as_str())) else {
                         continue;
                     };
-                    // A job not written yet has no row to show progress on.
-                    if unstored(running, job_id).is_some() {
+                    let row = unstored(running, job_id);
+                    done.insert(job_id);
+                    outcome.settled.push(job_id.clone());
+                    outcome.refill.insert(running.model.clone());
+                    if let Some(row) = row {
+                        outcome.stored.push(job_id.clone());
+                        plan.stores.push(Store {
+                            row: plan.requeued(row, "worker lost"),
+                            charge: None,
+                        });
                         continue;
                     }
-                    let text = message.to_string();
-                    match progress_at.get(job_id.as_str()) {
-                        Some(&i) => plan.progress[i].2 = text,
-                        None => {
-                            progress_at.insert(job_id.as_str(), plan.progress.len());
-                            plan.progress
-                                .push((job_id.clone(), i32::try_from(*attempt).unwrap_or(i32::MAX), text));
-                        }
+                    plan.steps.push(Step::Requeue {
+                        job_id: job_id.clone(),
+                        attempt: i64::from(running.attempt),
+                        error: "worker lost".into(),
+                    });
+                }
+            }
+            Event::Progress {
+                job_id,
+                attempt,
+                message,
+                ..
+            } => {
+                let Some(running) = current(job_id, *attempt) else {
+                    continue;
+                };
+                // A job not written yet has no row to show progress on.
+                if unstored(running, job_id).is_some() {
+                    continue;
+                }
+                let text = message.to_string();
+                match progress_at.get(job_id.as_str()) {
+                    Some(&i) => plan.progress[i].2 = text,
+                    None => {
+                        progress_at.insert(job_id.as_str(), plan.progress.len());
+                        plan.progress
+                            .push((job_id.clone(), i32::try_from(*attempt).unwrap_or(i32::MAX), text));
                     }
                 }
-                Event::CapacityAvailable { .. } => {}
             }
-        }
-        // The slots these results freed: claim their next jobs in the same
-        // commit (one write lock and one commit fewer per round). They are
-        // assigned after the commit.
-        for model in self.claim_models(batch, &outcome.refill) {
-            let want = self.want(&model);
-            if want > 0 {
-                plan.claims.push((model, want));
-            }
-        }
-        (outcome, plan)
-    }
-
-    /// Wakes in-process waiters and sends webhooks for jobs that just ended.
-    /// `announce` says which of them other processes are told about (when
-    /// Redis signals are configured): those a caller or reader may follow
-    /// there. The rare bulk endings (timeouts, orphans) announce all.
-    pub(super) fn publish(&mut self, finals: &[job::Model], announce: impl Fn(&job::Model) -> bool) {
-        self.statistics.finished(finals.len());
-        if finals.is_empty() {
-            return;
-        }
-        let now = now_ms();
-        let observed = gantry_telemetry::metrics();
-        for row in finals {
-            let ms = |from: i64, to: Option<i64>| {
-                to.map(|to| std::time::Duration::from_millis(u64::try_from(to - from).unwrap_or(0)))
-            };
-            let delay = row
-                .started_at_ms
-                .and_then(|started| ms(row.queued_at_ms, Some(started)));
-            let execution = row.started_at_ms.and_then(|started| ms(started, row.completed_at_ms));
-            observed.job_finished(&row.model, delay, execution);
-        }
-        let views: Vec<JobView> = finals.iter().map(|row| JobView::of(row, now)).collect();
-        self.parts.outcomes.finished(&views, |i| announce(&finals[i]));
-        for (row, view) in finals.iter().zip(views) {
-            if let Some(url) = row.webhook.clone() {
-                self.webhooks.send(url, row.user_id.clone(), view, row.completed_at_ms);
-            }
+            Event::CapacityAvailable { .. } => {}
         }
     }
-
-    // ---- claiming and assigning ----
-
-    /// Runs `plan` now, waiting for its commit (see `JobWriter::settle`).
-    pub(super) async fn run_plan(&self, plan: Plan) -> Result<Settled, DbErr> {
-        self.parts.writer.settle(plan).await
+    // The slots these results freed: claim their next jobs in the same
+    // commit (one write lock and one commit fewer per round). They are
+    // assigned after the commit.
+    for model in claim_models(claim, batch, &outcome.refill) {
+        let want = claim.want(ctx, &model);
+        if want > 0 {
+            plan.claims.push((model, want));
+        }
     }
+    (outcome, plan)
 }
 
 /// Settles `plan` job by job, after it failed whole with `error`: a job whose
@@ -559,4 +656,22 @@ fn output_with_cost(output: &Value, amount: i64) -> String {
 /// Nanoseconds as fractional milliseconds, for span attributes.
 fn millis(ns: u64) -> f64 {
     ns as f64 / 1e6
+}
+
+/// The job of a chunk or progress message: output that live readers get
+/// before it is stored, so storing it can wait a little for company.
+fn stream_job(event: &Event) -> Option<&str> {
+    match event {
+        Event::Chunk { job_id, .. } | Event::Progress { job_id, .. } => Some(job_id),
+        _ => None,
+    }
+}
+
+fn terminal_job(event: &Event) -> Option<&str> {
+    match event {
+        Event::Completed { job_id, .. } | Event::Failed { job_id, .. } | Event::Cancelled { job_id, .. } => {
+            Some(job_id)
+        }
+        _ => None,
+    }
 }

@@ -1,12 +1,12 @@
 //! The periodic sweep: renewing this instance's leases, rechecking jobs other processes
 //! cancelled, timing out runs past their deadline, requeueing jobs whose scheduler died,
-//! deleting expired jobs, and refreshing PostgreSQL's statistics as the table grows.
+//! deleting expired jobs, and refreshing PostgreSQL's statistics as the table grows (the
+//! count of finished jobs is `Publish`'s, see `publish.rs`).
 
 use std::collections::HashSet;
+use std::time::Duration;
 
-use sea_orm::{
-    ColumnTrait, ConnectionTrait, DatabaseConnection, DbBackend, DbErr, EntityTrait, QueryFilter, QuerySelect,
-};
+use sea_orm::{ColumnTrait, DbErr, EntityTrait, QueryFilter, QuerySelect};
 
 use gantry_jobs::JobStatus;
 use gantry_jobs::Retention;
@@ -18,138 +18,217 @@ use gantry_jobs::transition::plan::is_final;
 
 use job::Column as J;
 
-use super::Core;
+use super::Context;
+use super::assign::Claim;
+use super::held::{Held, Running};
+use super::publish::Publish;
+use super::worker_presence::Presence;
 
 /// Expired jobs deleted per round, and rounds per sweep.
 const EXPIRE_BATCH: u64 = 1000;
 const EXPIRE_ROUNDS: usize = 10;
-/// The most finished jobs between two `ANALYZE jobs` (PostgreSQL).
-const ANALYZE_AFTER_MAX: u64 = 1_000_000;
-/// Jobs finished before the first `ANALYZE`; see [`Statistics`].
-const ANALYZE_AFTER_FIRST: u64 = 1_000;
 
-impl Core {
-    pub(super) async fn sweep(&mut self) -> Result<(), DbErr> {
-        let result = self.sweep_rows().await;
+/// The sweep duty: leases, rechecks, timeouts, orphans and expiry. It owns
+/// the presence duty ([`Presence`]) and the running jobs to recheck. The loop
+/// calls it at each tick ([`Sweep::sweep`]), when a held job is due
+/// ([`Sweep::deadlines`]), with what a wake-up asks to recheck and between
+/// settlements; it tells the claim duty which models may have queued jobs,
+/// has it write the worker ids and due jobs, and has `Publish` publish what
+/// it ended.
+pub(super) struct Sweep {
+    /// The presence duty (`worker_presence.rs`), with its own state.
+    presence: Presence,
+    /// Running jobs another process signalled cancelled: their rows are
+    /// checked between settlements (see `recheck`).
+    rechecks: HashSet<String>,
+}
+
+impl Sweep {
+    pub(super) fn new(presence: Presence) -> Self {
+        Self {
+            presence,
+            rechecks: HashSet::new(),
+        }
+    }
+
+    pub(super) async fn sweep(
+        &mut self,
+        ctx: &Context,
+        held: &mut Held,
+        claim: &mut Claim,
+        publish: &mut Publish,
+    ) -> Result<(), DbErr> {
+        let result = self.sweep_rows(ctx, held, claim, publish).await;
         // Claim anything left queued (submitted elsewhere, or a lost wake-up),
         // even when a step above failed (a slow or lost connection): the
         // claim is the fallback that keeps a queued job from waiting for
         // a wake-up that may never come.
-        let health = self.dispatcher.health();
-        self.demand.all_with_free_slots(&health, false);
+        let health = ctx.dispatcher.health();
+        claim.all_with_free_slots(&health, false);
         result
     }
 
     /// The sweep's row work: leases, timeouts, orphans, expiry, worker
     /// rows, webhook deliveries and presence, in that order; the first
     /// failure stops it until the next sweep.
-    pub(super) async fn sweep_rows(&mut self) -> Result<(), DbErr> {
-        self.statistics.refresh_if_grown(&self.db).await;
-        self.renew().await?;
-        self.time_out().await?;
-        self.requeue_orphans(false).await?;
-        self.expire().await?;
-        self.flush_workers().await?;
-        self.webhooks.take_over(now_ms()).await?;
-        let health = self.dispatcher.health();
-        self.presence.publish(&health, &self.dispatcher).await
+    pub(super) async fn sweep_rows(
+        &mut self,
+        ctx: &Context,
+        held: &mut Held,
+        claim: &mut Claim,
+        publish: &mut Publish,
+    ) -> Result<(), DbErr> {
+        publish.refresh_statistics(&ctx.db).await;
+        self.renew(ctx, held).await?;
+        self.time_out(ctx, held, publish).await?;
+        self.requeue_orphans(ctx, held, claim, publish, false).await?;
+        self.expire(ctx, held).await?;
+        claim.flush_workers(ctx, held).await?;
+        publish.take_over(now_ms()).await?;
+        let health = ctx.dispatcher.health();
+        self.presence.publish(&health, &ctx.dispatcher).await
+    }
+
+    /// A held job is due (see `Held::next_due`): writes the unstored jobs
+    /// due (see `Claim::store_due`), then ends those past their deadline.
+    pub(super) async fn deadlines(&self, ctx: &Context, held: &mut Held, claim: &Claim, publish: &mut Publish) {
+        if let Err(error) = claim.store_due(ctx, held).await {
+            tracing::warn!(%error, "writing running jobs failed");
+        }
+        let now = now_ms();
+        let timed_out = held.any_overdue(now);
+        if timed_out && let Err(error) = self.time_out(ctx, held, publish).await {
+            tracing::warn!(%error, "timeout sweep failed");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// Notes running jobs another process signalled cancelled (those held
+    /// with a written row), to recheck between settlements.
+    pub(super) fn recheck_soon(&mut self, ids: HashSet<String>, held: &Held) {
+        self.rechecks.extend(
+            ids.into_iter()
+                .filter(|id| held.get(id).is_some_and(Running::is_stored)),
+        );
+    }
+
+    /// Rechecks the jobs noted by [`Sweep::recheck_soon`], if any.
+    pub(super) async fn recheck_signalled(&mut self, ctx: &Context, held: &mut Held) {
+        if !self.rechecks.is_empty() {
+            let ids: Vec<String> = self.rechecks.drain().collect();
+            if let Err(error) = self.recheck(ctx, held, ids).await {
+                tracing::warn!(%error, "checking cancelled jobs failed");
+            }
+        }
+    }
+
+    /// On shutdown: withdraws this instance's worker presence (see
+    /// [`Presence::withdraw`]).
+    pub(super) async fn withdraw(&mut self) -> Result<(), DbErr> {
+        self.presence.withdraw().await
     }
 
     /// Renews this instance's lease on the jobs it runs, and learns which of
     /// them ended elsewhere (cancelled, timed out, expired, requeued): those
     /// are stopped on their workers.
-    pub(super) async fn renew(&mut self) -> Result<(), DbErr> {
-        if self.held.is_empty() {
+    pub(super) async fn renew(&self, ctx: &Context, held: &mut Held) -> Result<(), DbErr> {
+        if held.is_empty() {
             return Ok(());
         }
         // Unstored jobs have no row to renew (nor can anything end them elsewhere).
-        let ids = self.held.stored_where(|_| true);
-        self.recheck(ids).await
+        let ids = held.stored_where(|_| true);
+        self.recheck(ctx, held, ids).await
     }
 
     /// Renews the leases of these running jobs, and stops those whose rows
     /// are no longer this instance's running attempt (cancelled, timed out or
     /// requeued elsewhere). The sweep does it for every running job; a
     /// cancel signalled by another process does it for that job at once.
-    pub(super) async fn recheck(&mut self, ids: Vec<String>) -> Result<(), DbErr> {
-        let lease_until = now_ms().saturating_add(millis(self.store.config().lease));
-        let alive: HashSet<(String, i32)> = self
+    pub(super) async fn recheck(&self, ctx: &Context, held: &mut Held, ids: Vec<String>) -> Result<(), DbErr> {
+        let lease_until = now_ms().saturating_add(millis(ctx.store.config().lease));
+        let alive: HashSet<(String, i32)> = ctx
             .parts
             .writer
-            .renew(&ids, &self.instance, lease_until)
+            .renew(&ids, &ctx.instance, lease_until)
             .await?
             .into_iter()
             .collect();
         let gone: Vec<String> = ids
             .into_iter()
             .filter(|id| {
-                self.held
-                    .get(id)
+                held.get(id)
                     .is_some_and(|r| r.is_stored() && !alive.contains(&(id.clone(), r.attempt)))
             })
             .collect();
         for job_id in gone {
-            self.held.release(&job_id);
-            self.dispatcher.cancel(&job_id, "job ended");
+            held.release(&job_id);
+            ctx.dispatcher.cancel(&job_id, "job ended");
         }
         Ok(())
     }
 
     /// Ends every running job (of any scheduler) past its execution timeout.
-    pub(super) async fn time_out(&mut self) -> Result<(), DbErr> {
+    pub(super) async fn time_out(&self, ctx: &Context, held: &mut Held, publish: &mut Publish) -> Result<(), DbErr> {
         let now = now_ms();
-        let rows = self
+        let rows = ctx
             .parts
             .writer
-            .time_out(Retention::of(self.store.config(), now))
+            .time_out(Retention::of(ctx.store.config(), now))
             .await?;
         // Every job of ours that is due has now ended: timed out by this
         // statement, or already finished elsewhere. Stop them all (but those
         // not written yet: they are written first, see `store_due`).
-        let due = self.held.stored_where(|r| r.deadline_ms <= now);
+        let due = held.stored_where(|r| r.deadline_ms <= now);
         for job_id in due {
-            self.held.release(&job_id);
-            self.dispatcher.cancel(&job_id, "execution timeout");
+            held.release(&job_id);
+            ctx.dispatcher.cancel(&job_id, "execution timeout");
         }
-        self.publish(&rows, |_| true);
+        publish.publish(ctx, &rows, |_| true);
         Ok(())
     }
 
     /// Requeues running jobs whose scheduler's lease lapsed (it crashed or lost
     /// the database), or fails them once out of attempts; with `all`, every
     /// running job, leased or not (at the start of the database's sole owner).
-    pub(super) async fn requeue_orphans(&mut self, all: bool) -> Result<(), DbErr> {
+    pub(super) async fn requeue_orphans(
+        &self,
+        ctx: &Context,
+        held: &mut Held,
+        claim: &mut Claim,
+        publish: &mut Publish,
+        all: bool,
+    ) -> Result<(), DbErr> {
         let now = now_ms();
         let lapsed = if all { i64::MAX } else { now };
-        let rows = self
+        let rows = ctx
             .parts
             .writer
-            .requeue_orphans(Retention::of(self.store.config(), now), lapsed)
+            .requeue_orphans(Retention::of(ctx.store.config(), now), lapsed)
             .await?;
         if all && !rows.is_empty() {
             tracing::info!(jobs = rows.len(), "requeued the jobs a previous process left running");
         }
         let mut requeued = HashSet::new();
         for row in &rows {
-            if self.held.release(&row.id).is_some() {
-                self.dispatcher.cancel(&row.id, "lease lapsed");
+            if held.release(&row.id).is_some() {
+                ctx.dispatcher.cancel(&row.id, "lease lapsed");
             }
-            self.demand.queued(row.model.clone());
+            claim.queued(row.model.clone());
             if row.status == JobStatus::InQueue.as_str() && requeued.insert(row.model.as_str()) {
-                self.parts.outcomes.signal(Signal::Queued(row.model.clone()));
+                ctx.parts.outcomes.signal(Signal::Queued(row.model.clone()));
             }
         }
         let finals: Vec<job::Model> = rows.into_iter().filter(is_final).collect();
-        self.publish(&finals, |_| true);
+        publish.publish(ctx, &finals, |_| true);
         Ok(())
     }
 
     /// Deletes jobs past their TTL (queued or running) or their result
     /// retention (finished), with their chunks.
-    pub(super) async fn expire(&mut self) -> Result<(), DbErr> {
+    pub(super) async fn expire(&self, ctx: &Context, held: &mut Held) -> Result<(), DbErr> {
         // A few rounds per sweep, so a backlog shrinks at high throughput.
         for _ in 0..EXPIRE_ROUNDS {
-            if self.expire_some().await? < EXPIRE_BATCH {
+            if self.expire_some(ctx, held).await? < EXPIRE_BATCH {
                 break;
             }
         }
@@ -157,7 +236,7 @@ impl Core {
     }
 
     /// Deletes up to `EXPIRE_BATCH` expired jobs; returns how many were found.
-    pub(super) async fn expire_some(&mut self) -> Result<u64, DbErr> {
+    pub(super) async fn expire_some(&self, ctx: &Context, held: &mut Held) -> Result<u64, DbErr> {
         let now = now_ms();
         let doomed: Vec<String> = job::Entity::find()
             .select_only()
@@ -165,58 +244,15 @@ impl Core {
             .filter(J::ExpiresAtMs.lte(now))
             .limit(EXPIRE_BATCH)
             .into_tuple()
-            .all(&self.db)
+            .all(&ctx.db)
             .await?;
         let found = doomed.len() as u64;
         // A job retried since it was listed is kept (the writer's guard).
-        for job_id in self.parts.writer.expire(&doomed, now).await? {
-            if self.held.release(&job_id).is_some() {
-                self.dispatcher.cancel(&job_id, "ttl expired");
+        for job_id in ctx.parts.writer.expire(&doomed, now).await? {
+            if held.release(&job_id).is_some() {
+                ctx.dispatcher.cancel(&job_id, "ttl expired");
             }
         }
         Ok(found)
-    }
-}
-
-/// PostgreSQL: refreshes the planner's statistics of `jobs` after this
-/// instance has finished 1 000 jobs, then 2 000 more, 4 000… (up to every
-/// million). A connection keeps the generic plan it makes of a statement
-/// after five runs until the table's statistics change; made while `jobs`
-/// was nearly empty (a new database; autovacuum analyzes only about once a
-/// minute), the settlement's plan scanned the table for every job and took
-/// seconds once it held tens of thousands of rows. `ANALYZE` samples a
-/// bounded number of rows and makes connections plan again.
-pub(super) struct Statistics {
-    /// Jobs finished since the last refresh.
-    finished: u64,
-    /// How many call for the next.
-    after: u64,
-}
-
-impl Statistics {
-    pub(super) fn new() -> Self {
-        Self {
-            finished: 0,
-            after: ANALYZE_AFTER_FIRST,
-        }
-    }
-
-    /// Counts jobs this instance finished.
-    pub(super) fn finished(&mut self, jobs: usize) {
-        self.finished = self.finished.saturating_add(jobs as u64);
-    }
-
-    /// Runs `ANALYZE jobs` once enough jobs finished (PostgreSQL only).
-    pub(super) async fn refresh_if_grown(&mut self, db: &DatabaseConnection) {
-        if self.finished < self.after || db.get_database_backend() != DbBackend::Postgres {
-            return;
-        }
-        match db.execute_unprepared("ANALYZE jobs").await {
-            Ok(_) => {
-                self.finished = 0;
-                self.after = (self.after * 2).min(ANALYZE_AFTER_MAX);
-            }
-            Err(error) => tracing::warn!(%error, "could not analyze the jobs table"),
-        }
     }
 }

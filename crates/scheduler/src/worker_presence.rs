@@ -1,7 +1,8 @@
 //! The presence duty: which models this instance has workers for
 //! (`worker_presence`) and the GPUs they report (`worker_gpus`), published
-//! at each sweep and withdrawn at shutdown. It owns its state; the loop
-//! calls [`Presence::publish`] and [`Presence::withdraw`].
+//! at each sweep and withdrawn at shutdown. It owns its state; the sweep
+//! duty (`sweep.rs`) owns it and calls [`Presence::publish`], and
+//! [`Presence::withdraw`] when the loop has it withdraw at shutdown.
 
 use std::collections::HashSet;
 

@@ -106,10 +106,10 @@ pub struct Metrics {
     ratelimit: Mutex<BTreeMap<(&'static str, &'static str), u64>>,
     job_delay: Mutex<BTreeMap<String, Histogram>>,
     job_execution: Mutex<BTreeMap<String, Histogram>>,
-    /// What workers reported of the jobs settled here, by (model, phase).
-    job_worker: Mutex<BTreeMap<(String, &'static str), Histogram>>,
-    /// A worker's jobs by (model, outcome), and its run times by model.
-    worker_jobs: Mutex<BTreeMap<(String, &'static str), u64>>,
+    /// What workers reported of the jobs settled here, by model and phase.
+    job_worker: Mutex<BTreeMap<String, BTreeMap<&'static str, Histogram>>>,
+    /// A worker's jobs by model and outcome, and its run times by model.
+    worker_jobs: Mutex<BTreeMap<String, BTreeMap<&'static str, u64>>>,
     worker_run: Mutex<BTreeMap<String, Histogram>>,
     /// A worker's slots by model: (busy, total).
     worker_slots: Mutex<BTreeMap<String, (u64, u64)>>,
@@ -117,6 +117,16 @@ pub struct Metrics {
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+/// `model`'s entry of `map`, made by `new` the first time: the model's name
+/// is copied into the map once, not for every observation (these run once or
+/// more per job).
+fn by_model<'a, V>(map: &'a mut BTreeMap<String, V>, model: &str, new: impl FnOnce() -> V) -> &'a mut V {
+    if !map.contains_key(model) {
+        map.insert(model.to_owned(), new());
+    }
+    map.get_mut(model).unwrap_or_else(|| unreachable!("inserted above"))
 }
 
 /// The process-wide registry.
@@ -152,16 +162,10 @@ impl Metrics {
     /// A job of `model` that ended after waiting `delay` in the queue and running `execution`.
     pub fn job_finished(&self, model: &str, delay: Option<Duration>, execution: Option<Duration>) {
         if let Some(delay) = delay {
-            lock(&self.job_delay)
-                .entry(model.to_string())
-                .or_insert_with(|| Histogram::new(JOB_BUCKETS))
-                .observe(delay);
+            by_model(&mut lock(&self.job_delay), model, || Histogram::new(JOB_BUCKETS)).observe(delay);
         }
         if let Some(execution) = execution {
-            lock(&self.job_execution)
-                .entry(model.to_string())
-                .or_insert_with(|| Histogram::new(JOB_BUCKETS))
-                .observe(execution);
+            by_model(&mut lock(&self.job_execution), model, || Histogram::new(JOB_BUCKETS)).observe(execution);
         }
     }
 
@@ -170,8 +174,10 @@ impl Metrics {
     /// done for the job (`load`), and the model's run (`run`).
     pub fn job_worker_timings(&self, model: &str, queue: Duration, load: Duration, run: Duration) {
         let mut map = lock(&self.job_worker);
+        let phases = by_model(&mut map, model, BTreeMap::new);
         for (phase, took) in [("queue", queue), ("load", load), ("run", run)] {
-            map.entry((model.to_string(), phase))
+            phases
+                .entry(phase)
                 .or_insert_with(|| Histogram::new(JOB_BUCKETS))
                 .observe(took);
         }
@@ -180,18 +186,17 @@ impl Metrics {
     /// A job that ended on a worker of this process: `completed`, `failed`
     /// or `cancelled`, after running `run` in the model.
     pub fn worker_job_finished(&self, model: &str, outcome: &'static str, run: Option<Duration>) {
-        *lock(&self.worker_jobs).entry((model.to_string(), outcome)).or_insert(0) += 1;
+        *by_model(&mut lock(&self.worker_jobs), model, BTreeMap::new)
+            .entry(outcome)
+            .or_insert(0) += 1;
         if let Some(run) = run {
-            lock(&self.worker_run)
-                .entry(model.to_string())
-                .or_insert_with(|| Histogram::new(JOB_BUCKETS))
-                .observe(run);
+            by_model(&mut lock(&self.worker_run), model, || Histogram::new(JOB_BUCKETS)).observe(run);
         }
     }
 
     /// The slots of this process's worker of `model`: how many run a job now, of how many.
     pub fn worker_slots(&self, model: &str, busy: u64, total: u64) {
-        lock(&self.worker_slots).insert(model.to_string(), (busy, total));
+        *by_model(&mut lock(&self.worker_slots), model, || (0, 0)) = (busy, total);
     }
 
     /// Writes everything observed so far.
@@ -267,20 +272,24 @@ impl Metrics {
             "What workers reported of the jobs settled by this process, by model and phase: queue (the assignment \
              reaching the worker to the model starting), load (loading done for the job), run (in the model).",
         );
-        for ((model, phase), histogram) in lock(&self.job_worker).iter() {
-            histogram.write(out, "gantry_job_worker_seconds", &[("model", model), ("phase", phase)]);
+        for (model, phases) in lock(&self.job_worker).iter() {
+            for (phase, histogram) in phases {
+                histogram.write(out, "gantry_job_worker_seconds", &[("model", model), ("phase", phase)]);
+            }
         }
         out.family(
             "gantry_worker_jobs_total",
             "counter",
             "Jobs that ended on this process's workers, by model and outcome (completed, failed, cancelled).",
         );
-        for ((model, outcome), n) in lock(&self.worker_jobs).iter() {
-            out.sample(
-                "gantry_worker_jobs_total",
-                &[("model", model), ("outcome", outcome)],
-                *n as f64,
-            );
+        for (model, outcomes) in lock(&self.worker_jobs).iter() {
+            for (outcome, n) in outcomes {
+                out.sample(
+                    "gantry_worker_jobs_total",
+                    &[("model", model), ("outcome", outcome)],
+                    *n as f64,
+                );
+            }
         }
         out.family(
             "gantry_worker_job_run_seconds",

@@ -180,8 +180,12 @@ impl Options {
         // Only the steering members are read: the rest is never looked at.
         let steering: Map<String, Value> = STEERING
             .iter()
-            .filter_map(|&name| Some((name.to_owned(), object.get(name)?.clone())))
+            .filter_map(|&name| object.get(name).map(|value| (name.to_owned(), value.clone())))
             .collect();
+        if steering.is_empty() {
+            // Nothing to steer (the usual case): nothing to read.
+            return Ok(Self::default());
+        }
         let input: Input = gantry_input::read(Value::Object(steering))
             .map_err(|failures| JobError::BadInput(gantry_input::sentence(&failures)))?;
         let file = match input.file {
