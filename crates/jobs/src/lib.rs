@@ -42,7 +42,7 @@ pub use live::{Cursor, LiveStream, Taken};
 pub use metrics::render as render_metrics;
 pub use signals::Signal;
 pub use store::{JobStore, Outcomes, SchedulerParts};
-pub use transition::{JobWriter, Retention, WriteTurn};
+pub use transition::{JobWriter, Refused, Retention, WriteTurn};
 pub use types::{
     JobCounts, JobError, JobPolicy, JobStatus, JobView, Mode, NewJob, SchedulerError, StreamView, WorkerTimings,
 };

@@ -13,6 +13,7 @@ use serde_json::Value;
 use tokio::sync::mpsc;
 
 use gantry_jobs::JobWriter;
+use gantry_jobs::Refused;
 use gantry_jobs::Signal;
 use gantry_jobs::entity::job;
 use gantry_jobs::now_ms;
@@ -168,15 +169,26 @@ impl Settle {
             // Its own task, so it makes progress while the loop is busy elsewhere.
             let task = tokio::spawn(async move {
                 let mut attempt = 0u32;
+                let mut plan = plan;
                 loop {
-                    match writer.settle(plan.clone()).await {
+                    // A refused plan comes back, so none is copied for a retry.
+                    match writer.settle_or_return(plan).await {
                         Ok(settled) => return Ok(settled),
-                        Err(error) if attempt < 2 => {
+                        Err(Refused {
+                            error,
+                            plan: Some(back),
+                        }) if attempt < 2 => {
                             tracing::warn!(%error, attempt, "settling worker events failed");
                             tokio::time::sleep(Duration::from_millis(50 << attempt)).await;
                             attempt += 1;
+                            plan = *back;
                         }
-                        Err(error) => return settle_each(&writer, &plan, error).await,
+                        Err(Refused {
+                            error,
+                            plan: Some(back),
+                        }) => return settle_each(&writer, &back, error).await,
+                        // Lost with the SQLite writer thread: nothing can be written.
+                        Err(Refused { error, plan: None }) => return Err(error),
                     }
                 }
             });

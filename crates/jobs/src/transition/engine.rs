@@ -22,6 +22,7 @@ use rusqlite::{CachedStatement, Connection, OptionalExtension, Row, params};
 use sea_orm::DbErr;
 use tokio::sync::oneshot;
 
+use super::Refused;
 use super::plan::{Plan, Settled, Step, Usage, is_final, sqlite};
 use crate::entity::job;
 
@@ -54,20 +55,31 @@ pub type Admission = Result<(), (i64, i64)>;
 enum ReplyTo {
     Insert(oneshot::Sender<Result<(), DbErr>>),
     Admit(oneshot::Sender<Result<Admission, DbErr>>),
-    Settle(oneshot::Sender<Result<Settled, DbErr>>),
+    Settle(oneshot::Sender<Result<Settled, Refused>>),
 }
 
-impl ReplyTo {
-    fn send(self, result: Result<Done, DbErr>) {
-        match (self, result) {
+impl Op {
+    /// Answers the caller: a committed plan's stored final rows go with its
+    /// result (see `with_stored_finals`), a refused plan goes back.
+    fn answer(self, result: Result<Done, DbErr>) {
+        let Op { work, reply } = self;
+        match (reply, result) {
             (ReplyTo::Insert(to), Ok(_)) => drop(to.send(Ok(()))),
             (ReplyTo::Admit(to), Ok(Done::Refused(balance, held))) => drop(to.send(Ok(Err((balance, held))))),
             (ReplyTo::Admit(to), Ok(_)) => drop(to.send(Ok(Ok(())))),
-            (ReplyTo::Settle(to), Ok(Done::Settled(settled))) => drop(to.send(Ok(settled))),
-            (ReplyTo::Settle(to), Ok(_)) => drop(to.send(Ok(Settled::default()))),
+            (ReplyTo::Settle(to), Ok(done)) => drop(to.send(Ok(match with_stored_finals(work, done) {
+                Done::Settled(settled) => settled,
+                _ => Settled::default(),
+            }))),
             (ReplyTo::Insert(to), Err(error)) => drop(to.send(Err(error))),
             (ReplyTo::Admit(to), Err(error)) => drop(to.send(Err(error))),
-            (ReplyTo::Settle(to), Err(error)) => drop(to.send(Err(error))),
+            (ReplyTo::Settle(to), Err(error)) => drop(to.send(Err(Refused {
+                error,
+                plan: match work {
+                    Work::Settle(plan) => Some(plan),
+                    _ => None,
+                },
+            }))),
         }
     }
 }
@@ -135,14 +147,30 @@ impl Engine {
         done.await.map_err(|_| stopped())?
     }
 
-    /// Runs a settlement plan in one transaction; committed when this returns.
-    pub async fn settle(&self, plan: Plan) -> Result<Settled, DbErr> {
+    /// Runs a settlement plan in one transaction; committed when this returns,
+    /// or refused with the plan given back.
+    pub async fn settle(&self, plan: Plan) -> Result<Settled, Refused> {
         let (reply, done) = oneshot::channel();
-        self.send(Op {
+        let op = Op {
             work: Work::Settle(Box::new(plan)),
             reply: ReplyTo::Settle(reply),
-        })?;
-        done.await.map_err(|_| stopped())?
+        };
+        if let Err(std_mpsc::SendError(op)) = self.ops.send(op) {
+            return Err(Refused {
+                error: stopped(),
+                plan: match op.work {
+                    Work::Settle(plan) => Some(plan),
+                    _ => None,
+                },
+            });
+        }
+        // The writer thread ended with the plan: it is lost.
+        done.await.unwrap_or_else(|_| {
+            Err(Refused {
+                error: stopped(),
+                plan: None,
+            })
+        })
     }
 
     fn send(&self, op: Op) -> Result<(), DbErr> {
@@ -219,18 +247,18 @@ fn commit_batch(conn: &mut Connection, ops: Vec<Op>) {
     match run_all(conn, &works) {
         Ok(results) => {
             for (op, result) in ops.into_iter().zip(results) {
-                op.reply.send(Ok(with_stored_finals(op.work, result)));
+                op.answer(Ok(result));
             }
         }
         Err(error) if ops.len() == 1 => {
             for op in ops {
-                op.reply.send(Err(copy(&error)));
+                op.answer(Err(copy(&error)));
             }
         }
         Err(_) => {
             for op in ops {
                 let result = run_all(conn, &[&op.work]).map(|mut done| done.remove(0));
-                op.reply.send(result.map(|done| with_stored_finals(op.work, done)));
+                op.answer(result);
             }
         }
     }

@@ -163,13 +163,43 @@ impl JobWriter {
     /// Runs a settlement `plan` as one transaction: on the SQLite writer
     /// thread, or (on PostgreSQL) through sea-orm.
     pub async fn settle(&self, plan: Plan) -> Result<Settled, DbErr> {
+        self.settle_or_return(plan).await.map_err(|refused| refused.error)
+    }
+
+    /// [`JobWriter::settle`], giving the plan back when it is not committed,
+    /// so that a caller that retries needs no copy of every plan for the rare
+    /// one that fails.
+    pub async fn settle_or_return(&self, plan: Plan) -> Result<Settled, Refused> {
         if let Some(engine) = &self.shared.engine {
             return engine.settle(plan).await;
         }
-        let txn = self.db.begin().await?;
-        let settled = plan::execute(&txn, &plan).await?;
-        txn.commit().await?;
-        Ok(settled)
+        let settled = async {
+            let txn = self.db.begin().await?;
+            let settled = plan::execute(&txn, &plan).await?;
+            txn.commit().await?;
+            Ok(settled)
+        }
+        .await;
+        settled.map_err(|error| Refused {
+            error,
+            plan: Some(Box::new(plan)),
+        })
+    }
+}
+
+/// A settlement that was not committed: why, and its plan, given back unless
+/// it was lost with the SQLite writer thread.
+pub struct Refused {
+    pub error: DbErr,
+    pub plan: Option<Box<Plan>>,
+}
+
+impl std::fmt::Debug for Refused {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Refused")
+            .field("error", &self.error)
+            .field("plan_returned", &self.plan.is_some())
+            .finish()
     }
 }
 
