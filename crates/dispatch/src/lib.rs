@@ -356,6 +356,11 @@ impl Dispatcher {
         self.inner.health()
     }
 
+    /// The free slots of `model`'s workers, as [`Dispatcher::health`] counts them.
+    pub fn free_slots(&self, model: &str) -> u64 {
+        self.inner.free_slots(model)
+    }
+
     /// Every connected worker, sorted by id.
     pub fn workers(&self) -> Vec<WorkerInfo> {
         self.inner.workers()

@@ -383,6 +383,18 @@ impl Inner {
         Health { models }
     }
 
+    /// `health().models[model].free_slots`, without building the whole
+    /// summary (the claim asks for it on every fill).
+    pub(crate) fn free_slots(&self, model: &str) -> u64 {
+        let state = self.state();
+        state
+            .workers
+            .values()
+            .filter(|entry| !entry.draining && entry.hello.models.iter().any(|m| m == model))
+            .map(|entry| u64::from(entry.credits))
+            .sum()
+    }
+
     pub(crate) fn workers(&self) -> Vec<WorkerInfo> {
         let state = self.state();
         let mut workers: Vec<WorkerInfo> = state

@@ -152,10 +152,7 @@ impl Claim {
     pub(super) fn want(&self, ctx: &Context, model: &str) -> u64 {
         let free = ctx
             .dispatcher
-            .health()
-            .models
-            .get(model)
-            .map_or(0, |health| health.free_slots)
+            .free_slots(model)
             .saturating_sub(ctx.parts.lane.lane_taken(&ctx.instance, model));
         if free == 0 {
             return 0;
@@ -284,7 +281,7 @@ impl Claim {
         // Unstored jobs no worker took: written to the queue instead.
         let mut queue = Vec::new();
         let store_after = ctx.store.config().sync_store_after_ms();
-        for Handed { row, stored } in rows {
+        for Handed { mut row, stored } in rows {
             let deadline_ms = row.run_deadline_ms.unwrap_or(i64::MAX);
             // The assignment joins the job's trace; the worker's run is its child.
             let span = if gantry_telemetry::trace::enabled() {
@@ -302,7 +299,13 @@ impl Claim {
                 model: row.model.clone(),
                 // Stored as the JSON text it was submitted as; the worker
                 // parses it (and fails the job as bad input if it cannot).
-                input_json: row.input.clone(),
+                // A written row's input is not needed here again: it moves.
+                // An unwritten one is kept whole until it is written.
+                input_json: if stored {
+                    std::mem::take(&mut row.input)
+                } else {
+                    row.input.clone()
+                },
                 deadline: system_time(deadline_ms),
                 trace_parent: gantry_telemetry::trace::traceparent_of(&span),
             };
