@@ -260,6 +260,7 @@ async fn slots_limit_concurrency() {
         (health.running_workers, health.free_slots, health.running_jobs),
         (1, 0, 2)
     );
+    assert_eq!(server.dispatcher.free_slots(ECHO), 0);
     let workers = server.dispatcher.workers();
     assert_eq!(workers[0].running_job_ids, ["job-a", "job-b"]);
 

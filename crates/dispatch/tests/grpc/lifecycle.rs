@@ -109,8 +109,15 @@ async fn drain_finishes_the_running_job_and_takes_nothing_new() {
         .assign(Assignment::new("job-last", 1, ECHO, json!({"sleep_ms": 300})))
         .unwrap();
 
+    // One slot taken, one free: the claim's count agrees with the summary.
+    assert_eq!(server.dispatcher.free_slots(ECHO), 1);
+    assert_eq!(server.dispatcher.health().models[ECHO].free_slots, 1);
     assert!(server.dispatcher.drain("w-drain"));
     assert!(!server.dispatcher.drain("nobody"));
+    // A draining worker's free slot is not offered.
+    assert_eq!(server.dispatcher.free_slots(ECHO), 0);
+    assert_eq!(server.dispatcher.health().models[ECHO].free_slots, 0);
+    assert_eq!(server.dispatcher.free_slots("no-such-model"), 0);
     assert_eq!(
         server.dispatcher.assign(Assignment::new("job-new", 1, ECHO, json!({}))),
         Err(AssignError::NoCapacity { model: ECHO.into() })
