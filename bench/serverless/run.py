@@ -137,6 +137,15 @@ class Gantry:
             fields = f.read().rsplit(")", 1)[1].split()
         return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
+    def metric(self, series):
+        """One sample of /metrics by its exact series (`name{labels}`), 0 when absent."""
+        req = urllib.request.Request(f"http://127.0.0.1:{self.mgmt}/metrics")
+        with urllib.request.urlopen(req, timeout=30) as res:
+            for line in res.read().decode().splitlines():
+                if line.startswith(series + " "):
+                    return float(line.split()[-1])
+        return 0.0
+
     def stop(self):
         self.proc.send_signal(signal.SIGTERM)
         try:
@@ -147,6 +156,17 @@ class Gantry:
 
 def docker(*args):
     return subprocess.run(["docker", *args], check=True, capture_output=True, text=True).stdout.strip()
+
+
+def engine_cpu_seconds():
+    """CPU time of the container engine's daemon (dockerd), 0 when none is found."""
+    out = subprocess.run(["pidof", "dockerd"], capture_output=True, text=True).stdout.split()
+    total = 0.0
+    for pid in out:
+        with open(f"/proc/{pid}/stat") as f:
+            fields = f.read().rsplit(")", 1)[1].split()
+        total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    return total
 
 
 def rfc3339(text):
@@ -236,10 +256,13 @@ def main():
                 if phase == "latency":
                     report[f"latency_{name}"] = load("latency", url, g.key, int(os.environ.get("LATENCY_JOBS", "300")))
                 else:
-                    cpu = g.cpu_seconds()
+                    cpu, engine, looks = g.cpu_seconds(), engine_cpu_seconds(), g.metric("gantry_reconciler_looks_total")
                     result = load("throughput", url, g.key, clients, float(os.environ.get("SECONDS", "20")))
+                    result["engine_cpu_ms_per_job"] = round((engine_cpu_seconds() - engine) * 1000 / result["jobs"], 2)
                     if name == "gantry":
                         result["gantry_cpu_ms_per_job"] = round((g.cpu_seconds() - cpu) * 1000 / result["jobs"], 2)
+                        result["reconciler_looks_per_job"] = round(
+                            (g.metric("gantry_reconciler_looks_total") - looks) / result["jobs"], 3)
                     report[f"throughput_{name}"] = result
                 kill_workers(procs)
                 if mini is not None:
@@ -269,6 +292,10 @@ def main():
     tg, tm = report["throughput_gantry"], report["throughput_mini"]
     print(f"| jobs/s, 8 workers (4 slots each), {tg['concurrency']} clients | {tg['jobs_per_s']} ({tg['jobs_per_s'] / tm['jobs_per_s']:.2f}x) | "
           f"{tm['jobs_per_s']} |")
+    print(f"| Gantry's CPU per job, 8 workers | {tg['gantry_cpu_ms_per_job']} ms | |")
+    print(f"| the engine's (dockerd) CPU per job, 8 workers | {tg['engine_cpu_ms_per_job']} ms | "
+          f"{tm['engine_cpu_ms_per_job']} ms |")
+    print(f"| reconciler looks per job, 8 workers | {tg['reconciler_looks_per_job']} | |")
     m = report["memory"]
     print(f"| RSS per idle endpoint (500 endpoints) | {m['per_endpoint_kib']} KiB | |")
 

@@ -17,6 +17,7 @@
 //! same code as a bundled model's.
 
 use std::collections::{BTreeMap, HashMap};
+use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -46,6 +47,18 @@ pub const LABEL_VERSION: &str = "gantry.version";
 /// (two deployments on one host, tests in parallel), and a reconciler must
 /// never take another installation's containers for orphans of its own.
 pub const LABEL_INSTALLATION: &str = "gantry.installation";
+
+/// The reconciler's counters, shown by [`Fleet::write_metrics`].
+#[derive(Default)]
+struct Counts {
+    looks: AtomicU64,
+    endpoint_wakeups: AtomicU64,
+    job_wakeups: AtomicU64,
+}
+
+/// The shortest time between two looks of the reconciler that pokes asked
+/// for (a tick looks whenever it is due).
+const POKE_GAP: Duration = Duration::from_millis(100);
 
 /// How a [`Fleet`] behaves.
 #[derive(Clone)]
@@ -121,6 +134,11 @@ pub struct Fleet {
     /// Endpoint id -> when its image last failed to pull or start.
     backoff: Mutex<HashMap<String, Instant>>,
     wake: tokio::sync::Notify,
+    /// Until when this process holds the `fleet` lease, as it last wrote it
+    /// (ms since the epoch; 0 when it does not hold it).
+    lease_until_ms: AtomicI64,
+    /// How often the reconciler looked, and what woke it between ticks.
+    counts: Counts,
     /// Where workers reach the public listener.
     base_url: Mutex<String>,
     /// Workers being stopped and removed (in tasks of their own, so that a
@@ -206,6 +224,8 @@ impl Fleet {
             runtime_error: Mutex::new(runtime_error),
             backoff: Mutex::new(HashMap::new()),
             wake: tokio::sync::Notify::new(),
+            lease_until_ms: AtomicI64::new(0),
+            counts: Counts::default(),
         })
     }
 
@@ -289,9 +309,58 @@ impl Fleet {
         error
     }
 
-    /// Asks the reconciler to look now (a job was queued, an endpoint changed).
+    /// Asks the reconciler to look now (an endpoint changed).
     pub fn poke(&self) {
+        self.counts.endpoint_wakeups.fetch_add(1, Ordering::Relaxed);
         self.wake.notify_one();
+    }
+
+    /// Whether a job about to be queued for `endpoint_id` needs the
+    /// reconciler to look at once: when none of the endpoint's workers waits
+    /// in a take, the endpoint may need a worker (it is at zero, or every
+    /// worker is busy). While one waits, the job is taken at once and the
+    /// next tick looks at the scale as usual: a look per job would put an
+    /// engine call and database writes beside every job. Asked before the
+    /// job is queued, since a waiting worker may take it the moment it is.
+    pub fn needs_look_for_job(&self, endpoint_id: &str) -> bool {
+        self.dispatcher.free_slots(endpoint_id) == 0
+    }
+
+    /// A job was queued that [`Fleet::needs_look_for_job`] said needs a look.
+    pub fn job_queued(&self) {
+        self.counts.job_wakeups.fetch_add(1, Ordering::Relaxed);
+        self.wake.notify_one();
+    }
+
+    /// The reconciler's looks and wake-ups, in the metrics exposition.
+    pub fn write_metrics(&self, out: &mut gantry_telemetry::Exposition) {
+        out.family(
+            "gantry_reconciler_looks_total",
+            "counter",
+            "Looks of the serverless reconciler at the endpoints, their workers and the engine (by this process, \
+             while it holds the reconciler's lease).",
+        );
+        out.sample(
+            "gantry_reconciler_looks_total",
+            &[],
+            self.counts.looks.load(Ordering::Relaxed) as f64,
+        );
+        out.family(
+            "gantry_reconciler_wakeups_total",
+            "counter",
+            "Requests for the serverless reconciler to look before its next tick, by cause: endpoint (created or \
+             changed), job (queued for an endpoint none of whose workers was waiting for one).",
+        );
+        for (cause, counter) in [
+            ("endpoint", &self.counts.endpoint_wakeups),
+            ("job", &self.counts.job_wakeups),
+        ] {
+            out.sample(
+                "gantry_reconciler_wakeups_total",
+                &[("cause", cause)],
+                counter.load(Ordering::Relaxed) as f64,
+            );
+        }
     }
 
     /// The token worker `worker_id` of `endpoint_id` authenticates with.
@@ -382,21 +451,36 @@ impl Fleet {
     /// them by their labels and adopts or removes them).
     pub async fn run(self: Arc<Self>, shutdown: impl std::future::Future<Output = ()>) {
         tokio::pin!(shutdown);
+        let mut last_accrual: Option<Instant> = None;
         loop {
+            let looked = Instant::now();
             if self.hold_lease().await {
+                self.counts.looks.fetch_add(1, Ordering::Relaxed);
                 if let Err(error) = self.reconcile().await {
                     tracing::warn!(%error, "serverless reconcile failed");
                 }
-                if let Err(error) = self.service.accrue_workers(now_ms()).await {
-                    tracing::warn!(%error, "charging worker time failed");
-                }
-                if let Err(error) = self.service.accrue_pods(now_ms()).await {
-                    tracing::warn!(%error, "charging pod time failed");
+                // Time is charged once a tick: a look a poke asked for
+                // between ticks changes no bill.
+                if last_accrual.is_none_or(|at| at.elapsed() >= self.config.tick) {
+                    last_accrual = Some(Instant::now());
+                    if let Err(error) = self.service.accrue_workers(now_ms()).await {
+                        tracing::warn!(%error, "charging worker time failed");
+                    }
+                    if let Err(error) = self.service.accrue_pods(now_ms()).await {
+                        tracing::warn!(%error, "charging pod time failed");
+                    }
                 }
             }
             tokio::select! {
                 () = &mut shutdown => return,
-                () = self.wake.notified() => {}
+                () = self.wake.notified() => {
+                    // Pokes that come in a burst make one look, at most one
+                    // every POKE_GAP (those in between wait on the permit).
+                    tokio::select! {
+                        () = &mut shutdown => return,
+                        () = tokio::time::sleep_until((looked + POKE_GAP).into()) => {}
+                    }
+                }
                 () = tokio::time::sleep(self.config.tick) => {}
             }
         }
@@ -404,10 +488,15 @@ impl Fleet {
 
     /// Takes or renews the `fleet` lease (three ticks long, at least 10 s).
     async fn hold_lease(&self) -> bool {
-        let db = self.service.db();
         let now = now_ms();
-        let until =
-            now + i64::try_from((self.config.tick * 3).max(Duration::from_secs(10)).as_millis()).unwrap_or(10_000);
+        let span = i64::try_from((self.config.tick * 3).max(Duration::from_secs(10)).as_millis()).unwrap_or(10_000);
+        // Held for more than half its span still: nobody else can take it
+        // before it ends, and a later tick renews it well before then.
+        if self.lease_until_ms.load(Ordering::Relaxed) - now > span / 2 {
+            return true;
+        }
+        let db = self.service.db();
+        let until = now + span;
         let backend = db.get_database_backend();
         let (p1, p2, p3, p4) = if backend == DbBackend::Postgres {
             ("$1", "$2", "$3", "$4")
@@ -429,9 +518,15 @@ impl Fleet {
             .execute_raw(Statement::from_sql_and_values(backend, sql, values))
             .await
         {
-            Ok(result) => result.rows_affected() == 1,
+            Ok(result) => {
+                let held = result.rows_affected() == 1;
+                self.lease_until_ms
+                    .store(if held { until } else { 0 }, Ordering::Relaxed);
+                held
+            }
             Err(error) => {
                 tracing::warn!(%error, "the fleet lease could not be taken");
+                self.lease_until_ms.store(0, Ordering::Relaxed);
                 false
             }
         }

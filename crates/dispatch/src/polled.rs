@@ -29,6 +29,11 @@ use tokio::sync::{Notify, mpsc};
 
 use crate::registry::Inner;
 
+/// The longest a take that has a job waits for others already assigned to
+/// the worker to reach it (they follow within microseconds; the bound covers
+/// a registry count that is briefly ahead of what the worker will get).
+const GATHER: Duration = Duration::from_millis(50);
+
 /// A job handed to a polling worker.
 #[derive(Debug, Clone, PartialEq)]
 pub struct TakenJob {
@@ -211,14 +216,33 @@ impl PolledWorker {
 
     async fn wait_for_jobs(&self, n: u32, wait: Duration) -> Result<Vec<TakenJob>, PollError> {
         let deadline = tokio::time::Instant::now() + wait;
+        // Set once a job is here while more are on their way (see below).
+        let mut gather_until: Option<tokio::time::Instant> = None;
         loop {
             let notified = self.shared.changed.notified();
-            {
+            // Jobs the registry holds for this worker, read before its own
+            // state (never both locks at once).
+            let held = self
+                .shared
+                .inner
+                .held_by(&self.shared.worker_id, self.shared.conn)
+                .unwrap_or(0);
+            let gather = {
                 let mut state = self.shared.lock();
                 if state.closed {
                     return Err(PollError::Closed);
                 }
-                if !state.waiting.is_empty() {
+                // The scheduler places a burst of queued jobs in one step,
+                // but each reaches this worker through its channel: the first
+                // wakes the take while the others are a moment behind. A take
+                // of `n` waits for those already assigned to it (never for
+                // new ones, and at most GATHER), so that a worker behind a
+                // queue gets its jobs in one answer instead of one take each.
+                let now = tokio::time::Instant::now();
+                let gather = more_on_the_way(state.waiting.len(), state.running.len(), held, n)
+                    .then(|| *gather_until.get_or_insert(now + GATHER))
+                    .filter(|until| now < *until);
+                if gather.is_none() && !state.waiting.is_empty() {
                     let count = state.waiting.len().min(n as usize);
                     let taken: Vec<Assign> = state.waiting.drain(..count).collect();
                     for assign in &taken {
@@ -232,9 +256,14 @@ impl PolledWorker {
                         })
                         .collect());
                 }
-                if state.draining {
+                if gather.is_none() && state.draining {
                     return Ok(Vec::new());
                 }
+                gather
+            };
+            if let Some(until) = gather {
+                let _ = tokio::time::timeout_at(until.min(deadline), notified).await;
+                continue;
             }
             if !self.nap(deadline, notified).await {
                 return Ok(Vec::new());
@@ -376,6 +405,13 @@ impl PolledWorker {
     }
 }
 
+/// Whether a take of `n` that has `waiting` jobs should wait for more: the
+/// registry holds `held` jobs for the worker, of which `waiting + running`
+/// have reached it, so the rest are assignments on their way.
+fn more_on_the_way(waiting: usize, running: usize, held: usize, n: u32) -> bool {
+    waiting > 0 && waiting < n as usize && held > waiting + running
+}
+
 /// Takes back a worker's unused credit when dropped.
 struct Revoke<'a>(&'a Shared);
 
@@ -509,6 +545,79 @@ mod tests {
                 .unwrap()
         );
         assert!(worker.running().is_empty());
+    }
+
+    #[test]
+    fn a_take_waits_only_for_jobs_already_assigned_and_only_with_one_in_hand() {
+        use super::more_on_the_way;
+        // One here, two more assigned and on their way, room for three.
+        assert!(more_on_the_way(1, 0, 3, 3));
+        // The running ones count as arrived.
+        assert!(more_on_the_way(1, 2, 4, 4));
+        assert!(!more_on_the_way(1, 2, 3, 4));
+        // Nothing here yet: the take waits for a job anyway, not for a burst.
+        assert!(!more_on_the_way(0, 0, 3, 3));
+        // Full: answers at once.
+        assert!(!more_on_the_way(3, 0, 5, 3));
+        // Everything assigned has arrived.
+        assert!(!more_on_the_way(2, 1, 3, 4));
+    }
+
+    /// A take of `n` in a task of its own, once its credit is granted.
+    async fn waiting_take(
+        dispatcher: &Dispatcher,
+        worker: &crate::PolledWorker,
+        n: u32,
+    ) -> tokio::task::JoinHandle<Result<Vec<crate::TakenJob>, crate::PollError>> {
+        let taker = {
+            let worker = worker.clone();
+            tokio::spawn(async move { worker.take(n, Duration::from_secs(10)).await })
+        };
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while dispatcher.free_slots(MODEL) < u64::from(n) {
+            assert!(tokio::time::Instant::now() < deadline, "no credit was granted");
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+        taker
+    }
+
+    // On two threads, as in the server: the take wakes on the first
+    // assignment while the others are still on their way to the worker.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_take_answers_with_every_job_assigned_to_it_in_one_burst() {
+        let (dispatcher, mut events) = Dispatcher::new(DispatchConfig::new("secret"));
+        tokio::spawn(async move { while events.recv().await.is_some() {} });
+        let worker = dispatcher
+            .attach_polled("wk_1", MODEL, "test", Duration::from_secs(30))
+            .await;
+        for round in 0..20 {
+            let taker = waiting_take(&dispatcher, &worker, 3).await;
+            // The scheduler places a burst in one step: here all three are
+            // assigned before the first reaches the worker (its state is held
+            // meanwhile), and the take wakes with the first.
+            let ids: Vec<String> = (0..3).map(|i| format!("job-{round}-{i}")).collect();
+            {
+                let _sorting = worker.shared.lock();
+                for id in &ids {
+                    let placed = dispatcher.assign(Assignment::new(id, 1, MODEL, json!({})));
+                    assert!(placed.is_ok(), "round {round}, {id}: {placed:?}");
+                }
+            }
+            let taken = taker.await.unwrap().unwrap();
+            let taken: Vec<String> = taken.into_iter().map(|job| job.job_id).collect();
+            assert_eq!(taken, ids, "round {round}");
+            for id in &ids {
+                assert!(worker.report(id, Report::Output(json!(null))).await.unwrap());
+            }
+        }
+        // A take of more than was assigned answers with what there is.
+        let taker = waiting_take(&dispatcher, &worker, 3).await;
+        dispatcher
+            .assign(Assignment::new("job-last", 1, MODEL, json!({})))
+            .unwrap();
+        let taken = taker.await.unwrap().unwrap();
+        assert_eq!(taken.len(), 1);
+        assert_eq!(taken[0].job_id, "job-last");
     }
 
     /// Assigns `job` to `worker` through a take in flight, as the scheduler does.

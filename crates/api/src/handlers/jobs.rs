@@ -201,11 +201,17 @@ fn for_target(target: &Target<'_>, mut job: NewJob) -> NewJob {
     job
 }
 
-fn queued(state: &AppState, target: &Target<'_>) {
-    if target.timeout_ms.is_some()
-        && let Some(fleet) = &state.fleet
-    {
-        fleet.poke();
+/// For a job of a user's endpoint, its fleet if the job needs the reconciler
+/// to look once it is queued (no worker of the endpoint waits to take it);
+/// asked before the job is submitted.
+fn needs_look<'s>(state: &'s AppState, target: &Target<'_>) -> Option<&'s gantry_containers::Fleet> {
+    let fleet = state.fleet.as_deref()?;
+    (target.timeout_ms.is_some() && fleet.needs_look_for_job(&target.spec.id)).then_some(fleet)
+}
+
+fn queued(fleet: Option<&gantry_containers::Fleet>) {
+    if let Some(fleet) = fleet {
+        fleet.job_queued();
     }
 }
 
@@ -251,11 +257,12 @@ pub async fn run(
         &target,
         read_body::<RunRequest>(&req, payload, RUN_BODY_LIMIT, &()).await?,
     );
+    let look = needs_look(&state, &target);
     let view = state
         .jobs
         .submit(caller.user_id(), &target.spec, job, Mode::Async)
         .await?;
-    queued(&state, &target);
+    queued(look);
     Ok(job_ref(&view))
 }
 
@@ -279,8 +286,9 @@ pub async fn runsync(
         read_body::<RunRequest>(&req, payload, RUNSYNC_BODY_LIMIT, &()).await?,
     );
     let user = caller.user_id();
+    let look = needs_look(&state, &target);
     let submitted = state.jobs.submit(user, &target.spec, job, Mode::Sync).await?;
-    queued(&state, &target);
+    queued(look);
     let view = state.jobs.wait(user, &target.spec.id, &submitted.id, wait).await?;
     if view.status.is_final() {
         Ok(HttpResponse::Ok().json(view))

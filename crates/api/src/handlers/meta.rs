@@ -36,12 +36,17 @@ pub async fn readyz(state: web::Data<AppState>) -> Result<HttpResponse, ApiError
 #[utoipa::path(get, path = "/metrics", operation_id = "metrics", tag = "Meta",
     description = "Prometheus metrics (text format 0.0.4): HTTP requests and latency by route, rate limiter decisions, \
 queue depth and oldest queued job per model, jobs by model and status, job delay and execution histograms, \
-workers and slots by model, units produced and USD charged per model. No key needed; see docs/operations.md.", security(()),
+workers and slots by model, units produced and USD charged per model, the serverless reconciler's looks and wake-ups. No key needed; see docs/operations.md.", security(()),
     responses((status = 200, description = "The metrics", content_type = "text/plain")))]
 pub async fn metrics(state: web::Data<AppState>) -> Result<HttpResponse, ApiError> {
     let models: Vec<String> = state.models.iter().map(|m| m.id.clone()).collect();
     let dispatcher = state.dispatcher.as_ref();
-    let text = gantry_jobs::render_metrics(&state.census, &models, dispatcher).await?;
+    let mut text = gantry_jobs::render_metrics(&state.census, &models, dispatcher).await?;
+    if let Some(fleet) = &state.fleet {
+        let mut out = gantry_telemetry::Exposition::new();
+        fleet.write_metrics(&mut out);
+        text.push_str(&out.finish());
+    }
     Ok(HttpResponse::Ok()
         .content_type(gantry_telemetry::CONTENT_TYPE)
         .body(text))

@@ -591,6 +591,60 @@ async fn the_runpod_sdk_runs_an_endpoints_jobs() {
     assert_eq!(view["output"].get("cost"), None);
 }
 
+/// One sample of the management listener's `/metrics`, by its exact series
+/// (`name{labels}`); 0 when absent.
+async fn sample(app: &TestApp, key: &str, series: &str) -> f64 {
+    let text = app.get("/metrics", key).await.text().await.unwrap();
+    text.lines()
+        .find_map(|line| line.strip_prefix(series)?.strip_prefix(' ')?.parse().ok())
+        .unwrap_or(0.0)
+}
+
+#[tokio::test]
+async fn a_job_that_a_waiting_worker_takes_wakes_no_reconciler_look() {
+    let app = spawn(Backend::Sqlite).await;
+    let (_, key) = app.user_with_key("all").await;
+    let endpoint = app.endpoint(&key, WORKER_IMAGE, json!({"min": 0, "max": 0})).await;
+    let job_wakeups = r#"gantry_reconciler_wakeups_total{cause="job"}"#;
+    let free_slots = format!(r#"gantry_worker_slots{{model="{endpoint}",state="free"}}"#);
+
+    // No worker waits: the job wakes the reconciler (an endpoint at zero
+    // needs one started).
+    let before = sample(&app, &key, job_wakeups).await;
+    let first = app.endpoint_job(&endpoint, &key, "run", json!({"n": 1})).await;
+    assert_eq!(sample(&app, &key, job_wakeups).await, before + 1.0);
+
+    // A worker of the protocol, driven by hand, takes it.
+    let env: std::collections::HashMap<String, String> = app
+        .fleet
+        .protocol_env(&endpoint, "wk_hand", &app.public_base, "cpu")
+        .into_iter()
+        .collect();
+    let take_url = env["RUNPOD_WEBHOOK_GET_JOB"].replace("$ID", "wk_hand");
+    let token = env["RUNPOD_AI_API_KEY"].clone();
+    let client = crate::harness::http_client(Duration::from_secs(60));
+    let take = |client: reqwest::Client, url: String, token: String| async move {
+        let res = client.get(url).header("Authorization", token).send().await.unwrap();
+        assert_eq!(res.status(), 200);
+        res.json::<Value>().await.unwrap()
+    };
+    let taken = take(client.clone(), take_url.clone(), token.clone()).await;
+    assert_eq!(taken["id"], first["id"], "{taken}");
+
+    // It waits in its next take (its slot shows as free): the next job is
+    // handed to it and wakes nothing.
+    let waiting = tokio::spawn(take(client.clone(), take_url.clone(), token.clone()));
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sample(&app, &key, &free_slots).await < 1.0 {
+        assert!(Instant::now() < deadline, "the take never waited");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let second = app.endpoint_job(&endpoint, &key, "run", json!({"n": 2})).await;
+    let taken = waiting.await.unwrap();
+    assert_eq!(taken["id"], second["id"], "{taken}");
+    assert_eq!(sample(&app, &key, job_wakeups).await, before + 1.0);
+}
+
 #[tokio::test]
 async fn a_generator_handler_streams_its_output() {
     let app = spawn(Backend::Sqlite).await;
