@@ -235,10 +235,13 @@ def main():
         # The same workers against Gantry and against the mini server (a
         # fresh one per phase: it has no leases, so a job a killed worker
         # had taken would never come back).
-        ep = g.endpoint("hot", {"min": 0, "max": 0})
         clients = int(os.environ.get("CLIENTS", "16"))
         for name in ("gantry", "mini"):
             for phase, workers in (("latency", 1), ("throughput", 8)):
+                # An endpoint per phase: a killed worker's take may stay open
+                # on the server (actix does not drop a handler whose client
+                # went away), and it must not be handed the next phase's jobs.
+                ep = g.endpoint(f"hot-{name}-{phase}", {"min": 0, "max": 0})
                 mini = None
                 if name == "mini":
                     port = free_port()
