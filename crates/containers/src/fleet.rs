@@ -73,7 +73,8 @@ pub struct FleetConfig {
     pub token_secret: Vec<u8>,
     /// How often the SDK pings (`RUNPOD_PING_INTERVAL`).
     pub ping_interval: Duration,
-    /// A worker silent this long (no call, no ping, no open request) is
+    /// A worker silent this long (no call and no ping; an open take or stop
+    /// poll does not count, see `PolledWorker`) is
     /// lost and its jobs requeued. A container that exits is noticed by the
     /// reconciler sooner; this covers a worker that hangs.
     pub worker_lease: Duration,

@@ -271,23 +271,14 @@ impl PolledWorker {
         }
     }
 
-    /// Waits for `notified` until `deadline`, renewing the worker's lease
-    /// every second meanwhile: a worker whose request is open is alive
-    /// (when it goes away, its request is dropped and this with it).
-    /// False once the deadline passed.
+    /// Waits for `notified` until `deadline`; false once the deadline passed.
+    /// An open request does not renew the worker's lease: the HTTP server
+    /// does not drop a request whose client went away, so a dead worker's
+    /// take would keep it alive, and be handed jobs, until its long poll
+    /// ended. The SDK's pings (every `RUNPOD_PING_INTERVAL`, from a process
+    /// of their own) keep a live worker's lease while it waits.
     async fn nap(&self, deadline: tokio::time::Instant, notified: tokio::sync::futures::Notified<'_>) -> bool {
-        tokio::pin!(notified);
-        loop {
-            let now = tokio::time::Instant::now();
-            if now >= deadline {
-                return false;
-            }
-            let step = (now + Duration::from_secs(1)).min(deadline);
-            if tokio::time::timeout_at(step, &mut notified).await.is_ok() {
-                return true;
-            }
-            let _ = self.touch();
-        }
+        tokio::time::timeout_at(deadline, notified).await.is_ok()
     }
 
     /// The jobs to stop, waiting at most `wait` for one. Each is settled as
@@ -579,6 +570,29 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
         taker
+    }
+
+    #[tokio::test]
+    async fn an_open_take_does_not_keep_a_silent_worker_alive() {
+        let mut config = DispatchConfig::new("secret");
+        config.lease = Duration::from_millis(400); // the reaper looks every 100 ms
+        let (dispatcher, mut events) = Dispatcher::new(config);
+        tokio::spawn(async move { while events.recv().await.is_some() {} });
+        let worker = dispatcher
+            .attach_polled("wk_1", MODEL, "test", Duration::from_millis(1500))
+            .await;
+        // The take of a worker that has gone away: its request stays open on
+        // the server, and nothing else comes from it.
+        let taker = waiting_take(&dispatcher, &worker, 1).await;
+        // Its lease runs out well before the long poll would end, and the
+        // take ends with it.
+        let ended = tokio::time::timeout(Duration::from_secs(9), taker)
+            .await
+            .expect("the take ended before its long poll")
+            .unwrap();
+        assert_eq!(ended, Err(crate::PollError::Closed));
+        assert!(worker.is_closed());
+        assert_eq!(dispatcher.free_slots(MODEL), 0);
     }
 
     // On two threads, as in the server: the take wakes on the first
