@@ -166,6 +166,34 @@ impl Scheduler {
     }
 }
 
+impl Scheduler {
+    /// Ends this instance as a crash of its process would: its tasks die
+    /// where they stand and release nothing. Unlike a plain drop, it returns
+    /// only once they have stopped, so nothing this instance started can be
+    /// written after it returns (a task being polled on another thread
+    /// finishes that poll after `abort`). What it kept in memory is lost.
+    pub async fn crash(mut self) {
+        let mut tasks: Vec<_> = self.background.drain(..).collect();
+        tasks.extend(self.task.take());
+        for task in &tasks {
+            task.abort();
+        }
+        for task in tasks {
+            let _ = task.await;
+        }
+        self.lose_unstored();
+    }
+
+    /// No more submits written as claimed by this instance; those already
+    /// written are requeued when its lease lapses, and those it kept in
+    /// memory are gone with it.
+    fn lose_unstored(&self) {
+        if self.lane.close(&self.instance_id).is_some() {
+            self.outcomes.lose_all();
+        }
+    }
+}
+
 impl Drop for Scheduler {
     fn drop(&mut self) {
         for task in self.background.drain(..) {
@@ -173,12 +201,7 @@ impl Drop for Scheduler {
         }
         if let Some(task) = self.task.take() {
             task.abort();
-            // No more submits written as claimed by this instance; those
-            // already written are requeued when its lease lapses, and those
-            // it kept in memory are gone with it.
-            if self.lane.close(&self.instance_id).is_some() {
-                self.outcomes.lose_all();
-            }
+            self.lose_unstored();
         }
     }
 }

@@ -231,7 +231,7 @@ impl Env {
 /// once the lease lapses (600 ms: `env` comes from [`crash_config`]), run it,
 /// and charge it once.
 pub async fn crash_and_recover(env: &Env, mut node: Node, worker: Worker, job_id: &str) {
-    drop(node.scheduler.take());
+    node.scheduler.take().expect("running").crash().await;
     drop(node);
     worker.kill();
     let second = Node::start(&env.store, &env.catalog).await;

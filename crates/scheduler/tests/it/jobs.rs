@@ -588,7 +588,7 @@ async fn webhook_outlives_the_scheduler_that_finished_the_job(backend: Backend) 
     );
 
     // Crash: the scheduler's task and its delivery vanish mid-request.
-    drop(node.scheduler.take());
+    node.scheduler.take().expect("running").crash().await;
     drop(node);
     worker.kill();
     // The second scheduler's sweep takes over with the same settings.

@@ -172,9 +172,12 @@ async fn lost_with_its_scheduler(backend: Backend) {
             continue;
         }
         assert_eq!(row, None, "still unwritten when its scheduler dies");
-        // A crash: the task dies without writing anything.
-        drop(node.scheduler.take());
-        if submitted.elapsed() >= STORE_AFTER {
+        // A crash: the tasks die without writing anything, and are gone
+        // when this returns.
+        node.scheduler.take().expect("running").crash().await;
+        // The job is due to be written `STORE_AFTER` after its start, which
+        // is stored in whole milliseconds of the wall clock: a few ms of slack.
+        if submitted.elapsed() + Duration::from_millis(10) >= STORE_AFTER {
             // Stalled between the check and the crash: the job may have been
             // written (rightly) before its scheduler died, and then it is not
             // lost but requeued. Not the scenario under test: run it again.
