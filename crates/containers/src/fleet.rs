@@ -473,17 +473,38 @@ impl Fleet {
                 }
             }
             tokio::select! {
-                () = &mut shutdown => return,
+                () = &mut shutdown => break,
                 () = self.wake.notified() => {
                     // Pokes that come in a burst make one look, at most one
                     // every POKE_GAP (those in between wait on the permit).
                     tokio::select! {
-                        () = &mut shutdown => return,
+                        () = &mut shutdown => break,
                         () = tokio::time::sleep_until((looked + POKE_GAP).into()) => {}
                     }
                 }
                 () = tokio::time::sleep(self.config.tick) => {}
             }
+        }
+        self.release_lease().await;
+    }
+
+    /// Gives the `fleet` lease up if this process holds it, so that another
+    /// process's reconciler takes over at its next tick rather than when the
+    /// lease would have lapsed (a crash still leaves it to lapse).
+    async fn release_lease(&self) {
+        if self.lease_until_ms.swap(0, Ordering::Relaxed) <= now_ms() {
+            return;
+        }
+        let db = self.service.db();
+        let backend = db.get_database_backend();
+        let holder = if backend == DbBackend::Postgres { "$1" } else { "?" };
+        let sql = format!("UPDATE leases SET until_ms = 0 WHERE name = 'fleet' AND holder = {holder}");
+        let values: Vec<sea_orm::Value> = vec![self.config.instance.clone().into()];
+        if let Err(error) = db
+            .execute_raw(Statement::from_sql_and_values(backend, sql, values))
+            .await
+        {
+            tracing::warn!(%error, "the fleet lease could not be given up; another process takes over when it lapses");
         }
     }
 

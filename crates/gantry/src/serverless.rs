@@ -210,7 +210,9 @@ pub async fn fleet(
         } else {
             settings.catalog.cpus.clone()
         }),
-        instance: format!("{}-{}", hostname(), std::process::id()),
+        // Unique even between processes of one host name and pid (two
+        // containers' first processes, or two platforms in one test).
+        instance: format!("{}-{}-{:08x}", hostname(), std::process::id(), rand::random::<u32>()),
         pod_credit_grace: settings
             .billing
             .require_credit

@@ -30,6 +30,8 @@ pub struct TestApp {
     pub scheduler: gantry::SchedulerRole,
     /// Users' serverless workers.
     pub fleet: Arc<gantry_containers::Fleet>,
+    /// The fleet's reconciler loop (taken by a test that stops it).
+    pub reconciler: Option<gantry::Reconciler>,
     _workers: gantry::Workers,
     /// The platform's database handle (and SQLite lock), held while it serves.
     _platform_database: gantry::Database,
@@ -82,6 +84,7 @@ impl TestApp {
             scheduler,
             workers,
             fleet,
+            reconciler,
             ..
         } = Platform::start(settings.clone()).await.expect("platform starts");
         let base = format!("http://{}", app.management_addr());
@@ -94,6 +97,7 @@ impl TestApp {
         TestApp {
             scheduler,
             fleet,
+            reconciler: Some(reconciler),
             _workers: workers,
             _platform_database: platform_database,
             base,

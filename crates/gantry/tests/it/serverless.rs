@@ -1021,3 +1021,102 @@ async fn a_gpu_endpoints_workers_get_their_gpus_from_the_engine_and_are_billed_f
     assert!(totals["gpuAmount"].as_f64().unwrap() > 0.0, "{billed}");
     assert_eq!(totals["cpuAmount"].as_f64(), Some(0.0), "{billed}");
 }
+
+/// Two platforms on one PostgreSQL database, as two scheduler replicas of a
+/// deployment sharing their serverless keys: one reconciler looks at a time,
+/// so an endpoint's worker is started once; when the leader stops, it gives
+/// the lease up, and the other takes over at its next tick and keeps the
+/// worker it finds (same installation) rather than starting a second one.
+#[tokio::test]
+async fn two_platforms_on_one_database_run_one_reconciler_and_hand_over() {
+    let host = docker_host();
+    let replica = |database_url: Option<String>| {
+        let host = host.clone();
+        move |settings: &mut gantry::Settings| {
+            settings.serverless.docker_host = Some(host);
+            settings.serverless.tick_ms = 200;
+            settings.serverless.stop_grace_ms = 5_000;
+            settings.serverless.keys = vec!["both replicas of this test".into()];
+            if database_url.is_some() {
+                settings.database_url = database_url;
+            }
+        }
+    };
+    let mut first = TestApp::spawn_with(Backend::Postgres, replica(None)).await;
+    let mut second = TestApp::spawn_with(Backend::Postgres, replica(Some(first.database_url.clone()))).await;
+    let (_, key) = first.user_with_key("all").await;
+    let looks = "gantry_reconciler_looks_total";
+    let endpoint = first
+        .endpoint(&key, WORKER_IMAGE, json!({"min": 1, "max": 1, "idleTimeout": 1}))
+        .await;
+    let docker = gantry_runtime::Docker::connect(&docker_host()).unwrap();
+    use gantry_runtime::Runtime;
+    let containers = || async {
+        docker
+            .list(&[("gantry.id".to_owned(), endpoint.clone())])
+            .await
+            .unwrap()
+    };
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !containers()
+        .await
+        .iter()
+        .any(|c| c.state == gantry_runtime::ContainerState::Running)
+    {
+        assert!(Instant::now() < deadline, "the endpoint's worker never ran");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // Exactly one of the two looks, tick after tick.
+    let before = [sample(&first, &key, looks).await, sample(&second, &key, looks).await];
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let after = [sample(&first, &key, looks).await, sample(&second, &key, looks).await];
+    let looked: Vec<bool> = before.iter().zip(&after).map(|(b, a)| a > b).collect();
+    assert_eq!(
+        looked.iter().filter(|l| **l).count(),
+        1,
+        "looks before {before:?}, after {after:?}"
+    );
+    let (leader, follower) = if looked[0] {
+        (&mut first, &second)
+    } else {
+        (&mut second, &first)
+    };
+    let worker = containers().await;
+    assert_eq!(worker.len(), 1, "one worker for min 1: {worker:?}");
+
+    // The leader stops: the other takes over at once, before the lease
+    // (10 s, renewed when less than 5 s are left) could have lapsed, and
+    // keeps the worker.
+    leader.reconciler.take().expect("running").stop().await;
+    let stopped_at = Instant::now();
+    let from = sample(follower, &key, looks).await;
+    while sample(follower, &key, looks).await <= from {
+        assert!(
+            stopped_at.elapsed() < Duration::from_millis(4_500),
+            "the other replica did not take over before the lease would have lapsed"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let now = containers().await;
+    assert_eq!(
+        now.iter().map(|c| &c.id).collect::<Vec<_>>(),
+        worker.iter().map(|c| &c.id).collect::<Vec<_>>(),
+        "the same worker, and no other"
+    );
+    assert_eq!(now[0].state, gantry_runtime::ContainerState::Running);
+
+    // Deleted, the endpoint's worker is removed by the new leader.
+    let res = follower
+        .request(Method::DELETE, &format!("/v2/serverless/{endpoint}"), Some(&key))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 204);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !containers().await.is_empty() {
+        assert!(Instant::now() < deadline, "the deleted endpoint's worker stayed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
