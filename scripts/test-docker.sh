@@ -25,12 +25,17 @@
 #   GANTRY_DEBIAN_MIRROR    Debian mirror for debootstrap                     default: read from apt's sources
 #   GANTRY_TEST_DOCKER_IMAGES  `busybox`: import only the busybox image         default: all
 #   GANTRY_TEST_DOCKER_FAKE_GPUS  1: a stand-in NVIDIA hook, so that GPU containers start (no GPUs)
+#   GANTRY_TEST_DOCKER_BRIDGE  1: a default bridge network, on an interface this script makes
+#                              (gantry-tb0, 172.31.251.1/24) and deletes at stop; still no iptables
 #
 # Progress goes to stderr; stdout carries only the result line, so `eval "$(... start | tail -1)"`
 # or `export "$(... start | tail -1)"` works.
 set -euo pipefail
 
 D=${GANTRY_TEST_DOCKER_DIR:-/tmp/gantry-test-docker}
+# The bridge of GANTRY_TEST_DOCKER_BRIDGE=1 (one such engine at a time).
+BRIDGE_IF=gantry-tb0
+BRIDGE_ADDR=172.31.251.1/24
 CACHE=${GANTRY_CACHE_DIR:-${HOME:-/root}/.cache/gantry}
 SOCK=$D/docker.sock
 PIDFILE=$D/dockerd.pid
@@ -76,6 +81,7 @@ install_packages() {
     [ -x /bin/busybox ] && dpkg -s busybox-static >/dev/null 2>&1 || missing+=(busybox-static)
     command -v debootstrap >/dev/null || missing+=(debootstrap)
     command -v curl >/dev/null || missing+=(curl)
+    command -v ip >/dev/null || missing+=(iproute2)
     if [ ${#missing[@]} -eq 0 ]; then
         log "packages present (dockerd $(dockerd --version 2>/dev/null | awk '{print $3}' | tr -d ,))"
         return
@@ -118,6 +124,19 @@ start_daemon() {
         chmod +x "$D/bin/nvidia-container-runtime-hook"
         path="$D/bin:$PATH"
     fi
+    local bridge=none
+    if [ "${GANTRY_TEST_DOCKER_BRIDGE:-0}" = 1 ]; then
+        # Containers on a bridge of the engine's own reach the host at the bridge's address (the
+        # engine's `host-gateway`). The interface is made here, not by dockerd, so that its name
+        # and address are known and nothing but it (no docker0, no iptables rules) needs cleaning up.
+        bridge=$BRIDGE_IF
+        if ! ip link show "$bridge" >/dev/null 2>&1; then
+            ip link add "$bridge" type bridge
+            ip addr add "$BRIDGE_ADDR" dev "$bridge"
+        fi
+        ip link set "$bridge" up
+        echo "$bridge" >"$D/bridge"
+    fi
     log "starting dockerd on $SOCK (log $D/dockerd.log)"
     # setsid: the daemon must outlive this script and the shell or CI step that ran it.
     # 9>&-: the daemon must not inherit the lock, or it would hold it for its whole life.
@@ -125,7 +144,7 @@ start_daemon() {
         --config-file "$D/daemon.json" \
         --data-root "$D/data" --exec-root "$D/exec" \
         -H "unix://$SOCK" --pidfile "$PIDFILE" \
-        --iptables=false --bridge=none \
+        --iptables=false --bridge="$bridge" \
         >>"$D/dockerd.log" 2>&1 </dev/null 9>&- &
     local launcher=$!
     for _ in $(seq 1 120); do
@@ -193,6 +212,10 @@ stop_daemon() {
         [ ${#left[@]} -eq 0 ] || kill -KILL "${left[@]}" 2>/dev/null || true
     fi
     unmount_leftovers
+    if [ -s "$D/bridge" ]; then
+        ip link del "$(cat "$D/bridge")" 2>/dev/null && log "deleted the bridge $(cat "$D/bridge")"
+        rm -f "$D/bridge"
+    fi
     rm -f "$PIDFILE" "$SOCK"
 }
 

@@ -746,6 +746,9 @@ pub(crate) struct OwnEngine {
     fake_gpus: bool,
     /// Only the busybox image (not the runpod-python ones).
     busybox_only: bool,
+    /// A default bridge network (`GANTRY_TEST_DOCKER_BRIDGE`): containers
+    /// reach the host at [`OwnEngine::BRIDGE_HOST`].
+    bridge: bool,
     pub(crate) host: String,
 }
 
@@ -756,12 +759,33 @@ impl OwnEngine {
 
     /// [`OwnEngine::start`], with the runpod-python images too unless `busybox_only`.
     pub(crate) async fn start_with(name: &str, fake_gpus: bool, busybox_only: bool) -> OwnEngine {
-        let mut engine = OwnEngine {
+        Self::launch(OwnEngine {
             state: format!("/tmp/gantry-test-docker-{name}-{}", std::process::id()),
             fake_gpus,
             busybox_only,
+            bridge: false,
             host: String::new(),
-        };
+        })
+        .await
+    }
+
+    /// The host's address on the bridge of [`OwnEngine::start_bridged`].
+    pub(crate) const BRIDGE_HOST: &str = "172.31.251.1";
+
+    /// An engine with the runpod-python images whose containers get the
+    /// default bridge network rather than the host's.
+    pub(crate) async fn start_bridged(name: &str) -> OwnEngine {
+        Self::launch(OwnEngine {
+            state: format!("/tmp/gantry-test-docker-{name}-{}", std::process::id()),
+            fake_gpus: false,
+            busybox_only: false,
+            bridge: true,
+            host: String::new(),
+        })
+        .await
+    }
+
+    async fn launch(mut engine: OwnEngine) -> OwnEngine {
         let line = engine.run("start").await;
         engine.host = line.strip_prefix("DOCKER_HOST=").unwrap_or(&line).to_owned();
         engine
@@ -793,6 +817,7 @@ impl OwnEngine {
                 if self.busybox_only { "busybox" } else { "all" },
             )
             .env("GANTRY_TEST_DOCKER_FAKE_GPUS", if self.fake_gpus { "1" } else { "0" })
+            .env("GANTRY_TEST_DOCKER_BRIDGE", if self.bridge { "1" } else { "0" })
             .stdin(std::process::Stdio::null())
             .stderr(std::process::Stdio::inherit());
         cmd

@@ -1120,3 +1120,83 @@ async fn two_platforms_on_one_database_run_one_reconciler_and_hand_over() {
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
 }
+
+/// Workers on the engine's bridge network (`serverless.network = "bridge"`),
+/// as on an engine whose containers do not share the host's network: a
+/// worker reaches Gantry at `host.docker.internal` (the engine's host
+/// gateway, which the fleet maps into every worker), runs a job and is
+/// removed when idle. The engine is one of this test's own, with a bridge of
+/// its own and still no iptables rules; Gantry's public listener is bound to
+/// the host's address on that bridge.
+#[tokio::test]
+async fn bridge_networked_workers_reach_gantry_at_the_host_gateway() {
+    let engine = crate::pods::OwnEngine::start_bridged("bridge").await;
+    let host = crate::pods::OwnEngine::BRIDGE_HOST;
+    // A port free on the bridge's address now, for the listener and the
+    // URL workers are given (both must be known before the platform starts).
+    let port = std::net::TcpListener::bind((host, 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let app = TestApp::spawn_with(Backend::Sqlite, {
+        let docker = engine.host.clone();
+        move |settings| {
+            settings.public_addr = format!("{host}:{port}");
+            settings.serverless.docker_host = Some(docker);
+            settings.serverless.network = "bridge".into();
+            settings.serverless.worker_base_url = Some(format!("http://host.docker.internal:{port}"));
+            settings.serverless.tick_ms = 200;
+            settings.serverless.stop_grace_ms = 2_000;
+        }
+    })
+    .await;
+    let (_, key) = app.user_with_key("all").await;
+    let endpoint = app
+        .endpoint(&key, WORKER_IMAGE, json!({"min": 0, "max": 1, "idleTimeout": 1}))
+        .await;
+    let view = app
+        .endpoint_job(&endpoint, &key, "runsync?wait=300000", json!({"over": "bridge"}))
+        .await;
+    assert_eq!(view["status"], "COMPLETED", "{view}");
+    assert_eq!(view["output"]["echo"]["over"], "bridge");
+    // The worker's container was on the bridge, not the host's network.
+    let out = std::process::Command::new("docker")
+        .args([
+            "ps",
+            "-a",
+            "--filter",
+            &format!("label=gantry.id={endpoint}"),
+            "--format",
+            "{{.ID}}",
+        ])
+        .env("DOCKER_HOST", &engine.host)
+        .output()
+        .unwrap();
+    let id = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .next()
+        .unwrap_or("")
+        .to_owned();
+    assert!(!id.is_empty(), "no worker container");
+    let out = std::process::Command::new("docker")
+        .args([
+            "inspect",
+            "-f",
+            "{{.HostConfig.NetworkMode}} {{json .HostConfig.ExtraHosts}}",
+            &id,
+        ])
+        .env("DOCKER_HOST", &engine.host)
+        .output()
+        .unwrap();
+    let inspected = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    assert_eq!(
+        inspected, r#"bridge ["host.docker.internal:host-gateway"]"#,
+        "{inspected}"
+    );
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while app.workers_of(&endpoint, &key).await["summary"]["total"] != 0 {
+        assert!(Instant::now() < deadline, "never scaled back to 0");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
