@@ -759,14 +759,7 @@ impl OwnEngine {
 
     /// [`OwnEngine::start`], with the runpod-python images too unless `busybox_only`.
     pub(crate) async fn start_with(name: &str, fake_gpus: bool, busybox_only: bool) -> OwnEngine {
-        Self::launch(OwnEngine {
-            state: format!("/tmp/gantry-test-docker-{name}-{}", std::process::id()),
-            fake_gpus,
-            busybox_only,
-            bridge: false,
-            host: String::new(),
-        })
-        .await
+        Self::launch(name, fake_gpus, busybox_only, false).await
     }
 
     /// The host's address on the bridge of [`OwnEngine::start_bridged`].
@@ -775,17 +768,17 @@ impl OwnEngine {
     /// An engine with the runpod-python images whose containers get the
     /// default bridge network rather than the host's.
     pub(crate) async fn start_bridged(name: &str) -> OwnEngine {
-        Self::launch(OwnEngine {
-            state: format!("/tmp/gantry-test-docker-{name}-{}", std::process::id()),
-            fake_gpus: false,
-            busybox_only: false,
-            bridge: true,
-            host: String::new(),
-        })
-        .await
+        Self::launch(name, false, false, true).await
     }
 
-    async fn launch(mut engine: OwnEngine) -> OwnEngine {
+    async fn launch(name: &str, fake_gpus: bool, busybox_only: bool, bridge: bool) -> OwnEngine {
+        let mut engine = OwnEngine {
+            state: format!("/tmp/gantry-test-docker-{name}-{}", std::process::id()),
+            fake_gpus,
+            busybox_only,
+            bridge,
+            host: String::new(),
+        };
         let line = engine.run("start").await;
         engine.host = line.strip_prefix("DOCKER_HOST=").unwrap_or(&line).to_owned();
         engine

@@ -153,6 +153,16 @@ impl TestApp {
         }
     }
 
+    /// Waits until the endpoint has no worker (a generous bound: no speed
+    /// is asserted).
+    async fn scaled_to_zero(&self, endpoint: &str, key: &str) {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        while self.workers_of(endpoint, key).await["summary"]["total"] != 0 {
+            assert!(Instant::now() < deadline, "never scaled back to 0");
+            tokio::time::sleep(Duration::from_millis(200)).await;
+        }
+    }
+
     async fn workers_of(&self, endpoint: &str, key: &str) -> Value {
         self.get(&format!("/v2/serverless/{endpoint}/workers"), key)
             .await
@@ -160,6 +170,30 @@ impl TestApp {
             .await
             .unwrap()
     }
+}
+
+/// `docker inspect -f <format>` of the first container (running or not) of
+/// `endpoint` on the engine at `docker_host`, trimmed.
+fn worker_container_inspect(docker_host: &str, endpoint: &str, format: &str) -> String {
+    let docker = |args: &[&str]| {
+        let out = std::process::Command::new("docker")
+            .args(args)
+            .env("DOCKER_HOST", docker_host)
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+    };
+    let ids = docker(&[
+        "ps",
+        "-a",
+        "--filter",
+        &format!("label=gantry.id={endpoint}"),
+        "--format",
+        "{{.ID}}",
+    ]);
+    let id = ids.lines().next().unwrap_or("");
+    assert!(!id.is_empty(), "no worker container");
+    docker(&["inspect", "-f", format, id])
 }
 
 /// A runpod-python worker running `script` on this host, as worker
@@ -790,11 +824,7 @@ async fn an_endpoint_on_docker_scales_from_zero_to_max_and_back_and_bills_worker
     let docker = gantry_runtime::Docker::connect(&docker_host()).unwrap();
     use gantry_runtime::Runtime;
     // Idle for longer than idleTimeout: back to zero.
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while app.workers_of(&endpoint, &key).await["summary"]["total"] != 0 {
-        assert!(Instant::now() < deadline, "never scaled back to 0");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    app.scaled_to_zero(&endpoint, &key).await;
     let left = docker
         .list(&[("gantry.id".to_owned(), endpoint.clone())])
         .await
@@ -918,11 +948,7 @@ async fn an_endpoints_workers_share_its_network_volume() {
 
     // Idle past its timeout, the worker goes; the next job gets a new one,
     // which finds the file.
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while app.workers_of(&endpoint, &key).await["summary"]["total"] != 0 {
-        assert!(Instant::now() < deadline, "never scaled back to 0");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    app.scaled_to_zero(&endpoint, &key).await;
     let read = app
         .endpoint_job(&endpoint, &key, "runsync?wait=300000", json!({"read": "note"}))
         .await;
@@ -971,38 +997,12 @@ async fn a_gpu_endpoints_workers_get_their_gpus_from_the_engine_and_are_billed_f
     assert_eq!(view["status"], "COMPLETED", "{view}");
     assert_eq!(view["output"]["echo"]["on"], "gpu");
     // The worker's container asked for two NVIDIA GPUs.
-    let out = std::process::Command::new("docker")
-        .args([
-            "ps",
-            "-a",
-            "--filter",
-            &format!("label=gantry.id={endpoint}"),
-            "--format",
-            "{{.ID}}",
-        ])
-        .env("DOCKER_HOST", &engine.host)
-        .output()
-        .unwrap();
-    let id = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .next()
-        .unwrap_or("")
-        .to_owned();
-    assert!(!id.is_empty(), "no worker container");
-    let out = std::process::Command::new("docker")
-        .args(["inspect", "-f", "{{json .HostConfig.DeviceRequests}}", &id])
-        .env("DOCKER_HOST", &engine.host)
-        .output()
-        .unwrap();
-    let requests: Value = serde_json::from_slice(&out.stdout).unwrap();
+    let requests = worker_container_inspect(&engine.host, &endpoint, "{{json .HostConfig.DeviceRequests}}");
+    let requests: Value = serde_json::from_str(&requests).unwrap();
     assert_eq!(requests[0]["Driver"], "nvidia", "{requests}");
     assert_eq!(requests[0]["Count"], 2, "{requests}");
     // Back to zero, and billed as GPU time.
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while app.workers_of(&endpoint, &key).await["summary"]["total"] != 0 {
-        assert!(Instant::now() < deadline, "never scaled back to 0");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    app.scaled_to_zero(&endpoint, &key).await;
     app.fleet
         .service()
         .accrue_workers(gantry_containers::service::now_ms())
@@ -1161,42 +1161,14 @@ async fn bridge_networked_workers_reach_gantry_at_the_host_gateway() {
     assert_eq!(view["status"], "COMPLETED", "{view}");
     assert_eq!(view["output"]["echo"]["over"], "bridge");
     // The worker's container was on the bridge, not the host's network.
-    let out = std::process::Command::new("docker")
-        .args([
-            "ps",
-            "-a",
-            "--filter",
-            &format!("label=gantry.id={endpoint}"),
-            "--format",
-            "{{.ID}}",
-        ])
-        .env("DOCKER_HOST", &engine.host)
-        .output()
-        .unwrap();
-    let id = String::from_utf8_lossy(&out.stdout)
-        .lines()
-        .next()
-        .unwrap_or("")
-        .to_owned();
-    assert!(!id.is_empty(), "no worker container");
-    let out = std::process::Command::new("docker")
-        .args([
-            "inspect",
-            "-f",
-            "{{.HostConfig.NetworkMode}} {{json .HostConfig.ExtraHosts}}",
-            &id,
-        ])
-        .env("DOCKER_HOST", &engine.host)
-        .output()
-        .unwrap();
-    let inspected = String::from_utf8_lossy(&out.stdout).trim().to_owned();
+    let inspected = worker_container_inspect(
+        &engine.host,
+        &endpoint,
+        "{{.HostConfig.NetworkMode}} {{json .HostConfig.ExtraHosts}}",
+    );
     assert_eq!(
         inspected, r#"bridge ["host.docker.internal:host-gateway"]"#,
         "{inspected}"
     );
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while app.workers_of(&endpoint, &key).await["summary"]["total"] != 0 {
-        assert!(Instant::now() < deadline, "never scaled back to 0");
-        tokio::time::sleep(Duration::from_millis(200)).await;
-    }
+    app.scaled_to_zero(&endpoint, &key).await;
 }
