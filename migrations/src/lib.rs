@@ -21,6 +21,7 @@ mod m20261128_000017_console;
 mod m20261128_000018_pod_disk;
 mod m20261129_000019_worker_timings;
 mod m20261129_000020_clusters;
+mod m20261130_000021_worker_hosts;
 
 pub struct Migrator;
 
@@ -48,6 +49,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261128_000018_pod_disk::Migration),
             Box::new(m20261129_000019_worker_timings::Migration),
             Box::new(m20261129_000020_clusters::Migration),
+            Box::new(m20261130_000021_worker_hosts::Migration),
         ]
     }
 }

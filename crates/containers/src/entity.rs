@@ -119,6 +119,18 @@ pub mod worker {
         pub ended_at_ms: Option<i64>,
         /// Why it ended, or why it could not start.
         pub reason: Option<String>,
+        /// The instance whose listener the worker calls (its session's
+        /// process), from its first call; None before it.
+        pub host: Option<String>,
+        /// Its first call.
+        pub seen_at_ms: Option<i64>,
+        /// Jobs it holds, as its host last published.
+        pub held_jobs: i32,
+        /// Since when it has held no job, as its host last published (None
+        /// while it holds one, or before its first call).
+        pub idle_since_ms: Option<i64>,
+        /// The leader's request to its host: `retire` or `drain`.
+        pub stop_request: Option<String>,
     }
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

@@ -11,10 +11,13 @@
 //! while this process holds the `fleet` lease in the database, so several
 //! schedulers on one PostgreSQL database never start the same workers twice.
 //!
-//! Worker containers run the RunPod worker protocol against this process's
-//! public listener; each worker's session is a [`PolledWorker`] of the
-//! dispatcher, so its jobs are assigned, leased, requeued and settled by the
-//! same code as a bundled model's.
+//! Worker containers run the RunPod worker protocol against the public
+//! listener of the process that started them; each worker's session is a
+//! [`PolledWorker`] of that process's dispatcher, so its jobs are assigned,
+//! leased, requeued and settled by the same code as a bundled model's. Every
+//! process publishes its workers' loads in their records and renews a
+//! `host:<instance>` lease; the leader judges workers hosted elsewhere from
+//! those and asks their host to stop them (`stop_request`).
 
 use std::collections::{BTreeMap, HashMap};
 use std::sync::atomic::{AtomicI64, AtomicU64, Ordering};
@@ -120,6 +123,16 @@ struct Tracked {
     draining: bool,
 }
 
+/// A live worker that holds no job, as one look of the reconciler saw it.
+struct Idle {
+    id: String,
+    idle_for: Duration,
+    /// Of an older version of its endpoint.
+    stale: bool,
+    /// Has called no process within the start timeout.
+    never_seen: bool,
+}
+
 /// The serverless runtime of one scheduler process.
 pub struct Fleet {
     service: ContainerService,
@@ -138,6 +151,13 @@ pub struct Fleet {
     /// Until when this process holds the `fleet` lease, as it last wrote it
     /// (ms since the epoch; 0 when it does not hold it).
     lease_until_ms: AtomicI64,
+    /// Until when this process's `host:<instance>` lease runs, as it last
+    /// wrote it: while it runs, other processes leave the workers whose
+    /// sessions are here to this process.
+    host_until_ms: AtomicI64,
+    /// What this process last published of each hosted worker's load:
+    /// (jobs held, idle since).
+    published: Mutex<HashMap<String, (i32, Option<i64>)>>,
     /// How often the reconciler looked, and what woke it between ticks.
     counts: Counts,
     /// Where workers reach the public listener.
@@ -226,6 +246,8 @@ impl Fleet {
             backoff: Mutex::new(HashMap::new()),
             wake: tokio::sync::Notify::new(),
             lease_until_ms: AtomicI64::new(0),
+            host_until_ms: AtomicI64::new(0),
+            published: Mutex::new(HashMap::new()),
             counts: Counts::default(),
         })
     }
@@ -395,18 +417,53 @@ impl Fleet {
         if lock(&self.stopping).contains(worker_id) {
             return None;
         }
-        match self.service.worker(worker_id).await {
+        let record = match self.service.worker(worker_id).await {
             Ok(Some(record)) if record.ended_at_ms.is_some() || record.endpoint_id != endpoint_id => return None,
-            Ok(_) => {}
+            Ok(record) => record,
             Err(error) => {
                 tracing::warn!(%worker_id, %error, "the worker's record could not be read");
                 return None;
+            }
+        };
+        // A worker's calls all go to one process, where its session and its
+        // jobs are. Another live process holding it means the worker's URL
+        // does not name one process (a load balancer in front of several).
+        if let Some(host) = record.as_ref().and_then(|r| r.host.as_deref())
+            && host != self.config.instance
+        {
+            match self.host_alive(host).await {
+                Ok(false) => {} // its process is gone: this one takes it over
+                Ok(true) => {
+                    tracing::warn!(
+                        %worker_id, %host,
+                        "a worker whose session is with another live Gantry process called this one; \
+                         serverless.worker_base_url must name each process, not a service in front of several"
+                    );
+                    return None;
+                }
+                Err(error) => {
+                    tracing::warn!(%worker_id, %error, "the worker's host could not be checked");
+                    return None;
+                }
             }
         }
         let session = self
             .dispatcher
             .attach_polled(worker_id, endpoint_id, "runpod-protocol", self.config.worker_lease)
             .await;
+        if record.is_some() {
+            let at = now_ms();
+            match self.service.host_worker(worker_id, &self.config.instance, at).await {
+                Ok(true) => {
+                    lock(&self.published).insert(worker_id.to_owned(), (0, Some(at)));
+                }
+                Ok(false) => {
+                    session.close().await;
+                    return None; // ended in between
+                }
+                Err(error) => tracing::warn!(%worker_id, %error, "the worker's host could not be recorded"),
+            }
+        }
         sessions.insert(worker_id.to_owned(), session.clone());
         if let Some(tracked) = lock(&self.tracked).get_mut(worker_id) {
             tracked.seen = true;
@@ -423,16 +480,22 @@ impl Fleet {
             .into_iter()
             .map(|record| {
                 let session = sessions.get(&record.id).filter(|s| !s.is_closed());
-                let running = session.map(PolledWorker::running).unwrap_or_default();
-                let seen = session.is_some() || tracked.get(&record.id).is_some_and(|t| t.seen);
+                // A worker whose session is in another process: what that
+                // process published.
+                let busy = match session {
+                    Some(session) => !session.running().is_empty(),
+                    None => record.held_jobs > 0 && record.host.as_deref() != Some(self.config.instance.as_str()),
+                };
+                let seen =
+                    session.is_some() || record.seen_at_ms.is_some() || tracked.get(&record.id).is_some_and(|t| t.seen);
                 let status = if record.reason.is_some() && !seen {
                     "UNHEALTHY"
                 } else if !seen {
                     "INITIALIZING"
-                } else if running.is_empty() {
-                    "IDLE"
-                } else {
+                } else if busy {
                     "RUNNING"
+                } else {
+                    "IDLE"
                 };
                 WorkerView {
                     id: record.id,
@@ -453,8 +516,15 @@ impl Fleet {
     pub async fn run(self: Arc<Self>, shutdown: impl std::future::Future<Output = ()>) {
         tokio::pin!(shutdown);
         let mut last_accrual: Option<Instant> = None;
+        let mut last_hosting: Option<Instant> = None;
         loop {
             let looked = Instant::now();
+            // Every process hosts the sessions of the workers that call it,
+            // leader or not: once a tick.
+            if last_hosting.is_none_or(|at| at.elapsed() >= self.config.tick) {
+                last_hosting = Some(Instant::now());
+                self.host_duties().await;
+            }
             if self.hold_lease().await {
                 self.counts.looks.fetch_add(1, Ordering::Relaxed);
                 if let Err(error) = self.reconcile().await {
@@ -470,6 +540,7 @@ impl Fleet {
                     if let Err(error) = self.service.accrue_pods(now_ms()).await {
                         tracing::warn!(%error, "charging pod time failed");
                     }
+                    self.forget_old_hosts().await;
                 }
             }
             tokio::select! {
@@ -491,57 +562,230 @@ impl Fleet {
     /// Gives the `fleet` lease up if this process holds it, so that another
     /// process's reconciler takes over at its next tick rather than when the
     /// lease would have lapsed (a crash still leaves it to lapse).
+    /// The process's host lease ends now as well: the workers whose sessions
+    /// were here are another process's to take over (the moment it ended is
+    /// kept, and a worker that calls nobody within the start timeout of it
+    /// is replaced).
     async fn release_lease(&self) {
-        if self.lease_until_ms.swap(0, Ordering::Relaxed) <= now_ms() {
-            return;
-        }
-        let db = self.service.db();
-        let backend = db.get_database_backend();
-        let holder = if backend == DbBackend::Postgres { "$1" } else { "?" };
-        let sql = format!("UPDATE leases SET until_ms = 0 WHERE name = 'fleet' AND holder = {holder}");
-        let values: Vec<sea_orm::Value> = vec![self.config.instance.clone().into()];
-        if let Err(error) = db
-            .execute_raw(Statement::from_sql_and_values(backend, sql, values))
-            .await
+        let now = now_ms();
+        if self.lease_until_ms.swap(0, Ordering::Relaxed) > now
+            && let Err(error) = self.end_lease("fleet", 0).await
         {
             tracing::warn!(%error, "the fleet lease could not be given up; another process takes over when it lapses");
         }
+        if self.host_until_ms.swap(0, Ordering::Relaxed) > now
+            && let Err(error) = self.end_lease(&self.host_lease_name(), now).await
+        {
+            tracing::warn!(%error, "the host lease could not be given up; it lapses");
+        }
     }
 
-    /// Takes or renews the `fleet` lease (three ticks long, at least 10 s).
-    async fn hold_lease(&self) -> bool {
-        let now = now_ms();
-        let span = i64::try_from((self.config.tick * 3).max(Duration::from_secs(10)).as_millis()).unwrap_or(10_000);
-        // Held for more than half its span still: nobody else can take it
-        // before it ends, and a later tick renews it well before then.
-        if self.lease_until_ms.load(Ordering::Relaxed) - now > span / 2 {
-            return true;
-        }
+    /// Ends lease `name` if this process holds it, writing `until_ms`.
+    async fn end_lease(&self, name: &str, until_ms: i64) -> Result<(), sea_orm::DbErr> {
         let db = self.service.db();
-        let until = now + span;
         let backend = db.get_database_backend();
-        let (p1, p2, p3, p4) = if backend == DbBackend::Postgres {
-            ("$1", "$2", "$3", "$4")
+        let (p1, p2, p3) = params3(backend);
+        let sql = format!("UPDATE leases SET until_ms = {p1} WHERE name = {p2} AND holder = {p3}");
+        let values: Vec<sea_orm::Value> = vec![until_ms.into(), name.into(), self.config.instance.clone().into()];
+        db.execute_raw(Statement::from_sql_and_values(backend, sql, values))
+            .await
+            .map(drop)
+    }
+
+    fn host_lease_name(&self) -> String {
+        format!("host:{}", self.config.instance)
+    }
+
+    /// How long a lease runs: three ticks, at least 10 s.
+    fn lease_span_ms(&self) -> i64 {
+        i64::try_from((self.config.tick * 3).max(Duration::from_secs(10)).as_millis()).unwrap_or(10_000)
+    }
+
+    /// Takes or renews lease `name` for this process until `until`: true if
+    /// it holds it (it was free, lapsed, or its own).
+    async fn take_lease(&self, name: &str, now: i64, until: i64) -> Result<bool, sea_orm::DbErr> {
+        let db = self.service.db();
+        let backend = db.get_database_backend();
+        let (p1, p2, p3, p4, p5) = if backend == DbBackend::Postgres {
+            ("$1", "$2", "$3", "$4", "$5")
         } else {
-            ("?", "?", "?", "?")
+            ("?", "?", "?", "?", "?")
         };
         let sql = format!(
-            "INSERT INTO leases (name, holder, until_ms) VALUES ('fleet', {p1}, {p2}) \
+            "INSERT INTO leases (name, holder, until_ms) VALUES ({p1}, {p2}, {p3}) \
              ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, until_ms = excluded.until_ms \
-             WHERE leases.holder = {p3} OR leases.until_ms < {p4}"
+             WHERE leases.holder = {p4} OR leases.until_ms < {p5}"
         );
         let values: Vec<sea_orm::Value> = vec![
+            name.into(),
             self.config.instance.clone().into(),
             until.into(),
             self.config.instance.clone().into(),
             now.into(),
         ];
-        match db
+        let result = db
+            .execute_raw(Statement::from_sql_and_values(backend, sql, values))
+            .await?;
+        Ok(result.rows_affected() == 1)
+    }
+
+    /// Whether the process `instance` runs (its host lease has not ended).
+    async fn host_alive(&self, instance: &str) -> Result<bool, sea_orm::DbErr> {
+        Ok(self
+            .hosts()
+            .await?
+            .get(instance)
+            .is_some_and(|until| *until >= now_ms()))
+    }
+
+    /// Every process's host lease: instance -> until when it runs (ran).
+    async fn hosts(&self) -> Result<HashMap<String, i64>, sea_orm::DbErr> {
+        let db = self.service.db();
+        let backend = db.get_database_backend();
+        let rows = db
+            .query_all_raw(Statement::from_string(
+                backend,
+                "SELECT name, until_ms FROM leases WHERE name LIKE 'host:%'",
+            ))
+            .await?;
+        let mut out = HashMap::new();
+        for row in rows {
+            let name: String = row.try_get_by_index(0)?;
+            let until: i64 = row.try_get_by_index(1)?;
+            if let Some(instance) = name.strip_prefix("host:") {
+                out.insert(instance.to_owned(), until);
+            }
+        }
+        Ok(out)
+    }
+
+    /// Drops the host leases of processes gone for an hour (each start of a
+    /// process is a new instance).
+    async fn forget_old_hosts(&self) {
+        let db = self.service.db();
+        let backend = db.get_database_backend();
+        let p1 = if backend == DbBackend::Postgres { "$1" } else { "?" };
+        let sql = format!("DELETE FROM leases WHERE name LIKE 'host:%' AND until_ms < {p1}");
+        let values: Vec<sea_orm::Value> = vec![(now_ms() - 3_600_000).into()];
+        if let Err(error) = db
             .execute_raw(Statement::from_sql_and_values(backend, sql, values))
             .await
         {
-            Ok(result) => {
-                let held = result.rows_affected() == 1;
+            tracing::warn!(%error, "old host leases could not be dropped");
+        }
+    }
+
+    /// What every process does each tick for the workers whose sessions it
+    /// holds: renews its host lease, publishes their loads where they
+    /// changed, and carries out the leader's requests to stop them.
+    async fn host_duties(self: &Arc<Self>) {
+        let now = now_ms();
+        let span = self.lease_span_ms();
+        if self.host_until_ms.load(Ordering::Relaxed) - now <= span / 2 {
+            match self.take_lease(&self.host_lease_name(), now, now + span).await {
+                Ok(true) => self.host_until_ms.store(now + span, Ordering::Relaxed),
+                Ok(false) => {}
+                Err(error) => tracing::warn!(%error, "the host lease could not be renewed"),
+            }
+        }
+        self.publish_loads().await;
+        if let Err(error) = self.serve_stop_requests().await {
+            tracing::warn!(%error, "the leader's requests to stop workers could not be carried out");
+        }
+    }
+
+    /// Writes each hosted worker's load where it changed since the last
+    /// write: the jobs it holds, and since when it has held none.
+    async fn publish_loads(&self) {
+        let loads: Vec<(String, i32)> = self
+            .sessions
+            .lock()
+            .await
+            .iter()
+            .filter(|(_, s)| !s.is_closed())
+            .map(|(id, s)| (id.clone(), i32::try_from(s.load()).unwrap_or(i32::MAX)))
+            .collect();
+        let now = now_ms();
+        for (id, held) in loads {
+            if lock(&self.published).get(&id).is_some_and(|(was, _)| *was == held) {
+                continue;
+            }
+            // Busy, or idle from now on.
+            let next = if held == 0 { (0, Some(now)) } else { (held, None) };
+            match self
+                .service
+                .publish_worker_load(&id, &self.config.instance, next.0, next.1)
+                .await
+            {
+                Ok(()) => {
+                    lock(&self.published).insert(id, next);
+                }
+                Err(error) => tracing::warn!(worker_id = %id, %error, "the worker's load could not be published"),
+            }
+        }
+    }
+
+    /// The leader's requests for workers hosted here: `retire` ends one that
+    /// holds nothing now (a busy one keeps running, and the request is
+    /// withdrawn for the leader to decide again); `drain` stops a worker's
+    /// new jobs and ends it once it holds nothing.
+    async fn serve_stop_requests(self: &Arc<Self>) -> Result<(), ContainerError> {
+        let Some(runtime) = self.runtime.clone() else {
+            return Ok(());
+        };
+        let requests = self.service.stop_requests(&self.config.instance).await?;
+        if requests.is_empty() {
+            return Ok(());
+        }
+        let mut containers: HashMap<String, RuntimeContainer> = match runtime.list(&self.own("worker")).await {
+            Ok(list) => list
+                .into_iter()
+                .filter_map(|c| c.labels.get(LABEL_WORKER).cloned().map(|w| (w, c)))
+                .collect(),
+            Err(_) => return Ok(()), // the engine does not answer: next tick
+        };
+        for record in requests {
+            if lock(&self.stopping).contains(&record.id) {
+                continue;
+            }
+            let retired = self
+                .sessions
+                .lock()
+                .await
+                .get(&record.id)
+                .filter(|s| !s.is_closed())
+                .is_none_or(PolledWorker::retire);
+            if retired {
+                match containers.remove(&record.id) {
+                    Some(container) => self.end(&runtime, &record.id, &container.id, "scaled down").await?,
+                    None => {
+                        self.service
+                            .end_worker(&record.id, now_ms(), "container is gone")
+                            .await?;
+                        self.forget(&record.id).await;
+                    }
+                }
+            } else if record.stop_request.as_deref() == Some("drain") {
+                self.dispatcher.drain(&record.id);
+            } else {
+                self.service.request_worker_stop(&record.id, None).await?;
+            }
+        }
+        Ok(())
+    }
+
+    /// Takes or renews the `fleet` lease (three ticks long, at least 10 s).
+    async fn hold_lease(&self) -> bool {
+        let now = now_ms();
+        let span = self.lease_span_ms();
+        // Held for more than half its span still: nobody else can take it
+        // before it ends, and a later tick renews it well before then.
+        if self.lease_until_ms.load(Ordering::Relaxed) - now > span / 2 {
+            return true;
+        }
+        let until = now + span;
+        match self.take_lease("fleet", now, until).await {
+            Ok(held) => {
                 self.lease_until_ms
                     .store(if held { until } else { 0 }, Ordering::Relaxed);
                 held
@@ -575,8 +819,9 @@ impl Fleet {
             .into_iter()
             .filter_map(|c| c.labels.get(LABEL_WORKER).cloned().map(|w| (w, c)))
             .collect();
-        // Three reads a look, however many endpoints: the endpoints, every
-        // open worker, and the queue of every endpoint.
+        // Four reads a look, however many endpoints: the endpoints, every
+        // open worker, the queue of every endpoint, and every process's host
+        // lease.
         let endpoints = self.service.endpoints_to_reconcile().await?;
         let mut workers: HashMap<String, Vec<WorkerRecord>> = HashMap::new();
         let mut known: std::collections::HashSet<String> = std::collections::HashSet::new();
@@ -585,13 +830,14 @@ impl Fleet {
             workers.entry(worker.endpoint_id.clone()).or_default().push(worker);
         }
         let queues = queues(self.service.db()).await?;
+        let hosts = self.hosts().await?;
         for endpoint in &endpoints {
             let open = workers.remove(&endpoint.id).unwrap_or_default();
             let queue = queues.get(&endpoint.id).copied().unwrap_or((0, Duration::ZERO));
             if open.is_empty() && queue.0 == 0 && endpoint.spec.workers.min == 0 {
                 continue; // idle and empty: nothing to do
             }
-            self.reconcile_endpoint(&runtime, endpoint, open, queue, &mut by_worker)
+            self.reconcile_endpoint(&runtime, endpoint, open, queue, &hosts, &mut by_worker)
                 .await?;
         }
         self.reconcile_pods(&runtime).await?;
@@ -613,6 +859,7 @@ impl Fleet {
         endpoint: &EndpointRecord,
         workers: Vec<WorkerRecord>,
         (outstanding, oldest_wait): (u64, Duration),
+        hosts: &HashMap<String, i64>,
         containers: &mut HashMap<String, RuntimeContainer>,
     ) -> Result<(), ContainerError> {
         let mut alive: Vec<WorkerRecord> = Vec::new();
@@ -642,9 +889,15 @@ impl Fleet {
                 }
             }
         }
-        // What each live worker is doing.
+        // What each live worker is doing: from its session when it calls
+        // this process; from what its host published when it calls another
+        // live one (`remote`).
         let now = Instant::now();
-        let mut idle: Vec<(String, Duration, bool)> = Vec::new(); // (id, idle for, stale)
+        let now_wall = now_ms();
+        let start_timeout_ms = i64::try_from(self.config.start_timeout.as_millis()).unwrap_or(i64::MAX);
+        let me = self.config.instance.as_str();
+        let mut idle: Vec<Idle> = Vec::new();
+        let mut remote: std::collections::HashSet<String> = std::collections::HashSet::new();
         let mut busy = 0usize;
         let mut jobs_on_workers = 0u64;
         {
@@ -652,13 +905,45 @@ impl Fleet {
             let mut tracked = lock(&self.tracked);
             for worker in &alive {
                 let session = sessions.get(&worker.id).filter(|s| !s.is_closed());
+                let stale = worker.version < endpoint.version as i32;
+                // When the other process it called last stopped running
+                // (or runs until, when it still does).
+                let elsewhere = worker
+                    .host
+                    .as_deref()
+                    .filter(|host| *host != me)
+                    .map(|host| hosts.get(host).copied().unwrap_or(0));
                 let entry = tracked.entry(worker.id.clone()).or_insert_with(|| Tracked {
                     idle_since: Some(now),
                     started: now,
-                    seen: session.is_some(),
+                    seen: false,
                     draining: false,
                 });
-                entry.seen |= session.is_some();
+                entry.seen |= session.is_some() || worker.host.as_deref() == Some(me);
+                if session.is_none()
+                    && let Some(until) = elsewhere
+                    && until >= now_wall
+                {
+                    remote.insert(worker.id.clone());
+                    let held = u64::try_from(worker.held_jobs).unwrap_or(0);
+                    jobs_on_workers += held;
+                    match worker.idle_since_ms.filter(|_| held == 0) {
+                        Some(since) => idle.push(Idle {
+                            id: worker.id.clone(),
+                            idle_for: Duration::from_millis(u64::try_from(now_wall - since).unwrap_or(0)),
+                            stale,
+                            never_seen: false,
+                        }),
+                        None => busy += 1,
+                    }
+                    continue;
+                }
+                let waited = now.duration_since(entry.started) > self.config.start_timeout;
+                let never_seen = match elsewhere {
+                    // Its process is gone, and it has called no other since.
+                    Some(gone) if session.is_none() => waited && now_wall - gone > start_timeout_ms,
+                    _ => waited && !entry.seen,
+                };
                 let held = session.map_or(0, PolledWorker::load);
                 jobs_on_workers += held as u64;
                 if held > 0 {
@@ -666,8 +951,12 @@ impl Fleet {
                     busy += 1;
                 } else {
                     let since = *entry.idle_since.get_or_insert(now);
-                    let stale = worker.version < endpoint.version as i32;
-                    idle.push((worker.id.clone(), now.duration_since(since), stale));
+                    idle.push(Idle {
+                        id: worker.id.clone(),
+                        idle_for: now.duration_since(since),
+                        stale,
+                        never_seen,
+                    });
                 }
             }
         }
@@ -704,38 +993,58 @@ impl Fleet {
         let idle_timeout = Duration::from_secs(u64::from(spec.workers.idle_timeout.unwrap_or(5)));
         let mut removable: Vec<String> = Vec::new();
         let mut keep = current;
-        idle.sort_by(|a, b| b.2.cmp(&a.2).then(b.1.cmp(&a.1)));
-        for (id, idle_for, stale) in &idle {
-            let never_seen = {
-                let tracked = lock(&self.tracked);
-                tracked
-                    .get(id)
-                    .is_some_and(|t| !t.seen && now.duration_since(t.started) > self.config.start_timeout)
-            };
-            if *stale || never_seen || endpoint.deleted || (keep > wanted && *idle_for >= idle_timeout) {
-                removable.push(id.clone());
+        idle.sort_by(|a, b| b.stale.cmp(&a.stale).then(b.idle_for.cmp(&a.idle_for)));
+        for worker in &idle {
+            if worker.stale
+                || worker.never_seen
+                || endpoint.deleted
+                || (keep > wanted && worker.idle_for >= idle_timeout)
+            {
+                removable.push(worker.id.clone());
                 keep -= 1;
             }
         }
         // A worker goes only once drained while it holds nothing: a job
         // assigned since the look above keeps it for another pass, so scaling
         // down never takes a job from a worker (and never uses up an attempt).
+        // That step is its host's: a worker hosted by another process is
+        // asked for there (drained when it goes for good, so that it
+        // finishes what it holds).
         {
             let sessions = self.sessions.lock().await;
             removable.retain(|id| {
-                sessions
-                    .get(id)
-                    .filter(|s| !s.is_closed())
-                    .is_none_or(PolledWorker::retire)
+                remote.contains(id)
+                    || sessions
+                        .get(id)
+                        .filter(|s| !s.is_closed())
+                        .is_none_or(PolledWorker::retire)
             });
         }
         for id in &removable {
+            if remote.contains(id) {
+                continue;
+            }
             if let Some(container) = containers.remove(id) {
                 self.end(runtime, id, &container.id, "scaled down").await?;
             }
         }
+        for worker in alive.iter().filter(|w| remote.contains(&w.id)) {
+            let outdated = worker.version < endpoint.version as i32 || endpoint.deleted;
+            let request = if outdated {
+                Some("drain")
+            } else if removable.contains(&worker.id) {
+                Some("retire")
+            } else {
+                None
+            };
+            // A retire asked for at an earlier look is withdrawn once the
+            // worker is wanted again.
+            if worker.stop_request.as_deref() != request {
+                self.service.request_worker_stop(&worker.id, request).await?;
+            }
+        }
         // Busy stale workers take no new jobs; they go once idle.
-        for worker in &alive {
+        for worker in alive.iter().filter(|w| !remote.contains(&w.id)) {
             if worker.version < endpoint.version as i32 || endpoint.deleted {
                 let mut tracked = lock(&self.tracked);
                 if let Some(t) = tracked.get_mut(&worker.id)
@@ -790,6 +1099,11 @@ impl Fleet {
                 billed_until_ms: now,
                 ended_at_ms: None,
                 reason: None,
+                host: None,
+                seen_at_ms: None,
+                held_jobs: 0,
+                idle_since_ms: None,
+                stop_request: None,
             })
             .await?;
         lock(&self.tracked).insert(
@@ -904,6 +1218,7 @@ impl Fleet {
             session.close().await;
         }
         lock(&self.tracked).remove(worker_id);
+        lock(&self.published).remove(worker_id);
     }
 
     /// GPUs per worker, the hourly price, memory (GB) and vCPUs.
@@ -1145,6 +1460,15 @@ async fn queues(db: &sea_orm::DatabaseConnection) -> Result<HashMap<String, (u64
         );
     }
     Ok(out)
+}
+
+/// Three placeholders of the backend's kind.
+fn params3(backend: DbBackend) -> (&'static str, &'static str, &'static str) {
+    if backend == DbBackend::Postgres {
+        ("$1", "$2", "$3")
+    } else {
+        ("?", "?", "?")
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {

@@ -519,6 +519,11 @@ impl ContainerService {
             billed_until_ms: Set(record.billed_until_ms),
             ended_at_ms: Set(record.ended_at_ms),
             reason: Set(record.reason),
+            host: Set(record.host),
+            seen_at_ms: Set(record.seen_at_ms),
+            held_jobs: Set(record.held_jobs),
+            idle_since_ms: Set(record.idle_since_ms),
+            stop_request: Set(record.stop_request),
         }
         .insert_row(&self.db)
         .await?;
@@ -536,6 +541,68 @@ impl ContainerService {
             .exec(&self.db)
             .await?;
         Ok(())
+    }
+
+    /// Records that `host` holds the worker's session from `at_ms` on (its
+    /// first call there): idle, holding nothing. False if the worker has
+    /// ended.
+    pub async fn host_worker(&self, id: &str, host: &str, at_ms: i64) -> Result<bool, ContainerError> {
+        let result = worker::Entity::update_many()
+            .col_expr(worker::Column::Host, Expr::value(host.to_owned()))
+            .col_expr(
+                worker::Column::SeenAtMs,
+                sea_orm::sea_query::ExprTrait::if_null(Expr::col(worker::Column::SeenAtMs), at_ms),
+            )
+            .col_expr(worker::Column::HeldJobs, Expr::value(0))
+            .col_expr(worker::Column::IdleSinceMs, Expr::value(at_ms))
+            .filter(worker::Column::Id.eq(id))
+            .filter(worker::Column::EndedAtMs.is_null())
+            .exec(&self.db)
+            .await?;
+        Ok(result.rows_affected == 1)
+    }
+
+    /// Publishes a hosted worker's load: the jobs it holds, and since when
+    /// it has held none (None while it holds one). Only its host writes it.
+    pub async fn publish_worker_load(
+        &self,
+        id: &str,
+        host: &str,
+        held_jobs: i32,
+        idle_since_ms: Option<i64>,
+    ) -> Result<(), ContainerError> {
+        worker::Entity::update_many()
+            .col_expr(worker::Column::HeldJobs, Expr::value(held_jobs))
+            .col_expr(worker::Column::IdleSinceMs, Expr::value(idle_since_ms))
+            .filter(worker::Column::Id.eq(id))
+            .filter(worker::Column::Host.eq(host))
+            .filter(worker::Column::EndedAtMs.is_null())
+            .exec(&self.db)
+            .await?;
+        Ok(())
+    }
+
+    /// Sets (or, with None, withdraws) the leader's request to a worker's
+    /// host: `retire` or `drain`.
+    pub async fn request_worker_stop(&self, id: &str, request: Option<&str>) -> Result<(), ContainerError> {
+        worker::Entity::update_many()
+            .col_expr(worker::Column::StopRequest, Expr::value(request.map(str::to_owned)))
+            .filter(worker::Column::Id.eq(id))
+            .filter(worker::Column::EndedAtMs.is_null())
+            .exec(&self.db)
+            .await?;
+        Ok(())
+    }
+
+    /// The open workers `host` holds the sessions of that the leader has
+    /// asked it to stop.
+    pub async fn stop_requests(&self, host: &str) -> Result<Vec<WorkerRecord>, ContainerError> {
+        Ok(worker::Entity::find()
+            .filter(worker::Column::Host.eq(host))
+            .filter(worker::Column::StopRequest.is_not_null())
+            .filter(worker::Column::EndedAtMs.is_null())
+            .all(&self.db)
+            .await?)
     }
 
     /// Sets why a running worker is unwell (a failed pull, a crash), without

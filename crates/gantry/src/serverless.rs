@@ -185,8 +185,9 @@ pub async fn fleet(
         // is the default.
         return Err(StartError::Config(
             "serverless.runtime is kubernetes with serverless.network = bridge: set \
-             serverless.worker_base_url to a URL the worker Pods reach (a Service in front of this \
-             process's public listener, e.g. http://gantry-fleet:8081)"
+             serverless.worker_base_url to a URL at which the worker Pods reach this process's \
+             public listener, and this process only (its Pod's address, e.g. http://$(POD_IP):8081: \
+             a worker's calls must all reach the process that holds its session)"
                 .into(),
         ));
     }

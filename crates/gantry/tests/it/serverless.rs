@@ -1022,6 +1022,49 @@ async fn a_gpu_endpoints_workers_get_their_gpus_from_the_engine_and_are_billed_f
     assert_eq!(totals["cpuAmount"].as_f64(), Some(0.0), "{billed}");
 }
 
+/// The containers (running or not) of `endpoint` on the tests' engine.
+async fn endpoint_containers(endpoint: &str) -> Vec<gantry_runtime::Container> {
+    use gantry_runtime::Runtime;
+    gantry_runtime::Docker::connect(&docker_host())
+        .unwrap()
+        .list(&[("gantry.id".to_owned(), endpoint.to_owned())])
+        .await
+        .unwrap()
+}
+
+/// Deletes the endpoint through `app` and waits until its containers are
+/// gone.
+async fn delete_endpoint_and_its_workers(app: &TestApp, endpoint: &str, key: &str) {
+    let res = app
+        .request(Method::DELETE, &format!("/v2/serverless/{endpoint}"), Some(key))
+        .send()
+        .await
+        .unwrap();
+    assert_eq!(res.status(), 204);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while !endpoint_containers(endpoint).await.is_empty() {
+        assert!(Instant::now() < deadline, "the deleted endpoint's workers stayed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+}
+
+/// The settings of one of several replicas on the engine of the tests: a
+/// tick of 200 ms, the serverless keys `keys` (one installation per test,
+/// so that no test takes another's workers for orphans), and the database
+/// at `database_url` (the harness's own where None).
+fn replica(keys: &'static str, database_url: Option<String>) -> impl FnOnce(&mut gantry::Settings) {
+    let host = docker_host();
+    move |settings: &mut gantry::Settings| {
+        settings.serverless.docker_host = Some(host);
+        settings.serverless.tick_ms = 200;
+        settings.serverless.stop_grace_ms = 5_000;
+        settings.serverless.keys = vec![keys.into()];
+        if database_url.is_some() {
+            settings.database_url = database_url;
+        }
+    }
+}
+
 /// Two platforms on one PostgreSQL database, as two scheduler replicas of a
 /// deployment sharing their serverless keys: one reconciler looks at a time,
 /// so an endpoint's worker is started once; when the leader stops, it gives
@@ -1029,19 +1072,7 @@ async fn a_gpu_endpoints_workers_get_their_gpus_from_the_engine_and_are_billed_f
 /// worker it finds (same installation) rather than starting a second one.
 #[tokio::test]
 async fn two_platforms_on_one_database_run_one_reconciler_and_hand_over() {
-    let host = docker_host();
-    let replica = |database_url: Option<String>| {
-        let host = host.clone();
-        move |settings: &mut gantry::Settings| {
-            settings.serverless.docker_host = Some(host);
-            settings.serverless.tick_ms = 200;
-            settings.serverless.stop_grace_ms = 5_000;
-            settings.serverless.keys = vec!["both replicas of this test".into()];
-            if database_url.is_some() {
-                settings.database_url = database_url;
-            }
-        }
-    };
+    let replica = |database_url| replica("both replicas of this test", database_url);
     let mut first = TestApp::spawn_with(Backend::Postgres, replica(None)).await;
     let mut second = TestApp::spawn_with(Backend::Postgres, replica(Some(first.database_url.clone()))).await;
     let (_, key) = first.user_with_key("all").await;
@@ -1049,14 +1080,7 @@ async fn two_platforms_on_one_database_run_one_reconciler_and_hand_over() {
     let endpoint = first
         .endpoint(&key, WORKER_IMAGE, json!({"min": 1, "max": 1, "idleTimeout": 1}))
         .await;
-    let docker = gantry_runtime::Docker::connect(&docker_host()).unwrap();
-    use gantry_runtime::Runtime;
-    let containers = || async {
-        docker
-            .list(&[("gantry.id".to_owned(), endpoint.clone())])
-            .await
-            .unwrap()
-    };
+    let containers = || endpoint_containers(&endpoint);
     let deadline = Instant::now() + Duration::from_secs(120);
     while !containers()
         .await
@@ -1108,17 +1132,204 @@ async fn two_platforms_on_one_database_run_one_reconciler_and_hand_over() {
     assert_eq!(now[0].state, gantry_runtime::ContainerState::Running);
 
     // Deleted, the endpoint's worker is removed by the new leader.
-    let res = follower
-        .request(Method::DELETE, &format!("/v2/serverless/{endpoint}"), Some(&key))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status(), 204);
+    delete_endpoint_and_its_workers(follower, &endpoint, &key).await;
+}
+
+/// Sets an endpoint's `workers` through `app`.
+async fn patch_workers(app: &TestApp, endpoint: &str, key: &str, workers: Value) {
+    let res = app
+        .send_json(
+            Method::PATCH,
+            &format!("/v2/serverless/{endpoint}"),
+            key,
+            &json!({ "workers": workers }),
+        )
+        .await;
+    assert_eq!(res.status(), 200);
+}
+
+/// Waits until the endpoint's only worker has called in and is idle, as
+/// `app` shows it; its id.
+async fn idle_worker(app: &TestApp, endpoint: &str, key: &str) -> String {
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let view = app.workers_of(endpoint, key).await;
+        if view["workers"][0]["status"] == "IDLE" {
+            return view["workers"][0]["id"].as_str().unwrap().to_owned();
+        }
+        assert!(Instant::now() < deadline, "the worker never called in: {view}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// Moves the fleet lease from `from` to `to` behind their backs (as when
+/// `from`'s renewal came too late), and waits until `to` leads and `from`
+/// has stopped looking.
+async fn move_lease(from: &TestApp, to: &TestApp, key: &str) {
+    let looks = "gantry_reconciler_looks_total";
+    let until = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis()
+        + 600_000;
+    // Both share one database, which only the settings name (the harness's
+    // own is the first's).
+    let url = to.settings.database_url.clone().expect("a shared database");
+    let db = sea_orm::Database::connect(&url).await.unwrap();
+    use sea_orm::ConnectionTrait;
+    db.execute_unprepared(&format!(
+        "UPDATE leases SET holder = '{}', until_ms = {until} WHERE name = 'fleet'",
+        to.fleet.config().instance
+    ))
+    .await
+    .unwrap();
+    db.close().await.ok();
+    let led = sample(to, key, looks).await;
+    let deadline = Instant::now() + Duration::from_secs(30);
+    loop {
+        let before = sample(from, key, looks).await;
+        tokio::time::sleep(Duration::from_millis(1_200)).await;
+        if sample(from, key, looks).await == before && sample(to, key, looks).await > led {
+            break;
+        }
+        assert!(Instant::now() < deadline, "the lease did not pass");
+    }
+}
+
+/// Two schedulers on one database, whose workers each call the one that
+/// started them while the other may lead the fleet (a lease that lapsed
+/// while its holder ran on, then a stop). The leader judges a worker hosted
+/// by the other from what that one publishes, and stops it through it:
+/// - a busy worker of an older release that never called the leader is
+///   neither replaced nor removed mid-job: its host drains it, and it goes
+///   once its job is done (run once, on it);
+/// - an idle one past its idle timeout is retired by its host;
+/// - one whose host stopped calls nobody, and the leader replaces it.
+#[tokio::test]
+async fn workers_hosted_by_another_replica_are_judged_by_what_it_publishes_and_stopped_through_it() {
+    let replica = |database_url| {
+        let base = replica("the replicas of the hosting test", database_url);
+        move |settings: &mut gantry::Settings| {
+            base(settings);
+            settings.serverless.start_timeout_ms = 3_000;
+        }
+    };
+    let first = TestApp::spawn_with(Backend::Postgres, replica(None)).await;
+    let (_, key) = first.user_with_key("all").await;
+    let looks = "gantry_reconciler_looks_total";
+    let deadline = Instant::now() + Duration::from_secs(30);
+    while sample(&first, &key, looks).await == 0.0 {
+        assert!(Instant::now() < deadline, "the first replica never took the lease");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut second = TestApp::spawn_with(Backend::Postgres, replica(Some(first.database_url.clone()))).await;
+    let endpoint = first
+        .endpoint(&key, WORKER_IMAGE, json!({"min": 1, "max": 1, "idleTimeout": 2}))
+        .await;
+    // The endpoint's containers: worker id -> running.
+    let containers = || async {
+        endpoint_containers(&endpoint)
+            .await
+            .into_iter()
+            .map(|c| {
+                let running = c.state == gantry_runtime::ContainerState::Running;
+                (c.labels["gantry.worker"].clone(), running)
+            })
+            .collect::<std::collections::BTreeMap<String, bool>>()
+    };
+    // The first starts the worker, which calls it, and gives it a long job.
+    let old = idle_worker(&first, &endpoint, &key).await;
+    let long = first
+        .endpoint_job(&endpoint, &key, "run", json!({"sleep": 15, "tag": "long"}))
+        .await;
+    let long_id = long["id"].as_str().unwrap().to_owned();
     let deadline = Instant::now() + Duration::from_secs(60);
-    while !containers().await.is_empty() {
-        assert!(Instant::now() < deadline, "the deleted endpoint's worker stayed");
+    while first.status_of(&endpoint, &key, &long_id).await["status"] != "IN_PROGRESS" {
+        assert!(Instant::now() < deadline, "the long job never started");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+
+    // The second comes to lead, sees the worker busy as the first
+    // publishes it, and a new release makes the worker stale mid-job.
+    move_lease(&first, &second, &key).await;
+    let view = second.workers_of(&endpoint, &key).await;
+    assert_eq!(view["workers"][0]["id"], old.as_str(), "{view}");
+    assert_eq!(view["workers"][0]["status"], "RUNNING", "{view}");
+    let res = second
+        .send_json(
+            Method::PATCH,
+            &format!("/v2/serverless/{endpoint}"),
+            &key,
+            &json!({"env": {"RELEASE": "2"}}),
+        )
+        .await;
+    assert_eq!(res.status(), 200);
+    // Past the start timeout, the job runs on where it started, once.
+    while first.status_of(&endpoint, &key, &long_id).await["status"] == "IN_PROGRESS" {
+        let now = containers().await;
+        assert_eq!(now.get(&old), Some(&true), "the busy worker was stopped: {now:?}");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
+    let done = first.final_of(&endpoint, &key, &long_id).await;
+    assert_eq!(done["status"], "COMPLETED", "{done}");
+    assert_eq!(done["output"]["worker"], old.as_str(), "{done}");
+    assert_eq!(done["output"]["echo"]["tag"], "long");
+    // Drained, it goes; the new release's worker (the second's) stays.
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let fresh = loop {
+        let now = containers().await;
+        let view = second.workers_of(&endpoint, &key).await;
+        if !now.contains_key(&old) && now.len() == 1 && view["workers"][0]["status"] == "IDLE" {
+            assert_eq!(view["workers"][0]["version"], 2, "{view}");
+            break view["workers"][0]["id"].as_str().unwrap().to_owned();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the old worker was not replaced: {now:?} {view}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+
+    // The first leads again; the endpoint may go to zero: the second's idle
+    // worker is retired by the second, at the first's request.
+    move_lease(&second, &first, &key).await;
+    patch_workers(&first, &endpoint, &key, json!({"min": 0, "max": 1, "idleTimeout": 2})).await;
+    first.scaled_to_zero(&endpoint, &key).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    while containers().await.contains_key(&fresh) {
+        assert!(Instant::now() < deadline, "the idle worker's container stayed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+
+    // A worker of the second's, which leads again; the second stops (its
+    // leases end) and its listener goes: the first leads and replaces the
+    // worker, which calls nobody now.
+    move_lease(&first, &second, &key).await;
+    patch_workers(&second, &endpoint, &key, json!({"min": 1, "max": 1, "idleTimeout": 2})).await;
+    let orphan = idle_worker(&second, &endpoint, &key).await;
+    second.reconciler.take().expect("running").stop().await;
+    drop(second);
+    let deadline = Instant::now() + Duration::from_secs(120);
+    let replacement = loop {
+        let view = first.workers_of(&endpoint, &key).await;
+        let workers = view["workers"].as_array().unwrap_or_else(|| panic!("{view}"));
+        if workers.len() == 1 && workers[0]["id"] != orphan.as_str() && workers[0]["status"] == "IDLE" {
+            break workers[0]["id"].as_str().unwrap().to_owned();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the orphaned worker was not replaced: {view}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    let view = first
+        .endpoint_job(&endpoint, &key, "runsync?wait=120000", json!({"after": "handover"}))
+        .await;
+    assert_eq!(view["status"], "COMPLETED", "{view}");
+    assert_eq!(view["output"]["worker"], replacement.as_str(), "{view}");
+    let left: Vec<String> = containers().await.into_keys().collect();
+    assert_eq!(left, vec![replacement], "only the replacement's container is left");
+    delete_endpoint_and_its_workers(&first, &endpoint, &key).await;
 }
 
 /// Workers on the engine's bridge network (`serverless.network = "bridge"`),
