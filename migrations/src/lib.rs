@@ -22,6 +22,7 @@ mod m20261128_000018_pod_disk;
 mod m20261129_000019_worker_timings;
 mod m20261129_000020_clusters;
 mod m20261130_000021_worker_hosts;
+mod m20261130_000022_credit_holds;
 
 pub struct Migrator;
 
@@ -50,6 +51,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261129_000019_worker_timings::Migration),
             Box::new(m20261129_000020_clusters::Migration),
             Box::new(m20261130_000021_worker_hosts::Migration),
+            Box::new(m20261130_000022_credit_holds::Migration),
         ]
     }
 }

@@ -22,6 +22,10 @@ pub mod account {
         pub user_id: String,
         pub balance_micro_usd: i64,
         pub updated_at_ms: i64,
+        /// What the user's queued and running jobs may still cost (the sum
+        /// of their holds), kept by triggers on `jobs` (migration
+        /// `m20261130_000022_credit_holds`).
+        pub held_micro_usd: i64,
     }
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

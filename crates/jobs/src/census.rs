@@ -133,8 +133,6 @@ impl Census {
     /// The user's balance and what their jobs in flight may still cost
     /// (micro-USD).
     pub async fn credit(&self, user: &str) -> Result<(i64, i64), JobError> {
-        let balance = gantry_billing::credit::balance(&self.db, user).await?;
-        let held = crate::credit::held(&self.db, user).await?;
-        Ok((balance, held))
+        Ok(crate::credit::standing(&self.db, user).await?)
     }
 }

@@ -6,23 +6,29 @@
 //! is above zero, and the check and the job's insert are one transaction
 //! serialized per user (on SQLite the writer thread admits, one after
 //! another inside its group commits; on PostgreSQL the transaction's first
-//! statement writes the user's `credit_accounts` row, which locks it). Holds are not a stored counter:
-//! they are read from the jobs in flight, so a job that fails, is cancelled,
-//! times out or is lost with its process releases its hold by reaching that
-//! state, and no path can leak one. A completion debits the balance by the
-//! actual cost in its own transaction (`gantry_billing::record_charges`).
+//! statement writes the user's `credit_accounts` row, which locks it).
+//!
+//! The holds of a user's jobs in flight are summed in their account row
+//! (`credit_accounts.held_micro_usd`) by triggers on `jobs`: every insert,
+//! status change or delete that moves a job into or out of the queued and
+//! running states changes the sum in the same transaction. So a job that
+//! fails, is cancelled, times out or is lost with its process releases its
+//! hold by reaching that state, whichever writer moved it, and an admission
+//! reads one row however deep its caller's queue (it used to sum every job
+//! in flight). The transitions' parity tests check the sum after each one.
+//! A completion debits the balance by the actual cost in its own
+//! transaction (`gantry_billing::record_charges`).
 //!
 //! The bound: each admitted job saw credit left after every hold before it,
 //! so as long as a job costs at most its hold, the balance never ends more
 //! than one job's cost below zero, however many jobs race for the last credit.
 
+use gantry_billing::credit::account;
 use gantry_catalog::ModelSpec;
-use sea_orm::sea_query::Expr;
-use sea_orm::{ColumnTrait, ConnectionTrait, DbBackend, EntityTrait, QueryFilter, QuerySelect, Statement};
+use sea_orm::{ConnectionTrait, DbBackend, EntityTrait, Statement};
 use serde_json::Value;
 
-use crate::entity::job;
-use crate::types::{JobError, JobStatus};
+use crate::types::JobError;
 
 /// The most a job of `model` with `input` may cost, in micro-USD: its price
 /// for the most units it can use, which the model's manifest entry states
@@ -33,43 +39,43 @@ pub fn hold(model: &ModelSpec, input: &Value) -> i64 {
     gantry_billing::cost(micros, &model.unit, model).unwrap_or(i64::MAX / 4)
 }
 
-/// What the user's jobs in flight may still cost.
-pub async fn held<C: ConnectionTrait>(db: &C, user: &str) -> Result<i64, sea_orm::DbErr> {
-    let sum: Option<Option<i64>> = job::Entity::find()
-        .select_only()
-        .column_as(Expr::cust("CAST(COALESCE(SUM(hold_micro_usd), 0) AS BIGINT)"), "held")
-        .filter(job::Column::UserId.eq(user))
-        .filter(job::Column::Status.is_in([JobStatus::InQueue.as_str(), JobStatus::InProgress.as_str()]))
-        .into_tuple()
+/// The user's balance and what their jobs in flight may still cost, from
+/// their account row ((0, 0) without one).
+pub async fn standing<C: ConnectionTrait>(db: &C, user: &str) -> Result<(i64, i64), sea_orm::DbErr> {
+    Ok(account::Entity::find_by_id(user.to_owned())
         .one(db)
-        .await?;
-    Ok(sum.flatten().unwrap_or(0))
+        .await?
+        .map_or((0, 0), |a| (a.balance_micro_usd, a.held_micro_usd)))
 }
 
 /// Takes the per-user lock of an admission on PostgreSQL (see
 /// `JobWriter::admit`): a write to the user's `credit_accounts` row as the
-/// transaction's first statement. Returns the balance.
-pub(crate) async fn lock_account<C: ConnectionTrait>(db: &C, user: &str, now: i64) -> Result<i64, sea_orm::DbErr> {
+/// transaction's first statement. Returns the balance and the holds.
+pub(crate) async fn lock_account<C: ConnectionTrait>(
+    db: &C,
+    user: &str,
+    now: i64,
+) -> Result<(i64, i64), sea_orm::DbErr> {
     let lock = "INSERT INTO credit_accounts (user_id, balance_micro_usd, updated_at_ms) VALUES ($1, 0, $2) \
          ON CONFLICT (user_id) DO UPDATE SET updated_at_ms = credit_accounts.updated_at_ms \
-         RETURNING balance_micro_usd";
-    Ok(db
+         RETURNING balance_micro_usd, held_micro_usd";
+    let row = db
         .query_one_raw(Statement::from_sql_and_values(
             DbBackend::Postgres,
             lock,
             [user.into(), now.into()],
         ))
-        .await?
-        .map(|r| r.try_get_by_index::<i64>(0))
-        .transpose()?
-        .unwrap_or(0))
+        .await?;
+    Ok(match row {
+        Some(row) => (row.try_get_by_index::<i64>(0)?, row.try_get_by_index::<i64>(1)?),
+        None => (0, 0),
+    })
 }
 
 /// Whether the user could start one more job now (for a retry; not
 /// serialized with other admissions).
 pub async fn has_credit<C: ConnectionTrait>(db: &C, user: &str) -> Result<(), JobError> {
-    let balance = gantry_billing::credit::balance(db, user).await?;
-    let held = held(db, user).await?;
+    let (balance, held) = standing(db, user).await?;
     if balance.saturating_sub(held) <= 0 {
         return Err(JobError::PaymentRequired { balance, held });
     }

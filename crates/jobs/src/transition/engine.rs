@@ -380,19 +380,14 @@ impl<'c> Statements<'c> {
 
     /// `row` inserted if its owner has credit left, else `Refused`.
     fn admit(&mut self, row: &job::Model) -> rusqlite::Result<Done> {
-        let balance: i64 = self
+        // The holds are summed in the account row by the triggers on `jobs`
+        // (see credit.rs).
+        let (balance, held): (i64, i64) = self
             .conn
-            .prepare_cached("SELECT balance_micro_usd FROM credit_accounts WHERE user_id = ?1")?
-            .query_row(params![row.user_id], |r| r.get(0))
+            .prepare_cached("SELECT balance_micro_usd, held_micro_usd FROM credit_accounts WHERE user_id = ?1")?
+            .query_row(params![row.user_id], |r| Ok((r.get(0)?, r.get(1)?)))
             .optional()?
-            .unwrap_or(0);
-        let held: i64 = self
-            .conn
-            .prepare_cached(
-                "SELECT COALESCE(SUM(hold_micro_usd), 0) FROM jobs \
-                 WHERE user_id = ?1 AND status IN ('IN_QUEUE', 'IN_PROGRESS')",
-            )?
-            .query_row(params![row.user_id], |r| r.get(0))?;
+            .unwrap_or((0, 0));
         if balance.saturating_sub(held) <= 0 {
             return Ok(Done::Refused(balance, held));
         }

@@ -150,8 +150,7 @@ impl JobWriter {
         // The account row is the per-user lock, taken by the transaction's
         // first statement, a write: it locks the row (admissions of one user
         // queue here, and a settlement's debit waits for this commit).
-        let balance = crate::credit::lock_account(&txn, &row.user_id, row.created_at_ms).await?;
-        let held = crate::credit::held(&txn, &row.user_id).await?;
+        let (balance, held) = crate::credit::lock_account(&txn, &row.user_id, row.created_at_ms).await?;
         if balance.saturating_sub(held) <= 0 {
             return Err(JobError::PaymentRequired { balance, held });
         }

@@ -122,6 +122,34 @@ impl Backend {
         for (row, want) in rows.iter().zip(&expected) {
             assert_eq!(row, want, "{}: job {}", self.name, want.id);
         }
+        // The holds each account keeps (the triggers on `jobs`) are the sum
+        // over its owner's queued and running jobs.
+        assert_eq!(
+            self.totals(
+                "SELECT user_id, held_micro_usd FROM credit_accounts \
+                 WHERE held_micro_usd <> 0 ORDER BY user_id"
+            )
+            .await,
+            self.totals(
+                "SELECT user_id, CAST(SUM(hold_micro_usd) AS BIGINT) FROM jobs \
+                 WHERE status IN ('IN_QUEUE', 'IN_PROGRESS') GROUP BY user_id \
+                 HAVING SUM(hold_micro_usd) <> 0 ORDER BY user_id"
+            )
+            .await,
+            "{}: the accounts' holds against their jobs in flight",
+            self.name
+        );
+    }
+
+    /// (user, amount) rows of a query.
+    async fn totals(&self, sql: &str) -> Vec<(String, i64)> {
+        self.db
+            .query_all_raw(sea_orm::Statement::from_string(self.db.get_database_backend(), sql))
+            .await
+            .unwrap()
+            .iter()
+            .map(|row| (row.try_get_by_index(0).unwrap(), row.try_get_by_index(1).unwrap()))
+            .collect()
     }
 }
 
@@ -149,7 +177,9 @@ fn queued(id: &str) -> job::Model {
     row.created_at_ms = 100;
     row.queued_at_ms = 100;
     row.expires_at_ms = TTL_END;
-    row.hold_micro_usd = 10;
+    // Different for each job, so that a total that moves the wrong job's
+    // hold does not add up.
+    row.hold_micro_usd = 10 + id.len() as i64;
     row
 }
 
