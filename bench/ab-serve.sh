@@ -15,6 +15,10 @@ set -u
 # Build the old one from a worktree sharing this target dir, e.g.:
 #   git worktree add /tmp/old <commit> && (cd /tmp/old && CARGO_TARGET_DIR=$PWD/target cargo build --release -p gantry) \
 #     && cp target/release/gantry /tmp/gantry-old
+# then, before building this tree into the same target dir:
+#   find crates migrations bench -name '*.rs' -exec touch {} +
+# (both trees' crates get the same unit hashes, and cargo would take the old
+# tree's artifacts for fresh ones: check the new binary, e.g. its migrations).
 OLD=${OLD:?set OLD to the old gantry binary}
 NEW=${NEW:-target/release/gantry}
 BACKENDS=${BACKENDS:-sqlite}
