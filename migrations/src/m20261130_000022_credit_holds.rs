@@ -63,14 +63,22 @@ impl MigrationTrait for Migration {
                    ON CONFLICT (user_id) DO UPDATE \
                    SET held_micro_usd = credit_accounts.held_micro_usd + excluded.held_micro_usd; \
                  END",
-                "CREATE TRIGGER jobs_holds_update AFTER UPDATE OF status, hold_micro_usd, user_id ON jobs \
-                 WHEN (OLD.status IN ('IN_QUEUE', 'IN_PROGRESS')) IS NOT (NEW.status IN ('IN_QUEUE', 'IN_PROGRESS')) \
-                   OR OLD.hold_micro_usd IS NOT NEW.hold_micro_usd OR OLD.user_id IS NOT NEW.user_id BEGIN \
+                // An update is two triggers, so that each move runs one
+                // statement: leaving the states in flight (a completion, a
+                // failure, a cancel) takes the old hold off, entering them (a
+                // retry) adds the new one; a hold or owner changed in flight
+                // fires both.
+                "CREATE TRIGGER jobs_holds_leave AFTER UPDATE OF status, hold_micro_usd, user_id ON jobs \
+                 WHEN OLD.status IN ('IN_QUEUE', 'IN_PROGRESS') AND (NEW.status NOT IN ('IN_QUEUE', 'IN_PROGRESS') \
+                   OR OLD.hold_micro_usd IS NOT NEW.hold_micro_usd OR OLD.user_id IS NOT NEW.user_id) BEGIN \
                    UPDATE credit_accounts SET held_micro_usd = held_micro_usd - OLD.hold_micro_usd \
-                   WHERE user_id = OLD.user_id AND OLD.status IN ('IN_QUEUE', 'IN_PROGRESS'); \
+                   WHERE user_id = OLD.user_id; \
+                 END",
+                "CREATE TRIGGER jobs_holds_enter AFTER UPDATE OF status, hold_micro_usd, user_id ON jobs \
+                 WHEN NEW.status IN ('IN_QUEUE', 'IN_PROGRESS') AND (OLD.status NOT IN ('IN_QUEUE', 'IN_PROGRESS') \
+                   OR OLD.hold_micro_usd IS NOT NEW.hold_micro_usd OR OLD.user_id IS NOT NEW.user_id) BEGIN \
                    INSERT INTO credit_accounts (user_id, balance_micro_usd, updated_at_ms, held_micro_usd) \
-                   SELECT NEW.user_id, 0, NEW.created_at_ms, NEW.hold_micro_usd \
-                   WHERE NEW.status IN ('IN_QUEUE', 'IN_PROGRESS') \
+                   VALUES (NEW.user_id, 0, NEW.created_at_ms, NEW.hold_micro_usd) \
                    ON CONFLICT (user_id) DO UPDATE \
                    SET held_micro_usd = credit_accounts.held_micro_usd + excluded.held_micro_usd; \
                  END",
@@ -90,7 +98,17 @@ impl MigrationTrait for Migration {
     async fn down(&self, manager: &SchemaManager) -> Result<(), DbErr> {
         let db = manager.get_connection();
         let postgres = manager.get_database_backend() == DbBackend::Postgres;
-        for trigger in ["jobs_holds_insert", "jobs_holds_update", "jobs_holds_delete"] {
+        let triggers: &[&str] = if postgres {
+            &["jobs_holds_insert", "jobs_holds_update", "jobs_holds_delete"]
+        } else {
+            &[
+                "jobs_holds_insert",
+                "jobs_holds_leave",
+                "jobs_holds_enter",
+                "jobs_holds_delete",
+            ]
+        };
+        for trigger in triggers {
             let on = if postgres { " ON jobs" } else { "" };
             db.execute_unprepared(&format!("DROP TRIGGER {trigger}{on}")).await?;
         }
