@@ -449,7 +449,7 @@ pub async fn charges_by_bucket<C: ConnectionTrait>(
 }
 
 /// `?` placeholders as the backend spells them (`$1`, `$2`, … on PostgreSQL).
-fn placeholders(backend: DbBackend, sql: &str) -> String {
+pub fn placeholders(backend: DbBackend, sql: &str) -> String {
     if backend != DbBackend::Postgres {
         return sql.to_owned();
     }

@@ -30,10 +30,10 @@ use gantry_runtime::{
     Container as RuntimeContainer, ContainerSpec, ContainerState, Network, Placement, RegistryAuth, Runtime,
 };
 use hmac::{KeyInit, Mac};
-use sea_orm::{ConnectionTrait, DbBackend, Statement};
+use sea_orm::{ConnectionTrait, Statement};
 
 use crate::pods::network_volume_name;
-use crate::service::{ContainerError, ContainerService, EndpointRecord, WorkerRecord, new_id, now_ms};
+use crate::service::{ContainerError, ContainerService, EndpointRecord, WorkerRecord, new_id, now_ms, statement};
 use crate::spec::{Scaling, split_args};
 
 /// Where a worker container finds its endpoint's network volume (RunPod's
@@ -96,6 +96,12 @@ pub struct FleetConfig {
     /// When credit is required: how long a running pod may go on while its
     /// owner's balance is at or below zero before it is stopped.
     pub pod_credit_grace: Option<Duration>,
+    /// The machine's GPUs that containers are given by id (Docker; see
+    /// [`crate::gpus`]); `None`: unknown, GPUs are asked for by count.
+    pub gpu_devices: Option<Vec<String>>,
+    /// The `nvidia-smi` that reads what pods' GPUs are doing; `None`: not
+    /// read.
+    pub nvidia_smi: Option<std::path::PathBuf>,
 }
 
 /// The state of one worker, as `/v2/serverless/{id}/workers` shows it.
@@ -176,6 +182,8 @@ pub struct Fleet {
     /// their own, and an engine may make two networks of one name when asked
     /// at once.
     pub(crate) networks: tokio::sync::Mutex<()>,
+    /// The machine's GPUs and who has them.
+    pub(crate) gpu_pool: crate::gpus::GpuPool,
 }
 
 /// The runtime's recent outages, as the looks saw them.
@@ -236,6 +244,7 @@ impl Fleet {
             pods_unpaid: Mutex::new(HashMap::new()),
             outages: Mutex::new(Outages::default()),
             networks: tokio::sync::Mutex::new(()),
+            gpu_pool: crate::gpus::GpuPool::new(config.gpu_devices.clone(), config.nvidia_smi.clone()),
             service,
             runtime,
             dispatcher,
@@ -279,6 +288,54 @@ impl Fleet {
             (LABEL_KIND.to_owned(), kind.to_owned()),
             (LABEL_INSTALLATION.to_owned(), self.installation.clone()),
         ]
+    }
+
+    /// The machine's GPUs and who has them.
+    pub fn gpu_pool(&self) -> &crate::gpus::GpuPool {
+        &self.gpu_pool
+    }
+
+    /// GPUs for a container about to be made: none asked for, or the
+    /// machine's GPUs unknown, is [`Grant::ByCount`](crate::gpus::Grant)
+    /// (no engine call).
+    pub(crate) async fn grant_gpus(
+        &self,
+        runtime: &Arc<dyn Runtime>,
+        wanted: u32,
+    ) -> Result<crate::gpus::Grant<'_>, ContainerError> {
+        if wanted == 0 || self.gpu_pool.devices().is_none() {
+            return Ok(crate::gpus::Grant::ByCount);
+        }
+        let in_use = self.gpus_in_use(runtime, None).await?;
+        Ok(self.gpu_pool.reserve(wanted, &in_use))
+    }
+
+    /// The GPUs (by id) that this installation's containers hold: those
+    /// running, starting or restarting, except `except`.
+    pub(crate) async fn gpus_in_use(
+        &self,
+        runtime: &Arc<dyn Runtime>,
+        except: Option<&str>,
+    ) -> Result<std::collections::HashSet<String>, ContainerError> {
+        let mine = [(LABEL_INSTALLATION.to_owned(), self.installation.clone())];
+        let containers = runtime
+            .list(&mine)
+            .await
+            .map_err(|e| ContainerError::Runtime(e.to_string()))?;
+        Ok(containers
+            .iter()
+            .filter(|c| Some(c.id.as_str()) != except)
+            .filter(|c| {
+                matches!(
+                    c.state,
+                    gantry_runtime::ContainerState::Running
+                        | gantry_runtime::ContainerState::Created
+                        | gantry_runtime::ContainerState::Paused
+                        | gantry_runtime::ContainerState::Restarting
+                )
+            })
+            .flat_map(|c| crate::gpus::devices_of(&c.labels))
+            .collect())
     }
 
     pub(crate) fn installation(&self) -> &str {
@@ -584,12 +641,9 @@ impl Fleet {
     async fn end_lease(&self, name: &str, until_ms: i64) -> Result<(), sea_orm::DbErr> {
         let db = self.service.db();
         let backend = db.get_database_backend();
-        let (p1, p2, p3) = params3(backend);
-        let sql = format!("UPDATE leases SET until_ms = {p1} WHERE name = {p2} AND holder = {p3}");
-        let values: Vec<sea_orm::Value> = vec![until_ms.into(), name.into(), self.config.instance.clone().into()];
-        db.execute_raw(Statement::from_sql_and_values(backend, sql, values))
-            .await
-            .map(drop)
+        let values = vec![until_ms.into(), name.into(), self.config.instance.clone().into()];
+        let sql = "UPDATE leases SET until_ms = ? WHERE name = ? AND holder = ?";
+        db.execute_raw(statement(backend, sql, values)).await.map(drop)
     }
 
     fn host_lease_name(&self) -> String {
@@ -606,36 +660,34 @@ impl Fleet {
     async fn take_lease(&self, name: &str, now: i64, until: i64) -> Result<bool, sea_orm::DbErr> {
         let db = self.service.db();
         let backend = db.get_database_backend();
-        let (p1, p2, p3, p4, p5) = if backend == DbBackend::Postgres {
-            ("$1", "$2", "$3", "$4", "$5")
-        } else {
-            ("?", "?", "?", "?", "?")
-        };
-        let sql = format!(
-            "INSERT INTO leases (name, holder, until_ms) VALUES ({p1}, {p2}, {p3}) \
+        let sql = "INSERT INTO leases (name, holder, until_ms) VALUES (?, ?, ?) \
              ON CONFLICT (name) DO UPDATE SET holder = excluded.holder, until_ms = excluded.until_ms \
-             WHERE leases.holder = {p4} OR leases.until_ms < {p5}"
-        );
-        let values: Vec<sea_orm::Value> = vec![
+             WHERE leases.holder = ? OR leases.until_ms < ?";
+        let values = vec![
             name.into(),
             self.config.instance.clone().into(),
             until.into(),
             self.config.instance.clone().into(),
             now.into(),
         ];
-        let result = db
-            .execute_raw(Statement::from_sql_and_values(backend, sql, values))
-            .await?;
+        let result = db.execute_raw(statement(backend, sql, values)).await?;
         Ok(result.rows_affected() == 1)
     }
 
     /// Whether the process `instance` runs (its host lease has not ended).
     async fn host_alive(&self, instance: &str) -> Result<bool, sea_orm::DbErr> {
-        Ok(self
-            .hosts()
-            .await?
-            .get(instance)
-            .is_some_and(|until| *until >= now_ms()))
+        let db = self.service.db();
+        let row = db
+            .query_one_raw(statement(
+                db.get_database_backend(),
+                "SELECT until_ms FROM leases WHERE name = ?",
+                vec![format!("host:{instance}").into()],
+            ))
+            .await?;
+        Ok(match row {
+            Some(row) => row.try_get_by_index::<i64>(0)? >= now_ms(),
+            None => false,
+        })
     }
 
     /// Every process's host lease: instance -> until when it runs (ran).
@@ -664,11 +716,9 @@ impl Fleet {
     async fn forget_old_hosts(&self) {
         let db = self.service.db();
         let backend = db.get_database_backend();
-        let p1 = if backend == DbBackend::Postgres { "$1" } else { "?" };
-        let sql = format!("DELETE FROM leases WHERE name LIKE 'host:%' AND until_ms < {p1}");
-        let values: Vec<sea_orm::Value> = vec![(now_ms() - 3_600_000).into()];
+        let sql = "DELETE FROM leases WHERE name LIKE 'host:%' AND until_ms < ?";
         if let Err(error) = db
-            .execute_raw(Statement::from_sql_and_values(backend, sql, values))
+            .execute_raw(statement(backend, sql, vec![(now_ms() - 3_600_000).into()]))
             .await
         {
             tracing::warn!(%error, "old host leases could not be dropped");
@@ -1085,6 +1135,21 @@ impl Fleet {
         let spec = &endpoint.spec;
         let worker_id = new_id("wk_");
         let (gpu_count, hourly, memory_gb, vcpus) = self.compute_of(endpoint);
+        // Its GPUs first: a worker that cannot have them is not started (nor
+        // billed), and the next look tries again.
+        let gpus = match self.grant_gpus(runtime, gpu_count).await? {
+            crate::gpus::Grant::ByCount => None,
+            crate::gpus::Grant::Devices(held) => Some(held),
+            crate::gpus::Grant::Wait(reason) => {
+                tracing::debug!(endpoint = %endpoint.id, %reason, "worker not started");
+                return Ok(false);
+            }
+            crate::gpus::Grant::Never(reason) => {
+                tracing::warn!(endpoint = %endpoint.id, %reason, "worker not started");
+                lock(&self.backoff).insert(endpoint.id.clone(), Instant::now());
+                return Ok(false);
+            }
+        };
         let now = now_ms();
         self.service
             .add_worker(WorkerRecord {
@@ -1140,6 +1205,12 @@ impl Fleet {
             return Ok(false);
         }
         let mut container = self.container_spec(endpoint, &worker_id, gpu_count, memory_gb, vcpus);
+        if let Some(held) = &gpus {
+            container.gpu_devices = held.devices.clone();
+            container
+                .labels
+                .insert(crate::gpus::LABEL_GPUS.to_owned(), held.devices.join(","));
+        }
         if let Some(volume) = spec.network_volumes.first()
             && let Some(size) = self.service.volume_size_gb(volume).await?
         {
@@ -1305,6 +1376,7 @@ impl Fleet {
             memory_bytes: (memory_gb > 0).then(|| u64::from(memory_gb) << 30),
             nano_cpus: (vcpus > 0).then(|| u64::from(vcpus) * 1_000_000_000),
             gpus: gpu_count,
+            gpu_devices: Vec::new(),
             // The endpoint's network volume, where RunPod workers find it.
             binds: spec
                 .network_volumes
@@ -1463,14 +1535,6 @@ async fn queues(db: &sea_orm::DatabaseConnection) -> Result<HashMap<String, (u64
 }
 
 /// Three placeholders of the backend's kind.
-fn params3(backend: DbBackend) -> (&'static str, &'static str, &'static str) {
-    if backend == DbBackend::Postgres {
-        ("$1", "$2", "$3")
-    } else {
-        ("?", "?", "?")
-    }
-}
-
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }

@@ -11,6 +11,7 @@
 pub mod clusters;
 pub mod entity;
 pub mod fleet;
+pub mod gpus;
 pub mod pod_fleet;
 pub mod pods;
 pub mod secret;

@@ -23,6 +23,7 @@ use std::sync::Arc;
 use gantry_runtime::{Container as RuntimeContainer, ContainerSpec, ContainerState, Network, RegistryAuth, Runtime};
 
 use crate::fleet::{Fleet, LABEL_ID, LABEL_INSTALLATION, LABEL_KIND, LABEL_OWNER, LABEL_VERSION, registry_host};
+use crate::gpus::{Grant, LABEL_GPUS};
 use crate::pods::{
     PodRecord, PodStatus, cluster_network_name, network_volume_name, pod_container_name, pod_env, pod_volume_name,
 };
@@ -154,9 +155,13 @@ impl Fleet {
                     service.close_pod_run(pod, end).await?;
                 }
                 if pod.status != PodStatus::Exited && pod.status != PodStatus::Error {
-                    service
-                        .set_pod_status(pod, PodStatus::Exited, pod.reason.as_deref(), None)
-                        .await?;
+                    // What a pod stopped while PROVISIONING waited for (free
+                    // GPUs) is no reason for its stop.
+                    let reason = match pod.status {
+                        PodStatus::Provisioning => None,
+                        _ => pod.reason.as_deref(),
+                    };
+                    service.set_pod_status(pod, PodStatus::Exited, reason, None).await?;
                 }
             }
             PodStatus::Running => match container {
@@ -242,26 +247,45 @@ impl Fleet {
                         }
                     }
                 }
+                Some(c) if pod.status == PodStatus::Provisioning => {
+                    // Started again by its owner: same container, same files.
+                    self.start_existing(runtime, pod, &c).await?;
+                }
                 Some(c) => {
-                    if pod.status == PodStatus::Provisioning {
-                        // Started again by its owner: same container, same files.
-                        self.start_existing(runtime, pod, &c).await?;
-                    } else if pod.status == PodStatus::Running && {
-                        let stopped = stopped_at(runtime, &c).await;
-                        // An engine on its way down may still answer while
-                        // it stops its containers: a stop this recent is
-                        // decided on a later look, once it is known whether
-                        // the engine went away around it.
-                        if !self.stopped_in_outage(stopped) && now_ms() - stopped < OUTAGE_MARGIN_MS {
-                            return Ok(());
-                        }
-                        self.stopped_in_outage(stopped)
-                    } {
-                        // It stopped while the engine was away (an engine
-                        // restarted stops its containers): it was not the
-                        // program's doing, so the pod comes back as it was.
-                        // Billed up to the stop, and again from the start.
-                        service.close_pod_run(pod, stopped_at(runtime, &c).await).await?;
+                    let stopped = stopped_at(runtime, &c).await;
+                    // Stopped by the engine going down, not by its program:
+                    // either this process saw the engine away around the
+                    // stop, or the container last started under an earlier
+                    // instance of the engine. The second covers what the
+                    // first cannot: an engine restarted within one look, and
+                    // Gantry and the engine down together (a reboot).
+                    let engine_start = match pod.status {
+                        PodStatus::Running => engine_started_at(runtime).await,
+                        _ => None,
+                    };
+                    let started_under_another = match engine_start {
+                        Some(engine) => last_started_ms(runtime, &c)
+                            .await
+                            .is_some_and(|started| started < engine),
+                        None => false,
+                    };
+                    let by_the_engine =
+                        pod.status == PodStatus::Running && (self.stopped_in_outage(stopped) || started_under_another);
+                    // An engine on its way down may still answer while it
+                    // stops its containers: a stop this recent is decided on
+                    // a later look, once it is known whether the engine went
+                    // away around it.
+                    if pod.status == PodStatus::Running && !by_the_engine && now_ms() - stopped < OUTAGE_MARGIN_MS {
+                        return Ok(());
+                    }
+                    if by_the_engine {
+                        // The pod comes back as it was, on the same container.
+                        // Billed up to the stop, and again from the start. A
+                        // host that went down without stopping the container
+                        // leaves the engine to record the stop when it starts
+                        // again: the run ends no later than the engine's start.
+                        let end = engine_start.map_or(stopped, |engine| stopped.min(engine));
+                        service.close_pod_run(pod, end).await?;
                         service
                             .pod_event(
                                 &pod.id,
@@ -276,7 +300,7 @@ impl Fleet {
                             Ok(inspected) => inspected.exit_code,
                             Err(_) => c.exit_code,
                         };
-                        service.close_pod_run(pod, stopped_at(runtime, &c).await).await?;
+                        service.close_pod_run(pod, stopped).await?;
                         service
                             .pod_exited(pod, PodStatus::Exited, &format!("container exited{}", exit_text(code)))
                             .await?;
@@ -301,6 +325,17 @@ impl Fleet {
         c: &RuntimeContainer,
     ) -> Result<(), ContainerError> {
         let service = self.service();
+        // Its GPUs are its own again only once no other container has them.
+        let own_gpus = crate::gpus::devices_of(&c.labels);
+        let _held = if own_gpus.is_empty() {
+            None
+        } else {
+            let in_use = self.gpus_in_use(runtime, Some(&c.id)).await?;
+            match self.gpu_pool.reserve_these(&own_gpus, &in_use) {
+                Ok(held) => Some(held),
+                Err(reason) => return self.wait_for_gpus(pod, &reason).await,
+            }
+        };
         if let Err(error) = runtime.start(&c.id).await {
             let reason = format!("the container could not start: {error}");
             return service.pod_exited(pod, PodStatus::Error, &reason).await;
@@ -339,6 +374,14 @@ impl Fleet {
             },
             None => None,
         };
+        // Its GPUs are chosen first, and held through the pull until the
+        // container has them.
+        let gpus = match self.grant_gpus(runtime, pod.spec.gpu_count()).await? {
+            Grant::ByCount => None,
+            Grant::Devices(held) => Some(held),
+            Grant::Wait(reason) => return self.wait_for_gpus(pod, &reason).await,
+            Grant::Never(reason) => return service.pod_exited(pod, PodStatus::Error, &reason).await,
+        };
         service.set_pod_status(pod, PodStatus::Starting, None, None).await?;
         service.pod_event(&pod.id, &format!("pulling image {image}")).await?;
         if let Err(error) = runtime.ensure_image(image, auth.as_ref()).await {
@@ -346,6 +389,10 @@ impl Fleet {
             return service.pod_exited(pod, PodStatus::Error, &reason).await;
         }
         let mut spec = self.pod_container_spec(pod);
+        if let Some(held) = &gpus {
+            spec.gpu_devices = held.devices.clone();
+            spec.labels.insert(LABEL_GPUS.to_owned(), held.devices.join(","));
+        }
         // Volumes are made at their sizes where the runtime sizes them (Kubernetes claims).
         if let Some(mount) = &pod.spec.mounts.persistent {
             spec.volume_sizes_gb.insert(pod_volume_name(&pod.id), mount.size);
@@ -396,6 +443,20 @@ impl Fleet {
                 service.pod_exited(pod, PodStatus::Error, &reason).await
             }
         }
+    }
+
+    /// The pod waits, PROVISIONING, for GPUs that other containers have; the
+    /// reason is its status reason and, once, a line of its log. Each look
+    /// tries again.
+    async fn wait_for_gpus(&self, pod: &PodRecord, reason: &str) -> Result<(), ContainerError> {
+        if pod.status == PodStatus::Provisioning && pod.reason.as_deref() == Some(reason) {
+            return Ok(());
+        }
+        let service = self.service();
+        service
+            .set_pod_status(pod, PodStatus::Provisioning, Some(reason), None)
+            .await?;
+        service.pod_event(&pod.id, reason).await
     }
 
     /// The container of a pod: its image, args and env, its persistent
@@ -460,6 +521,7 @@ impl Fleet {
             memory_bytes: spec.cpu.as_ref().map(|cpu| u64::from(cpu.memory) << 30),
             nano_cpus: spec.cpu.as_ref().map(|cpu| u64::from(cpu.vcpu_count) * 1_000_000_000),
             gpus: spec.gpu_count(),
+            gpu_devices: Vec::new(),
             binds,
             stop_timeout_secs: Some(u32::try_from(self.config().stop_grace.as_secs()).unwrap_or(10)),
             auto_remove: false,
@@ -490,17 +552,27 @@ async fn stopped_at(runtime: &Arc<dyn Runtime>, c: &RuntimeContainer) -> i64 {
 /// the engine does not say. Never later than now.
 async fn started_at(runtime: &Arc<dyn Runtime>, c: &RuntimeContainer) -> i64 {
     let now = now_ms();
+    last_started_ms(runtime, c).await.map_or(now, |ms| ms.min(now))
+}
+
+/// When the engine now answering started, where it can tell.
+async fn engine_started_at(runtime: &Arc<dyn Runtime>) -> Option<i64> {
+    runtime.started_at().await.unwrap_or_else(|error| {
+        tracing::debug!(%error, "the engine's start could not be read");
+        None
+    })
+}
+
+/// When a container last started (ms), as the engine recorded it.
+async fn last_started_ms(runtime: &Arc<dyn Runtime>, c: &RuntimeContainer) -> Option<i64> {
     let started = match &c.started_at {
         Some(at) => Some(at.clone()),
-        None => runtime
-            .inspect(&c.id)
-            .await
-            .ok()
-            .and_then(|inspected| inspected.started_at),
+        None => runtime.inspect(&c.id).await.ok()?.started_at,
     };
     started
-        .and_then(|at| gantry_runtime::parse_rfc3339_nanos(&at))
-        .map_or(now, |ns| ns.div_euclid(1_000_000).min(now))
+        .as_deref()
+        .and_then(gantry_runtime::parse_rfc3339_nanos)
+        .map(|ns| ns.div_euclid(1_000_000))
 }
 
 fn is_running(c: &RuntimeContainer) -> bool {

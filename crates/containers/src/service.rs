@@ -75,15 +75,11 @@ impl ContainerService {
     pub async fn volume_size_gb(&self, volume_id: &str) -> Result<Option<u32>, ContainerError> {
         use sea_orm::ConnectionTrait;
         let db = self.db();
-        let sql = match db.get_database_backend() {
-            sea_orm::DatabaseBackend::Postgres => "SELECT size FROM network_volumes WHERE id = $1",
-            _ => "SELECT size FROM network_volumes WHERE id = ?",
-        };
         let row = db
-            .query_one_raw(sea_orm::Statement::from_sql_and_values(
+            .query_one_raw(statement(
                 db.get_database_backend(),
-                sql,
-                [volume_id.into()],
+                "SELECT size FROM network_volumes WHERE id = ?",
+                vec![volume_id.into()],
             ))
             .await?;
         Ok(row
@@ -182,22 +178,13 @@ impl ContainerService {
     /// in one statement: an endpoint made from it at the same moment either
     /// commits first (and the delete finds it) or finds the template gone.
     pub async fn delete_template(&self, owner: &str, id: &str) -> Result<(), ContainerError> {
-        let backend = self.db.get_database_backend();
-        let (p1, p2, p3) = if backend == sea_orm::DbBackend::Postgres {
-            ("$1", "$2", "$3")
-        } else {
-            ("?", "?", "?")
-        };
-        let sql = format!(
-            "DELETE FROM templates WHERE id = {p1} AND user_id = {p2} AND NOT EXISTS \
-             (SELECT 1 FROM endpoints WHERE template_id = {p3} AND deleted_at_ms IS NULL)"
-        );
         let deleted = self
             .db
-            .execute_raw(sea_orm::Statement::from_sql_and_values(
-                backend,
-                sql,
-                [id.into(), owner.into(), id.into()],
+            .execute_raw(statement(
+                self.db.get_database_backend(),
+                "DELETE FROM templates WHERE id = ? AND user_id = ? AND NOT EXISTS \
+                 (SELECT 1 FROM endpoints WHERE template_id = ? AND deleted_at_ms IS NULL)",
+                vec![id.into(), owner.into(), id.into()],
             ))
             .await?;
         if deleted.rows_affected() == 1 {
@@ -738,11 +725,7 @@ pub(crate) async fn accrue(
     now_ms: i64,
 ) -> Result<i64, ContainerError> {
     let backend = db.get_database_backend();
-    let sql = if backend == sea_orm::DbBackend::Postgres {
-        format!("UPDATE {table} SET billed_until_ms = $1 WHERE id = $2 AND billed_until_ms = $3")
-    } else {
-        format!("UPDATE {table} SET billed_until_ms = ? WHERE id = ? AND billed_until_ms = ?")
-    };
+    let sql = format!("UPDATE {table} SET billed_until_ms = ? WHERE id = ? AND billed_until_ms = ?");
     let mut total = 0;
     for row in stretches {
         let Some((until, amount)) = next_charge(
@@ -764,10 +747,10 @@ pub(crate) async fn accrue(
         };
         let txn = db.begin().await?;
         let moved = txn
-            .execute_raw(sea_orm::Statement::from_sql_and_values(
+            .execute_raw(statement(
                 backend,
-                sql.clone(),
-                [until.into(), row.id.into(), row.billed_until_ms.into()],
+                &sql,
+                vec![until.into(), row.id.into(), row.billed_until_ms.into()],
             ))
             .await?;
         if moved.rows_affected() == 1 {
@@ -873,6 +856,12 @@ pub fn new_id(prefix: &str) -> String {
         .map(|_| char::from(ALPHABET[rng.random_range(0..ALPHABET.len())]))
         .collect();
     format!("{prefix}{tail}")
+}
+
+/// A raw statement written with `?` placeholders, spelled as `backend` wants
+/// them (`$1`, `$2`, … on PostgreSQL).
+pub(crate) fn statement(backend: sea_orm::DbBackend, sql: &str, values: Vec<sea_orm::Value>) -> sea_orm::Statement {
+    sea_orm::Statement::from_sql_and_values(backend, gantry_billing::history::placeholders(backend, sql), values)
 }
 
 pub fn now_ms() -> i64 {

@@ -191,6 +191,9 @@ pub async fn fleet(
                 .into(),
         ));
     }
+    let nvidia_smi = Some(s.nvidia_smi.trim())
+        .filter(|smi| !smi.is_empty())
+        .map(std::path::PathBuf::from);
     let config = FleetConfig {
         worker_base_url: s.worker_base_url.clone().unwrap_or_default(),
         host_network: network,
@@ -218,12 +221,42 @@ pub async fn fleet(
             .billing
             .require_credit
             .then(|| Duration::from_millis(s.pod_credit_grace_ms)),
+        gpu_devices: gpu_devices(s, nvidia_smi.as_deref()).await,
+        nvidia_smi,
     };
     let fleet = Fleet::new(service, runtime(settings)?, dispatcher, config);
     if let Some(reason) = fleet.probe().await {
         tracing::warn!(%reason, "serverless endpoints will answer 503 until the container runtime answers");
     }
     Ok(fleet)
+}
+
+/// The GPUs Docker containers are given by id: the configured ones, else
+/// those `nvidia_smi` lists; `None` (asked for by count) when neither says.
+/// Kubernetes' device plugin picks a Pod's GPUs itself.
+async fn gpu_devices(
+    s: &crate::settings::ServerlessSettings,
+    nvidia_smi: Option<&std::path::Path>,
+) -> Option<Vec<String>> {
+    if s.runtime != "docker" {
+        return None;
+    }
+    let devices = match (&s.gpu_devices, nvidia_smi) {
+        (Some(devices), _) => Some(devices.iter().map(|d| d.trim().to_owned()).collect()),
+        (None, Some(smi)) => {
+            let smi = smi.to_owned();
+            tokio::task::spawn_blocking(move || gantry_containers::gpus::GpuPool::discover(&smi))
+                .await
+                .ok()
+                .flatten()
+        }
+        (None, None) => None,
+    };
+    match &devices {
+        Some(devices) => tracing::info!(?devices, "GPUs are handed out to containers by id"),
+        None => tracing::info!("the machine's GPUs are not known: containers ask the engine for a count"),
+    }
+    devices
 }
 
 fn hostname() -> String {

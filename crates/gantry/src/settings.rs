@@ -148,6 +148,14 @@ pub struct ServerlessSettings {
     /// With `billing.require_credit`, a running pod whose owner's balance
     /// has been at or below zero this long is stopped (not deleted).
     pub pod_credit_grace_ms: u64,
+    /// The machine's GPUs that Docker containers are given, one container
+    /// to a GPU, by the ids `nvidia-smi` shows (indexes or UUIDs). Unset
+    /// means every GPU `nvidia_smi` lists; an empty list hands out none.
+    pub gpu_devices: Option<Vec<String>>,
+    /// The `nvidia-smi` command that lists the GPUs and reads what a pod's
+    /// are doing; empty: none (GPUs are then asked for by count, Docker
+    /// picking the machine's first ones).
+    pub nvidia_smi: String,
     /// Passphrases of the key that seals registry credentials (and signs
     /// worker tokens): the first seals, all open (rotation). Unset means a
     /// key generated once into `<data_dir>/serverless.key`; several
@@ -168,6 +176,8 @@ impl Default for ServerlessSettings {
             stop_grace_ms: 10_000,
             worker_lease_ms: 30_000,
             pod_credit_grace_ms: 300_000,
+            gpu_devices: None,
+            nvidia_smi: "nvidia-smi".into(),
             keys: Vec::new(),
         }
     }

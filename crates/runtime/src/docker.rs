@@ -315,6 +315,34 @@ impl Runtime for Docker {
         Ok(parse_json::<VersionBody>(&answer.body, "/version")?.into())
     }
 
+    /// The later of two facts the engine leaves at each start, where it has them:
+    /// - the default `bridge` network, which Docker removes and makes again whenever it starts
+    ///   (its `Created`), so it moves with a restart of the engine alone;
+    /// - the modification time of the engine's Unix socket, made by the engine at its start or, when
+    ///   systemd hands the socket over (`-H fd://`), at the host's boot.
+    async fn started_at(&self) -> Result<Option<i64>, RuntimeError> {
+        let socket = match &self.inner.endpoint {
+            Endpoint::Unix(path) => std::fs::metadata(path)
+                .and_then(|m| m.modified())
+                .ok()
+                .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+                .map(|d| d.as_millis() as i64),
+            Endpoint::Tcp { .. } => None,
+        };
+        let path = self.versioned("/networks/bridge").await?;
+        let answer = self.call(Method::GET, &path, None).await?;
+        let bridge = match answer.status {
+            StatusCode::OK => parse_json::<Value>(&answer.body, "network inspect")?
+                .get("Created")
+                .and_then(Value::as_str)
+                .and_then(crate::parse_rfc3339_nanos)
+                .map(|ns| ns.div_euclid(1_000_000)),
+            StatusCode::NOT_FOUND => None,
+            status => return Err(RuntimeError::from_status(status.as_u16(), &answer.body)),
+        };
+        Ok(socket.max(bridge))
+    }
+
     async fn ensure_image(&self, image: &str, auth: Option<&RegistryAuth>) -> Result<(), RuntimeError> {
         let path = self.versioned(&format!("/images/{}/json", path_escape(image))).await?;
         let answer = self.call(Method::GET, &path, None).await?;

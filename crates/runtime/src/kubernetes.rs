@@ -292,7 +292,8 @@ impl Kubernetes {
     }
 
     /// Makes the claims the pod's volumes name, where they are missing: of the size `sizes` gives
-    /// (by the volume's Gantry name), else the configured size.
+    /// (by the volume's Gantry name), else the configured size. A claim that exists smaller than
+    /// the size given is grown ([`Kubernetes::grow_claim`]).
     async fn ensure_claims(&self, manifest: &Value, sizes: &BTreeMap<String, u32>) -> Result<(), RuntimeError> {
         let claims = manifest["spec"]["volumes"]
             .as_array()
@@ -300,11 +301,11 @@ impl Kubernetes {
             .flatten()
             .filter_map(|v| v["persistentVolumeClaim"]["claimName"].as_str());
         for claim in claims {
-            let size = sizes
+            let given = sizes
                 .iter()
                 .find(|(name, _)| object_name(name) == claim)
-                .map_or(self.inner.config.volume_size_gib, |(_, gb)| *gb)
-                .max(1);
+                .map(|(_, gb)| (*gb).max(1));
+            let size = given.unwrap_or(self.inner.config.volume_size_gib).max(1);
             let mut spec = json!({
                 "accessModes": ["ReadWriteMany"],
                 "resources": {"requests": {"storage": format!("{size}Gi")}},
@@ -326,11 +327,54 @@ impl Kubernetes {
                 )
                 .await
             {
-                Ok(_) | Err(RuntimeError::Conflict(_)) => {}
+                Ok(_) => {}
+                Err(RuntimeError::Conflict(_)) => {
+                    if let Some(size) = given {
+                        self.grow_claim(claim, size).await;
+                    }
+                }
                 Err(error) => return Err(error),
             }
         }
         Ok(())
+    }
+
+    /// Asks for `size_gib` of an existing claim that requests less (a network volume grown since
+    /// its claim was made). Kubernetes grows a claim only where its StorageClass allows it
+    /// (`allowVolumeExpansion`) and the claim is bound; a refusal is logged and the claim stays as
+    /// it is: the container still runs, on the smaller volume. A claim is never shrunk.
+    async fn grow_claim(&self, claim: &str, size_gib: u32) {
+        let path = self.ns_path(&format!("persistentvolumeclaims/{claim}"));
+        let current = match self.call(reqwest::Method::GET, &path, None).await {
+            Ok(found) => found["spec"]["resources"]["requests"]["storage"]
+                .as_str()
+                .and_then(quantity_bytes),
+            Err(error) => {
+                tracing::warn!(%claim, %error, "the claim could not be read to check its size");
+                return;
+            }
+        };
+        let wanted = u128::from(size_gib) << 30;
+        if current.is_some_and(|bytes| bytes >= wanted) {
+            return;
+        }
+        let patch = json!({"spec": {"resources": {"requests": {"storage": format!("{size_gib}Gi")}}}});
+        match self
+            .call(
+                reqwest::Method::PATCH,
+                &path,
+                Some(("application/merge-patch+json", &patch)),
+            )
+            .await
+        {
+            Ok(_) => tracing::info!(%claim, size_gib, "claim grown to its volume's size"),
+            Err(error) => tracing::warn!(
+                %claim,
+                size_gib,
+                %error,
+                "the claim could not grow to its volume's size (its StorageClass must allow volume expansion, and the claim be bound); it keeps its size"
+            ),
+        }
     }
 
     async fn create_pod(&self, manifest: &Value, sizes: &BTreeMap<String, u32>) -> Result<String, RuntimeError> {
@@ -643,6 +687,32 @@ fn node_selector_terms(placement: &Placement) -> Vec<Value> {
         .into_iter()
         .map(|extra| json!({"matchExpressions": base.iter().cloned().chain(extra).collect::<Vec<_>>()}))
         .collect()
+}
+
+/// The bytes of a Kubernetes quantity (`20Gi`, `500M`, `1.5Ti`, `1e3`, `21474836480`); `None` for
+/// milli-units, which no storage request uses.
+fn quantity_bytes(text: &str) -> Option<u128> {
+    const SUFFIXES: [(&str, u128); 12] = [
+        ("Ki", 1 << 10),
+        ("Mi", 1 << 20),
+        ("Gi", 1 << 30),
+        ("Ti", 1 << 40),
+        ("Pi", 1 << 50),
+        ("Ei", 1 << 60),
+        ("k", 1_000),
+        ("M", 1_000_000),
+        ("G", 1_000_000_000),
+        ("T", 1_000_000_000_000),
+        ("P", 1_000_000_000_000_000),
+        ("E", 1_000_000_000_000_000_000),
+    ];
+    let text = text.trim();
+    let (number, unit) = SUFFIXES
+        .iter()
+        .find_map(|(suffix, unit)| text.strip_suffix(suffix).map(|n| (n, *unit)))
+        .unwrap_or((text, 1));
+    let value: f64 = number.parse().ok().filter(|v: &f64| v.is_finite() && *v >= 0.0)?;
+    Some((value * unit as f64).round() as u128)
 }
 
 /// A Kubernetes object name for a Gantry name: lower case, `[a-z0-9-.]`, at most 253 characters,
@@ -1230,6 +1300,17 @@ fn percent_encode(text: &str) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn quantities_read_as_bytes() {
+        assert_eq!(quantity_bytes("20Gi"), Some(20 << 30));
+        assert_eq!(quantity_bytes("1.5Ti"), Some(3 << 39));
+        assert_eq!(quantity_bytes("500M"), Some(500_000_000));
+        assert_eq!(quantity_bytes("21474836480"), Some(20 << 30));
+        assert_eq!(quantity_bytes("1e3"), Some(1000));
+        assert_eq!(quantity_bytes("100m"), None);
+        assert_eq!(quantity_bytes("Gi"), None);
+    }
 
     #[test]
     fn names_and_label_values_are_what_kubernetes_accepts() {

@@ -63,6 +63,14 @@ pub trait Runtime: Send + Sync + 'static {
     /// The engine's version and platform.
     async fn info(&self) -> Result<EngineInfo, RuntimeError>;
 
+    /// When the engine now answering started, as Unix milliseconds: its start, or a time it
+    /// cannot have started before. A container whose last start is earlier than this ran under an
+    /// earlier instance of the engine (or an earlier boot of its host) and was stopped when that
+    /// one went down. `None` where the engine gives nothing to tell it by.
+    async fn started_at(&self) -> Result<Option<i64>, RuntimeError> {
+        Ok(None)
+    }
+
     /// Makes sure `image` is present, pulling it (with `auth` as `X-Registry-Auth`) when it is not.
     /// A failed pull, whether refused up front or reported mid-stream, is [`RuntimeError::Pull`].
     async fn ensure_image(&self, image: &str, auth: Option<&RegistryAuth>) -> Result<(), RuntimeError>;

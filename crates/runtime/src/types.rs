@@ -147,6 +147,11 @@ pub struct ContainerSpec {
     pub nano_cpus: Option<u64>,
     /// Number of NVIDIA GPUs, requested through `DeviceRequests` (see the crate docs on Podman).
     pub gpus: u32,
+    /// Which of the machine's GPUs (indexes or UUIDs, as `nvidia-smi` names them), when the caller
+    /// chose them: Docker then asks for these `DeviceIDs` instead of a count, which its NVIDIA
+    /// driver would answer with the first `gpus` of the machine whoever else has them. Kubernetes
+    /// ignores it (its device plugin picks).
+    pub gpu_devices: Vec<String>,
     /// Bind mounts, `host:container[:ro]`.
     pub binds: Vec<String>,
     /// Seconds between SIGTERM and SIGKILL when the engine stops the container without an explicit
@@ -268,7 +273,12 @@ impl ContainerSpec {
         if let Some(c) = self.nano_cpus {
             host_config.insert("NanoCpus".into(), json!(c));
         }
-        if self.gpus > 0 {
+        if !self.gpu_devices.is_empty() {
+            host_config.insert(
+                "DeviceRequests".into(),
+                json!([{"Driver": "nvidia", "DeviceIDs": self.gpu_devices, "Capabilities": [["gpu"]]}]),
+            );
+        } else if self.gpus > 0 {
             host_config.insert(
                 "DeviceRequests".into(),
                 json!([{"Driver": "nvidia", "Count": self.gpus, "Capabilities": [["gpu"]]}]),
@@ -298,6 +308,7 @@ impl fmt::Debug for ContainerSpec {
             .field("memory_bytes", &self.memory_bytes)
             .field("nano_cpus", &self.nano_cpus)
             .field("gpus", &self.gpus)
+            .field("gpu_devices", &self.gpu_devices)
             .field("binds", &self.binds)
             .field("stop_timeout_secs", &self.stop_timeout_secs)
             .field("auto_remove", &self.auto_remove)
@@ -778,6 +789,13 @@ mod tests {
             }
         });
         assert_eq!(body, expected);
+
+        // GPUs chosen by the caller are asked for by id, not by count.
+        spec.gpu_devices = vec!["1".into(), "3".into()];
+        assert_eq!(
+            spec.create_body()["HostConfig"]["DeviceRequests"],
+            json!([{"Driver": "nvidia", "DeviceIDs": ["1", "3"], "Capabilities": [["gpu"]]}])
+        );
     }
 
     #[test]

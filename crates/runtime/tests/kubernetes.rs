@@ -339,6 +339,76 @@ async fn a_container_is_a_pod_through_its_whole_life() {
     kube.remove_volume("gantry-vol-vol_1").await.unwrap();
 }
 
+/// A network volume grown since its claim was made: the next container that mounts it asks for
+/// the new size, where the claim's StorageClass allows expansion and the claim is bound (the
+/// controller's part, played here). It never shrinks; where the class does not allow it, the claim
+/// keeps its size and the container still runs.
+#[tokio::test]
+async fn a_claim_grows_with_its_volume_where_its_class_allows() {
+    let cluster = Cluster::new("grow").await;
+    let class = json!({"apiVersion": "storage.k8s.io/v1", "kind": "StorageClass",
+                       "metadata": {"name": "gantry-test-grow"}, "provisioner": "example.com/none",
+                       "allowVolumeExpansion": true});
+    let (status, answer) = cluster
+        .send(
+            reqwest::Method::POST,
+            "/apis/storage.k8s.io/v1/storageclasses",
+            Some(class),
+            None,
+        )
+        .await;
+    assert!(status == 201 || status == 409, "storage class: {status} {answer}");
+    let growing = Kubernetes::new(KubernetesConfig {
+        storage_class: Some("gantry-test-grow".into()),
+        ..config(&cluster.ns)
+    })
+    .unwrap();
+    let fixed = Kubernetes::new(config(&cluster.ns)).unwrap();
+    let with_volume = |kube: &Kubernetes, volume: &str, size: u32| {
+        let mut spec = spec("gantry-wk_g");
+        spec.binds = vec![format!("{volume}:/runpod-volume")];
+        spec.volume_sizes_gb.insert(volume.to_owned(), size);
+        let kube = kube.clone();
+        async move {
+            kube.run(&spec).await.unwrap();
+            kube.remove("gantry-wk_g").await.unwrap();
+        }
+    };
+    let requested = |claim: &'static str| {
+        let cluster = &cluster;
+        async move {
+            let (_, found) = cluster.get(&format!("persistentvolumeclaims/{claim}")).await;
+            found["spec"]["resources"]["requests"]["storage"]
+                .as_str()
+                .unwrap()
+                .to_owned()
+        }
+    };
+
+    with_volume(&growing, "gantry-vol-vol_g", 10).await;
+    assert_eq!(requested("gantry-vol-vol-g").await, "10Gi");
+    // Bound, as the claim's controller would have it.
+    let (status, answer) = cluster
+        .send(
+            reqwest::Method::PATCH,
+            &cluster.path("persistentvolumeclaims/gantry-vol-vol-g/status"),
+            Some(json!({"status": {"phase": "Bound", "accessModes": ["ReadWriteMany"], "capacity": {"storage": "10Gi"}}})),
+            Some("application/merge-patch+json"),
+        )
+        .await;
+    assert_eq!(status, 200, "{answer}");
+    with_volume(&growing, "gantry-vol-vol_g", 30).await;
+    assert_eq!(requested("gantry-vol-vol-g").await, "30Gi", "grown with its volume");
+    with_volume(&growing, "gantry-vol-vol_g", 5).await;
+    assert_eq!(requested("gantry-vol-vol-g").await, "30Gi", "never shrunk");
+
+    // A claim that cannot grow (unbound, of a class that does not exist here): refused, and the
+    // container is made all the same.
+    with_volume(&fixed, "gantry-vol-vol_f", 10).await;
+    with_volume(&fixed, "gantry-vol-vol_f", 30).await;
+    assert_eq!(requested("gantry-vol-vol-f").await, "10Gi");
+}
+
 #[tokio::test]
 async fn an_image_that_cannot_be_pulled_is_a_dead_container_with_the_reason() {
     let cluster = Cluster::new("pull").await;

@@ -250,12 +250,28 @@ pub struct Utilization {
     util: u32,
 }
 
+/// What one of a pod's GPUs is doing.
+#[derive(Serialize, ToSchema)]
+#[serde(rename_all = "camelCase")]
+pub struct PodGpuUtilization {
+    /// Percent of the last sample period a kernel ran.
+    #[schema(minimum = 0, maximum = 100)]
+    util: u32,
+    /// Percent of the GPU's memory in use.
+    #[schema(minimum = 0, maximum = 100)]
+    memory_util: u32,
+}
+
 /// A running pod's live view.
 #[derive(Serialize, ToSchema)]
 pub struct PodRuntime {
     /// Seconds since the container started.
     uptime: u64,
     ports: Vec<PodRuntimePort>,
+    /// Each of the pod's GPUs, as `nvidia-smi` reads it (one-pod reads of a
+    /// pod given its GPUs by id, on Docker; absent otherwise).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    gpus: Option<Vec<PodGpuUtilization>>,
     /// CPU use of the pod's vCPUs, averaged since its container started
     /// (one-pod reads only; absent in listings, and while the engine has no
     /// sample yet).
@@ -302,7 +318,8 @@ pub struct Pod {
     created_at: String,
     #[schema(format = DateTime)]
     started_at: Option<String>,
-    /// Why the pod is in ERROR or EXITED by itself, when it is.
+    /// Why the pod is in ERROR or EXITED by itself, or what it waits for
+    /// while PROVISIONING (free GPUs), when it is.
     #[serde(skip_serializing_if = "Option::is_none")]
     status_reason: Option<String>,
     /// Its cluster, when it is a member of one.
@@ -348,7 +365,7 @@ const STATS_WAIT: std::time::Duration = std::time::Duration::from_millis(100);
 pub(crate) async fn pod_view(state: &AppState, record: PodRecord, live: bool) -> Pod {
     let running = record.status == PodStatus::Running;
     let mut ports: Vec<PodRuntimePort> = Vec::new();
-    let (mut published, mut stats) = (Vec::new(), None);
+    let (mut published, mut stats, mut gpus) = (Vec::new(), None, None);
     if running
         && live
         && let Some(runtime) = state.fleet.as_ref().and_then(|f| f.runtime().cloned())
@@ -361,6 +378,22 @@ pub(crate) async fn pod_view(state: &AppState, record: PodRecord, live: bool) ->
             runtime.inspect(&container),
             tokio::time::timeout(STATS_WAIT, runtime.stats(&container))
         );
+        if let Ok(container) = &inspected {
+            let devices = gantry_containers::gpus::devices_of(&container.labels);
+            if !devices.is_empty()
+                && let Some(fleet) = &state.fleet
+            {
+                gpus = fleet.gpu_pool().usage(&devices).await.map(|readings| {
+                    readings
+                        .into_iter()
+                        .map(|r| PodGpuUtilization {
+                            util: r.util,
+                            memory_util: r.memory_util,
+                        })
+                        .collect()
+                });
+            }
+        }
         published = inspected.map(|c| c.ports).unwrap_or_default();
         stats = sampled.ok().and_then(Result::ok);
     }
@@ -414,12 +447,17 @@ pub(crate) async fn pod_view(state: &AppState, record: PodRecord, live: bool) ->
     let runtime = running.then(|| PodRuntime {
         uptime: uptime_ms / 1000,
         ports,
+        gpus,
         cpu: stats.map(|s| percent(s.cpu_total_ns as f64, uptime_ms as f64 * 1e6 * f64::from(cpus.max(1)))),
         memory: stats.map(|s| percent(s.memory_bytes as f64, s.memory_limit_bytes as f64)),
     });
-    let status_reason = matches!(record.status, PodStatus::Error | PodStatus::Exited)
-        .then(|| record.reason.clone())
-        .flatten();
+    // Why it stopped, or (PROVISIONING) what it waits for.
+    let status_reason = matches!(
+        record.status,
+        PodStatus::Error | PodStatus::Exited | PodStatus::Provisioning
+    )
+    .then(|| record.reason.clone())
+    .flatten();
     Pod {
         actions: record.status.actions(),
         cost: record.cost(),

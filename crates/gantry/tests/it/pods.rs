@@ -614,116 +614,238 @@ async fn bad_pod_requests_say_every_problem_and_change_nothing() {
     .await;
 }
 
+/// A `gantry serve` process's management API, as a user's client sees it.
+struct Served {
+    client: reqwest::Client,
+    base: String,
+    key: String,
+}
+
+impl Served {
+    fn of(serve: &crate::cli::ServeProcess, key: &str) -> Served {
+        Served {
+            client: crate::harness::http_client(Duration::from_secs(30)),
+            base: format!("http://{}", serve.management),
+            key: key.to_owned(),
+        }
+    }
+
+    async fn create_pod(&self, body: &Value) -> String {
+        let res = self
+            .client
+            .post(format!("{}/v2/pods", self.base))
+            .bearer_auth(&self.key)
+            .json(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status().as_u16(), 201);
+        res.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_owned()
+    }
+
+    async fn pod(&self, id: &str) -> Value {
+        let res = self
+            .client
+            .get(format!("{}/v2/pods/{id}", self.base))
+            .bearer_auth(&self.key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status().as_u16(), 200);
+        res.json().await.unwrap()
+    }
+
+    async fn pod_until(&self, id: &str, want: &str) -> Value {
+        let deadline = Instant::now() + Duration::from_secs(120);
+        loop {
+            let pod = self.pod(id).await;
+            if pod["status"] == want {
+                return pod;
+            }
+            assert!(Instant::now() < deadline, "pod {id} never became {want}: {pod}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+
+    /// The system lines of the pod's log.
+    async fn system_log(&self, id: &str) -> Vec<String> {
+        let res = self
+            .client
+            .get(format!("{}/v2/pods/{id}/logs?tail=1000", self.base))
+            .bearer_auth(&self.key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status().as_u16(), 200);
+        parse_sse(&res.text().await.unwrap())
+            .into_iter()
+            .filter(|(_, _, data)| data["source"] == "system")
+            .map(|(_, _, data)| data["line"].as_str().unwrap_or("").to_owned())
+            .collect()
+    }
+
+    /// Deletes the pod and waits until its container is gone.
+    async fn delete_pod(&self, id: &str, docker: &gantry_runtime::Docker) {
+        use gantry_runtime::Runtime;
+        let res = self
+            .client
+            .delete(format!("{}/v2/pods/{id}", self.base))
+            .bearer_auth(&self.key)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(res.status().as_u16(), 204);
+        let label = [("gantry.id".to_owned(), id.to_owned())];
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while !docker.list(&label).await.unwrap().is_empty() {
+            assert!(Instant::now() < deadline, "the pod's container is still there");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+}
+
+/// The runs of a pod, from the data dir of a `gantry serve`: `(id,
+/// created_at_ms, ended_at_ms, billed_until_ms)`, oldest first.
+async fn pod_runs(dir: &std::path::Path, pod: &str) -> Vec<(String, i64, Option<i64>, i64)> {
+    use sea_orm::ConnectionTrait;
+    let db = sea_orm::Database::connect(format!("sqlite://{}/gantry.db?mode=ro", dir.display()))
+        .await
+        .unwrap();
+    db.query_all_raw(sea_orm::Statement::from_string(
+        db.get_database_backend(),
+        format!(
+            "SELECT id, created_at_ms, ended_at_ms, billed_until_ms FROM pod_runs \
+             WHERE pod_id = '{pod}' AND kind = 'run' ORDER BY created_at_ms"
+        ),
+    ))
+    .await
+    .unwrap()
+    .iter()
+    .map(|r| {
+        (
+            r.try_get_by_index(0).unwrap(),
+            r.try_get_by_index(1).unwrap(),
+            r.try_get_by_index(2).unwrap(),
+            r.try_get_by_index(3).unwrap(),
+        )
+    })
+    .collect()
+}
+
+fn rfc3339_ms(at: Option<&str>) -> i64 {
+    gantry_runtime::parse_rfc3339_nanos(at.expect("the engine gave a time")).unwrap() / 1_000_000
+}
+
+fn unix_ms() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as i64
+}
+
+/// A `gantry serve` on one data dir and one engine, looking every 200 ms;
+/// started again on the same data after a crash.
+struct ServeOn {
+    dir: tempfile::TempDir,
+    host: String,
+}
+
+impl ServeOn {
+    /// A fresh data dir, on the engine at `host`.
+    fn new(host: &str) -> ServeOn {
+        ServeOn {
+            dir: tempfile::tempdir().unwrap(),
+            host: host.to_owned(),
+        }
+    }
+
+    fn docker(&self) -> gantry_runtime::Docker {
+        gantry_runtime::Docker::connect(&self.host).unwrap()
+    }
+
+    fn start(&self) -> crate::cli::ServeProcess {
+        crate::cli::ServeProcess::start_with(
+            self.dir.path(),
+            &[
+                ("GANTRY_SERVERLESS__DOCKER_HOST", self.host.as_str()),
+                ("GANTRY_SERVERLESS__TICK_MS", "200"),
+                ("GANTRY_SERVERLESS__STOP_GRACE_MS", "2000"),
+            ],
+        )
+    }
+
+    /// The first start, with a CPU pod running `args`: the process, the
+    /// admin's API, the pod's id and its container.
+    async fn with_a_pod(&self, args: &str) -> (crate::cli::ServeProcess, Served, String, gantry_runtime::Container) {
+        use gantry_runtime::Runtime;
+        let serve = self.start();
+        let key = serve.admin_key().expect("admin key");
+        let api = Served::of(&serve, &key);
+        let id = api
+            .create_pod(&json!({"name": "p", "image": BUSYBOX, "args": args, "cpu": {"id": "cpu3c", "vcpuCount": 2}}))
+            .await;
+        api.pod_until(&id, "RUNNING").await;
+        let mut containers = self
+            .docker()
+            .list(&[("gantry.id".to_owned(), id.clone())])
+            .await
+            .unwrap();
+        assert_eq!(containers.len(), 1, "{containers:?}");
+        (serve, api, id, containers.remove(0))
+    }
+}
+
 /// `gantry serve` killed (SIGKILL) while a pod runs, then started again on
 /// the same data: the pod is adopted (the same container, no second one), it
 /// stays RUNNING, and its one run is billed across the downtime with no
 /// second lost or counted twice.
 #[tokio::test]
 async fn a_pod_survives_a_crash_of_gantry_and_is_billed_across_it() {
-    let dir = tempfile::tempdir().unwrap();
-    let host = docker_host();
-    let env = [
-        ("GANTRY_SERVERLESS__DOCKER_HOST", host.as_str()),
-        ("GANTRY_SERVERLESS__TICK_MS", "200"),
-        ("GANTRY_SERVERLESS__STOP_GRACE_MS", "2000"),
-    ];
-    let serve = crate::cli::ServeProcess::start_with(dir.path(), &env);
-    let key = serve.admin_key().expect("admin key");
-    let client = crate::harness::http_client(Duration::from_secs(30));
-    let base = format!("http://{}", serve.management);
-    let res = client
-        .post(format!("{base}/v2/pods"))
-        .bearer_auth(&key)
-        .json(&json!({"name": "long", "image": BUSYBOX, "args": "sleep 3600", "cpu": {"id": "cpu3c", "vcpuCount": 2}}))
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status().as_u16(), 201);
-    let id = res.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_owned();
-    let status = |base: String, key: String, id: String, client: reqwest::Client| async move {
-        let pod: Value = client
-            .get(format!("{base}/v2/pods/{id}"))
-            .bearer_auth(&key)
-            .send()
-            .await
-            .unwrap()
-            .json()
-            .await
-            .unwrap();
-        pod["status"].as_str().unwrap_or("").to_owned()
-    };
-    let deadline = Instant::now() + Duration::from_secs(120);
-    while status(base.clone(), key.clone(), id.clone(), client.clone()).await != "RUNNING" {
-        assert!(Instant::now() < deadline, "never RUNNING");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
-    let docker = gantry_runtime::Docker::connect(&host).unwrap();
+    let on = ServeOn::new(&docker_host());
+    let (serve, api, id, container) = on.with_a_pod("sleep 3600").await;
+    let key = api.key.clone();
+    let docker = on.docker();
     use gantry_runtime::Runtime;
     let label = [("gantry.id".to_owned(), id.clone())];
-    let before = docker.list(&label).await.unwrap();
-    assert_eq!(before.len(), 1);
 
     // A crash, and some downtime.
     drop(serve);
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let serve = crate::cli::ServeProcess::start_with(dir.path(), &env);
-    let base = format!("http://{}", serve.management);
+    let serve = on.start();
+    let api = Served::of(&serve, &key);
     // It comes back RUNNING on the same container, and stays so.
     for _ in 0..20 {
-        assert_eq!(
-            status(base.clone(), key.clone(), id.clone(), client.clone()).await,
-            "RUNNING"
-        );
+        assert_eq!(api.pod(&id).await["status"], "RUNNING");
         let now = docker.list(&label).await.unwrap();
         assert_eq!(now.len(), 1, "{now:?}");
-        assert_eq!(now[0].id, before[0].id, "adopted, not replaced");
+        assert_eq!(now[0].id, container.id, "adopted, not replaced");
         tokio::time::sleep(Duration::from_millis(200)).await;
     }
-    let res = client
-        .delete(format!("{base}/v2/pods/{id}"))
-        .bearer_auth(&key)
-        .send()
-        .await
-        .unwrap();
-    assert_eq!(res.status().as_u16(), 204);
-    let deadline = Instant::now() + Duration::from_secs(60);
-    while !docker.list(&label).await.unwrap().is_empty() {
-        assert!(Instant::now() < deadline, "the pod's container is still there");
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    api.delete_pod(&id, &docker).await;
     drop(serve);
 
     // One run, from the first start to the delete, charged whole.
-    let db = sea_orm::Database::connect(format!("sqlite://{}/gantry.db?mode=ro", dir.path().display()))
-        .await
-        .unwrap();
-    use sea_orm::ConnectionTrait;
-    let row = |sql: String| {
-        let db = &db;
-        async move {
-            db.query_all_raw(sea_orm::Statement::from_string(db.get_database_backend(), sql))
-                .await
-                .unwrap()
-        }
-    };
-    let runs = row(format!(
-        "SELECT id, created_at_ms, ended_at_ms, billed_until_ms FROM pod_runs WHERE pod_id = '{id}' AND kind = 'run'"
-    ))
-    .await;
+    let runs = pod_runs(on.dir.path(), &id).await;
     assert_eq!(runs.len(), 1, "one run across the crash");
-    let run_id: String = runs[0].try_get_by_index(0).unwrap();
-    let created: i64 = runs[0].try_get_by_index(1).unwrap();
-    let ended: Option<i64> = runs[0].try_get_by_index(2).unwrap();
-    let billed: i64 = runs[0].try_get_by_index(3).unwrap();
+    let (run_id, created, ended, billed) = runs[0].clone();
     let ended = ended.expect("the run ended with the pod");
     // The last charge is written by the next look after the end; the process
     // was stopped right after the delete, so up to its end or short of it by
     // what that look would have charged, never more.
     assert!(billed <= ended, "never charged past the end");
-    let charged = row(format!(
-        "SELECT quantity_micros FROM ledger_entries WHERE job_id LIKE '{run_id}@%' AND unit = 'cpu_pod_seconds'"
-    ))
-    .await;
+    let db = sea_orm::Database::connect(format!("sqlite://{}/gantry.db?mode=ro", on.dir.path().display()))
+        .await
+        .unwrap();
+    use sea_orm::ConnectionTrait;
+    let charged = db
+        .query_all_raw(sea_orm::Statement::from_string(
+            db.get_database_backend(),
+            format!(
+                "SELECT quantity_micros FROM ledger_entries WHERE job_id LIKE '{run_id}@%' AND unit = 'cpu_pod_seconds'"
+            ),
+        ))
+        .await
+        .unwrap();
     let quantity: i64 = charged.iter().map(|r| r.try_get_by_index::<i64>(0).unwrap()).sum();
     assert_eq!(
         quantity,
@@ -735,6 +857,110 @@ async fn a_pod_survives_a_crash_of_gantry_and_is_billed_across_it() {
         "the downtime is charged: {}",
         billed - created
     );
+}
+
+/// A pod's program that ends by itself while `gantry serve` is down (the
+/// engine stays up): when Gantry is back, the pod is EXITED with the exit
+/// status and its run ends where the engine says the program ended. The
+/// container is not started again: it last started under the engine that is
+/// still running, so its stop was not the engine's doing.
+#[tokio::test]
+async fn a_pod_whose_program_ends_while_gantry_is_down_is_exited_with_its_status() {
+    let on = ServeOn::new(&docker_host());
+    let (serve, api, id, container) = on.with_a_pod("sh -c 'sleep 3; exit 3'").await;
+    let key = api.key.clone();
+    let docker = on.docker();
+    use gantry_runtime::Runtime;
+
+    drop(serve);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let ended = loop {
+        let now = docker.inspect(&container.id).await.unwrap();
+        if now.state == gantry_runtime::ContainerState::Exited {
+            break now;
+        }
+        assert!(Instant::now() < deadline, "the program never ended: {now:?}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(ended.exit_code, Some(3));
+
+    let serve = on.start();
+    let api = Served::of(&serve, &key);
+    let pod = api.pod_until(&id, "EXITED").await;
+    assert!(pod["statusReason"].as_str().unwrap_or("").contains("status 3"), "{pod}");
+    // It stays so: a few more looks do not start it again.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    assert_eq!(api.pod(&id).await["status"], "EXITED");
+    let after = docker.inspect(&container.id).await.unwrap();
+    assert_eq!(after.state, gantry_runtime::ContainerState::Exited);
+    assert_eq!(after.started_at, ended.started_at, "not started again");
+    let runs = pod_runs(on.dir.path(), &id).await;
+    assert_eq!(runs.len(), 1, "{runs:?}");
+    let finished = rfc3339_ms(ended.finished_at.as_deref());
+    assert_eq!(runs[0].2, Some(finished), "the run ends where the program did");
+    api.delete_pod(&id, &docker).await;
+}
+
+/// Gantry and the container engine down together, as in a reboot of their
+/// host: `gantry serve` is killed, then the engine stops (stopping the pod's
+/// container), and both start again. Gantry never saw the engine away, yet
+/// the pod comes back RUNNING on the same container: the container last
+/// started under the earlier engine. The run before ends where the engine
+/// stopped the container, and a new one begins when it started again.
+#[tokio::test]
+async fn a_pod_comes_back_when_gantry_and_its_engine_went_down_together() {
+    let engine = OwnEngine::start("reboot", false).await;
+    let on = ServeOn::new(&engine.host);
+    let (serve, api, id, container) = on.with_a_pod("sleep 3600").await;
+    let key = api.key.clone();
+    let docker = on.docker();
+    use gantry_runtime::Runtime;
+    let label = [("gantry.id".to_owned(), id.clone())];
+
+    drop(serve);
+    let going_down = unix_ms();
+    engine.run("stop").await;
+    let down = unix_ms();
+    engine.run("start").await;
+    let serve = on.start();
+    let api = Served::of(&serve, &key);
+
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let again = loop {
+        let now = docker.list(&label).await.unwrap_or_default();
+        if now.len() == 1 && now[0].state == gantry_runtime::ContainerState::Running {
+            assert_eq!(now[0].id, container.id, "the same container, started again");
+            break docker.inspect(&now[0].id).await.unwrap();
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the pod's container never ran again: {now:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    };
+    assert_eq!(api.pod_until(&id, "RUNNING").await["status"], "RUNNING");
+    let log = api.system_log(&id).await;
+    assert!(
+        log.iter()
+            .any(|l| l.contains("stopped the container while it was away")),
+        "{log:?}"
+    );
+
+    let runs = pod_runs(on.dir.path(), &id).await;
+    assert_eq!(runs.len(), 2, "a run before the reboot and one after: {runs:?}");
+    let first_end = runs[0].2.expect("the first run ended");
+    assert!(
+        (going_down..=down).contains(&first_end),
+        "the first run ends while the engine went down: {first_end} not in {going_down}..={down}"
+    );
+    let started_again = rfc3339_ms(again.started_at.as_deref());
+    assert!(
+        (runs[1].1 - started_again).abs() < 2_000,
+        "the second run starts with the container: {} against {started_again}",
+        runs[1].1
+    );
+    assert_eq!(runs[1].2, None, "the second run is open");
+    api.delete_pod(&id, &docker).await;
 }
 
 /// A private Docker engine of one test's own (`scripts/test-docker.sh` with a
@@ -973,4 +1199,141 @@ async fn a_pod_is_stopped_when_its_owners_credit_runs_out() {
     app.pod_until(&id, &key, "RUNNING").await;
     let res = app.delete(&format!("/v2/pods/{id}"), &key).await;
     assert_eq!(res.status().as_u16(), 204);
+}
+
+/// GPU pods on one Docker machine of two GPUs (a test engine with a
+/// stand-in for the NVIDIA toolkit's hook, and a stand-in `nvidia-smi`):
+/// each pod gets GPUs no other running pod has, by id (its program sees
+/// them in `NVIDIA_VISIBLE_DEVICES`); a third waits PROVISIONING, unbilled,
+/// saying why, and starts when one is freed; a pod asking for more than the
+/// machine has is ERROR; a stopped pod started again waits for its own GPU;
+/// `runtime.gpus` is what `nvidia-smi` says of the pod's GPU.
+#[tokio::test]
+async fn gpu_pods_on_one_machine_get_gpus_of_their_own_and_wait_for_them() {
+    let engine = OwnEngine::start("gpus", true).await;
+    let dir = tempfile::tempdir().unwrap();
+    let smi = dir.path().join("nvidia-smi");
+    std::fs::write(
+        &smi,
+        "#!/bin/sh\n# A stand-in for nvidia-smi: two GPUs.\n\
+         echo '0, GPU-00000000, 94, 62914, 81559'\necho '1, GPU-11111111, 3, 1024, 81559'\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&smi, std::fs::Permissions::from_mode(0o755)).unwrap();
+    let host = engine.host.clone();
+    let app = TestApp::spawn_with(Backend::Sqlite, move |settings| {
+        settings.serverless.docker_host = Some(host);
+        settings.serverless.tick_ms = 200;
+        settings.serverless.stop_grace_ms = 1_000;
+        settings.serverless.gpu_devices = None;
+        settings.serverless.nvidia_smi = smi.display().to_string();
+    })
+    .await;
+    let (_, key) = app.user_with_key("all").await;
+    let h100 = "NVIDIA H100 80GB HBM3";
+    let gpu_pod = |name: &str, count: u32| {
+        json!({"name": name, "image": BUSYBOX, "gpu": {"id": h100, "count": count},
+               "args": "sh -c 'echo gpus=$NVIDIA_VISIBLE_DEVICES; exec sleep 3600'"})
+    };
+    let create = |body: Value| {
+        let app = &app;
+        let key = &key;
+        async move {
+            let res = app.send_json(Method::POST, "/v2/pods", key, &body).await;
+            assert_eq!(res.status().as_u16(), 201);
+            res.json::<Value>().await.unwrap()["id"].as_str().unwrap().to_owned()
+        }
+    };
+    let docker = gantry_runtime::Docker::connect(&engine.host).unwrap();
+    use gantry_runtime::Runtime;
+    let containers_of = |id: &str| {
+        let docker = &docker;
+        let label = [("gantry.id".to_owned(), id.to_owned())];
+        async move { docker.list(&label).await.unwrap() }
+    };
+
+    // Two pods, one GPU each: GPU 0 and GPU 1, each its own.
+    let a = create(gpu_pod("a", 1)).await;
+    app.pod_until(&a, &key, "RUNNING").await;
+    app.log_line(&a, &key, "gpus=0").await;
+    let b = create(gpu_pod("b", 1)).await;
+    app.pod_until(&b, &key, "RUNNING").await;
+    app.log_line(&b, &key, "gpus=1").await;
+    assert_eq!(containers_of(&b).await[0].labels["gantry.gpus"], "1");
+
+    // What nvidia-smi says of the pod's own GPU.
+    let seen = app.pod(&a, &key).await;
+    assert_eq!(
+        seen["runtime"]["gpus"],
+        json!([{"util": 94, "memoryUtil": 77}]),
+        "{seen}"
+    );
+
+    // A third waits, with no container and no run; more than the machine has is an error.
+    let c = create(gpu_pod("c", 1)).await;
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let waiting = loop {
+        let pod = app.pod(&c, &key).await;
+        if pod["statusReason"].as_str().is_some() {
+            break pod;
+        }
+        assert!(Instant::now() < deadline, "never said it waits: {pod}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(waiting["status"], "PROVISIONING", "{waiting}");
+    assert!(
+        waiting["statusReason"]
+            .as_str()
+            .unwrap()
+            .contains("waiting for 1 free GPU: 2 of this machine's 2 are in use"),
+        "{waiting}"
+    );
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    assert!(containers_of(&c).await.is_empty(), "no container while it waits");
+    assert_eq!(app.pod(&c, &key).await["cost"], json!(0.0));
+    let too_many = create(gpu_pod("d", 3)).await;
+    let refused = app.pod_until(&too_many, &key, "ERROR").await;
+    assert!(
+        refused["statusReason"]
+            .as_str()
+            .unwrap()
+            .contains("3 GPUs asked for, and this machine has 2"),
+        "{refused}"
+    );
+
+    // A's GPU is freed: C starts on it.
+    assert_eq!(app.action(&a, &key, "stop").await.status().as_u16(), 200);
+    app.pod_until(&a, &key, "EXITED").await;
+    app.pod_until(&c, &key, "RUNNING").await;
+    app.log_line(&c, &key, "gpus=0").await;
+
+    // A started again waits for its own GPU (its container, and its files, have it) ...
+    assert_eq!(app.action(&a, &key, "start").await.status().as_u16(), 200);
+    let deadline = Instant::now() + Duration::from_secs(60);
+    loop {
+        let pod = app.pod(&a, &key).await;
+        if pod["statusReason"]
+            .as_str()
+            .is_some_and(|r| r.contains("waiting for its GPU 0 to be free"))
+        {
+            assert_eq!(pod["status"], "PROVISIONING");
+            break;
+        }
+        assert_ne!(pod["status"], "RUNNING", "A ran on a GPU that C has: {pod}");
+        assert!(Instant::now() < deadline, "never said it waits for GPU 0: {pod}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    // ... and runs on it, in the same container, once C is gone.
+    let before = containers_of(&a).await;
+    assert_eq!(app.action(&c, &key, "terminate").await.status().as_u16(), 200);
+    app.pod_until(&a, &key, "RUNNING").await;
+    let after = containers_of(&a).await;
+    assert_eq!(after[0].id, before[0].id, "the same container");
+    assert_eq!(after[0].labels["gantry.gpus"], "0");
+
+    for id in [&a, &b, &c, &too_many] {
+        let res = app.delete(&format!("/v2/pods/{id}"), &key).await;
+        assert_eq!(res.status().as_u16(), 204);
+    }
 }
