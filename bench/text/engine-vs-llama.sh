@@ -36,9 +36,9 @@ llama() {
         python3 -c 'import json, sys; print(next(x["avg_ts"] for x in json.load(sys.stdin) if x["n_gen"]))'
 }
 engine() {
-    # its last line ends with "per-stream decode tokens/s [R]"
+    # its last report line ends with "per-stream decode tokens/s [R]"
     GANTRY_TEST_MODELS_DIR="$MODELS_DIR" "$ENGINE" "$GGUF" --temperature 0 --threads "$THREADS" --streams 1 \
-        --tokens "$TOKENS" 2>&1 | tail -n 1 | sed -E 's/.*\[([0-9.]+)\].*/\1/'
+        --tokens "$TOKENS" 2>&1 | grep 'per-stream decode' | tail -n 1 | sed -E 's/.*\[([0-9.]+)\].*/\1/'
 }
 
 rows=()

@@ -1211,7 +1211,11 @@ async fn workers_hosted_by_another_replica_are_judged_by_what_it_publishes_and_s
         let base = replica("the replicas of the hosting test", database_url);
         move |settings: &mut gantry::Settings| {
             base(settings);
-            settings.serverless.start_timeout_ms = 3_000;
+            // Short, for the replacement of the orphaned worker at the end,
+            // yet long enough for a worker to start on a loaded machine (3 s
+            // was not, in one CI run beside other builds: every worker was
+            // replaced before it could call in).
+            settings.serverless.start_timeout_ms = 10_000;
         }
     };
     let first = TestApp::spawn_with(Backend::Postgres, replica(None)).await;

@@ -2,8 +2,12 @@
 //!
 //! ```sh
 //! cargo run --release -p gantry-model-text --example throughput -- \
-//!     [GGUF] [--tokens 128] [--streams 4] [--threads 0] [--temperature 0.8]
+//!     [GGUF] [--tokens 128] [--streams 4] [--threads 0] [--sampling-threads 0] [--temperature 0.8]
 //! ```
+//!
+//! Each phase also prints where the engine's steps spent their time: the
+//! decode (llama.cpp), and the engine's own work outside it (the batch, the
+//! draws of the tokens, streaming), per step and as a share of the decode.
 //!
 //! GGUF defaults to SmolLM2-135M-Instruct under `$GANTRY_TEST_MODELS_DIR`
 //! (or `~/.cache/gantry/models`). Sampling runs at temperature 0.8 (0 =
@@ -15,7 +19,7 @@ use std::sync::{Arc, Mutex};
 use std::time::{Duration, Instant};
 
 use futures_util::future::join_all;
-use gantry_model_text::{EngineOptions, TextModel};
+use gantry_model_text::{EngineOptions, StepTotals, TextModel};
 use gantry_worker_sdk::CancellationToken;
 use serde_json::json;
 
@@ -24,6 +28,7 @@ struct Args {
     tokens: u32,
     streams: usize,
     threads: usize,
+    sampling_threads: usize,
     temperature: f64,
 }
 
@@ -37,6 +42,7 @@ fn parse_args() -> Result<Args, String> {
         tokens: 128,
         streams: 4,
         threads: 0,
+        sampling_threads: 0,
         temperature: 0.8,
     };
     let mut it = std::env::args().skip(1);
@@ -46,6 +52,11 @@ fn parse_args() -> Result<Args, String> {
             "--tokens" => args.tokens = value("--tokens")?.parse().map_err(|e| format!("--tokens: {e}"))?,
             "--streams" => args.streams = value("--streams")?.parse().map_err(|e| format!("--streams: {e}"))?,
             "--threads" => args.threads = value("--threads")?.parse().map_err(|e| format!("--threads: {e}"))?,
+            "--sampling-threads" => {
+                args.sampling_threads = value("--sampling-threads")?
+                    .parse()
+                    .map_err(|e| format!("--sampling-threads: {e}"))?;
+            }
             "--temperature" => {
                 args.temperature = value("--temperature")?
                     .parse()
@@ -97,6 +108,21 @@ async fn run(model: &TextModel, seed: u64, tokens: u32, temperature: f64) -> Run
     }
 }
 
+/// The engine's steps of a phase: per step, the decode and the engine's
+/// own work outside it.
+fn report_steps(label: &str, steps: StepTotals) {
+    let per_step = |ns: u64| ns as f64 / steps.steps.max(1) as f64 / 1e6;
+    println!(
+        "{label} steps: {} steps, {:.1} draws/step; per step: decode {:.3} ms, engine outside decode {:.3} ms \
+         ({:.1} % of the decode)",
+        steps.steps,
+        steps.draws as f64 / steps.steps.max(1) as f64,
+        per_step(steps.decode_ns),
+        per_step(steps.other_ns),
+        steps.other_ns as f64 / steps.decode_ns.max(1) as f64 * 100.0
+    );
+}
+
 fn report(label: &str, runs: &[Run], wall: Duration) {
     let tokens: u64 = runs.iter().map(|r| r.tokens).sum();
     let first = runs.iter().map(|r| r.first).max().unwrap_or_default();
@@ -121,6 +147,7 @@ fn main() -> Result<(), String> {
     let args = parse_args()?;
     let options = EngineOptions {
         threads: args.threads,
+        sampling_threads: args.sampling_threads,
         max_sequences: args.streams.max(1) as u32,
         ..EngineOptions::default()
     };
@@ -133,12 +160,17 @@ fn main() -> Result<(), String> {
         // warm-up: first decode allocates buffers
         run(&model, 0, 8, args.temperature).await;
         let started = Instant::now();
+        let before = model.step_times();
         let single = run(&model, 1, args.tokens, args.temperature).await;
         report("1 stream", &[single], started.elapsed());
+        report_steps("1 stream", model.step_times().since(before));
         let started = Instant::now();
+        let before = model.step_times();
         let runs =
             join_all((0..args.streams as u64).map(|i| run(&model, 100 + i, args.tokens, args.temperature))).await;
-        report(&format!("{} streams", args.streams), &runs, started.elapsed());
+        let label = format!("{} streams", args.streams);
+        report(&label, &runs, started.elapsed());
+        report_steps(&label, model.step_times().since(before));
     });
     Ok(())
 }

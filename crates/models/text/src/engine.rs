@@ -9,15 +9,19 @@
 //! 2. builds one batch with the next token of every generating sequence and,
 //!    in the room left, the next chunk of prompts still being read;
 //! 3. decodes it once;
-//! 4. samples every sequence that has logits with its own sampler, streams
-//!    the text, and retires finished and cancelled sequences, freeing their
-//!    KV cells so waiting requests can join before the next step.
+//! 4. draws the next token of every sequence that has logits, each with its
+//!    own sampler chain: several at once on the engine's sampling threads
+//!    (which, like the CPU's cores, sit idle while the decode runs), then,
+//!    on the engine thread, streams the text, and retires finished and
+//!    cancelled sequences, freeing their KV cells so waiting requests can
+//!    join before the next step.
 
 use std::collections::VecDeque;
 use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, Hasher};
 use std::panic::AssertUnwindSafe;
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::mpsc as std_mpsc;
 use std::time::Instant;
 
@@ -26,7 +30,7 @@ use tokio::sync::mpsc;
 
 use crate::LoadError;
 use crate::input::Sampling;
-use crate::llama::{Batch, BatchFull, Context, ContextSettings, Sampler, Stage, Token, Weights};
+use crate::llama::{Batch, BatchFull, Candidates, Context, ContextSettings, Sampler, Stage, Token, Weights};
 use crate::logprobs::TokenLogprob;
 use crate::stream::TextStream;
 
@@ -147,6 +151,9 @@ impl Job {
 #[derive(Debug, Clone, Copy)]
 pub struct EngineConfig {
     pub threads: i32,
+    /// Threads that draw the tokens of a step's sequences; 1 draws them on
+    /// the engine thread.
+    pub sampling_threads: usize,
     pub context_tokens: u32,
     pub max_sequences: u32,
     pub batch_tokens: u32,
@@ -167,10 +174,63 @@ impl EngineConfig {
     }
 }
 
+/// Where an engine's steps spend their time, summed since it started: the
+/// decode (llama.cpp's work, on the CPU's threads or the GPU) and the rest
+/// (building the batch, drawing tokens, streaming, bookkeeping), which is
+/// the engine's own work on the critical path of every step.
+#[derive(Debug, Default)]
+pub struct StepTimes {
+    steps: AtomicU64,
+    decode_ns: AtomicU64,
+    other_ns: AtomicU64,
+    draws: AtomicU64,
+}
+
+/// A reading of [`StepTimes`].
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct StepTotals {
+    pub steps: u64,
+    pub decode_ns: u64,
+    pub other_ns: u64,
+    /// Tokens drawn (sequences that had logits, over all steps).
+    pub draws: u64,
+}
+
+impl StepTotals {
+    /// What happened between `earlier` and this reading.
+    pub fn since(self, earlier: StepTotals) -> StepTotals {
+        StepTotals {
+            steps: self.steps - earlier.steps,
+            decode_ns: self.decode_ns - earlier.decode_ns,
+            other_ns: self.other_ns - earlier.other_ns,
+            draws: self.draws - earlier.draws,
+        }
+    }
+}
+
+impl StepTimes {
+    fn record(&self, decode_ns: u64, other_ns: u64, draws: u64) {
+        self.steps.fetch_add(1, Ordering::Relaxed);
+        self.decode_ns.fetch_add(decode_ns, Ordering::Relaxed);
+        self.other_ns.fetch_add(other_ns, Ordering::Relaxed);
+        self.draws.fetch_add(draws, Ordering::Relaxed);
+    }
+
+    pub fn totals(&self) -> StepTotals {
+        StepTotals {
+            steps: self.steps.load(Ordering::Relaxed),
+            decode_ns: self.decode_ns.load(Ordering::Relaxed),
+            other_ns: self.other_ns.load(Ordering::Relaxed),
+            draws: self.draws.load(Ordering::Relaxed),
+        }
+    }
+}
+
 /// The handle the rest of the crate uses: submit requests, get events.
 #[derive(Debug)]
 pub struct EngineHandle {
     inbox: std_mpsc::Sender<Job>,
+    times: Arc<StepTimes>,
 }
 
 impl EngineHandle {
@@ -179,12 +239,27 @@ impl EngineHandle {
     pub fn start(model: Arc<Weights>, config: EngineConfig, name: &str) -> Result<Self, LoadError> {
         let (inbox, requests) = std_mpsc::channel();
         let (ready_tx, ready_rx) = std_mpsc::sync_channel(1);
+        let times = Arc::new(StepTimes::default());
+        let pool = match config.sampling_threads {
+            0 | 1 => None,
+            threads => Some(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(threads)
+                    .thread_name({
+                        let name = name.to_owned();
+                        move |i| format!("text-draw-{name}-{i}")
+                    })
+                    .build()
+                    .map_err(|e| LoadError::Context(format!("cannot start the sampling threads: {e}")))?,
+            ),
+        };
+        let engine_times = Arc::clone(&times);
         std::thread::Builder::new()
             .name(format!("text-engine-{name}"))
-            .spawn(move || engine_thread(&model, config, &requests, &ready_tx))
+            .spawn(move || engine_thread(&model, config, pool, engine_times, &requests, &ready_tx))
             .map_err(|e| LoadError::Context(format!("cannot start the engine thread: {e}")))?;
         match ready_rx.recv() {
-            Ok(Ok(())) => Ok(Self { inbox }),
+            Ok(Ok(())) => Ok(Self { inbox, times }),
             Ok(Err(error)) => Err(error),
             Err(_) => Err(LoadError::Context("the engine thread stopped while starting".into())),
         }
@@ -198,6 +273,11 @@ impl EngineHandle {
         let (listener, submission) = Submission::channel();
         self.submit_to(request, cancel, listener);
         submission
+    }
+
+    /// Where the engine's steps have spent their time so far.
+    pub fn step_times(&self) -> StepTotals {
+        self.times.totals()
     }
 
     /// Queues `request`, telling `listener` what happens.
@@ -217,6 +297,8 @@ impl EngineHandle {
 fn engine_thread(
     model: &Weights,
     config: EngineConfig,
+    pool: Option<rayon::ThreadPool>,
+    times: Arc<StepTimes>,
     requests: &std_mpsc::Receiver<Job>,
     ready: &std_mpsc::SyncSender<Result<(), LoadError>>,
 ) {
@@ -235,7 +317,7 @@ fn engine_thread(
         "text engine context ready"
     );
     let _ = ready.send(Ok(()));
-    Engine::new(model, context, config).serve(requests);
+    Engine::new(model, context, config, pool, times).serve(requests);
 }
 
 /// A running sequence.
@@ -250,6 +332,10 @@ struct Sequence {
     next_input: Option<Token>,
     /// Index in the current batch whose logits this sequence samples from.
     logits_at: Option<i32>,
+    /// The token drawn from those logits, this step.
+    drawn: Option<Token>,
+    /// Its sampler chain's candidates, kept from token to token.
+    candidates: Candidates,
     generated: Vec<i32>,
     text: TextStream,
     started_at: Instant,
@@ -282,10 +368,20 @@ struct Engine<'m> {
     active: Vec<Sequence>,
     /// End-of-turn tokens the GGUF does not mark as end of generation.
     extra_eog: Vec<Token>,
+    /// Where the sequences of a step draw their tokens at once (none: one
+    /// after another, on this thread).
+    pool: Option<rayon::ThreadPool>,
+    times: Arc<StepTimes>,
 }
 
 impl<'m> Engine<'m> {
-    fn new(model: &'m Weights, context: Context<'m>, config: EngineConfig) -> Self {
+    fn new(
+        model: &'m Weights,
+        context: Context<'m>,
+        config: EngineConfig,
+        pool: Option<rayon::ThreadPool>,
+        times: Arc<StepTimes>,
+    ) -> Self {
         let max_sequences = i32::try_from(config.max_sequences).unwrap_or(i32::MAX);
         let extra_eog = crate::family_end_of_turn(model);
         Self {
@@ -300,6 +396,8 @@ impl<'m> Engine<'m> {
             waiting: VecDeque::new(),
             active: Vec::new(),
             extra_eog,
+            pool,
+            times,
         }
     }
 
@@ -380,6 +478,8 @@ impl<'m> Engine<'m> {
                 position: 0,
                 next_input: None,
                 logits_at: None,
+                drawn: None,
+                candidates: Candidates::default(),
                 generated: Vec::new(),
                 started_at: Instant::now(),
             });
@@ -399,6 +499,7 @@ impl<'m> Engine<'m> {
 
     /// One decode of all active sequences, then sampling.
     fn step(&mut self) {
+        let started = Instant::now();
         if let Err(error) = self.fill_batch() {
             self.fail_all(&format!("cannot build the batch: {error}"));
             return;
@@ -406,11 +507,45 @@ impl<'m> Engine<'m> {
         if self.batch.is_empty() {
             return;
         }
+        let decode_started = Instant::now();
         if let Err(error) = self.context.decode(&self.batch) {
             self.fail_all(&format!("llama.cpp decode failed: {error}"));
             return;
         }
+        let decode = decode_started.elapsed();
+        let draws = self.draw_all();
         self.sample_all();
+        let total = started.elapsed();
+        let nanos = |d: std::time::Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
+        self.times
+            .record(nanos(decode), nanos(total.saturating_sub(decode)), draws);
+    }
+
+    /// Each sequence with logits this step draws its next token with its own
+    /// sampler chain, into `drawn`: on the sampling threads when several do,
+    /// else here. The rows of logits are read here first (the context's reads
+    /// are for one thread); a chain needs only its row. Returns how many drew.
+    fn draw_all(&mut self) -> u64 {
+        let n_vocab = self.model.n_vocab();
+        let context = &self.context;
+        let mut work: Vec<(&mut Sequence, &[f32])> = Vec::with_capacity(self.active.len());
+        for sequence in &mut self.active {
+            sequence.drawn = None;
+            if let Some(row) = sequence.logits_at.and_then(|index| context.logits(index, n_vocab)) {
+                work.push((sequence, row));
+            }
+        }
+        let draw = |(sequence, row): &mut (&mut Sequence, &[f32])| {
+            sequence.drawn = sequence.job.request.sampler.sample_row(row, &mut sequence.candidates);
+        };
+        match &self.pool {
+            Some(pool) if work.len() > 1 => {
+                use rayon::iter::{IntoParallelRefMutIterator, ParallelIterator};
+                pool.install(|| work.par_iter_mut().for_each(draw));
+            }
+            _ => work.iter_mut().for_each(draw),
+        }
+        work.len() as u64
     }
 
     fn fill_batch(&mut self) -> Result<(), BatchFull> {
@@ -456,7 +591,13 @@ impl<'m> Engine<'m> {
                 i += 1;
                 continue;
             };
-            let token = sequence.job.request.sampler.sample(&self.context, index);
+            let Some(token) = sequence.drawn.take() else {
+                // No logits for it, or a chain that chose nothing: a bug
+                // of this sequence's, not the others'.
+                let sequence = self.retire(i);
+                sequence.job.end(Err(JobError::internal("the sampler drew no token")));
+                continue;
+            };
             let logprob = sequence.job.request.logprobs.and_then(|top| {
                 self.context
                     .logits(index, model.n_vocab())

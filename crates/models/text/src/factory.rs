@@ -14,6 +14,10 @@ use crate::{DEFAULT_STREAM_INTERVAL, EngineOptions, TextModel};
 pub struct TextSettings {
     /// CPU threads of the engine; 0 means one per core.
     pub threads: usize,
+    /// Threads that draw the next tokens of a step's sequences at once; 1
+    /// draws them one after another on the engine's thread; 0 means as many
+    /// as `threads` with layers on a GPU, else 1.
+    pub sampling_threads: usize,
     /// Sequences generated together in one batch (the worker's slots).
     pub max_sequences: u32,
     /// Tokens of KV cache shared by the running sequences (the admission
@@ -31,6 +35,7 @@ impl Default for TextSettings {
     fn default() -> Self {
         Self {
             threads: 0,
+            sampling_threads: 0,
             max_sequences: 16,
             context_tokens: None,
             gpu_layers: 0,
@@ -65,6 +70,7 @@ impl ModelFactory for TextFactory {
             .ok_or("the manifest entry names no weight file")?;
         let mut options = EngineOptions {
             threads: settings.threads,
+            sampling_threads: settings.sampling_threads,
             max_sequences: settings.max_sequences.max(1),
             gpu_layers: settings.gpu_layers,
             stream_interval: Duration::from_millis(settings.stream_interval_ms),

@@ -118,6 +118,7 @@ use std::time::{Duration, Instant};
 use gantry_worker_sdk::{CancellationToken, JobContext, JobError, Model, Output, Usage, WorkerConfig, WorkerRuntime};
 use serde_json::{Value, json};
 
+pub use crate::engine::StepTotals;
 use crate::engine::{EngineConfig, EngineHandle, FinishReason, Finished, Listener, Request, Submission};
 pub use crate::factory::{TextFactory, TextSettings};
 use crate::input::{DEFAULT_MAX_TOKENS, Params, Prompt, Role};
@@ -136,6 +137,11 @@ pub const DEFAULT_STREAM_INTERVAL: Duration = Duration::from_millis(50);
 pub struct EngineOptions {
     /// CPU threads for llama.cpp; 0 = the number of cores.
     pub threads: usize,
+    /// Threads that draw the next tokens of a step's sequences at once, each
+    /// with its own sampler chain; 1 = one after another on the engine's
+    /// thread; 0 = as many as `threads` resolves to when layers are offloaded
+    /// to a GPU (the CPU is idle while it decodes), else 1.
+    pub sampling_threads: usize,
     /// KV cache size in tokens, shared by all running sequences. Each
     /// sequence reserves its prompt plus `max_tokens` of it while it runs.
     pub context_tokens: u32,
@@ -157,6 +163,7 @@ impl Default for EngineOptions {
     fn default() -> Self {
         Self {
             threads: 0,
+            sampling_threads: 0,
             context_tokens: 8192,
             max_sequences: 16,
             batch_tokens: 512,
@@ -187,8 +194,18 @@ impl EngineOptions {
         if !problems.is_empty() {
             return Err(LoadError::Options(problems.join("; ")));
         }
+        let threads = resolve_threads(self.threads);
         Ok(EngineConfig {
-            threads: resolve_threads(self.threads),
+            threads,
+            // With the model on the CPU, the decode's own threads fill the
+            // cores and draws on other threads slow the next decode (see
+            // docs/benchmarks.md); with layers on a GPU, the CPU is idle
+            // while it decodes.
+            sampling_threads: match self.sampling_threads {
+                0 if self.gpu_layers > 0 => usize::try_from(threads).unwrap_or(1),
+                0 => 1,
+                n => n,
+            },
             context_tokens: self.context_tokens,
             max_sequences: self.max_sequences,
             batch_tokens: self.batch_tokens,
@@ -266,6 +283,12 @@ impl fmt::Debug for TextModel {
 }
 
 impl TextModel {
+    /// Where the engine's steps have spent their time since it started (see
+    /// [`StepTotals`]).
+    pub fn step_times(&self) -> StepTotals {
+        self.engine.step_times()
+    }
+
     /// Loads `gguf` and starts the engine thread. Blocks while the weights
     /// load (call it from `spawn_blocking` inside async code).
     pub fn load(model_id: &str, gguf: &Path, options: EngineOptions) -> Result<Self, LoadError> {

@@ -728,7 +728,44 @@ impl Sampler {
         // SAFETY: a live chain and context.
         unsafe { sys::llama_sampler_sample(self.0.as_ptr(), context.raw.as_ptr(), index) }
     }
+
+    /// Draws a token from one row of logits and accepts it into the chain's
+    /// state, as [`Sampler::sample`] does from a context's row: every token
+    /// is a candidate with its logit, the stages run in order, and the one
+    /// they select is the token. Needs no context, so that several chains
+    /// can draw at once on other threads. `None` if no stage selected one.
+    pub fn sample_row(&mut self, logits: &[f32], candidates: &mut Candidates) -> Option<Token> {
+        let cur = &mut candidates.0;
+        cur.clear();
+        cur.extend(
+            logits
+                .iter()
+                .zip(0..)
+                .map(|(&logit, id)| sys::llama_token_data { id, logit, p: 0.0 }),
+        );
+        let mut array = sys::llama_token_data_array {
+            data: cur.as_mut_ptr(),
+            size: cur.len(),
+            selected: -1,
+            sorted: false,
+        };
+        // SAFETY: a live chain; `array` describes `cur`, which outlives the
+        // call. Stages work in place: they may shrink `size` and reorder, and
+        // leave `data` pointing at candidates the chain can reach.
+        unsafe { sys::llama_sampler_apply(self.0.as_ptr(), &mut array) };
+        let selected = usize::try_from(array.selected).ok().filter(|&i| i < array.size)?;
+        // SAFETY: `selected` is below the array's size, as the chain left it.
+        let token = unsafe { (*array.data.add(selected)).id };
+        // SAFETY: a live chain.
+        unsafe { sys::llama_sampler_accept(self.0.as_ptr(), token) };
+        Some(token)
+    }
 }
+
+/// Every token of the vocabulary with its logit: a chain's candidates for
+/// one draw ([`Sampler::sample_row`]), kept from token to token.
+#[derive(Default)]
+pub struct Candidates(Vec<sys::llama_token_data>);
 
 impl Drop for Sampler {
     fn drop(&mut self) {

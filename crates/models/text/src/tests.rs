@@ -36,6 +36,9 @@ fn weights() -> PathBuf {
 /// and llama.cpp's threads spin while they wait for each other.
 const TEST_OPTIONS: EngineOptions = EngineOptions {
     threads: 1,
+    // Two, so that every batched test draws its tokens on the sampling
+    // threads, as a server does.
+    sampling_threads: 2,
     context_tokens: 8192,
     max_sequences: 16,
     batch_tokens: 512,
@@ -258,6 +261,20 @@ async fn drain(submission: Submission) -> (Vec<String>, Result<Finished, JobErro
 /// requests here start in the same step and all run to `max_tokens`.
 #[tokio::test]
 async fn batched_greedy_sequences_match_solo_runs() {
+    batched_sequences_match_solo_runs(|_| json!({"temperature": 0})).await;
+}
+
+/// The same with sampling, each request with a seed of its own: in a batch,
+/// the four chains draw at once on the sampling threads, and each draws
+/// exactly what it draws alone (same logits, same chain, same seed).
+#[tokio::test]
+async fn batched_sampled_sequences_match_solo_runs() {
+    batched_sequences_match_solo_runs(|i| json!({"temperature": 0.9, "top_k": 40, "seed": 11 + i})).await;
+}
+
+/// Four requests run one at a time, then together in one batch; `sampling`
+/// gives the sampling fields of the `i`th.
+async fn batched_sequences_match_solo_runs(sampling: impl Fn(usize) -> Value) {
     let model = load(EngineOptions {
         context_tokens: 1024,
         max_sequences: 4,
@@ -271,7 +288,14 @@ async fn batched_greedy_sequences_match_solo_runs() {
         "a, b, c, d,",
     ]
     .iter()
-    .map(|prompt| json!({"prompt": prompt, "raw": true, "temperature": 0, "max_tokens": 24}))
+    .enumerate()
+    .map(|(i, prompt)| {
+        let mut input = json!({"prompt": prompt, "raw": true, "max_tokens": 24, "ignore_eos": true});
+        for (key, value) in sampling(i).as_object().unwrap() {
+            input[key] = value.clone();
+        }
+        input
+    })
     .collect();
     let mut solo = Vec::new();
     for input in &inputs {
