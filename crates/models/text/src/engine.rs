@@ -11,10 +11,11 @@
 //! 3. decodes it once;
 //! 4. draws the next token of every sequence that has logits, each with its
 //!    own sampler chain: several at once on the engine's sampling threads
-//!    (which, like the CPU's cores, sit idle while the decode runs), then,
-//!    on the engine thread, streams the text, and retires finished and
-//!    cancelled sequences, freeing their KV cells so waiting requests can
-//!    join before the next step.
+//!    where it has them (by default when layers are on a GPU, whose decode
+//!    leaves the CPU idle), else one after another; then, on the engine
+//!    thread, streams the text, and retires finished and cancelled
+//!    sequences, freeing their KV cells so waiting requests can join before
+//!    the next step.
 
 use std::collections::VecDeque;
 use std::collections::hash_map::RandomState;
