@@ -1535,6 +1535,6 @@ async fn queues(db: &sea_orm::DatabaseConnection) -> Result<HashMap<String, (u64
 }
 
 /// Three placeholders of the backend's kind.
-fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+pub(crate) fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
     mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }

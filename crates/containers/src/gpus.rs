@@ -24,6 +24,8 @@ use std::path::PathBuf;
 use std::sync::Mutex;
 use std::time::{Duration, Instant};
 
+use crate::fleet::lock;
+
 /// Label of a container that was given GPUs by id: their ids, comma-separated.
 pub const LABEL_GPUS: &str = "gantry.gpus";
 
@@ -65,7 +67,7 @@ pub struct Reservation<'p> {
 
 impl Drop for Reservation<'_> {
     fn drop(&mut self) {
-        let mut reserved = self.pool.reserved.lock().unwrap_or_else(|e| e.into_inner());
+        let mut reserved = lock(&self.pool.reserved);
         for device in &self.devices {
             reserved.remove(device);
         }
@@ -126,7 +128,7 @@ impl GpuPool {
                 devices.len()
             ));
         }
-        let mut reserved = self.reserved.lock().unwrap_or_else(|e| e.into_inner());
+        let mut reserved = lock(&self.reserved);
         let free: Vec<String> = devices
             .iter()
             .filter(|d| !in_use.contains(*d) && !reserved.contains(*d))
@@ -155,7 +157,7 @@ impl GpuPool {
     /// Holds `devices` (a stopped container's own) for its start again, if
     /// none of them is in use or held; else says which are.
     pub fn reserve_these(&self, devices: &[String], in_use: &HashSet<String>) -> Result<Reservation<'_>, String> {
-        let mut reserved = self.reserved.lock().unwrap_or_else(|e| e.into_inner());
+        let mut reserved = lock(&self.reserved);
         let busy: Vec<&str> = devices
             .iter()
             .filter(|d| in_use.contains(*d) || reserved.contains(*d))
@@ -182,10 +184,7 @@ impl GpuPool {
     /// are reused for a second.
     pub async fn usage(&self, devices: &[String]) -> Option<Vec<GpuReading>> {
         let smi = self.nvidia_smi.clone()?;
-        let cached = self
-            .usage
-            .lock()
-            .unwrap_or_else(|e| e.into_inner())
+        let cached = lock(&self.usage)
             .as_ref()
             .filter(|(at, _)| at.elapsed() < USAGE_FRESH)
             .map(|(_, readings)| readings.clone());
@@ -200,7 +199,7 @@ impl GpuPool {
                     }
                     Err(_) => return None,
                 };
-                *self.usage.lock().unwrap_or_else(|e| e.into_inner()) = Some((Instant::now(), readings.clone()));
+                *lock(&self.usage) = Some((Instant::now(), readings.clone()));
                 readings
             }
         };

@@ -252,7 +252,10 @@ impl Fleet {
                     self.start_existing(runtime, pod, &c).await?;
                 }
                 Some(c) => {
-                    let stopped = stopped_at(runtime, &c).await;
+                    // One inspect gives when it last started and stopped, and
+                    // its exit status (a listing has none of them).
+                    let c = runtime.inspect(&c.id).await.unwrap_or(c);
+                    let stopped = stopped_ms(&c);
                     // Stopped by the engine going down, not by its program:
                     // either this process saw the engine away around the
                     // stop, or the container last started under an earlier
@@ -296,13 +299,13 @@ impl Fleet {
                     } else {
                         // It stopped by itself (perhaps while Gantry was down):
                         // billed up to when the engine says it did.
-                        let code = match runtime.inspect(&c.id).await {
-                            Ok(inspected) => inspected.exit_code,
-                            Err(_) => c.exit_code,
-                        };
                         service.close_pod_run(pod, stopped).await?;
                         service
-                            .pod_exited(pod, PodStatus::Exited, &format!("container exited{}", exit_text(code)))
+                            .pod_exited(
+                                pod,
+                                PodStatus::Exited,
+                                &format!("container exited{}", exit_text(c.exit_code)),
+                            )
                             .await?;
                     }
                 }
@@ -538,13 +541,19 @@ impl Fleet {
 /// When a stopped container stopped, as the engine recorded it (ms); now if
 /// the engine does not say. Never later than now.
 async fn stopped_at(runtime: &Arc<dyn Runtime>, c: &RuntimeContainer) -> i64 {
+    match runtime.inspect(&c.id).await {
+        Ok(inspected) => stopped_ms(&inspected),
+        Err(_) => now_ms(),
+    }
+}
+
+/// When an inspected container stopped, as the engine recorded it (ms); now
+/// if it does not say. Never later than now.
+fn stopped_ms(c: &RuntimeContainer) -> i64 {
     let now = now_ms();
-    runtime
-        .inspect(&c.id)
-        .await
-        .ok()
-        .and_then(|inspected| inspected.finished_at)
-        .and_then(|at| gantry_runtime::parse_rfc3339_nanos(&at))
+    c.finished_at
+        .as_deref()
+        .and_then(gantry_runtime::parse_rfc3339_nanos)
         .map_or(now, |ns| ns.div_euclid(1_000_000).min(now))
 }
 
