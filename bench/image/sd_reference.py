@@ -6,10 +6,12 @@ median, in milliseconds.
 
     python3 sd_reference.py <dir> <sd-1.5|sd-turbo|sdxl> <width> <height> <steps> <guidance> <runs> [threads]
 
-Needs torch, diffusers, transformers and safetensors. The scheduler is DDIM
+SD_DEVICE=cuda runs it on the GPU and SD_HALF=1 in float16 (the default is
+the CPU in float32). Needs torch, diffusers, transformers and safetensors. The scheduler is DDIM
 with the timesteps Gantry uses (trailing for SD-Turbo, leading otherwise).
 """
 
+import os
 import sys
 import time
 from pathlib import Path
@@ -55,8 +57,13 @@ def main():
         **extra,
     )
     pipe.set_progress_bar_config(disable=True)
+    device = os.environ.get("SD_DEVICE", "cpu") or "cpu"
+    dtype = torch.float16 if os.environ.get("SD_HALF") == "1" else torch.float32
+    pipe = pipe.to(device, dtype)
     print(f"load {(time.perf_counter() - started) * 1e3:.0f} ms")
+    print(f"device {device} {dtype}")
     latents = torch.from_numpy(np.random.default_rng(0).standard_normal((1, 4, height // 8, width // 8), dtype=np.float32))
+    latents = latents.to(device, dtype)
     times = []
     for run in range(runs):
         started = time.perf_counter()

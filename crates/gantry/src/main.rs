@@ -388,6 +388,7 @@ async fn serve(settings: Settings) -> CliResult {
     reconciler.stop().await;
     workers.shutdown().await;
     scheduler.shutdown().await;
+    tracing::info!("gantry stopped");
     Ok(())
 }
 

@@ -142,10 +142,19 @@ impl Workers {
         Ok(())
     }
 
+    /// Drains every worker and waits until each has unloaded its model: a
+    /// model's engine frees what it holds (a text model its llama.cpp
+    /// context, then its weights, then llama.cpp's backend after the last
+    /// one) before this returns, so nothing of it is left for the process's
+    /// exit to tear down.
     pub async fn shutdown(self) {
         let _ = self.stop.send(true);
+        let count = self.tasks.len();
         for task in self.tasks {
             let _ = task.await;
+        }
+        if count > 0 {
+            tracing::info!(workers = count, "workers stopped; their models are unloaded");
         }
     }
 }

@@ -593,3 +593,18 @@ async fn json_logs_and_request_ids() {
     let _ = child.kill();
     let _ = child.wait();
 }
+
+/// The binary links no espeak-ng: a server that serves no Piper voice (a
+/// text-only GPU server) starts on a machine without it. The voices open
+/// the library when they load (`crates/models/speech/src/phonemes.rs`).
+#[test]
+fn the_binary_needs_no_espeak_ng_to_start() {
+    let output = Command::new("ldd")
+        .arg(env!("CARGO_BIN_EXE_gantry"))
+        .output()
+        .expect("run ldd");
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let libraries = String::from_utf8_lossy(&output.stdout);
+    assert!(libraries.contains("libc.so"), "ldd lists what it links: {libraries}");
+    assert!(!libraries.contains("espeak"), "{libraries}");
+}

@@ -106,6 +106,11 @@ impl Proc {
         }
     }
 
+    /// Every line logged so far.
+    pub(crate) fn lines(&self) -> Vec<String> {
+        self.log.lock().unwrap().clone()
+    }
+
     /// SIGKILL: the process dies at once, without any cleanup of its own.
     fn kill(&mut self) {
         self.child.kill().expect("SIGKILL");

@@ -784,3 +784,84 @@ async fn a_settings_table_of_the_wrong_type_stops_the_start() {
         "{message}"
     );
 }
+
+/// SIGTERM after serving text: the process unloads the model in order (the
+/// engine's llama.cpp context, then the weights, then llama.cpp's backend),
+/// all before it says it stopped, and exits 0. On a GPU, what is still
+/// loaded at exit meets the CUDA runtime's own exit handlers, which abort
+/// the process; here, on the CPU build, the order is what is checked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_after_serving_text_unloads_the_model_in_order_and_exits_0() {
+    use std::process::{Command, Stdio};
+    let dir = tempfile::tempdir().unwrap();
+    let models = models_dir();
+    let gantry = |args: &[&str]| {
+        let mut command = Command::new(env!("CARGO_BIN_EXE_gantry"));
+        command
+            .args(args)
+            .env("GANTRY_DATA_DIR", dir.path())
+            .env("GANTRY_MODELS_DIR", &models)
+            .env("GANTRY_PULL_ON_START", "true")
+            .env("GANTRY_LOG", "info")
+            .env("GANTRY_MANAGEMENT_ADDR", "127.0.0.1:0")
+            .env("GANTRY_PUBLIC_ADDR", "127.0.0.1:0")
+            .env("GANTRY_SCHEDULER__ADDR", "127.0.0.1:0")
+            .env("GANTRY_SCHEDULER__BUNDLED_WORKERS", format!("[{MODEL}]"))
+            .env("GANTRY_TEXT__THREADS", "1")
+            .env("GANTRY_TEXT__CONTEXT_TOKENS", "2048")
+            .env_remove("GANTRY_DATABASE_URL")
+            .env_remove("RUST_LOG")
+            .stdin(Stdio::null());
+        command
+    };
+    let email = "sigterm@example.test";
+    for args in [
+        vec!["users", "create", email],
+        vec!["users", "set-limits", email, "--exempt"],
+        vec!["users", "add-credit", email, "10"],
+    ] {
+        let output = gantry(&args).output().unwrap();
+        assert!(
+            output.status.success(),
+            "{args:?}: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    }
+    let output = gantry(&["keys", "create", "--user", email, "--scopes", "endpoints:run"])
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "{}", String::from_utf8_lossy(&output.stderr));
+    let key = String::from_utf8(output.stdout).unwrap().trim().to_owned();
+
+    let mut serve = crate::processes::Proc::spawn("serve", gantry(&["serve"]));
+    let public = crate::processes::log_field(&serve.wait_for_log("gantry is serving").await, "public");
+    serve.wait_for_log("connected to the scheduler").await;
+    let job: Value = crate::harness::http_client(Duration::from_secs(120))
+        .post(format!("http://{public}/v2/{MODEL}/runsync"))
+        .bearer_auth(&key)
+        .json(&json!({"input": {"prompt": "Count to five.", "max_tokens": 8, "temperature": 0.8}}))
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(job["status"], "COMPLETED", "{job}");
+
+    serve.stop().await; // SIGTERM, then exit status 0
+    let lines = serve.lines();
+    let at = |needle: &str| {
+        let found: Vec<usize> = (0..lines.len()).filter(|&i| lines[i].contains(needle)).collect();
+        assert_eq!(found.len(), 1, "one line with {needle:?}:\n{}", lines.join("\n"));
+        found[0]
+    };
+    let order = [
+        at("shutting down: finishing in-flight requests"),
+        at("text engine stopped; its context is freed"),
+        at("text model weights freed"),
+        at("llama.cpp backend freed"),
+        at("workers stopped; their models are unloaded"),
+        at("gantry stopped"),
+    ];
+    assert!(order.is_sorted(), "out of order {order:?}:\n{}", lines.join("\n"));
+}

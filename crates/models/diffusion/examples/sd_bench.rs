@@ -5,6 +5,9 @@
 //! (load first) and the median, in milliseconds, and on standard error where
 //! each run's time went (prompt, each denoising step, decoding); the
 //! resident memory after loading and at the end, with its peak.
+//!
+//! `SD_DEVICE=cuda:0` runs it on that GPU (a build with the `cuda` feature)
+//! and `SD_HALF=1` in f16; the default is the CPU in f32.
 
 use std::path::PathBuf;
 use std::time::Instant;
@@ -35,7 +38,22 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         .init();
     let started = Instant::now();
     let arch = Architecture::from_dir(&dir, variant)?;
-    let pipeline = Pipeline::load_with(&dir, arch, &Device::Cpu, DType::F32)?;
+    let device = match std::env::var("SD_DEVICE").unwrap_or_default().as_str() {
+        "" | "cpu" => Device::Cpu,
+        cuda => Device::new_cuda(
+            cuda.trim_start_matches("cuda")
+                .trim_start_matches(':')
+                .parse()
+                .unwrap_or(0),
+        )?,
+    };
+    let dtype = if std::env::var("SD_HALF").is_ok_and(|v| v == "1") {
+        DType::F16
+    } else {
+        DType::F32
+    };
+    println!("device {device:?} {dtype:?}");
+    let pipeline = Pipeline::load_with(&dir, arch, &device, dtype)?;
     println!("load {:.0} ms", started.elapsed().as_secs_f64() * 1e3);
     println!("memory after load: {}", memory());
     let params = Params {

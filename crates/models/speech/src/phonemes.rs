@@ -1,11 +1,17 @@
 //! Text to phonemes with espeak-ng, and phonemes to the ids a Piper voice
 //! reads, the way Piper does it.
 //!
+//! espeak-ng's library is opened when a Piper voice first needs it, not
+//! linked: a binary that serves no Piper voice starts on a machine without
+//! espeak-ng (a text-only GPU server, say). It is looked for as
+//! `libespeak-ng.so.1` (Debian's `libespeak-ng1`), then `libespeak-ng.so`, or
+//! at the path in `GANTRY_ESPEAK_LIBRARY`.
+//!
 //! espeak-ng keeps global state (the selected voice, its translator) and is
 //! not thread-safe: every call into it goes through one process-wide lock.
 
 use std::collections::HashMap;
-use std::ffi::{CStr, CString, c_char, c_int, c_void};
+use std::ffi::{CStr, CString, OsString, c_char, c_int, c_void};
 use std::sync::Mutex;
 
 use serde::Deserialize;
@@ -20,6 +26,11 @@ pub const PAD: char = '_';
 /// Why text could not be turned into phonemes.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 pub enum PhonemeError {
+    /// espeak-ng's library could not be opened (or lacks a function).
+    #[error(
+        "espeak-ng's library could not be loaded ({0}); Piper voices need it: install libespeak-ng1, or set GANTRY_ESPEAK_LIBRARY to its path"
+    )]
+    Library(String),
     /// espeak-ng could not start (usually: its data files are missing).
     #[error(
         "espeak-ng could not be initialised (is espeak-ng-data installed? ESPEAK_DATA_PATH can point at its parent directory)"
@@ -33,15 +44,82 @@ pub enum PhonemeError {
     Nul,
 }
 
-/// The state espeak-ng is in, behind the lock: initialised or not, and the
-/// voice last selected.
+/// The environment variable naming espeak-ng's library file.
+pub const LIBRARY_VARIABLE: &str = "GANTRY_ESPEAK_LIBRARY";
+
+// From espeak-ng's speak_lib.h (stable since 1.49).
+const AUDIO_OUTPUT_SYNCHRONOUS: c_int = 2;
+const INITIALIZE_DONT_EXIT: c_int = 0x8000;
+const EE_OK: c_int = 0;
+const CHARS_UTF8: c_int = 1;
+const PHONEMES_IPA: c_int = 0x02;
+
+type InitializeFn = unsafe extern "C" fn(output: c_int, buflength: c_int, path: *const c_char, options: c_int) -> c_int;
+type SetVoiceByNameFn = unsafe extern "C" fn(name: *const c_char) -> c_int;
+type TextToPhonemesFn =
+    unsafe extern "C" fn(textptr: *mut *const c_void, textmode: c_int, phonememode: c_int) -> *const c_char;
+
+/// The three functions of espeak-ng this crate calls, from the opened
+/// library (kept open with them).
+struct Library {
+    initialize: InitializeFn,
+    set_voice_by_name: SetVoiceByNameFn,
+    text_to_phonemes: TextToPhonemesFn,
+    _library: libloading::Library,
+}
+
+impl Library {
+    /// The first of `candidates` that opens and has the functions.
+    fn open(candidates: &[OsString]) -> Result<Library, PhonemeError> {
+        let mut failures = Vec::new();
+        for name in candidates {
+            match Self::open_one(name) {
+                Ok(library) => return Ok(library),
+                Err(error) => failures.push(format!("{}: {error}", name.to_string_lossy())),
+            }
+        }
+        Err(PhonemeError::Library(failures.join("; ")))
+    }
+
+    fn open_one(name: &OsString) -> Result<Library, libloading::Error> {
+        #[allow(unsafe_code)]
+        // SAFETY: espeak-ng's library runs no initialisers with requirements
+        // of their own; the symbols are looked up with the types speak_lib.h
+        // declares, and the function pointers are kept with the library,
+        // which stays open as long as they do.
+        unsafe {
+            let library = libloading::Library::new(name)?;
+            let initialize = *library.get::<InitializeFn>(b"espeak_Initialize\0")?;
+            let set_voice_by_name = *library.get::<SetVoiceByNameFn>(b"espeak_SetVoiceByName\0")?;
+            let text_to_phonemes = *library.get::<TextToPhonemesFn>(b"espeak_TextToPhonemes\0")?;
+            Ok(Library {
+                initialize,
+                set_voice_by_name,
+                text_to_phonemes,
+                _library: library,
+            })
+        }
+    }
+}
+
+/// Where espeak-ng's library is looked for, in order.
+fn library_candidates() -> Vec<OsString> {
+    match std::env::var_os(LIBRARY_VARIABLE) {
+        Some(path) if !path.is_empty() => vec![path],
+        _ if cfg!(target_os = "macos") => vec!["libespeak-ng.1.dylib".into(), "libespeak-ng.dylib".into()],
+        _ => vec!["libespeak-ng.so.1".into(), "libespeak-ng.so".into()],
+    }
+}
+
+/// The state espeak-ng is in, behind the lock: its library once opened and
+/// initialised, and the voice last selected.
 struct Espeak {
-    initialised: bool,
+    library: Option<Library>,
     voice: Option<String>,
 }
 
 static ESPEAK: Mutex<Espeak> = Mutex::new(Espeak {
-    initialised: false,
+    library: None,
     voice: None,
 });
 
@@ -53,31 +131,30 @@ static ESPEAK: Mutex<Espeak> = Mutex::new(Espeak {
 /// `.`, `?` and `!` alone, `,`, `:` and `;` followed by a space.
 pub fn phonemize(text: &str, voice: &str) -> Result<String, PhonemeError> {
     let text = CString::new(text).map_err(|_| PhonemeError::Nul)?;
-    let mut espeak = ESPEAK.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
-    if !espeak.initialised {
-        // Synchronous output (nothing is played), no buffer, the default
-        // data path, and never exit the process on an error.
-        #[allow(unsafe_code)]
-        // SAFETY: called under the lock; a null path means espeak-ng's default.
-        let rate = unsafe {
-            espeakng_sys::espeak_Initialize(
-                espeakng_sys::espeak_AUDIO_OUTPUT_AUDIO_OUTPUT_SYNCHRONOUS,
-                0,
-                std::ptr::null(),
-                espeakng_sys::espeakINITIALIZE_DONT_EXIT as c_int,
-            )
-        };
-        if rate <= 0 {
-            return Err(PhonemeError::Init);
+    let mut guard = ESPEAK.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    let espeak = &mut *guard;
+    let library = match &mut espeak.library {
+        Some(library) => &*library,
+        slot @ None => {
+            let library = Library::open(&library_candidates())?;
+            // Synchronous output (nothing is played), no buffer, the default
+            // data path, and never exit the process on an error.
+            #[allow(unsafe_code)]
+            // SAFETY: called under the lock; a null path means espeak-ng's default.
+            let rate =
+                unsafe { (library.initialize)(AUDIO_OUTPUT_SYNCHRONOUS, 0, std::ptr::null(), INITIALIZE_DONT_EXIT) };
+            if rate <= 0 {
+                return Err(PhonemeError::Init);
+            }
+            &*slot.insert(library)
         }
-        espeak.initialised = true;
-    }
+    };
     if espeak.voice.as_deref() != Some(voice) {
         let name = CString::new(voice).map_err(|_| PhonemeError::Nul)?;
         #[allow(unsafe_code)]
         // SAFETY: under the lock, after espeak_Initialize; `name` outlives the call.
-        let status = unsafe { espeakng_sys::espeak_SetVoiceByName(name.as_ptr()) };
-        if status != espeakng_sys::espeak_ERROR_EE_OK {
+        let status = unsafe { (library.set_voice_by_name)(name.as_ptr()) };
+        if status != EE_OK {
             espeak.voice = None;
             return Err(PhonemeError::Voice(voice.to_owned()));
         }
@@ -97,13 +174,7 @@ pub fn phonemize(text: &str, voice: &str) -> Result<String, PhonemeError> {
         // SAFETY: under the lock; `cursor` points into `text`, which is NUL
         // terminated and outlives the loop. espeak-ng advances it past the
         // clause it translated, or sets it to null at the end.
-        let clause = unsafe {
-            espeakng_sys::espeak_TextToPhonemes(
-                &mut cursor,
-                espeakng_sys::espeakCHARS_UTF8 as c_int,
-                espeakng_sys::espeakPHONEMES_IPA as c_int,
-            )
-        };
+        let clause = unsafe { (library.text_to_phonemes)(&mut cursor, CHARS_UTF8, PHONEMES_IPA) };
         if !clause.is_null() {
             #[allow(unsafe_code)]
             // SAFETY: espeak-ng returns a NUL-terminated string in its own
@@ -332,5 +403,25 @@ mod tests {
         let results: Vec<String> = threads.into_iter().map(|t| t.join().unwrap().unwrap()).collect();
         assert_eq!(results[0], first);
         assert!(results.iter().all(|p| p.ends_with('.')));
+    }
+
+    /// Without espeak-ng's library the error says what is missing and how
+    /// to fix it, naming every file tried.
+    #[test]
+    fn a_missing_library_is_a_clear_error() {
+        let Err(error) = Library::open(&["/nonexistent/libespeak-ng.so.1".into(), "libno-such-espeak.so".into()])
+        else {
+            panic!("a library that does not exist opened");
+        };
+        let message = error.to_string();
+        assert!(matches!(error, PhonemeError::Library(_)), "{message}");
+        assert!(message.contains("/nonexistent/libespeak-ng.so.1"), "{message}");
+        assert!(message.contains("libno-such-espeak.so"), "{message}");
+        assert!(message.contains("install libespeak-ng1"), "{message}");
+        // A library that opens but is not espeak-ng (no such symbol).
+        let Err(PhonemeError::Library(reason)) = Library::open(&["libc.so.6".into()]) else {
+            panic!("libc was taken for espeak-ng");
+        };
+        assert!(reason.contains("espeak_Initialize"), "{reason}");
     }
 }

@@ -30,6 +30,7 @@ use gantry_worker_sdk::{CancellationToken, JobError};
 use tokio::sync::mpsc;
 
 use crate::LoadError;
+use crate::draw::Drawer;
 use crate::input::Sampling;
 use crate::llama::{Batch, BatchFull, Candidates, Context, ContextSettings, Sampler, Stage, Token, Weights};
 use crate::logprobs::TokenLogprob;
@@ -58,8 +59,9 @@ impl FinishReason {
 pub struct Request {
     pub prompt: Vec<Token>,
     pub max_tokens: u32,
-    /// The request's own sampler chain (grammar and penalties keep state).
-    pub sampler: Sampler,
+    /// How the request draws its tokens: its own sampler chain (grammar
+    /// and penalties keep state), or a plain pass over the logits.
+    pub sampler: Drawer,
     pub stop: Vec<String>,
     /// `Some(k)`: report each token's log-probability and its `k` likeliest
     /// alternatives.
@@ -228,10 +230,30 @@ impl StepTimes {
 }
 
 /// The handle the rest of the crate uses: submit requests, get events.
+///
+/// Dropping it stops the engine and waits for its thread: the thread ends
+/// the requests still queued or running (their submissions were dropped
+/// with the model), frees its llama.cpp context, and lets go of the
+/// weights, so a model that is dropped has given its memory (on a GPU too)
+/// back before the drop returns, and before the process exits.
 #[derive(Debug)]
 pub struct EngineHandle {
     inbox: std_mpsc::Sender<Job>,
     times: Arc<StepTimes>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Drop for EngineHandle {
+    fn drop(&mut self) {
+        // A sender that leads nowhere replaces the inbox's last one, which
+        // the engine sees as the end of its requests.
+        drop(std::mem::replace(&mut self.inbox, std_mpsc::channel().0));
+        if let Some(thread) = self.thread.take()
+            && thread.join().is_err()
+        {
+            tracing::error!("the text engine's thread panicked");
+        }
+    }
 }
 
 impl EngineHandle {
@@ -255,12 +277,18 @@ impl EngineHandle {
             ),
         };
         let engine_times = Arc::clone(&times);
-        std::thread::Builder::new()
+        let thread = std::thread::Builder::new()
             .name(format!("text-engine-{name}"))
-            .spawn(move || engine_thread(&model, config, pool, engine_times, &requests, &ready_tx))
+            .spawn(move || engine_thread(model, config, pool, engine_times, &requests, &ready_tx))
             .map_err(|e| LoadError::Context(format!("cannot start the engine thread: {e}")))?;
-        match ready_rx.recv() {
-            Ok(Ok(())) => Ok(Self { inbox, times }),
+        let started = ready_rx.recv();
+        let handle = Self {
+            inbox,
+            times,
+            thread: Some(thread),
+        };
+        match started {
+            Ok(Ok(())) => Ok(handle),
             Ok(Err(error)) => Err(error),
             Err(_) => Err(LoadError::Context("the engine thread stopped while starting".into())),
         }
@@ -296,14 +324,14 @@ impl EngineHandle {
 }
 
 fn engine_thread(
-    model: &Weights,
+    model: Arc<Weights>,
     config: EngineConfig,
     pool: Option<rayon::ThreadPool>,
     times: Arc<StepTimes>,
     requests: &std_mpsc::Receiver<Job>,
     ready: &std_mpsc::SyncSender<Result<(), LoadError>>,
 ) {
-    let context = match Context::new(model, config.context_settings()).map_err(LoadError::Context) {
+    let context = match Context::new(&model, config.context_settings()).map_err(LoadError::Context) {
         Ok(context) => context,
         Err(error) => {
             let _ = ready.send(Err(error));
@@ -318,7 +346,19 @@ fn engine_thread(
         "text engine context ready"
     );
     let _ = ready.send(Ok(()));
-    Engine::new(model, context, config, pool, times).serve(requests);
+    let totals = Arc::clone(&times);
+    // Serving consumes the engine: its context is freed when it returns,
+    // before this thread's share of the weights.
+    Engine::new(&model, context, config, pool, times).serve(requests);
+    // Where its steps went over its life (what bench/gpu reads).
+    let spent = totals.totals();
+    tracing::info!(
+        steps = spent.steps,
+        decode_ms = spent.decode_ns / 1_000_000,
+        other_ms = spent.other_ns / 1_000_000,
+        draws = spent.draws,
+        "text engine stopped; its context is freed"
+    );
 }
 
 /// A running sequence.
@@ -426,7 +466,6 @@ impl<'m> Engine<'m> {
                 }
             }
         }
-        tracing::debug!("text engine stopped");
     }
 
     /// Ends cancelled requests, waiting or running.
@@ -537,7 +576,7 @@ impl<'m> Engine<'m> {
             }
         }
         let draw = |(sequence, row): &mut (&mut Sequence, &[f32])| {
-            sequence.drawn = sequence.job.request.sampler.sample_row(row, &mut sequence.candidates);
+            sequence.drawn = sequence.job.request.sampler.draw(row, &mut sequence.candidates);
         };
         match &self.pool {
             Some(pool) if work.len() > 1 => {
@@ -662,11 +701,13 @@ fn finish_sequence(mut sequence: Sequence, reason: FinishReason) {
     sequence.job.end(Ok(finished));
 }
 
-/// The sampler chain for `sampling`. Temperature 0 is plain argmax, exactly
-/// like llama.cpp's greedy decoding. Greedy is a chain of one too: a chain
-/// keeps its vocabulary-sized candidate buffer between tokens, where a lone
-/// sampler gets a fresh one (600 KB for SmolLM2, freshly mapped and
-/// page-faulted) on every token.
+/// How a request with `sampling` draws. Temperature 0 is argmax, exactly
+/// like llama.cpp's greedy decoding. A request that asks for nothing beyond
+/// a temperature (and perhaps `ignore_eos`) draws with a plain pass over its
+/// logits ([`Drawer::argmax`], [`Drawer::softmax`]); any other gets
+/// llama.cpp's chain. (A chain keeps its vocabulary-sized candidate buffer
+/// between tokens, where a lone sampler gets a fresh one, 600 KB for
+/// SmolLM2, freshly mapped and page-faulted, on every token.)
 ///
 /// `grammar` comes first, so that nothing after it can pick a token it
 /// forbids; then `ban` (the end-of-generation tokens and the vocabulary's
@@ -679,7 +720,20 @@ pub fn sampler(
     ban: Option<(&[Token], i32)>,
     n_vocab: i32,
     window: u32,
-) -> Sampler {
+) -> Drawer {
+    let plain = grammar.is_none()
+        && sampling.logit_bias.is_empty()
+        && sampling.presence_penalty == 0.0
+        && sampling.frequency_penalty == 0.0
+        && (sampling.is_greedy() || (sampling.top_k == 0 && sampling.top_p >= 1.0 && sampling.min_p <= 0.0));
+    if plain {
+        let banned = ban.map_or(&[][..], |(tokens, _)| tokens);
+        return if sampling.is_greedy() {
+            Drawer::argmax(banned)
+        } else {
+            Drawer::softmax(sampling.temperature, sampling.seed.unwrap_or_else(random_seed), banned)
+        };
+    }
     let mut chain = Vec::with_capacity(8);
     if let Some((tokens, n_vocab)) = ban {
         chain.push(Stage::Ban { tokens, n_vocab });
@@ -700,7 +754,7 @@ pub fn sampler(
     }
     if sampling.is_greedy() {
         chain.push(Stage::Greedy);
-        return Sampler::chain_after(grammar, &chain);
+        return Drawer::Chain(Sampler::chain_after(grammar, &chain));
     }
     if sampling.top_k > 0 {
         chain.push(Stage::TopK(i32::try_from(sampling.top_k).unwrap_or(i32::MAX)));
@@ -713,7 +767,7 @@ pub fn sampler(
     }
     chain.push(Stage::Temperature(sampling.temperature));
     chain.push(Stage::Draw(seed32(sampling.seed.unwrap_or_else(random_seed))));
-    Sampler::chain_after(grammar, &chain)
+    Drawer::Chain(Sampler::chain_after(grammar, &chain))
 }
 
 /// Folds a 64-bit seed into llama.cpp's 32 bits, avoiding `u32::MAX`, which

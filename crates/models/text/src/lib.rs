@@ -98,6 +98,7 @@
 //! llama.cpp's own log goes to `tracing` under the target `llama_cpp`; it
 //! is chatty at INFO while loading (filter with `llama_cpp=warn`).
 
+mod draw;
 mod engine;
 mod factory;
 pub mod grammar;

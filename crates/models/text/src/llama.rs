@@ -21,25 +21,47 @@ use std::ffi::{CStr, CString, c_char, c_void};
 use std::marker::PhantomData;
 use std::path::Path;
 use std::ptr::NonNull;
-use std::sync::Once;
+use std::sync::{Mutex, Once};
 
 use llama_cpp_sys_2 as sys;
 
 /// A token id of the model's vocabulary.
 pub type Token = sys::llama_token;
 
-/// Initialises llama.cpp for this process (idempotent): its backends, and
-/// its log into `tracing`.
-fn init() {
-    static INIT: Once = Once::new();
-    INIT.call_once(|| {
+/// How many [`Weights`] are loaded; llama.cpp's backends are initialised
+/// while there is one, and freed after the last one (see [`Weights`]'s
+/// `Drop`), so a process that unloads its models leaves nothing of
+/// llama.cpp's for its exit to tear down.
+static LOADED: Mutex<usize> = Mutex::new(0);
+
+/// Counts one more loaded model, initialising llama.cpp (its backends, and
+/// its log into `tracing`) for the first.
+fn acquire_backend() {
+    static LOG: Once = Once::new();
+    LOG.call_once(|| {
         // SAFETY: `log_to_tracing` matches `ggml_log_callback`, ignores its
         // user data and lives for the whole program.
-        unsafe {
-            sys::llama_log_set(Some(log_to_tracing), std::ptr::null_mut());
-            sys::llama_backend_init();
-        }
+        unsafe { sys::llama_log_set(Some(log_to_tracing), std::ptr::null_mut()) };
     });
+    let mut loaded = LOADED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    if *loaded == 0 {
+        // SAFETY: under the lock, with no model loaded; llama.cpp allows
+        // initialising again after `llama_backend_free`.
+        unsafe { sys::llama_backend_init() };
+    }
+    *loaded += 1;
+}
+
+/// Counts one model fewer; the last frees llama.cpp's backends.
+fn release_backend() {
+    let mut loaded = LOADED.lock().unwrap_or_else(std::sync::PoisonError::into_inner);
+    *loaded = loaded.saturating_sub(1);
+    if *loaded == 0 {
+        // SAFETY: under the lock, after the last model (and so every
+        // context, which borrows a model) was freed.
+        unsafe { sys::llama_backend_free() };
+        tracing::info!("llama.cpp backend freed");
+    }
 }
 
 /// `ggml_log_callback`: llama.cpp logs a line in one or several calls
@@ -123,21 +145,25 @@ impl Weights {
     /// Loads a GGUF file, offloading up to `gpu_layers` layers to a GPU when
     /// llama.cpp was built with one. The error is the reason, for a person.
     pub fn load(path: &Path, gpu_layers: u32) -> Result<Self, String> {
-        init();
         let path = path.to_str().ok_or("the path is not valid UTF-8")?;
         let path = CString::new(path).map_err(|_| "the path contains a NUL byte")?;
+        acquire_backend();
         // SAFETY: plain values out, no pointers in.
         let mut params = unsafe { sys::llama_model_default_params() };
         params.n_gpu_layers = i32::try_from(gpu_layers).unwrap_or(i32::MAX);
         // SAFETY: `path` is NUL-terminated and outlives the call; `params`
         // are llama.cpp's defaults with one number changed.
         let raw = unsafe { sys::llama_model_load_from_file(path.as_ptr(), params) };
-        let raw = NonNull::new(raw).ok_or("llama.cpp could not load it (its log, target `llama_cpp`, says why)")?;
+        let Some(raw) = NonNull::new(raw) else {
+            release_backend();
+            return Err("llama.cpp could not load it (its log, target `llama_cpp`, says why)".into());
+        };
         // SAFETY: `raw` is a loaded model; the vocabulary lives as long as it.
         let vocab = unsafe { sys::llama_model_get_vocab(raw.as_ptr()) };
         let Some(vocab) = NonNull::new(vocab.cast_mut()) else {
             // SAFETY: `raw` was loaded above and nothing else holds it.
             unsafe { sys::llama_model_free(raw.as_ptr()) };
+            release_backend();
             return Err("the model has no vocabulary".into());
         };
         Ok(Self { raw, vocab })
@@ -282,6 +308,8 @@ impl Drop for Weights {
         // SAFETY: contexts borrow the model, so none is left; nothing else
         // holds the pointer.
         unsafe { sys::llama_model_free(self.raw.as_ptr()) }
+        tracing::info!("text model weights freed");
+        release_backend();
     }
 }
 
@@ -439,10 +467,17 @@ impl<'m> Context<'m> {
 
     /// Decodes `batch`: its tokens enter the KV cache, and the logits of the
     /// tokens marked for them become readable by [`Sampler::sample`].
+    /// Returns once the backend has finished: a GPU computes after
+    /// `llama_decode` returns, and the wait would otherwise fall on the first
+    /// read of the logits, counted as the engine's own work.
     pub fn decode(&mut self, batch: &Batch) -> Result<(), String> {
         // SAFETY: a live context and a batch whose arrays hold `n_tokens`
         // filled entries (`Batch::push` keeps that).
         let code = unsafe { sys::llama_decode(self.raw.as_ptr(), batch.raw) };
+        if code == 0 {
+            // SAFETY: a live context.
+            unsafe { sys::llama_synchronize(self.raw.as_ptr()) };
+        }
         match code {
             0 => Ok(()),
             1 => Err("no room in the KV cache for the batch".into()),
