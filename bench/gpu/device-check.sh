@@ -120,12 +120,11 @@ gguf="$models/$MODEL/$GGUF_NAME"
 # ---- Gantry: one serve per case ----------------------------------------------------------------
 data="$work/data"
 rm -rf "$data" && mkdir -p "$data"
-gantry_env() {
-  env -u GANTRY_DATABASE_URL -u RUST_LOG GANTRY_DATA_DIR="$data" GANTRY_MODELS_DIR="$models" GANTRY_LOG=info \
-    GANTRY_MANAGEMENT_ADDR=127.0.0.1:0 GANTRY_PUBLIC_ADDR=127.0.0.1:0 GANTRY_SCHEDULER__ADDR=127.0.0.1:0 \
-    GANTRY_SCHEDULER__BUNDLED_WORKERS="[$MODEL]" GANTRY_TEXT__GPU_LAYERS="$gpu_layers" \
-    GANTRY_TEXT__MAX_SEQUENCES=64 GANTRY_TEXT__CONTEXT_TOKENS=$((64 * (TOKENS + 64))) "$@"
-}
+settings=(GANTRY_DATA_DIR="$data" GANTRY_MODELS_DIR="$models" GANTRY_LOG=info
+  GANTRY_MANAGEMENT_ADDR=127.0.0.1:0 GANTRY_PUBLIC_ADDR=127.0.0.1:0 GANTRY_SCHEDULER__ADDR=127.0.0.1:0
+  GANTRY_SCHEDULER__BUNDLED_WORKERS="[$MODEL]" GANTRY_TEXT__GPU_LAYERS="$gpu_layers"
+  GANTRY_TEXT__MAX_SEQUENCES=64 GANTRY_TEXT__CONTEXT_TOKENS=$((64 * (TOKENS + 64))))
+gantry_env() { env -u GANTRY_DATABASE_URL -u RUST_LOG "${settings[@]}" "$@"; }
 email=bench@example.test
 gantry_env "$gantry" users create "$email" >/dev/null 2>&1
 gantry_env "$gantry" users set-limits "$email" --exempt >/dev/null 2>&1
@@ -137,7 +136,9 @@ results="$out/text.jsonl"
 for temperature in 0 0.8; do
   for streams in $STREAMS; do
     case_log="$out/serve-t$temperature-s$streams.log"
-    gantry_env "$gantry" serve >"$case_log" 2>&1 &
+    # A simple command, so that $! is the server itself (env execs it) and the SIGTERM below
+    # reaches it, not a subshell.
+    env -u GANTRY_DATABASE_URL -u RUST_LOG "${settings[@]}" "$gantry" serve >"$case_log" 2>&1 &
     pid=$!
     for _ in $(seq 600); do
       grep -q "connected to the scheduler" "$case_log" && break
@@ -159,7 +160,7 @@ for temperature in 0 0.8; do
     kill -TERM "$pid"
     status=0
     wait "$pid" || status=$?
-    engine="$(grep "text engine stopped" "$case_log" | tail -n1)"
+    engine="$(grep "text engine stopped" "$case_log" | tail -n1 || true)"
     field() { sed -n "s/.* $1=\([0-9]*\).*/\1/p" <<<"$engine"; }
     util="$( [ -s "$utilization" ] && awk '{ s += $1; n++ } END { if (n) printf "%.0f", s / n }' "$utilization" || echo "")"
     "$PYTHON" - "$load" "$status" "$(field steps)" "$(field decode_ms)" "$(field other_ms)" "$util" >>"$results" <<'EOF'

@@ -146,16 +146,18 @@ fn exp_nonpositive(x: f32) -> f32 {
     const LN2_LO: f32 = 1.428_606_8e-6;
     // 1.5 * 2^23: adding it rounds to an integer in the low mantissa bits.
     const ROUND: f32 = 12_582_912.0;
+    // Separate multiplies and adds, not `mul_add`: without the FMA
+    // instructions in the target, `mul_add` is a call to a software fma.
     let x = x.max(-87.0);
-    let shifted = x.mul_add(LOG2E, ROUND);
+    let shifted = x * LOG2E + ROUND;
     let n = shifted - ROUND;
-    let r = n.mul_add(-LN2_LO, n.mul_add(-LN2_HI, x));
-    let p = r.mul_add(1.0 / 720.0, 1.0 / 120.0);
-    let p = r.mul_add(p, 1.0 / 24.0);
-    let p = r.mul_add(p, 1.0 / 6.0);
-    let p = r.mul_add(p, 0.5);
-    let p = r.mul_add(p, 1.0);
-    let p = r.mul_add(p, 1.0);
+    let r = (x - n * LN2_HI) - n * LN2_LO;
+    let p = r * (1.0 / 720.0) + 1.0 / 120.0;
+    let p = r * p + 1.0 / 24.0;
+    let p = r * p + 1.0 / 6.0;
+    let p = r * p + 0.5;
+    let p = r * p + 1.0;
+    let p = r * p + 1.0;
     // n is in [-126, 0]: 2^n as the float with exponent n + 127.
     let exponent = (shifted.to_bits().wrapping_sub(ROUND.to_bits()) as i32 + 127) as u32;
     p * f32::from_bits(exponent << 23)
