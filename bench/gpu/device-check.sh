@@ -100,12 +100,16 @@ if [ "$cpu" = 1 ]; then
   write_weights="${SD_WRITE_WEIGHTS:-}"
 else
   for file in gantry sd_bench write_tiny_weights; do
-    [ -x "$work/$file" ] || { xz -dc "$work/$file.xz" >"$work/$file.tmp" && chmod +x "$work/$file.tmp" && mv "$work/$file.tmp" "$work/$file"; }
+    [ -x "$work/$file" ] || ! ready "$file.xz" ||
+      { xz -dc "$work/$file.xz" >"$work/$file.tmp" && chmod +x "$work/$file.tmp" && mv "$work/$file.tmp" "$work/$file"; }
   done
+  [ -x "$work/gantry" ] || { log "no gantry binary in the payload"; exit 1; }
   gantry="$work/gantry" sd_bench="$work/sd_bench" write_weights="$work/write_tiny_weights"
   models="$work/models"
   mkdir -p "$models/$MODEL"
   ln -sf "$work/$GGUF_NAME" "$models/$MODEL/$GGUF_NAME"
+  # The model store's mark of a checked file: its SHA-256 (checked against the MANIFEST above).
+  sha256sum "$work/$GGUF_NAME" | cut -d' ' -f1 >"$models/$MODEL/$GGUF_NAME.verified"
   gpu_layers=999
   # The CUDA 13 libraries the binaries name: PyTorch's wheels have them, else a system toolkit.
   cuda_lib="$("$PYTHON" -c 'import nvidia, os; print(os.path.join(nvidia.__path__[0], "cu13", "lib"))' 2>/dev/null || true)"

@@ -19,7 +19,8 @@
 #   bench/gpu/pack.sh --llama-only   only the llama.cpp tarball, into bench/gpu/work, where
 #                                    DEVICE_CHECK_CPU=1 bench/gpu/device-check.sh builds it on the CPU
 #
-# Environment: DIST (target/cuda/dist), GANTRY_MODELS_DIR (~/.cache/gantry/models), BUDGET_MIB.
+# Environment: DIST (target/cuda/dist), GANTRY_MODELS_DIR (~/.cache/gantry/models), BUDGET_MIB,
+# WITH_SD=0 (no SD programs and no wheels: the device check then leaves SD out).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 repo="$PWD"
@@ -33,7 +34,10 @@ say() { printf '== %s\n' "$*" >&2; }
 llama_only=false
 [ "${1:-}" = --llama-only ] && llama_only=true
 
-$llama_only || for file in "$dist/gantry" "$dist/sd_bench" "$dist/write_tiny_weights"; do
+with_sd="${WITH_SD:-1}"
+programs=(gantry)
+[ "$with_sd" = 0 ] || programs+=(sd_bench write_tiny_weights)
+$llama_only || for file in "${programs[@]/#/$dist/}"; do
   [ -x "$file" ] || { echo "pack.sh: no $file: run scripts/build-cuda.sh --with-sd-bench first" >&2; exit 1; }
 done
 gguf="$models/smollm2-135m-instruct/SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -59,25 +63,29 @@ if $llama_only; then
 fi
 
 say "the binaries, compressed"
-for file in gantry sd_bench write_tiny_weights; do
+for file in "${programs[@]}"; do
   xz -T0 -6 -c "$dist/$file" >"$stage/$file.xz"
 done
 
-say "diffusers and transformers for the SD peer (CPython 3.12, manylinux x86_64)"
-mkdir -p "$stage/wheels"
-python3 -m pip download -q --disable-pip-version-check -d "$stage/wheels" --only-binary=:all: \
-  --python-version 3.12 --implementation cp --abi cp312 --abi abi3 --abi none \
-  --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 --platform any \
-  diffusers transformers
-# What PyTorch's own environment has already.
-rm -f "$stage"/wheels/{numpy,torch,nvidia_,triton,sympy,mpmath,networkx,jinja2,markupsafe,MarkupSafe,fsspec,filelock,typing_extensions,setuptools}-* \
-  "$stage"/wheels/nvidia_*
-tar -C "$stage/wheels" -cf "$stage/wheels.tar" .
+files=(llama.cpp.tar.xz "${programs[@]/%/.xz}")
+if [ "$with_sd" != 0 ]; then
+  say "diffusers and transformers for the SD peer (CPython 3.12, manylinux x86_64)"
+  mkdir -p "$stage/wheels"
+  python3 -m pip download -q --disable-pip-version-check -d "$stage/wheels" --only-binary=:all: \
+    --python-version 3.12 --implementation cp --abi cp312 --abi abi3 --abi none \
+    --platform manylinux2014_x86_64 --platform manylinux_2_17_x86_64 --platform manylinux_2_28_x86_64 --platform any \
+    diffusers transformers
+  # What PyTorch's own environment has already.
+  rm -f "$stage"/wheels/{numpy,torch,nvidia_,triton,sympy,mpmath,networkx,jinja2,markupsafe,MarkupSafe,fsspec,filelock,typing_extensions,setuptools}-* \
+    "$stage"/wheels/nvidia_*
+  tar -C "$stage/wheels" -cf "$stage/wheels.tar" .
+  files+=(wheels.tar)
+fi
+files+=(SmolLM2-135M-Instruct.Q4_1.gguf)
 cp "$gguf" "$stage/SmolLM2-135M-Instruct.Q4_1.gguf"
 
 rm -rf "$payload"
-python3 - "$stage" "$payload" "$budget_mib" llama.cpp.tar.xz gantry.xz sd_bench.xz write_tiny_weights.xz wheels.tar \
-  SmolLM2-135M-Instruct.Q4_1.gguf <<'EOF'
+python3 - "$stage" "$payload" "$budget_mib" "${files[@]}" <<'EOF'
 import hashlib, os, sys
 stage, payload, budget = sys.argv[1], sys.argv[2], int(sys.argv[3]) << 20
 files = sys.argv[4:]
