@@ -23,6 +23,7 @@ mod m20261129_000019_worker_timings;
 mod m20261129_000020_clusters;
 mod m20261130_000021_worker_hosts;
 mod m20261130_000022_credit_holds;
+mod m20261130_000023_throttled_workers;
 
 pub struct Migrator;
 
@@ -52,6 +53,7 @@ impl MigratorTrait for Migrator {
             Box::new(m20261129_000020_clusters::Migration),
             Box::new(m20261130_000021_worker_hosts::Migration),
             Box::new(m20261130_000022_credit_holds::Migration),
+            Box::new(m20261130_000023_throttled_workers::Migration),
         ]
     }
 }

@@ -138,13 +138,17 @@ pub async fn adjust<C: ConnectionTrait>(db: &C, deltas: &[(String, i64)], now_ms
     if deltas.is_empty() {
         return Ok(());
     }
+    // In user order: a transaction that changes several accounts locks them
+    // in one order, as every other does (no two wait for each other).
+    let mut sorted: Vec<&(String, i64)> = deltas.iter().collect();
+    sorted.sort_by(|a, b| a.0.cmp(&b.0));
     let mut upsert = Query::insert();
     upsert.into_table(account::Entity).columns([
         account::Column::UserId,
         account::Column::BalanceMicroUsd,
         account::Column::UpdatedAtMs,
     ]);
-    for (user, delta) in deltas {
+    for (user, delta) in sorted {
         upsert
             .values([user.as_str().into(), (*delta).into(), now_ms.into()])
             .map_err(|e| DbErr::Custom(e.to_string()))?;

@@ -65,6 +65,10 @@ pub mod endpoint {
         /// Set by a delete: the endpoint is gone for its owner, and the
         /// reconciler removes its workers.
         pub deleted_at_ms: Option<i64>,
+        /// Workers the fleet's leader wants and cannot start for want of
+        /// GPUs, at its last look, and why.
+        pub throttled: i32,
+        pub throttled_reason: Option<String>,
     }
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]
@@ -131,6 +135,9 @@ pub mod worker {
         pub idle_since_ms: Option<i64>,
         /// The leader's request to its host: `retire` or `drain`.
         pub stop_request: Option<String>,
+        /// Why Kubernetes has no node for its Pod yet (the scheduler's
+        /// message), while it has none: a throttled worker, not billed.
+        pub unschedulable: Option<String>,
     }
 
     #[derive(Copy, Clone, Debug, EnumIter, DeriveRelation)]

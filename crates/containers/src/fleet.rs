@@ -108,7 +108,8 @@ pub struct FleetConfig {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct WorkerView {
     pub id: String,
-    /// RUNNING, IDLE, INITIALIZING or UNHEALTHY.
+    /// RUNNING, IDLE, INITIALIZING, THROTTLED (its Pod waits for a node)
+    /// or UNHEALTHY.
     pub status: &'static str,
     pub version: u32,
     pub image: String,
@@ -127,6 +128,16 @@ struct Tracked {
     seen: bool,
     /// Asked to take no more jobs; removed once idle.
     draining: bool,
+}
+
+/// What became of one worker's start.
+enum Start {
+    Started,
+    /// It could not start; its record says why, and the endpoint backs off.
+    Failed,
+    /// Not started: the GPUs it needs are not free now, or this machine
+    /// has fewer than it asks for (the GPU pool's words).
+    NoGpus(String),
 }
 
 /// A live worker that holds no job, as one look of the reconciler saw it.
@@ -547,6 +558,8 @@ impl Fleet {
                     session.is_some() || record.seen_at_ms.is_some() || tracked.get(&record.id).is_some_and(|t| t.seen);
                 let status = if record.reason.is_some() && !seen {
                     "UNHEALTHY"
+                } else if !seen && record.unschedulable.is_some() {
+                    "THROTTLED"
                 } else if !seen {
                     "INITIALIZING"
                 } else if busy {
@@ -561,7 +574,7 @@ impl Fleet {
                     image: record.image,
                     gpu_count: u32::try_from(record.gpu_count).unwrap_or(0),
                     started_at_ms: record.created_at_ms,
-                    reason: record.reason,
+                    reason: record.reason.or(record.unschedulable),
                 }
             })
             .collect())
@@ -884,7 +897,7 @@ impl Fleet {
         for endpoint in &endpoints {
             let open = workers.remove(&endpoint.id).unwrap_or_default();
             let queue = queues.get(&endpoint.id).copied().unwrap_or((0, Duration::ZERO));
-            if open.is_empty() && queue.0 == 0 && endpoint.spec.workers.min == 0 {
+            if open.is_empty() && queue.0 == 0 && endpoint.spec.workers.min == 0 && endpoint.throttled == 0 {
                 continue; // idle and empty: nothing to do
             }
             self.reconcile_endpoint(&runtime, endpoint, open, queue, &hosts, &mut by_worker)
@@ -913,12 +926,17 @@ impl Fleet {
         containers: &mut HashMap<String, RuntimeContainer>,
     ) -> Result<(), ContainerError> {
         let mut alive: Vec<WorkerRecord> = Vec::new();
+        // Workers whose Pods Kubernetes cannot place yet, and why.
+        let mut unplaced: HashMap<String, String> = HashMap::new();
         for worker in workers {
             if lock(&self.stopping).contains(&worker.id) {
                 continue; // on its way out
             }
             match containers.get(&worker.id) {
                 Some(c) if c.state == ContainerState::Running || c.state == ContainerState::Created => {
+                    if let Some(reason) = &c.unschedulable {
+                        unplaced.insert(worker.id.clone(), reason.clone());
+                    }
                     alive.push(worker);
                 }
                 Some(c) => {
@@ -939,11 +957,29 @@ impl Fleet {
                 }
             }
         }
+        // A worker whose Pod waits for a node (for GPUs, mostly) is
+        // throttled: its wait is not billed, nor counted against its start
+        // timeout (below); the scheduler's reason is published for the
+        // workers' listing.
+        let now_wall = now_ms();
+        for worker in &alive {
+            let waiting = unplaced.get(&worker.id).map(String::as_str);
+            if worker.unschedulable.as_deref() != waiting {
+                match waiting {
+                    Some(reason) => tracing::info!(worker = %worker.id, %reason, "the worker's Pod waits for a node"),
+                    None if !endpoint.deleted => tracing::info!(worker = %worker.id, "the worker's Pod has a node"),
+                    None => {}
+                }
+                self.service.publish_unschedulable(&worker.id, waiting).await?;
+            }
+            if waiting.is_some() {
+                self.service.skip_billing(&worker.id, now_wall).await?;
+            }
+        }
         // What each live worker is doing: from its session when it calls
         // this process; from what its host published when it calls another
         // live one (`remote`).
         let now = Instant::now();
-        let now_wall = now_ms();
         let start_timeout_ms = i64::try_from(self.config.start_timeout.as_millis()).unwrap_or(i64::MAX);
         let me = self.config.instance.as_str();
         let mut idle: Vec<Idle> = Vec::new();
@@ -970,6 +1006,10 @@ impl Fleet {
                     draining: false,
                 });
                 entry.seen |= session.is_some() || worker.host.as_deref() == Some(me);
+                if unplaced.contains_key(&worker.id) {
+                    // Its start timeout runs from when it has a node.
+                    entry.started = now;
+                }
                 if session.is_none()
                     && let Some(until) = elsewhere
                     && until >= now_wall
@@ -1110,28 +1150,56 @@ impl Fleet {
             .iter()
             .filter(|w| !removable.contains(&w.id) && w.version == endpoint.version as i32)
             .count() as u64;
+        // Workers wanted and not started for want of GPUs: `throttled`,
+        // published for every process's listing of the workers.
+        let mut throttled: Option<(u64, String)> = None;
         if !endpoint.deleted && fresh < wanted {
             let backing_off = lock(&self.backoff)
                 .get(&endpoint.id)
                 .is_some_and(|at| at.elapsed() < Duration::from_secs(30));
             if !backing_off {
-                for _ in fresh..wanted {
-                    if !self.start_worker(runtime, endpoint).await? {
-                        break;
+                for started in fresh..wanted {
+                    match self.start_worker(runtime, endpoint).await? {
+                        Start::Started => {}
+                        Start::Failed => break,
+                        Start::NoGpus(reason) => {
+                            throttled = Some((wanted - started, reason));
+                            break;
+                        }
                     }
                 }
+            } else if endpoint.throttled > 0 {
+                // A start failed lately: what was short of GPUs still is.
+                throttled = Some((
+                    (wanted - fresh).min(u64::from(endpoint.throttled)),
+                    endpoint.throttled_reason.clone().unwrap_or_default(),
+                ));
             }
+        }
+        let (count, reason) = match &throttled {
+            Some((count, reason)) => (u32::try_from(*count).unwrap_or(u32::MAX), Some(reason.as_str())),
+            None => (0, None),
+        };
+        if count != endpoint.throttled || reason != endpoint.throttled_reason.as_deref() {
+            match reason {
+                Some(reason) => {
+                    tracing::warn!(endpoint = %endpoint.id, throttled = count, %reason, "workers wait for GPUs");
+                }
+                None => tracing::info!(endpoint = %endpoint.id, "no worker waits for GPUs"),
+            }
+            self.service.publish_throttled(&endpoint.id, count, reason).await?;
         }
         Ok(())
     }
 
-    /// Starts one worker of the endpoint's current version; false if it
-    /// could not (the reason is on the worker's record and in its logs).
+    /// Starts one worker of the endpoint's current version, unless the GPUs
+    /// it needs are not free (nothing is recorded or billed then) or it
+    /// cannot start (the reason is on the worker's record and in its logs).
     async fn start_worker(
         &self,
         runtime: &Arc<dyn Runtime>,
         endpoint: &EndpointRecord,
-    ) -> Result<bool, ContainerError> {
+    ) -> Result<Start, ContainerError> {
         let spec = &endpoint.spec;
         let worker_id = new_id("wk_");
         let (gpu_count, hourly, memory_gb, vcpus) = self.compute_of(endpoint);
@@ -1140,14 +1208,8 @@ impl Fleet {
         let gpus = match self.grant_gpus(runtime, gpu_count).await? {
             crate::gpus::Grant::ByCount => None,
             crate::gpus::Grant::Devices(held) => Some(held),
-            crate::gpus::Grant::Wait(reason) => {
-                tracing::debug!(endpoint = %endpoint.id, %reason, "worker not started");
-                return Ok(false);
-            }
-            crate::gpus::Grant::Never(reason) => {
-                tracing::warn!(endpoint = %endpoint.id, %reason, "worker not started");
-                lock(&self.backoff).insert(endpoint.id.clone(), Instant::now());
-                return Ok(false);
+            crate::gpus::Grant::Wait(reason) | crate::gpus::Grant::Never(reason) => {
+                return Ok(Start::NoGpus(reason));
             }
         };
         let now = now_ms();
@@ -1169,6 +1231,7 @@ impl Fleet {
                 held_jobs: 0,
                 idle_since_ms: None,
                 stop_request: None,
+                unschedulable: None,
             })
             .await?;
         lock(&self.tracked).insert(
@@ -1190,7 +1253,7 @@ impl Fleet {
                 Err(error) => {
                     self.fail_start(&endpoint.id, &worker_id, &format!("registry credential {id}: {error}"))
                         .await?;
-                    return Ok(false);
+                    return Ok(Start::Failed);
                 }
             },
             None => None,
@@ -1202,7 +1265,7 @@ impl Fleet {
                 &format!("image {} could not be pulled: {error}", spec.container.image),
             )
             .await?;
-            return Ok(false);
+            return Ok(Start::Failed);
         }
         let mut container = self.container_spec(endpoint, &worker_id, gpu_count, memory_gb, vcpus);
         if let Some(held) = &gpus {
@@ -1219,7 +1282,7 @@ impl Fleet {
         match runtime.run(&container).await {
             Ok(id) => {
                 tracing::info!(endpoint = %endpoint.id, %worker_id, container = %id, "worker started");
-                Ok(true)
+                Ok(Start::Started)
             }
             Err(error) => {
                 self.fail_start(
@@ -1228,7 +1291,7 @@ impl Fleet {
                     &format!("the container could not start: {error}"),
                 )
                 .await?;
-                Ok(false)
+                Ok(Start::Failed)
             }
         }
     }

@@ -49,6 +49,10 @@ pub struct EndpointRecord {
     pub created_at_ms: i64,
     pub updated_at_ms: i64,
     pub deleted: bool,
+    /// Workers wanted and not started for want of GPUs, as the fleet's
+    /// leader last published it, and why (the GPU pool's words).
+    pub throttled: u32,
+    pub throttled_reason: Option<String>,
 }
 
 /// A release as stored.
@@ -393,6 +397,8 @@ impl ContainerService {
             created_at_ms: Set(now),
             updated_at_ms: Set(now),
             deleted_at_ms: Set(None),
+            throttled: Set(0),
+            throttled_reason: Set(None),
         }
         .insert_row(&txn)
         .await?;
@@ -407,6 +413,8 @@ impl ContainerService {
             created_at_ms: now,
             updated_at_ms: now,
             deleted: false,
+            throttled: 0,
+            throttled_reason: None,
         })
     }
 
@@ -458,8 +466,11 @@ impl ContainerService {
     /// Marks the endpoint deleted: gone for its owner at once; the
     /// reconciler drains and removes its workers.
     pub async fn delete_endpoint(&self, owner: &str, id: &str) -> Result<(), ContainerError> {
+        // A deleted endpoint wants no worker: none waits for GPUs.
         let result = endpoint::Entity::update_many()
             .col_expr(endpoint::Column::DeletedAtMs, Expr::value(now_ms()))
+            .col_expr(endpoint::Column::Throttled, Expr::value(0))
+            .col_expr(endpoint::Column::ThrottledReason, Expr::value(Option::<String>::None))
             .filter(endpoint::Column::Id.eq(id))
             .filter(endpoint::Column::UserId.eq(owner))
             .filter(endpoint::Column::DeletedAtMs.is_null())
@@ -511,6 +522,7 @@ impl ContainerService {
             held_jobs: Set(record.held_jobs),
             idle_since_ms: Set(record.idle_since_ms),
             stop_request: Set(record.stop_request),
+            unschedulable: Set(record.unschedulable),
         }
         .insert_row(&self.db)
         .await?;
@@ -569,16 +581,65 @@ impl ContainerService {
         Ok(())
     }
 
-    /// Sets (or, with None, withdraws) the leader's request to a worker's
-    /// host: `retire` or `drain`.
-    pub async fn request_worker_stop(&self, id: &str, request: Option<&str>) -> Result<(), ContainerError> {
+    /// Publishes why Kubernetes cannot place the worker's Pod (None: it
+    /// can, or has). Only the leader writes it, when it changes.
+    pub async fn publish_unschedulable(&self, id: &str, reason: Option<&str>) -> Result<(), ContainerError> {
+        self.set_on_open_worker(id, worker::Column::Unschedulable, reason).await
+    }
+
+    /// Sets a text column of an open worker's record (None: NULL).
+    async fn set_on_open_worker(
+        &self,
+        id: &str,
+        column: worker::Column,
+        value: Option<&str>,
+    ) -> Result<(), ContainerError> {
         worker::Entity::update_many()
-            .col_expr(worker::Column::StopRequest, Expr::value(request.map(str::to_owned)))
+            .col_expr(column, Expr::value(value.map(str::to_owned)))
             .filter(worker::Column::Id.eq(id))
             .filter(worker::Column::EndedAtMs.is_null())
             .exec(&self.db)
             .await?;
         Ok(())
+    }
+
+    /// Moves an open worker's billing on to `until_ms` with no charge: the
+    /// time its Pod waited for a node is not billed. A charge computed
+    /// before this from the old mark is not written (see [`accrue`]).
+    pub async fn skip_billing(&self, id: &str, until_ms: i64) -> Result<(), ContainerError> {
+        worker::Entity::update_many()
+            .col_expr(worker::Column::BilledUntilMs, Expr::value(until_ms))
+            .filter(worker::Column::Id.eq(id))
+            .filter(worker::Column::EndedAtMs.is_null())
+            .filter(worker::Column::BilledUntilMs.lt(until_ms))
+            .exec(&self.db)
+            .await?;
+        Ok(())
+    }
+
+    /// Publishes how many of the endpoint's workers the leader wants and
+    /// cannot start for want of GPUs, and why (None with none). Only the
+    /// leader writes it, when it changes.
+    pub async fn publish_throttled(&self, id: &str, count: u32, reason: Option<&str>) -> Result<(), ContainerError> {
+        endpoint::Entity::update_many()
+            .col_expr(
+                endpoint::Column::Throttled,
+                Expr::value(i32::try_from(count).unwrap_or(i32::MAX)),
+            )
+            .col_expr(
+                endpoint::Column::ThrottledReason,
+                Expr::value(reason.map(str::to_owned)),
+            )
+            .filter(endpoint::Column::Id.eq(id))
+            .exec(&self.db)
+            .await?;
+        Ok(())
+    }
+
+    /// Sets (or, with None, withdraws) the leader's request to a worker's
+    /// host: `retire` or `drain`.
+    pub async fn request_worker_stop(&self, id: &str, request: Option<&str>) -> Result<(), ContainerError> {
+        self.set_on_open_worker(id, worker::Column::StopRequest, request).await
     }
 
     /// The open workers `host` holds the sessions of that the leader has
@@ -841,6 +902,8 @@ fn endpoint_of(row: endpoint::Model) -> Result<EndpointRecord, ContainerError> {
         created_at_ms: row.created_at_ms,
         updated_at_ms: row.updated_at_ms,
         deleted: row.deleted_at_ms.is_some(),
+        throttled: u32::try_from(row.throttled).unwrap_or(0),
+        throttled_reason: row.throttled_reason,
     })
 }
 

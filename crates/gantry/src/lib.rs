@@ -95,6 +95,7 @@ impl Platform {
         let jobs = job_store(&settings, &database)?;
         let containers = serverless::container_service(&settings, database.conn.clone())?;
         let fleet = serverless::fleet(&settings, containers, dispatcher.clone()).await?;
+        serverless::hear_jobs_queued_elsewhere(&jobs, &fleet)?;
         let app = start_api(
             &settings,
             &database,

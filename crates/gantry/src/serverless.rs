@@ -231,6 +231,25 @@ pub async fn fleet(
     Ok(fleet)
 }
 
+/// A job queued through another process (an API replica, or a scheduler
+/// that does not hold the fleet's lease) for an endpoint none of whose
+/// workers here waits for one wakes this process's fleet, as one queued
+/// here does: its leader starts the workers at once, not at its next look.
+/// The other process's `Queued` signal carries it (with `redis_url` set);
+/// without signals the next look finds the job.
+pub fn hear_jobs_queued_elsewhere(jobs: &gantry_jobs::JobStore, fleet: &Arc<Fleet>) -> Result<(), StartError> {
+    let fleet = Arc::downgrade(fleet);
+    jobs.on_queued_elsewhere(move |model| {
+        if let Some(fleet) = fleet.upgrade()
+            && gantry_containers::is_endpoint_id(model)
+            && fleet.needs_look_for_job(model)
+        {
+            fleet.job_queued();
+        }
+    })
+    .map_err(|e| StartError::Config(e.to_string()))
+}
+
 /// The GPUs Docker containers are given by id: the configured ones, else
 /// those `nvidia_smi` lists; `None` (asked for by count) when neither says.
 /// Kubernetes' device plugin picks a Pod's GPUs itself.

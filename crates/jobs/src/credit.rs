@@ -72,6 +72,39 @@ pub(crate) async fn lock_account<C: ConnectionTrait>(
     })
 }
 
+/// Takes, on PostgreSQL, the account rows of the owners of the jobs a
+/// transaction is about to move, in user order, as its first statement:
+/// the owners of the rows of `jobs` that `jobs_where` matches (its
+/// placeholders `$1`… bound to `values`), and `users` (owners of rows not
+/// written yet). The triggers that keep `held_micro_usd`, and the debits of
+/// completions, lock account rows in the order of the jobs they change,
+/// which differs between two transactions (two schedulers' settlements, or
+/// one and a time-out sweep): each could hold one user's row and wait for
+/// the other's, until PostgreSQL aborts one. Taking them sorted first, the
+/// later transaction waits for the earlier one before it holds anything the
+/// earlier one wants. Returns how many rows it locked: every owner of a job
+/// in flight has one (the triggers make it), so none means no such job.
+pub(crate) async fn lock_owners<C: ConnectionTrait>(
+    db: &C,
+    jobs_where: &str,
+    mut values: Vec<sea_orm::Value>,
+    users: &[&str],
+) -> Result<usize, sea_orm::DbErr> {
+    let mut sql =
+        format!("SELECT user_id FROM credit_accounts WHERE user_id IN (SELECT user_id FROM jobs WHERE {jobs_where})");
+    if !users.is_empty() {
+        let first = values.len() + 1;
+        let list: Vec<String> = (first..first + users.len()).map(|n| format!("${n}")).collect();
+        sql.push_str(&format!(" OR user_id IN ({})", list.join(", ")));
+        values.extend(users.iter().map(|user| sea_orm::Value::from(*user)));
+    }
+    sql.push_str(" ORDER BY user_id FOR UPDATE");
+    let rows = db
+        .query_all_raw(Statement::from_sql_and_values(DbBackend::Postgres, sql, values))
+        .await?;
+    Ok(rows.len())
+}
+
 /// Whether the user could start one more job now (for a retry; not
 /// serialized with other admissions).
 pub async fn has_credit<C: ConnectionTrait>(db: &C, user: &str) -> Result<(), JobError> {

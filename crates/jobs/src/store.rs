@@ -84,6 +84,16 @@ impl JobStore {
             .map_err(SchedulerError::Signals)
     }
 
+    /// Calls `hook` with the model of each job that another process says it
+    /// queued (over the signals of [`JobStore::connect_signals`]; never for
+    /// this process's own). Once per store; a second hook is refused.
+    pub fn on_queued_elsewhere(&self, hook: impl Fn(&str) + Send + Sync + 'static) -> Result<(), SchedulerError> {
+        self.hub
+            .queued_elsewhere
+            .set(Box::new(hook))
+            .map_err(|_| SchedulerError::Signals("a hook for jobs queued elsewhere is set already".into()))
+    }
+
     /// Validates and stores a job (IN_QUEUE); it is durable when this returns.
     /// Bad input writes nothing.
     pub async fn submit(&self, user: &str, model: &ModelSpec, req: NewJob, mode: Mode) -> Result<JobView, JobError> {
@@ -705,7 +715,14 @@ pub(crate) struct Hub {
     signals: OnceLock<Signals>,
     /// Live output of the jobs this process's stream readers follow.
     pub live: Arc<LiveJobs>,
+    /// Told of the jobs another process queued (its `Queued` signals), by
+    /// model, beside this process's scheduler: the serverless fleet's leader
+    /// starts workers for them at once.
+    queued_elsewhere: OnceLock<QueuedHook>,
 }
+
+/// See [`Hub::queued_elsewhere`].
+type QueuedHook = Box<dyn Fn(&str) + Send + Sync>;
 
 impl Hub {
     /// Sends a signal to the other processes, if Redis is configured.
@@ -801,7 +818,12 @@ impl Listener for Hub {
     /// Acts on a signal from another process.
     fn apply(&self, signal: Signal) {
         match signal {
-            Signal::Queued(model) => self.wakeups.queued(&model),
+            Signal::Queued(model) => {
+                self.wakeups.queued(&model);
+                if let Some(hook) = self.queued_elsewhere.get() {
+                    hook(&model);
+                }
+            }
             Signal::Final(job_id) => {
                 self.live.ended(std::iter::once(job_id.as_str()));
                 self.waiters.reread(Some(&job_id));

@@ -874,7 +874,31 @@ fn container_of(pod: &Value) -> Container {
         finished_at: terminated["finishedAt"].as_str().map(str::to_owned),
         ports,
         error,
+        unschedulable: unschedulable(pod),
     }
+}
+
+/// The scheduler's message for a Pod it cannot place yet: it has no node,
+/// and its `PodScheduled` condition is False with reason `Unschedulable` (a
+/// Pod waiting for its scheduling gates is not unschedulable).
+fn unschedulable(pod: &Value) -> Option<String> {
+    if pod["spec"]["nodeName"].as_str().is_some_and(|node| !node.is_empty()) {
+        return None;
+    }
+    let condition = pod["status"]["conditions"]
+        .as_array()?
+        .iter()
+        .find(|c| c["type"] == "PodScheduled")?;
+    if condition["status"] != "False" || condition["reason"] != "Unschedulable" {
+        return None;
+    }
+    Some(
+        condition["message"]
+            .as_str()
+            .filter(|m| !m.is_empty())
+            .unwrap_or("no node can take it")
+            .to_owned(),
+    )
 }
 
 /// Unix seconds as RFC 3339 in UTC (as Kubernetes writes times and reads `sinceTime`; also the
@@ -1454,6 +1478,7 @@ mod tests {
                    "status": {"phase": phase, "containerStatuses": [{"name": "main", "state": state}]}})
         };
         assert_eq!(container_of(&pod("Pending", json!({}))).state, ContainerState::Created);
+        assert_eq!(container_of(&pod("Pending", json!({}))).unschedulable, None);
         let pulling = container_of(&pod(
             "Pending",
             json!({"waiting": {"reason": "ImagePullBackOff", "message": "no such image"}}),
@@ -1474,5 +1499,27 @@ mod tests {
         ));
         assert_eq!((done.state, done.exit_code), (ContainerState::Exited, Some(0)));
         assert_eq!(done.created_unix, 1_795_932_000);
+    }
+
+    #[test]
+    fn a_pod_the_scheduler_cannot_place_says_why() {
+        let pod = |condition: Value| {
+            json!({"metadata": {"name": "p"}, "spec": {"containers": [{"name": "main", "image": "i"}]},
+                   "status": {"phase": "Pending", "conditions": [condition]}})
+        };
+        let waiting = container_of(&pod(json!({"type": "PodScheduled", "status": "False",
+            "reason": "Unschedulable", "message": "0/3 nodes are available: 3 Insufficient nvidia.com/gpu."})));
+        assert_eq!(waiting.state, ContainerState::Created);
+        assert_eq!(
+            waiting.unschedulable.as_deref(),
+            Some("0/3 nodes are available: 3 Insufficient nvidia.com/gpu.")
+        );
+        let gated = pod(json!({"type": "PodScheduled", "status": "False", "reason": "SchedulingGated"}));
+        assert_eq!(container_of(&gated).unschedulable, None);
+        let placed = pod(json!({"type": "PodScheduled", "status": "True"}));
+        assert_eq!(container_of(&placed).unschedulable, None);
+        let mut bound = pod(json!({"type": "PodScheduled", "status": "False", "reason": "Unschedulable"}));
+        bound["spec"]["nodeName"] = json!("node-1");
+        assert_eq!(container_of(&bound).unschedulable, None, "a Pod with a node is placed");
     }
 }

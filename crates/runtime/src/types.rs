@@ -383,6 +383,11 @@ pub struct Container {
     pub ports: Vec<(u16, Protocol, String, u16)>,
     /// The engine's error for the last start attempt (e.g. a missing GPU driver), from inspect only.
     pub error: Option<String>,
+    /// Why it has no machine to run on yet: the Kubernetes scheduler's
+    /// message for a Pod it cannot place (`PodScheduled` False, reason
+    /// `Unschedulable`, e.g. too few free `nvidia.com/gpu`). Docker places
+    /// every container on its own machine: always `None` there.
+    pub unschedulable: Option<String>,
 }
 
 // ---- wire types -------------------------------------------------------------------------------------
@@ -492,6 +497,7 @@ impl From<ListEntry> for Container {
             finished_at: None,
             ports,
             error: None,
+            unschedulable: None,
         }
     }
 }
@@ -663,6 +669,7 @@ impl From<InspectBody> for Container {
             finished_at,
             ports,
             error: st.error.filter(|e| !e.is_empty()),
+            unschedulable: None,
         }
     }
 }

@@ -931,7 +931,7 @@ pub struct ListEndpointsResponse {
 #[serde(rename_all = "camelCase")]
 pub struct WorkerResponse {
     id: String,
-    /// RUNNING (holds a job), IDLE (polling), INITIALIZING (not called in yet) or UNHEALTHY (could not start).
+    /// RUNNING (holds a job), IDLE (polling), INITIALIZING (not called in yet), THROTTLED (its Pod waits for a Kubernetes node with free GPUs) or UNHEALTHY (could not start).
     #[schema(example = "IDLE")]
     status: String,
     /// Runs an older configuration than the endpoint's (replaced once idle).
@@ -944,7 +944,7 @@ pub struct WorkerResponse {
     uptime_seconds: u64,
     #[schema(format = DateTime)]
     started_at: String,
-    /// Why it is unhealthy, when it is.
+    /// Why it is unhealthy or throttled, when it is.
     #[serde(skip_serializing_if = "Option::is_none")]
     reason: Option<String>,
 }
@@ -954,7 +954,15 @@ pub struct WorkerSummary {
     running: u32,
     idle: u32,
     initializing: u32,
+    /// Workers that wait for GPUs: on Docker, those wanted and not started
+    /// because the machine's GPUs are taken (or too few; not in `total`: they
+    /// have no container); on Kubernetes, THROTTLED workers, whose Pods no
+    /// node can take yet.
     throttled: u32,
+    /// Why, while any wait: the GPU pool's words, or the Kubernetes
+    /// scheduler's.
+    #[serde(rename = "throttledReason", skip_serializing_if = "Option::is_none")]
+    throttled_reason: Option<String>,
     unhealthy: u32,
     total: u32,
 }
@@ -1296,7 +1304,11 @@ pub async fn workers(
         None => Vec::new(),
     };
     let now = gantry_containers::service::now_ms();
-    let mut summary = WorkerSummary::default();
+    let mut summary = WorkerSummary {
+        throttled: endpoint.throttled,
+        throttled_reason: endpoint.throttled_reason.clone().filter(|_| endpoint.throttled > 0),
+        ..WorkerSummary::default()
+    };
     let workers = views
         .into_iter()
         .map(|view| {
@@ -1304,6 +1316,12 @@ pub async fn workers(
                 "RUNNING" => summary.running += 1,
                 "IDLE" => summary.idle += 1,
                 "INITIALIZING" => summary.initializing += 1,
+                "THROTTLED" => {
+                    summary.throttled += 1;
+                    if summary.throttled_reason.is_none() {
+                        summary.throttled_reason.clone_from(&view.reason);
+                    }
+                }
                 _ => summary.unhealthy += 1,
             }
             summary.total += 1;

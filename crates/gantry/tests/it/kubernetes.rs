@@ -157,6 +157,14 @@ impl Kubelet {
     }
 }
 
+/// Namespaces whose cluster has no node with a free GPU now: the stand-in
+/// scheduler leaves their GPU Pods unplaced, as the real one does.
+static NO_FREE_GPUS: std::sync::Mutex<Vec<String>> = std::sync::Mutex::new(Vec::new());
+
+/// What the real scheduler says of a Pod asking for GPUs no node has free.
+const NO_GPU_NODE: &str = "0/1 nodes are available: 1 Insufficient nvidia.com/gpu. preemption: 0/1 nodes are \
+     available: 1 No preemption victims found for incoming pod.";
+
 async fn kubelet_pass(api: &Api, docker: &Docker) {
     let pods = api.pods().await;
     let mine = [("kubelet.namespace".to_owned(), api.ns.clone())];
@@ -165,7 +173,18 @@ async fn kubelet_pass(api: &Api, docker: &Docker) {
         let name = pod["metadata"]["name"].as_str().unwrap().to_owned();
         let uid = pod["metadata"]["uid"].as_str().unwrap().to_owned();
         let phase = pod["status"]["phase"].as_str().unwrap_or("Pending");
-        if pod["spec"]["nodeName"].as_str().is_none_or(str::is_empty) {
+        let wants_gpus = !pod["spec"]["containers"][0]["resources"]["limits"]["nvidia.com/gpu"].is_null();
+        let unplaced = pod["spec"]["nodeName"].as_str().is_none_or(str::is_empty);
+        if unplaced && wants_gpus && NO_FREE_GPUS.lock().unwrap().contains(&api.ns) {
+            if pod["status"]["conditions"][0]["reason"] != "Unschedulable" {
+                let condition = json!({"type": "PodScheduled", "status": "False", "reason": "Unschedulable",
+                                       "message": NO_GPU_NODE, "lastTransitionTime": now_rfc3339()});
+                api.patch_status(&name, json!({"phase": "Pending", "conditions": [condition]}))
+                    .await;
+            }
+            continue;
+        }
+        if unplaced {
             let binding = json!({"apiVersion": "v1", "kind": "Binding", "metadata": {"name": name},
                                  "target": {"kind": "Node", "name": "docker-node"}});
             api.send(
@@ -180,6 +199,7 @@ async fn kubelet_pass(api: &Api, docker: &Docker) {
         let container = containers.iter().find(|c| c.labels.get("kubelet.uid") == Some(&uid));
         let status = |state: Value, phase: &str| {
             json!({"phase": phase, "podIP": "127.0.0.1", "startTime": now_rfc3339(),
+                   "conditions": [{"type": "PodScheduled", "status": "True", "lastTransitionTime": now_rfc3339()}],
                    "containerStatuses": [{"name": "main", "ready": phase == "Running", "restartCount": 0,
                                           "image": pod["spec"]["containers"][0]["image"], "imageID": "", "state": state}]})
         };
@@ -579,6 +599,105 @@ async fn a_gpu_endpoints_workers_ask_kubernetes_for_its_gpu_type_data_center_and
         "{pod}"
     );
     let endpoint = created["id"].as_str().unwrap();
+    let res = app
+        .send_json(Method::DELETE, &format!("/v2/serverless/{endpoint}"), &key, &json!({}))
+        .await;
+    assert!(res.status().is_success(), "{}", res.status());
+}
+
+/// A GPU endpoint's worker whose Pod no node can take (the cluster's GPUs
+/// are taken) is THROTTLED with the scheduler's reason, not billed for the
+/// wait, and not replaced for not calling in; once a node frees, the same
+/// Pod runs and does the job that waited.
+#[tokio::test]
+async fn a_worker_whose_pod_waits_for_a_gpu_node_is_throttled_and_not_billed() {
+    let (app, api, _kubelet) = spawn("gt-throttled").await;
+    NO_FREE_GPUS.lock().unwrap().push(api.ns.clone());
+    let (_, key) = app.user_with_key("all").await;
+    let body = json!({
+        "name": "waits", "type": "QUEUE", "image": WORKER_IMAGE,
+        "scaling": {"type": "QUEUE_DELAY", "queueDelay": 0.5},
+        "workers": {"min": 1, "max": 1, "idleTimeout": 5},
+        "gpu": {"pools": ["HOPPER_80"], "count": 1},
+    });
+    let (status, created) = json_of(app.send_json(Method::POST, "/v2/serverless", &key, &body).await).await;
+    assert_eq!(status, 201, "{created}");
+    let endpoint = created["id"].as_str().unwrap().to_owned();
+    let workers = || {
+        let (app, key, endpoint) = (&app, &key, &endpoint);
+        async move {
+            let res = app.get(&format!("/v2/serverless/{endpoint}/workers"), key).await;
+            json_of(res).await.1
+        }
+    };
+    let deadline = Instant::now() + Duration::from_secs(60);
+    let view = loop {
+        let view = workers().await;
+        if view["summary"]["throttled"] == 1 {
+            break view;
+        }
+        assert!(Instant::now() < deadline, "never throttled: {view}");
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    };
+    assert_eq!(view["workers"][0]["status"], "THROTTLED", "{view}");
+    assert_eq!(view["workers"][0]["reason"], NO_GPU_NODE, "{view}");
+    assert_eq!(view["summary"]["throttledReason"], NO_GPU_NODE, "{view}");
+    assert_eq!(view["summary"]["initializing"], 0, "{view}");
+    let pod = view["workers"][0]["id"].as_str().unwrap().to_owned();
+
+    // A job waits with it, past the start timeout: the same Pod, nothing billed.
+    let client = crate::harness::http_client(Duration::from_secs(300));
+    let res = client
+        .post(format!("{}/v2/{endpoint}/run", app.public_base))
+        .bearer_auth(&key)
+        .json(&json!({"input": {"waited": true}}))
+        .send()
+        .await
+        .unwrap();
+    let (status, queued) = json_of(res).await;
+    assert_eq!(status, 200, "{queued}");
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    let view = workers().await;
+    assert_eq!(view["workers"][0]["id"], pod.as_str(), "not replaced: {view}");
+    assert_eq!(api.pods().await.len(), 1);
+    let service = app.fleet.service();
+    service
+        .accrue_workers(gantry_containers::service::now_ms())
+        .await
+        .unwrap();
+    let path = format!("/v2/billing/serverless?serverlessId={endpoint}&bucketSize=hour&lastN=2");
+    let billed = || async { json_of(app.get(&path, &key).await).await.1["metadata"]["totals"]["gpuAmount"].as_f64() };
+    assert_eq!(billed().await.unwrap_or(0.0), 0.0, "the wait is not billed");
+
+    // A node frees: the Pod runs, the job is done, and from then on it is billed.
+    NO_FREE_GPUS.lock().unwrap().retain(|ns| *ns != api.ns);
+    let id = queued["id"].as_str().unwrap();
+    let deadline = Instant::now() + Duration::from_secs(120);
+    loop {
+        let res = client
+            .get(format!("{}/v2/{endpoint}/status/{id}", app.public_base))
+            .bearer_auth(&key)
+            .send()
+            .await
+            .unwrap();
+        let (_, job) = json_of(res).await;
+        if job["status"] == "COMPLETED" {
+            assert_eq!(job["output"]["echo"]["waited"], true, "{job}");
+            break;
+        }
+        assert!(Instant::now() < deadline, "the job never ran: {job}");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let view = workers().await;
+    assert_eq!(view["workers"][0]["id"], pod.as_str(), "{view}");
+    assert_eq!(view["summary"]["throttled"], 0, "{view}");
+    assert!(view["workers"][0].get("reason").is_none(), "{view}");
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    service
+        .accrue_workers(gantry_containers::service::now_ms())
+        .await
+        .unwrap();
+    assert!(billed().await.unwrap() > 0.0, "billed once it runs");
     let res = app
         .send_json(Method::DELETE, &format!("/v2/serverless/{endpoint}"), &key, &json!({}))
         .await;

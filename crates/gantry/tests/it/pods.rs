@@ -1201,6 +1201,36 @@ async fn a_pod_is_stopped_when_its_owners_credit_runs_out() {
     assert_eq!(res.status().as_u16(), 204);
 }
 
+/// A platform on `engine` (one with the stand-in NVIDIA hook) whose machine
+/// has two GPUs, as a stand-in `nvidia-smi` written in `dir` lists them.
+pub(crate) async fn on_two_gpus(engine: &OwnEngine, dir: &std::path::Path) -> TestApp {
+    let smi = two_gpus_smi(dir);
+    let host = engine.host.clone();
+    TestApp::spawn_with(Backend::Sqlite, move |settings| {
+        settings.serverless.docker_host = Some(host);
+        settings.serverless.tick_ms = 200;
+        settings.serverless.stop_grace_ms = 1_000;
+        settings.serverless.gpu_devices = None;
+        settings.serverless.nvidia_smi = smi.display().to_string();
+    })
+    .await
+}
+
+/// A stand-in for `nvidia-smi` in `dir` that lists two GPUs (0 and 1) as
+/// Gantry queries them.
+fn two_gpus_smi(dir: &std::path::Path) -> std::path::PathBuf {
+    let smi = dir.join("nvidia-smi");
+    std::fs::write(
+        &smi,
+        "#!/bin/sh\n# A stand-in for nvidia-smi: two GPUs.\n\
+         echo '0, GPU-00000000, 94, 62914, 81559'\necho '1, GPU-11111111, 3, 1024, 81559'\n",
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&smi, std::fs::Permissions::from_mode(0o755)).unwrap();
+    smi
+}
+
 /// GPU pods on one Docker machine of two GPUs (a test engine with a
 /// stand-in for the NVIDIA toolkit's hook, and a stand-in `nvidia-smi`):
 /// each pod gets GPUs no other running pod has, by id (its program sees
@@ -1212,24 +1242,7 @@ async fn a_pod_is_stopped_when_its_owners_credit_runs_out() {
 async fn gpu_pods_on_one_machine_get_gpus_of_their_own_and_wait_for_them() {
     let engine = OwnEngine::start("gpus", true).await;
     let dir = tempfile::tempdir().unwrap();
-    let smi = dir.path().join("nvidia-smi");
-    std::fs::write(
-        &smi,
-        "#!/bin/sh\n# A stand-in for nvidia-smi: two GPUs.\n\
-         echo '0, GPU-00000000, 94, 62914, 81559'\necho '1, GPU-11111111, 3, 1024, 81559'\n",
-    )
-    .unwrap();
-    use std::os::unix::fs::PermissionsExt;
-    std::fs::set_permissions(&smi, std::fs::Permissions::from_mode(0o755)).unwrap();
-    let host = engine.host.clone();
-    let app = TestApp::spawn_with(Backend::Sqlite, move |settings| {
-        settings.serverless.docker_host = Some(host);
-        settings.serverless.tick_ms = 200;
-        settings.serverless.stop_grace_ms = 1_000;
-        settings.serverless.gpu_devices = None;
-        settings.serverless.nvidia_smi = smi.display().to_string();
-    })
-    .await;
+    let app = on_two_gpus(&engine, dir.path()).await;
     let (_, key) = app.user_with_key("all").await;
     let h100 = "NVIDIA H100 80GB HBM3";
     let gpu_pod = |name: &str, count: u32| {

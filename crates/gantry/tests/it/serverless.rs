@@ -1022,10 +1022,96 @@ async fn a_gpu_endpoints_workers_get_their_gpus_from_the_engine_and_are_billed_f
     assert_eq!(totals["cpuAmount"].as_f64(), Some(0.0), "{billed}");
 }
 
+/// Workers a GPU endpoint wants and cannot start for want of free GPUs are
+/// its throttled ones, with the GPU pool's reason: on a machine of two GPUs
+/// (a stand-in `nvidia-smi`), three one-GPU workers are two running and one
+/// throttled, until the endpoint wants two; an endpoint whose workers ask
+/// for three GPUs each can never start one here, and says so. Throttled
+/// workers have no container and no record, so nothing bills them.
+#[tokio::test]
+async fn workers_that_wait_for_gpus_are_counted_throttled_with_the_reason() {
+    let engine = crate::pods::OwnEngine::start_with("gpu-throttled", true, false).await;
+    let dir = tempfile::tempdir().unwrap();
+    let app = crate::pods::on_two_gpus(&engine, dir.path()).await;
+    let (_, key) = app.user_with_key("all").await;
+    let gpu_endpoint = |count: u32, min: u32| {
+        json!({"name": format!("{count} gpus"), "type": "QUEUE", "image": WORKER_IMAGE,
+               "scaling": {"type": "QUEUE_DELAY", "queueDelay": 0.5},
+               "workers": {"min": min, "max": min, "idleTimeout": 1},
+               "gpu": {"pools": ["HOPPER_80"], "count": count}})
+    };
+    let summary_until = |endpoint: String, done: fn(&Value) -> bool| {
+        let (app, key) = (&app, &key);
+        async move {
+            let deadline = Instant::now() + Duration::from_secs(120);
+            loop {
+                let view = app.workers_of(&endpoint, key).await;
+                if done(&view["summary"]) {
+                    return view;
+                }
+                assert!(Instant::now() < deadline, "never came: {view}");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+        }
+    };
+
+    // Three workers of one GPU each on two GPUs: two start, one waits.
+    let a = app.create("/v2/serverless", &key, gpu_endpoint(1, 3)).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let view = summary_until(a.clone(), |s| s["total"] == 2 && s["throttled"] == 1).await;
+    assert_eq!(
+        view["summary"]["throttledReason"], "waiting for 1 free GPU: 2 of this machine's 2 are in use",
+        "{view}"
+    );
+    assert_eq!(endpoint_containers_on(&engine.host, &a).await.len(), 2);
+    // Published for every process: the same from the database's row.
+    let row = app.fleet.service().endpoint_by_id(&a).await.unwrap().unwrap();
+    assert_eq!((row.throttled, row.throttled_reason.is_some()), (1, true));
+
+    // Wanting two, none waits, and the reason is gone.
+    patch_workers(&app, &a, &key, json!({"min": 2, "max": 2, "idleTimeout": 1})).await;
+    let view = summary_until(a.clone(), |s| s["throttled"] == 0).await;
+    assert!(view["summary"].get("throttledReason").is_none(), "{view}");
+    assert_eq!(view["summary"]["total"], 2, "{view}");
+
+    // Three GPUs a worker on a machine of two: never, and not retried into a loop of failures.
+    let b = app.create("/v2/serverless", &key, gpu_endpoint(3, 1)).await["id"]
+        .as_str()
+        .unwrap()
+        .to_owned();
+    let view = summary_until(b.clone(), |s| s["throttled"] == 1).await;
+    assert_eq!(
+        view["summary"]["throttledReason"], "3 GPUs asked for, and this machine has 2",
+        "{view}"
+    );
+    assert_eq!(view["summary"]["total"], 0, "{view}");
+    assert!(endpoint_containers_on(&engine.host, &b).await.is_empty());
+
+    // Deleted, they go, and nothing waits any more.
+    for endpoint in [&a, &b] {
+        let res = app.delete(&format!("/v2/serverless/{endpoint}"), &key).await;
+        assert_eq!(res.status().as_u16(), 204);
+    }
+    let deadline = Instant::now() + Duration::from_secs(120);
+    while !endpoint_containers_on(&engine.host, &a).await.is_empty() {
+        assert!(Instant::now() < deadline, "the workers were never removed");
+        tokio::time::sleep(Duration::from_millis(200)).await;
+    }
+    let row = app.fleet.service().endpoint_by_id(&b).await.unwrap().unwrap();
+    assert_eq!(row.throttled, 0, "a deleted endpoint wants no worker");
+}
+
 /// The containers (running or not) of `endpoint` on the tests' engine.
 async fn endpoint_containers(endpoint: &str) -> Vec<gantry_runtime::Container> {
+    endpoint_containers_on(&docker_host(), endpoint).await
+}
+
+/// The containers (running or not) of `endpoint` on the engine at `host`.
+async fn endpoint_containers_on(host: &str, endpoint: &str) -> Vec<gantry_runtime::Container> {
     use gantry_runtime::Runtime;
-    gantry_runtime::Docker::connect(&docker_host())
+    gantry_runtime::Docker::connect(host)
         .unwrap()
         .list(&[("gantry.id".to_owned(), endpoint.to_owned())])
         .await
@@ -1160,6 +1246,53 @@ async fn idle_worker(app: &TestApp, endpoint: &str, key: &str) -> String {
         assert!(Instant::now() < deadline, "the worker never called in: {view}");
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
+}
+
+/// A job queued through a replica that does not lead the fleet wakes the
+/// leader over the job signals (Redis), which starts the endpoint's worker
+/// at once rather than at its next look: the leader's wake-ups for jobs
+/// count the one the signal brought (none without it: the job was queued
+/// through the other).
+#[tokio::test]
+async fn a_job_queued_through_another_replica_wakes_the_leader_over_the_signals() {
+    let redis = gantry_testkit::RedisServer::start();
+    let settings = |database_url: Option<String>| {
+        let base = replica("signalled replicas of this test", database_url);
+        let redis_url = redis.url();
+        move |s: &mut gantry::Settings| {
+            base(s);
+            s.redis_url = Some(redis_url);
+        }
+    };
+    let leader = TestApp::spawn_with(Backend::Postgres, settings(None)).await;
+    let other = TestApp::spawn_with(Backend::Postgres, settings(Some(leader.database_url.clone()))).await;
+    let (_, key) = leader.user_with_key("all").await;
+    let looks = "gantry_reconciler_looks_total";
+    assert!(sample(&leader, &key, looks).await >= 1.0, "the first replica leads");
+    assert_eq!(sample(&other, &key, looks).await, 0.0, "the second does not");
+    let endpoint = leader
+        .endpoint(&key, WORKER_IMAGE, json!({"min": 0, "max": 1, "idleTimeout": 5}))
+        .await;
+    let job_wakeups = r#"gantry_reconciler_wakeups_total{cause="job"}"#;
+    let before = sample(&leader, &key, job_wakeups).await;
+
+    let view = other
+        .endpoint_job(
+            &endpoint,
+            &key,
+            "runsync?wait=300000",
+            json!({"via": "the other replica"}),
+        )
+        .await;
+    assert_eq!(view["status"], "COMPLETED", "{view}");
+    assert_eq!(view["output"]["echo"]["via"], "the other replica");
+    assert_eq!(
+        sample(&leader, &key, job_wakeups).await,
+        before + 1.0,
+        "woken by the signal"
+    );
+    assert_eq!(sample(&other, &key, looks).await, 0.0, "the second never looked");
+    delete_endpoint_and_its_workers(&leader, &endpoint, &key).await;
 }
 
 /// Moves the fleet lease from `from` to `to` behind their backs (as when

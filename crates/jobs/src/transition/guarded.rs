@@ -6,7 +6,7 @@
 //! change by the settlement's in-memory forms (`plan.rs`).
 
 use sea_orm::sea_query::{Expr, ExprTrait};
-use sea_orm::{ColumnTrait, Condition, DbErr, EntityTrait, QueryFilter, TransactionTrait};
+use sea_orm::{ColumnTrait, Condition, DbBackend, DbErr, EntityTrait, QueryFilter, TransactionTrait};
 
 use super::JobWriter;
 use super::plan::{queued_jobs, requeue_or_fail, running_jobs};
@@ -179,16 +179,25 @@ impl JobWriter {
     /// has passed. Guard: IN_PROGRESS, `run_deadline_ms <= now`.
     pub async fn time_out(&self, at: Retention) -> Result<Vec<job::Model>, DbErr> {
         let _turn = self.turn().await;
-        job::Entity::update_many()
+        let update = job::Entity::update_many()
             .col_expr(J::Status, Expr::value(JobStatus::TimedOut.as_str()))
             .col_expr(J::Error, Expr::value("execution timeout exceeded"))
             .col_expr(J::CompletedAtMs, Expr::value(at.now))
             .col_expr(J::ExpiresAtMs, at.expr())
             .col_expr(J::LeaseUntilMs, Expr::value(Option::<i64>::None))
             .filter(running_jobs())
-            .filter(J::RunDeadlineMs.lte(at.now))
-            .exec_with_returning(&self.db)
-            .await
+            .filter(J::RunDeadlineMs.lte(at.now));
+        if self.db.get_database_backend() != DbBackend::Postgres {
+            return update.exec_with_returning(&self.db).await;
+        }
+        let txn = self.db.begin().await?;
+        let owners = "status = 'IN_PROGRESS' AND run_deadline_ms <= $1";
+        if crate::credit::lock_owners(&txn, owners, vec![at.now.into()], &[]).await? == 0 {
+            return Ok(Vec::new());
+        }
+        let rows = update.exec_with_returning(&txn).await?;
+        txn.commit().await?;
+        Ok(rows)
     }
 
     /// Back to the queue while attempts remain, else FAILED ("scheduler
@@ -198,11 +207,22 @@ impl JobWriter {
     /// IN_PROGRESS, `lease_until_ms < lapsed`.
     pub async fn requeue_orphans(&self, at: Retention, lapsed: i64) -> Result<Vec<job::Model>, DbErr> {
         let _turn = self.turn().await;
-        requeue_or_fail("scheduler lost", at)
+        let update = requeue_or_fail("scheduler lost", at)
             .filter(running_jobs())
-            .filter(J::LeaseUntilMs.lt(lapsed))
-            .exec_with_returning(&self.db)
-            .await
+            .filter(J::LeaseUntilMs.lt(lapsed));
+        if self.db.get_database_backend() != DbBackend::Postgres {
+            return update.exec_with_returning(&self.db).await;
+        }
+        // Those out of attempts fail, which releases their holds: the
+        // owners' accounts first, in order (see `credit::lock_owners`).
+        let txn = self.db.begin().await?;
+        let owners = "status = 'IN_PROGRESS' AND lease_until_ms < $1";
+        if crate::credit::lock_owners(&txn, owners, vec![lapsed.into()], &[]).await? == 0 {
+            return Ok(Vec::new());
+        }
+        let rows = update.exec_with_returning(&txn).await?;
+        txn.commit().await?;
+        Ok(rows)
     }
 
     /// Deletes these jobs with their chunks and progress, one transaction per

@@ -174,6 +174,21 @@ impl JobWriter {
         }
         let settled = async {
             let txn = self.db.begin().await?;
+            // Jobs of more than one owner: their accounts first, in order
+            // (see `credit::lock_owners`); a plan too large to name in one
+            // statement relies on PostgreSQL's deadlock check and a retry.
+            let named = plan.steps.len() + plan.stores.len();
+            if named > 1 && named <= LOCK_OWNERS_MOST {
+                let ids: Vec<sea_orm::Value> = plan.steps.iter().map(|s| s.job_id().into()).collect();
+                let list: Vec<String> = (1..=ids.len()).map(|n| format!("${n}")).collect();
+                let condition = if ids.is_empty() {
+                    "FALSE".to_owned()
+                } else {
+                    format!("id IN ({})", list.join(", "))
+                };
+                let users: Vec<&str> = plan.stores.iter().map(|s| s.row.user_id.as_str()).collect();
+                crate::credit::lock_owners(&txn, &condition, ids, &users).await?;
+            }
             let settled = plan::execute(&txn, &plan).await?;
             txn.commit().await?;
             Ok(settled)
@@ -201,6 +216,10 @@ impl std::fmt::Debug for Refused {
             .finish()
     }
 }
+
+/// Most jobs a settlement names in the statement that locks their owners'
+/// accounts (PostgreSQL binds at most 65 535 values).
+const LOCK_OWNERS_MOST: usize = 30_000;
 
 /// Most rows of one grouped `INSERT` (28 bind values each: well under the
 /// limits of both backends).

@@ -1150,3 +1150,101 @@ async fn admit_inserts_only_with_credit_left() {
     }
     same_on_both(&ends);
 }
+
+/// One integer a PostgreSQL query returns (column `n`).
+async fn pg_number(db: &DatabaseConnection, sql: &str) -> i64 {
+    db.query_one_raw(sea_orm::Statement::from_string(sea_orm::DbBackend::Postgres, sql))
+        .await
+        .unwrap()
+        .unwrap()
+        .try_get::<i64>("", "n")
+        .unwrap()
+}
+
+/// How many sessions of this database wait for a lock now (PostgreSQL).
+async fn waiting_for_locks(db: &DatabaseConnection) -> i64 {
+    let sql = "SELECT COUNT(*) AS n FROM pg_stat_activity WHERE datname = current_database() \
+               AND wait_event_type = 'Lock'";
+    pg_number(db, sql).await
+}
+
+/// Two settlements on PostgreSQL that finish jobs of the same two users in
+/// opposite orders, made to meet: a third transaction holds user a's
+/// account row while the first (a's job, then b's) and the second (b's,
+/// then a's) start, each waiting for a lock. Each finish releases its job's
+/// hold, whose trigger updates its owner's account row; taken in the order
+/// of the jobs, the first would get a's row and want b's, which the second
+/// took and holds while it wants a's: PostgreSQL would abort one as a
+/// deadlock. The settlements take their owners' rows in user order first,
+/// so the second waits for the first, and both commit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn settlements_of_the_same_users_in_opposite_orders_do_not_deadlock() {
+    let pg = gantry_testkit::PgDatabase::create().await;
+    let db = Database::connect(&pg.url).await.unwrap();
+    gantry_migrations::Migrator::up(&db, None).await.unwrap();
+    let writer = JobWriter::open(&db).unwrap();
+    let job = |id: &str, user: &str| {
+        let mut row = running(id, 1);
+        row.user_id = user.into();
+        row
+    };
+    let rows = [job("a1", "a"), job("a2", "a"), job("b1", "b"), job("b2", "b")];
+    for row in &rows {
+        writer.insert(row).await.unwrap();
+    }
+    let fail = |id: &str| Step::Finish {
+        job_id: id.into(),
+        attempt: 1,
+        status: JobStatus::Failed,
+        error: Some("failed".into()),
+        worker_id: None,
+    };
+    let settle = |order: [&str; 2]| {
+        let writer = writer.clone();
+        let mut plan = plan();
+        plan.steps = order.iter().map(|id| fail(id)).collect();
+        tokio::spawn(async move { writer.settle(plan).await })
+    };
+    let until_waiting = |n: i64| {
+        let db = &db;
+        async move {
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            while waiting_for_locks(db).await < n {
+                assert!(std::time::Instant::now() < deadline, "{n} never waited for a lock");
+                tokio::time::sleep(std::time::Duration::from_millis(20)).await;
+            }
+        }
+    };
+
+    use sea_orm::TransactionTrait;
+    let blocker = db.begin().await.unwrap();
+    blocker
+        .execute_unprepared("SELECT 1 FROM credit_accounts WHERE user_id = 'a' FOR UPDATE")
+        .await
+        .unwrap();
+    let first = settle(["a1", "b1"]);
+    until_waiting(1).await;
+    let second = settle(["b2", "a2"]);
+    until_waiting(2).await;
+    blocker.commit().await.unwrap();
+
+    for (name, settlement) in [("first", first), ("second", second)] {
+        let settled = settlement.await.unwrap();
+        assert!(settled.is_ok(), "the {name} settlement: {:?}", settled.err());
+    }
+    let statuses: Vec<String> = job::Entity::find()
+        .order_by_asc(job::Column::Id)
+        .all(&db)
+        .await
+        .unwrap()
+        .into_iter()
+        .map(|row| row.status)
+        .collect();
+    assert_eq!(statuses, ["FAILED"; 4]);
+    let held = pg_number(
+        &db,
+        "SELECT CAST(SUM(held_micro_usd) AS BIGINT) AS n FROM credit_accounts",
+    )
+    .await;
+    assert_eq!(held, 0, "every hold released once");
+}

@@ -8,14 +8,17 @@
 //!    prompt plus `max_tokens`);
 //! 2. builds one batch with the next token of every generating sequence and,
 //!    in the room left, the next chunk of prompts still being read;
-//! 3. decodes it once;
-//! 4. draws the next token of every sequence that has logits, each with its
-//!    own sampler chain: several at once on the engine's sampling threads
-//!    where it has them (by default when layers are on a GPU, whose decode
-//!    leaves the CPU idle), else one after another; then, on the engine
-//!    thread, streams the text, and retires finished and cancelled
-//!    sequences, freeing their KV cells so waiting requests can join before
-//!    the next step.
+//! 3. starts its decode and, while a GPU decodes it, releases the text of
+//!    the tokens drawn at the last step (streams it, looks for stop
+//!    strings);
+//! 4. once the decode is done, retires the sequences that text or their
+//!    length ended, freeing their KV cells so waiting requests can join
+//!    before the next step, and draws the next token of every sequence that
+//!    has logits, each with its own sampler chain: several at once on the
+//!    engine's sampling threads where it has them (by default when layers
+//!    are on a GPU, whose decode leaves the CPU idle), else one after
+//!    another. An end-of-generation token ends its sequence at once; the
+//!    text of any other waits for the next step's decode.
 
 use std::collections::VecDeque;
 use std::collections::hash_map::RandomState;
@@ -375,6 +378,13 @@ struct Sequence {
     logits_at: Option<i32>,
     /// The token drawn from those logits, this step.
     drawn: Option<Token>,
+    /// The last token drawn, whose text is released (streamed, checked for
+    /// stop strings) while the next decode runs, and its log-probability
+    /// when asked for (read before that decode overwrites the logits).
+    pending: Option<(Token, Option<TokenLogprob>)>,
+    /// `pending` is the last token `max_tokens` allows: the sequence ends
+    /// once its text is released.
+    finishing: bool,
     /// Its sampler chain's candidates, kept from token to token.
     candidates: Candidates,
     generated: Vec<i32>,
@@ -407,6 +417,11 @@ struct Engine<'m> {
     free_ids: Vec<i32>,
     waiting: VecDeque<Job>,
     active: Vec<Sequence>,
+    /// Sequences whose end was found while a decode ran (a stop string in
+    /// the text released then, or their last token): retired, and their
+    /// owners told, once it has finished, since their KV cells must not
+    /// change under it.
+    ended: Vec<(i32, FinishReason)>,
     /// End-of-turn tokens the GGUF does not mark as end of generation.
     extra_eog: Vec<Token>,
     /// Where the sequences of a step draw their tokens at once (none: one
@@ -436,6 +451,7 @@ impl<'m> Engine<'m> {
             free_ids: (0..max_sequences).rev().collect(),
             waiting: VecDeque::new(),
             active: Vec::new(),
+            ended: Vec::new(),
             extra_eog,
             pool,
             times,
@@ -461,6 +477,9 @@ impl<'m> Engine<'m> {
                 // sequences of this step, start from a clean cache, go on.
                 let stepped = std::panic::catch_unwind(AssertUnwindSafe(|| self.step()));
                 if stepped.is_err() {
+                    // A decode may still run: its cells change only after it.
+                    self.context.synchronize();
+                    self.ended.clear();
                     self.fail_all("the text engine panicked");
                     self.context.clear();
                 }
@@ -519,6 +538,8 @@ impl<'m> Engine<'m> {
                 next_input: None,
                 logits_at: None,
                 drawn: None,
+                pending: None,
+                finishing: false,
                 candidates: Candidates::default(),
                 generated: Vec::new(),
                 started_at: Instant::now(),
@@ -537,7 +558,13 @@ impl<'m> Engine<'m> {
         sequence
     }
 
-    /// One decode of all active sequences, then sampling.
+    /// One decode of all active sequences, then sampling. While the decode
+    /// runs (on a GPU, after `submit` returns), the text of the tokens drawn
+    /// at the last step is released; the tokens of this one are drawn once
+    /// it has finished. So the engine's own work on the critical path of a
+    /// step is building the batch and drawing; streaming is off it. A
+    /// sequence that a stop string ends is in this decode already: its
+    /// token of it is dropped with its cells.
     fn step(&mut self) {
         let started = Instant::now();
         if let Err(error) = self.fill_batch() {
@@ -545,16 +572,24 @@ impl<'m> Engine<'m> {
             return;
         }
         if self.batch.is_empty() {
+            // Nothing to decode: what the last step drew ends now.
+            self.release_pending();
+            self.retire_ended();
             return;
         }
-        let decode_started = Instant::now();
-        if let Err(error) = self.context.decode(&self.batch) {
+        let submitted = Instant::now();
+        if let Err(error) = self.context.submit(&self.batch) {
             self.fail_all(&format!("llama.cpp decode failed: {error}"));
             return;
         }
-        let decode = decode_started.elapsed();
+        let mut decode = submitted.elapsed();
+        self.release_pending();
+        let waited = Instant::now();
+        self.context.synchronize();
+        decode += waited.elapsed();
+        self.retire_ended();
         let draws = self.draw_all();
-        self.sample_all();
+        self.take_draws();
         let total = started.elapsed();
         let nanos = |d: std::time::Duration| u64::try_from(d.as_nanos()).unwrap_or(u64::MAX);
         self.times
@@ -622,7 +657,11 @@ impl<'m> Engine<'m> {
         Ok(())
     }
 
-    fn sample_all(&mut self) {
+    /// Takes each sequence's drawn token: an end-of-generation token ends
+    /// it now (nothing of it is pending); another becomes its next input
+    /// (unless it is the last `max_tokens` allows) and its pending text,
+    /// released during the next decode.
+    fn take_draws(&mut self) {
         let model = self.model;
         let mut i = 0;
         while i < self.active.len() {
@@ -638,34 +677,56 @@ impl<'m> Engine<'m> {
                 sequence.job.end(Err(JobError::internal("the sampler drew no token")));
                 continue;
             };
+            if model.is_end_of_generation(token) || self.extra_eog.contains(&token) {
+                let sequence = self.retire(i);
+                finish_sequence(sequence, FinishReason::Stop);
+                continue;
+            }
+            // Now: the next decode overwrites the logits.
             let logprob = sequence.job.request.logprobs.and_then(|top| {
                 self.context
                     .logits(index, model.n_vocab())
                     .map(|logits| TokenLogprob::of(model, logits, token, top as usize))
             });
-            let mut finish = None;
-            if model.is_end_of_generation(token) || self.extra_eog.contains(&token) {
-                finish = Some(FinishReason::Stop);
+            sequence.generated.push(token);
+            sequence.pending = Some((token, logprob));
+            if sequence.generated.len() >= sequence.job.request.max_tokens as usize {
+                sequence.finishing = true;
             } else {
-                sequence.generated.push(token);
-                self.piece.clear();
-                model.piece(token, false, &mut self.piece);
-                let released = sequence.text.push(&self.piece);
-                sequence.send(released.piece, logprob);
-                if released.stopped {
-                    finish = Some(FinishReason::Stop);
-                } else if sequence.generated.len() >= sequence.job.request.max_tokens as usize {
-                    finish = Some(FinishReason::Length);
-                } else {
-                    sequence.next_input = Some(token);
-                }
+                sequence.next_input = Some(token);
             }
-            match finish {
-                Some(reason) => {
-                    let sequence = self.retire(i);
-                    finish_sequence(sequence, reason);
-                }
-                None => i += 1,
+            i += 1;
+        }
+    }
+
+    /// Releases the text of each sequence's pending token (streams it, and
+    /// looks for its stop strings), and notes the sequences this ends, to
+    /// be retired by [`Self::retire_ended`] once no decode runs.
+    fn release_pending(&mut self) {
+        let model = self.model;
+        for sequence in &mut self.active {
+            let Some((token, logprob)) = sequence.pending.take() else {
+                continue;
+            };
+            self.piece.clear();
+            model.piece(token, false, &mut self.piece);
+            let released = sequence.text.push(&self.piece);
+            sequence.send(released.piece, logprob);
+            if released.stopped {
+                self.ended.push((sequence.id, FinishReason::Stop));
+            } else if sequence.finishing {
+                self.ended.push((sequence.id, FinishReason::Length));
+            }
+        }
+    }
+
+    /// Retires the sequences [`Self::release_pending`] ended and tells
+    /// their owners; their logits of the decode just done are not drawn.
+    fn retire_ended(&mut self) {
+        for (id, reason) in std::mem::take(&mut self.ended) {
+            if let Some(i) = self.active.iter().position(|s| s.id == id) {
+                let sequence = self.retire(i);
+                finish_sequence(sequence, reason);
             }
         }
     }

@@ -471,13 +471,20 @@ impl<'m> Context<'m> {
     /// `llama_decode` returns, and the wait would otherwise fall on the first
     /// read of the logits, counted as the engine's own work.
     pub fn decode(&mut self, batch: &Batch) -> Result<(), String> {
+        self.submit(batch)?;
+        self.synchronize();
+        Ok(())
+    }
+
+    /// Starts the decode of `batch` and returns: on a GPU, before the device
+    /// has finished it (the engine does its own work meanwhile); on the
+    /// CPU, once it is done. Its logits are read after [`Self::synchronize`]
+    /// (`logits` also waits). llama.cpp has copied the batch when this
+    /// returns.
+    pub fn submit(&mut self, batch: &Batch) -> Result<(), String> {
         // SAFETY: a live context and a batch whose arrays hold `n_tokens`
         // filled entries (`Batch::push` keeps that).
         let code = unsafe { sys::llama_decode(self.raw.as_ptr(), batch.raw) };
-        if code == 0 {
-            // SAFETY: a live context.
-            unsafe { sys::llama_synchronize(self.raw.as_ptr()) };
-        }
         match code {
             0 => Ok(()),
             1 => Err("no room in the KV cache for the batch".into()),
@@ -485,6 +492,12 @@ impl<'m> Context<'m> {
             -1 => Err("llama.cpp refused the batch".into()),
             code => Err(format!("llama_decode returned {code}")),
         }
+    }
+
+    /// Waits until the last decode has finished on its device.
+    pub fn synchronize(&mut self) {
+        // SAFETY: a live context.
+        unsafe { sys::llama_synchronize(self.raw.as_ptr()) };
     }
 
     /// The logits (`n_vocab` of them) of batch index `index` of the last

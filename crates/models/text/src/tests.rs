@@ -272,6 +272,19 @@ async fn batched_sampled_sequences_match_solo_runs() {
     batched_sequences_match_solo_runs(|i| json!({"temperature": 0.9, "top_k": 40, "seed": 11 + i})).await;
 }
 
+/// Greedy again, with a stop string for the first: it ends a step early in
+/// a batch whose decode of its next token is already under way (its text is
+/// released while that decode runs); the others go on exactly as alone,
+/// and the stopped one ends as it does alone.
+#[tokio::test]
+async fn a_stop_string_in_a_batch_ends_its_sequence_alone() {
+    batched_sequences_match_solo_runs(|i| match i {
+        0 => json!({"temperature": 0, "stop": [" 7"]}),
+        _ => json!({"temperature": 0}),
+    })
+    .await;
+}
+
 /// Four requests run one at a time, then together in one batch; `sampling`
 /// gives the sampling fields of the `i`th.
 async fn batched_sequences_match_solo_runs(sampling: impl Fn(usize) -> Value) {
@@ -301,7 +314,12 @@ async fn batched_sequences_match_solo_runs(sampling: impl Fn(usize) -> Value) {
     for input in &inputs {
         let (pieces, finished) = drain(model.engine.submit(request(&model, input), CancellationToken::new())).await;
         let finished = finished.unwrap();
-        assert_eq!(finished.finish_reason, engine::FinishReason::Length, "{input}");
+        let reason = if input.get("stop").is_some() {
+            engine::FinishReason::Stop
+        } else {
+            engine::FinishReason::Length
+        };
+        assert_eq!(finished.finish_reason, reason, "{input}: {}", finished.text);
         assert_eq!(pieces.concat(), finished.text);
         solo.push(finished);
     }
