@@ -427,7 +427,7 @@ pub async fn purge_queue(
 }
 
 #[utoipa::path(get, path = "/v2/{model_id}/health", operation_id = "health", tag = "Model endpoints",
-    description = "The caller's own job counts on the model, and the model's workers: `{jobs: {completed, failed, inProgress, inQueue, retried}, workers: {idle, running}}`. Other users' jobs are never counted; the worker counts are the model's, shared by every caller. Requires `endpoints:run`.",
+    description = "The caller's own job counts on the model, and the model's workers: `{jobs: {completed, failed, inProgress, inQueue, retried}, workers: {idle, running}}`; for a serverless endpoint of the caller's, its workers by status as its workers list sums them (`{running, idle, initializing, throttled, unhealthy, total}`, with `throttledReason` while any wait for GPUs). Other users' jobs are never counted; the worker counts are the model's, shared by every caller. Requires `endpoints:run`.",
     params(("model_id" = String, Path)),
     responses((status = 200, description = "Counts")))]
 pub async fn health(
@@ -435,8 +435,19 @@ pub async fn health(
     caller: Caller,
     path: web::Path<String>,
 ) -> Result<HttpResponse, ApiError> {
-    model(&state, &caller, &path).await?;
+    let target = model(&state, &caller, &path).await?;
     let jobs = state.jobs.health(caller.user_id(), &path).await?;
-    let (idle, running) = state.worker_counts(&path).await?;
-    Ok(HttpResponse::Ok().json(json!({ "jobs": jobs, "workers": { "idle": idle, "running": running } })))
+    let workers = match (&state.fleet, target.timeout_ms) {
+        // A user's endpoint: what every replica publishes of its workers.
+        (Some(fleet), Some(_)) => {
+            let endpoint = state.containers.get_endpoint(caller.user_id(), &path).await?;
+            let views = fleet.worker_views(&endpoint.id).await?;
+            serde_json::to_value(super::serverless::WorkerSummary::of(&endpoint, &views)).unwrap_or_default()
+        }
+        _ => {
+            let (idle, running) = state.worker_counts(&path).await?;
+            json!({ "idle": idle, "running": running })
+        }
+    };
+    Ok(HttpResponse::Ok().json(json!({ "jobs": jobs, "workers": workers })))
 }

@@ -967,6 +967,34 @@ pub struct WorkerSummary {
     total: u32,
 }
 
+impl WorkerSummary {
+    /// The endpoint's workers by status: those listed (`views`), and those
+    /// its leader published as throttled without a container.
+    pub(crate) fn of(endpoint: &EndpointRecord, views: &[gantry_containers::WorkerView]) -> WorkerSummary {
+        let mut summary = WorkerSummary {
+            throttled: endpoint.throttled,
+            throttled_reason: endpoint.throttled_reason.clone().filter(|_| endpoint.throttled > 0),
+            ..WorkerSummary::default()
+        };
+        for view in views {
+            match view.status {
+                "RUNNING" => summary.running += 1,
+                "IDLE" => summary.idle += 1,
+                "INITIALIZING" => summary.initializing += 1,
+                "THROTTLED" => {
+                    summary.throttled += 1;
+                    if summary.throttled_reason.is_none() {
+                        summary.throttled_reason.clone_from(&view.reason);
+                    }
+                }
+                _ => summary.unhealthy += 1,
+            }
+            summary.total += 1;
+        }
+        summary
+    }
+}
+
 #[derive(Serialize, ToSchema)]
 #[serde(rename_all = "camelCase")]
 pub struct ListWorkersResponse {
@@ -1304,38 +1332,19 @@ pub async fn workers(
         None => Vec::new(),
     };
     let now = gantry_containers::service::now_ms();
-    let mut summary = WorkerSummary {
-        throttled: endpoint.throttled,
-        throttled_reason: endpoint.throttled_reason.clone().filter(|_| endpoint.throttled > 0),
-        ..WorkerSummary::default()
-    };
+    let summary = WorkerSummary::of(&endpoint, &views);
     let workers = views
         .into_iter()
-        .map(|view| {
-            match view.status {
-                "RUNNING" => summary.running += 1,
-                "IDLE" => summary.idle += 1,
-                "INITIALIZING" => summary.initializing += 1,
-                "THROTTLED" => {
-                    summary.throttled += 1;
-                    if summary.throttled_reason.is_none() {
-                        summary.throttled_reason.clone_from(&view.reason);
-                    }
-                }
-                _ => summary.unhealthy += 1,
-            }
-            summary.total += 1;
-            WorkerResponse {
-                is_stale: view.version < endpoint.version,
-                status: view.status.to_owned(),
-                version: view.version,
-                gpu_count: view.gpu_count,
-                image: view.image,
-                uptime_seconds: u64::try_from((now - view.started_at_ms).max(0) / 1000).unwrap_or(0),
-                started_at: gantry_billing::history::format_rfc3339(view.started_at_ms),
-                reason: view.reason,
-                id: view.id,
-            }
+        .map(|view| WorkerResponse {
+            is_stale: view.version < endpoint.version,
+            status: view.status.to_owned(),
+            version: view.version,
+            gpu_count: view.gpu_count,
+            image: view.image,
+            uptime_seconds: u64::try_from((now - view.started_at_ms).max(0) / 1000).unwrap_or(0),
+            started_at: gantry_billing::history::format_rfc3339(view.started_at_ms),
+            reason: view.reason,
+            id: view.id,
         })
         .collect();
     Ok(HttpResponse::Ok().json(ListWorkersResponse {

@@ -1069,6 +1069,20 @@ async fn workers_that_wait_for_gpus_are_counted_throttled_with_the_reason() {
     // Published for every process: the same from the database's row.
     let row = app.fleet.service().endpoint_by_id(&a).await.unwrap().unwrap();
     assert_eq!((row.throttled, row.throttled_reason.is_some()), (1, true));
+    // And the endpoint's public health says so, as RunPod's does.
+    let health: Value = app
+        .client
+        .get(format!("{}/v2/{a}/health", app.public_base))
+        .bearer_auth(&key)
+        .send()
+        .await
+        .unwrap()
+        .json()
+        .await
+        .unwrap();
+    assert_eq!(health["workers"]["throttled"], 1, "{health}");
+    assert_eq!(health["workers"]["total"], 2, "{health}");
+    assert_eq!(health["jobs"]["inQueue"], 0, "{health}");
 
     // Wanting two, none waits, and the reason is gone.
     patch_workers(&app, &a, &key, json!({"min": 2, "max": 2, "idleTimeout": 1})).await;
