@@ -274,6 +274,11 @@ async fn kubelet_pass(api: &Api, docker: &Docker) {
 
 /// Gantry on the Kubernetes runtime in namespace `ns`, and the stand-in kubelet of that namespace.
 async fn spawn(ns: &str) -> (TestApp, Api, Kubelet) {
+    spawn_tuned(ns, |_| {}).await
+}
+
+/// [`spawn`], with `tune` applied to the settings last.
+async fn spawn_tuned(ns: &str, tune: impl FnOnce(&mut gantry::Settings) + Send + 'static) -> (TestApp, Api, Kubelet) {
     let (server, token, ca) = kube_env();
     let token_file = std::env::temp_dir().join(format!("gantry-kube-token-{}", std::process::id()));
     std::fs::write(&token_file, &token).unwrap();
@@ -289,6 +294,7 @@ async fn spawn(ns: &str) -> (TestApp, Api, Kubelet) {
         settings.serverless.kubernetes.namespace = Some(ns);
         settings.serverless.tick_ms = 200;
         settings.serverless.stop_grace_ms = 5_000;
+        tune(settings);
     })
     .await;
     (app, api, kubelet)
@@ -611,7 +617,9 @@ async fn a_gpu_endpoints_workers_ask_kubernetes_for_its_gpu_type_data_center_and
 /// Pod runs and does the job that waited.
 #[tokio::test]
 async fn a_worker_whose_pod_waits_for_a_gpu_node_is_throttled_and_not_billed() {
-    let (app, api, _kubelet) = spawn("gt-throttled").await;
+    // A start timeout the wait outlasts (a worker that has not called in
+    // by then is replaced, unless its Pod is still waiting for a node).
+    let (app, api, _kubelet) = spawn_tuned("gt-throttled", |s| s.serverless.start_timeout_ms = 5_000).await;
     NO_FREE_GPUS.lock().unwrap().push(api.ns.clone());
     let (_, key) = app.user_with_key("all").await;
     let body = json!({
@@ -656,7 +664,7 @@ async fn a_worker_whose_pod_waits_for_a_gpu_node_is_throttled_and_not_billed() {
         .unwrap();
     let (status, queued) = json_of(res).await;
     assert_eq!(status, 200, "{queued}");
-    tokio::time::sleep(Duration::from_secs(3)).await;
+    tokio::time::sleep(Duration::from_secs(7)).await;
     let view = workers().await;
     assert_eq!(view["workers"][0]["id"], pod.as_str(), "not replaced: {view}");
     assert_eq!(api.pods().await.len(), 1);
@@ -674,13 +682,11 @@ async fn a_worker_whose_pod_waits_for_a_gpu_node_is_throttled_and_not_billed() {
     let id = queued["id"].as_str().unwrap();
     let deadline = Instant::now() + Duration::from_secs(120);
     loop {
-        let res = client
-            .get(format!("{}/v2/{endpoint}/status/{id}", app.public_base))
-            .bearer_auth(&key)
+        let res = app
+            .public(Method::GET, &format!("/v2/{endpoint}/status/{id}"), &key)
             .send()
-            .await
-            .unwrap();
-        let (_, job) = json_of(res).await;
+            .await;
+        let (_, job) = json_of(res.unwrap()).await;
         if job["status"] == "COMPLETED" {
             assert_eq!(job["output"]["echo"]["waited"], true, "{job}");
             break;

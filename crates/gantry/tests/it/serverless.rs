@@ -1071,9 +1071,7 @@ async fn workers_that_wait_for_gpus_are_counted_throttled_with_the_reason() {
     assert_eq!((row.throttled, row.throttled_reason.is_some()), (1, true));
     // And the endpoint's public health says so, as RunPod's does.
     let health: Value = app
-        .client
-        .get(format!("{}/v2/{a}/health", app.public_base))
-        .bearer_auth(&key)
+        .public(Method::GET, &format!("/v2/{a}/health"), &key)
         .send()
         .await
         .unwrap()
