@@ -349,7 +349,9 @@ impl Fleet {
             .collect())
     }
 
-    pub(crate) fn installation(&self) -> &str {
+    /// This installation's [`LABEL_INSTALLATION`] value: what finds its
+    /// containers on an engine that others share.
+    pub fn installation(&self) -> &str {
         &self.installation
     }
 

@@ -328,6 +328,13 @@ impl Dispatcher {
         self.inner.cancel(job_id, reason)
     }
 
+    /// Those of `job_ids` that no connected worker runs now (as the registry
+    /// counts them: from assignment until its terminal message or the loss
+    /// of its worker, each of which is then reported as an [`Event`]).
+    pub fn not_running(&self, job_ids: impl IntoIterator<Item = String>) -> Vec<String> {
+        self.inner.not_running(job_ids)
+    }
+
     /// Stops assigning to `worker_id` and asks it to finish its running jobs
     /// and leave. Returns false for an unknown worker.
     pub fn drain(&self, worker_id: &str) -> bool {

@@ -46,6 +46,9 @@ struct WorkerEntry {
     draining: bool,
     /// job id -> attempt.
     running: HashMap<String, u32>,
+    /// Running jobs the worker's last heartbeats did not list, and in how
+    /// many of them in a row (see [`OMITTED_BEATS`]).
+    omitted: HashMap<String, u8>,
     last_seen: Instant,
     /// This worker's own lease, when it is not the configured one (a
     /// polling worker's).
@@ -54,6 +57,12 @@ struct WorkerEntry {
     /// Stops the stream's reader task.
     kill: CancellationToken,
 }
+
+/// Heartbeats in a row that may leave out a job the worker was assigned
+/// before it is taken for one the worker never got. One can: the worker may
+/// have written it before it read the assignment; the next is sent a whole
+/// interval later, by the loop that reads assignments in between.
+const OMITTED_BEATS: u8 = 2;
 
 /// A freshly registered stream.
 pub(crate) struct Registration {
@@ -107,6 +116,7 @@ impl Inner {
             hello,
             draining: false,
             running: HashMap::new(),
+            omitted: HashMap::new(),
             last_seen: Instant::now(),
             lease: None,
             tx,
@@ -226,6 +236,21 @@ impl Inner {
                 }
                 files.unwrap_or_default()
             }
+            (Effect::NotRunThere(jobs), _) => {
+                for (job_id, attempt) in jobs {
+                    tracing::error!(%worker_id, %job_id, attempt, "the worker's heartbeats leave out a job assigned to it; failing it for a retry");
+                    self.emit(Event::Failed {
+                        job_id,
+                        attempt,
+                        worker_id: worker_id.to_owned(),
+                        error: "the worker does not run the job it was assigned (its heartbeats leave it out)"
+                            .to_owned(),
+                        retryable: true,
+                    })
+                    .await;
+                }
+                files.unwrap_or_default()
+            }
             (Effect::Forward, kind) => {
                 let (event, unused) = job_event(worker_id, kind, files);
                 if let Some(event) = event {
@@ -317,6 +342,12 @@ impl Inner {
         });
         let _ = entry.tx.send(Ok(SchedulerMessage { kind: Some(message) }));
         Some(worker_id.clone())
+    }
+
+    /// Those of `job_ids` that no worker runs now.
+    pub(crate) fn not_running(&self, job_ids: impl IntoIterator<Item = String>) -> Vec<String> {
+        let state = self.state();
+        job_ids.into_iter().filter(|id| !state.jobs.contains_key(id)).collect()
     }
 
     /// How many jobs stream `conn` of `worker_id` holds (assigned and not
@@ -480,7 +511,30 @@ impl Registry {
                 tracing::warn!(%worker_id, "ignoring a second hello");
                 Effect::Ignore
             }
-            Kind::Heartbeat(_) | Kind::FileChunk(_) => Effect::Ignore,
+            Kind::Heartbeat(beat) => {
+                let gone = entry.not_listed(&beat.running_job_ids);
+                if gone.is_empty() {
+                    return Effect::Ignore;
+                }
+                for (job_id, _) in &gone {
+                    entry.running.remove(job_id);
+                    entry.omitted.remove(job_id);
+                    // Its slot was never taken on the worker: it never
+                    // gives it back.
+                    entry.credits = entry.credits.saturating_add(1).min(entry.hello.slots);
+                    // Should the assignment turn up after all, it stops there.
+                    let cancel = scheduler_message::Kind::Cancel(Cancel {
+                        job_id: job_id.clone(),
+                        reason: "not run in time".to_owned(),
+                    });
+                    let _ = entry.tx.send(Ok(SchedulerMessage { kind: Some(cancel) }));
+                }
+                for (job_id, _) in &gone {
+                    self.jobs.remove(job_id);
+                }
+                Effect::NotRunThere(gone)
+            }
+            Kind::FileChunk(_) => Effect::Ignore,
             Kind::Draining(_) => {
                 tracing::info!(%worker_id, "worker is draining");
                 entry.draining = true;
@@ -512,6 +566,7 @@ impl Registry {
             return false;
         }
         entry.running.remove(job_id);
+        entry.omitted.remove(job_id);
         self.jobs.remove(job_id);
         true
     }
@@ -521,6 +576,26 @@ impl WorkerEntry {
     fn runs(&self, job_id: &str, attempt: u32) -> bool {
         self.running.get(job_id) == Some(&attempt)
     }
+
+    /// Counts the running jobs a heartbeat does not list; returns those
+    /// that [`OMITTED_BEATS`] heartbeats in a row left out, with their attempts.
+    fn not_listed(&mut self, listed: &[String]) -> Vec<(String, u32)> {
+        let listed: std::collections::HashSet<&str> = listed.iter().map(String::as_str).collect();
+        self.omitted.retain(|job_id, _| !listed.contains(job_id.as_str()));
+        let mut gone = Vec::new();
+        for (job_id, attempt) in &self.running {
+            if listed.contains(job_id.as_str()) {
+                continue;
+            }
+            let count = self.omitted.entry(job_id.clone()).or_insert(0);
+            *count += 1;
+            if *count >= OMITTED_BEATS {
+                gone.push((job_id.clone(), *attempt));
+            }
+        }
+        gone.sort();
+        gone
+    }
 }
 
 /// What a worker message means for the job layer.
@@ -528,6 +603,8 @@ enum Effect {
     Ignore,
     /// Models whose capacity grew.
     Capacity(Vec<String>),
+    /// Jobs (with their attempts) the worker does not run, though assigned.
+    NotRunThere(Vec<(String, u32)>),
     /// A message about a job running there: turn it into an event.
     Forward,
 }

@@ -255,17 +255,20 @@ impl JobStore {
     /// `SchedulerConfig::sync_store_after`) reads as `IN_PROGRESS` here.
     pub async fn get(&self, user: &str, model_id: &str, job_id: &str) -> Result<JobView, JobError> {
         let now = now_ms();
-        match self.find(user, model_id, job_id, now).await {
-            Ok(row) => {
-                let mut view = self.linked(JobView::of(&row, now)).await;
-                view.progress = self.progress_of(&row).await?;
-                Ok(view)
-            }
+        let row = match self.find(user, model_id, job_id, now).await {
+            Ok(row) => row,
             Err(JobError::NotFound) if self.hub.lane.is_unstored(job_id, user, model_id) => {
-                Ok(JobView::unstored(job_id))
+                return Ok(JobView::unstored(job_id));
             }
-            Err(error) => Err(error),
-        }
+            // The scheduler may have written it between the read and the
+            // look at the lane (it leaves the lane once its row is
+            // committed): read once more before saying it does not exist.
+            Err(JobError::NotFound) => self.find(user, model_id, job_id, now).await?,
+            Err(error) => return Err(error),
+        };
+        let mut view = self.linked(JobView::of(&row, now)).await;
+        view.progress = self.progress_of(&row).await?;
+        Ok(view)
     }
 
     /// The latest progress message of a running job's current attempt.

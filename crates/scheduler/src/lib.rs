@@ -282,6 +282,9 @@ impl Core {
                     if let Err(error) = sweep.sweep(ctx, held, claim, publish).await {
                         tracing::warn!(%error, "sweep failed");
                     }
+                    if let Some(lost) = sweep.unrun(ctx, held, !events.is_empty()) {
+                        settle.offer(ctx, held, claim, lost, &mut events);
+                    }
                 }
                 () = deadline_sleep, if !settling => sweep.deadlines(ctx, held, claim, publish).await,
                 () = wakeups.notify.notified() => {

@@ -273,9 +273,11 @@ impl Settle {
                 }
                 ctx.parts.outcomes.lose(&lost);
                 // Left IN_PROGRESS in the database: forget them here so their
-                // lease lapses and a sweep requeues them.
+                // lease lapses and a sweep requeues them. That includes the
+                // jobs of a lost worker: held, they would be renewed for ever
+                // with nothing running them.
                 for event in &batch {
-                    if let Some(job_id) = terminal_job(event) {
+                    for job_id in ended_jobs(event) {
                         held.release(job_id);
                     }
                 }
@@ -679,11 +681,14 @@ fn stream_job(event: &Event) -> Option<&str> {
     }
 }
 
-fn terminal_job(event: &Event) -> Option<&str> {
+/// The jobs whose run `event` says is over on its worker: the one a result,
+/// failure or cancellation ends, or every job a lost worker held.
+fn ended_jobs(event: &Event) -> Vec<&str> {
     match event {
         Event::Completed { job_id, .. } | Event::Failed { job_id, .. } | Event::Cancelled { job_id, .. } => {
-            Some(job_id)
+            vec![job_id.as_str()]
         }
-        _ => None,
+        Event::WorkerLost { running_job_ids, .. } => running_job_ids.iter().map(String::as_str).collect(),
+        _ => Vec::new(),
     }
 }

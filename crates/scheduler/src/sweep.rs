@@ -6,6 +6,7 @@
 use std::collections::HashSet;
 use std::time::Duration;
 
+use gantry_dispatch::Event;
 use sea_orm::{ColumnTrait, DbErr, EntityTrait, QueryFilter, QuerySelect};
 
 use gantry_jobs::JobStatus;
@@ -41,6 +42,8 @@ pub(super) struct Sweep {
     /// Running jobs another process signalled cancelled: their rows are
     /// checked between settlements (see `recheck`).
     rechecks: HashSet<String>,
+    /// Held jobs that no worker ran at the last look (see [`Sweep::unrun`]).
+    unrun: HashSet<String>,
 }
 
 impl Sweep {
@@ -48,6 +51,7 @@ impl Sweep {
         Self {
             presence,
             rechecks: HashSet::new(),
+            unrun: HashSet::new(),
         }
     }
 
@@ -87,6 +91,36 @@ impl Sweep {
         publish.take_over(now_ms()).await?;
         let health = ctx.dispatcher.health();
         self.presence.publish(&health, &ctx.dispatcher).await
+    }
+
+    /// The jobs this instance holds as assigned that no worker runs, at this
+    /// look and at the one before, with no worker event waiting in between
+    /// (`events_waiting` false): a worker's result or loss is reported as an
+    /// event the moment the dispatcher forgets the job, so such a job's end
+    /// was lost on the way, and nothing would ever settle it while its lease
+    /// is renewed. They are returned as one lost worker's jobs, for the
+    /// settlement to requeue (a retry, counted against their attempts).
+    /// Called between settlements only: one in flight still holds its jobs.
+    pub(super) fn unrun(&mut self, ctx: &Context, held: &Held, events_waiting: bool) -> Option<Event> {
+        let assigned = held.iter().filter(|(_, r)| r.assigned).map(|(id, _)| id.clone());
+        let missing: HashSet<String> = ctx.dispatcher.not_running(assigned).into_iter().collect();
+        let seen_before = std::mem::replace(&mut self.unrun, missing);
+        if events_waiting {
+            return None;
+        }
+        let mut lost: Vec<String> = self.unrun.intersection(&seen_before).cloned().collect();
+        if lost.is_empty() {
+            return None;
+        }
+        lost.sort();
+        for job_id in &lost {
+            self.unrun.remove(job_id);
+        }
+        tracing::error!(jobs = ?lost, "held jobs that no worker runs: their end was never reported; requeueing them");
+        Some(Event::WorkerLost {
+            worker_id: String::new(),
+            running_job_ids: lost,
+        })
     }
 
     /// A held job is due (see `Held::next_due`): writes the unstored jobs

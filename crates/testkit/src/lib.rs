@@ -40,3 +40,27 @@ pub fn unique() -> u64 {
         .unwrap_or(0);
     NEXT.fetch_add(1, Ordering::Relaxed) * 1_000_000_000 + nanos
 }
+
+/// With `GANTRY_TEST_TRACE=<file>` (and optionally `GANTRY_TEST_TRACE_FILTER`,
+/// default `info`), what the tests run (platforms, schedulers, workers) logs
+/// there: what to read when a test fails on a loaded machine and not on a
+/// quiet one.
+pub fn trace_to_file() {
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        let Some(path) = std::env::var_os("GANTRY_TEST_TRACE") else {
+            return;
+        };
+        let file = std::fs::OpenOptions::new()
+            .create(true)
+            .append(true)
+            .open(&path)
+            .expect("GANTRY_TEST_TRACE names a writable file");
+        let filter = std::env::var("GANTRY_TEST_TRACE_FILTER").unwrap_or_else(|_| "info".into());
+        let _ = tracing_subscriber::fmt()
+            .with_ansi(false)
+            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
+            .with_writer(std::sync::Mutex::new(file))
+            .try_init();
+    });
+}

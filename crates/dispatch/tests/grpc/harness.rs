@@ -267,8 +267,24 @@ impl Drop for Worker {
 /// A hand-driven worker stream, for what the SDK never does on purpose.
 pub struct RawWorker {
     /// Our half of the stream; it stays open while this lives.
-    _out: mpsc::Sender<WorkerMessage>,
+    pub out: mpsc::Sender<WorkerMessage>,
     pub inbound: Streaming<SchedulerMessage>,
+}
+
+impl RawWorker {
+    /// Sends a heartbeat that lists `running` as the jobs it runs.
+    pub async fn heartbeat(&self, running: &[&str]) {
+        let beat = gantry_proto::v1::Heartbeat {
+            timestamp_unix_ms: 0,
+            running_job_ids: running.iter().map(|id| (*id).to_owned()).collect(),
+        };
+        self.out
+            .send(WorkerMessage {
+                kind: Some(Kind::Heartbeat(beat)),
+            })
+            .await
+            .unwrap();
+    }
 }
 
 pub fn hello(worker_id: &str, models: &[&str], slots: u32) -> Hello {
@@ -314,5 +330,5 @@ pub async fn raw_connect(url: &str, authorization: Option<String>, hello: Hello)
         .await
         .expect("connect timed out")?
         .into_inner();
-    Ok(RawWorker { _out: out, inbound })
+    Ok(RawWorker { out, inbound })
 }

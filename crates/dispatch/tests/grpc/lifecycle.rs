@@ -287,3 +287,101 @@ async fn a_graceful_scheduler_shutdown_disconnects_workers_who_keep_retrying() {
     tokio::time::sleep(Duration::from_millis(100)).await;
     assert!(worker.is_running());
 }
+
+/// An assignment the worker's heartbeats leave out twice in a row was never
+/// run there (lost on the way, or dropped by the worker): it is failed for a
+/// retry, its slot comes back, and the worker is told to stop it should it
+/// turn up. A job the heartbeats list is left alone, and one omission alone
+/// (a heartbeat written before the assignment was read) changes nothing.
+#[tokio::test]
+async fn a_job_the_workers_heartbeats_leave_out_is_failed_for_a_retry() {
+    let mut server = Server::start();
+    let bearer = format!("Bearer {}", token("w-forgetful", &["forgetful"], SECRET));
+    let mut worker = raw_connect(&server.url(), Some(bearer), hello("w-forgetful", &["forgetful"], 2))
+        .await
+        .unwrap();
+    server.wait_capacity("forgetful").await;
+    for job in ["job-kept", "job-dropped"] {
+        server
+            .dispatcher
+            .assign(Assignment::new(job, 1, "forgetful", json!({})))
+            .unwrap();
+    }
+    assert_eq!(server.dispatcher.health().models["forgetful"].free_slots, 0);
+
+    // One heartbeat without it: nothing yet. (The progress message after
+    // it marks when the dispatcher has read it: one stream is read in order.)
+    worker.heartbeat(&["job-kept"]).await;
+    let progress = gantry_proto::v1::Progress {
+        job_id: "job-kept".into(),
+        attempt: 1,
+        message_json: "{}".into(),
+    };
+    worker
+        .out
+        .send(gantry_proto::v1::WorkerMessage {
+            kind: Some(gantry_proto::v1::worker_message::Kind::Progress(progress)),
+        })
+        .await
+        .unwrap();
+    let event = server
+        .wait_for("progress", |e| {
+            matches!(e, Event::Progress { .. } | Event::Failed { .. })
+        })
+        .await;
+    assert!(matches!(event, Event::Progress { .. }), "{event:?}");
+    assert!(server.dispatcher.not_running(["job-dropped".to_owned()]).is_empty());
+    worker.heartbeat(&["job-kept", "job-dropped"]).await;
+    worker.heartbeat(&["job-kept"]).await;
+    // Two in a row: failed, retryable.
+    worker.heartbeat(&["job-kept"]).await;
+    let event = server
+        .wait_for("the dropped job's failure", |e| matches!(e, Event::Failed { .. }))
+        .await;
+    let Event::Failed {
+        job_id,
+        attempt,
+        worker_id,
+        error,
+        retryable,
+    } = event
+    else {
+        unreachable!()
+    };
+    assert_eq!(
+        (job_id.as_str(), attempt, worker_id.as_str()),
+        ("job-dropped", 1, "w-forgetful")
+    );
+    assert!(retryable);
+    assert!(error.contains("heartbeats"), "{error}");
+    // Its slot is free again; the listed job still runs there.
+    let workers = server.dispatcher.workers();
+    assert_eq!(workers[0].running_job_ids, ["job-kept"]);
+    assert_eq!(workers[0].free_slots, 1);
+    assert_eq!(
+        server
+            .dispatcher
+            .not_running(["job-kept".to_owned(), "job-dropped".to_owned()]),
+        ["job-dropped"]
+    );
+    // The worker was told to stop it.
+    let mut cancelled = None;
+    while cancelled.is_none() {
+        let message = tokio::time::timeout(WAIT, worker.inbound.message())
+            .await
+            .unwrap()
+            .unwrap()
+            .unwrap();
+        if let Some(scheduler_message::Kind::Cancel(cancel)) = message.kind {
+            cancelled = Some(cancel.job_id);
+        }
+    }
+    assert_eq!(cancelled.as_deref(), Some("job-dropped"));
+    // Nothing else was reported of the listed job.
+    while let Ok(event) = server.events.try_recv() {
+        assert!(
+            !matches!(&event, Event::Failed { job_id, .. } if job_id == "job-kept"),
+            "{event:?}"
+        );
+    }
+}

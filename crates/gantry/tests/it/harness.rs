@@ -46,7 +46,7 @@ impl TestApp {
     }
 
     pub async fn spawn_with(backend: Backend, tweak: impl FnOnce(&mut Settings)) -> TestApp {
-        trace_to_file();
+        gantry_testkit::trace_to_file();
         let dir = tempfile::tempdir().expect("temp dir");
         let (database_url, database) = match backend {
             Backend::Sqlite => (format!("sqlite://{}/gantry.db?mode=rwc", dir.path().display()), None),
@@ -94,6 +94,9 @@ impl TestApp {
         let db = app.state().db.clone();
         let handles = app.handles();
         tokio::spawn(app.run_until_stopped());
+        if settings.serverless.docker_host.is_some() {
+            *live_installations().entry(fleet.installation().to_owned()).or_default() += 1;
+        }
         TestApp {
             scheduler,
             fleet,
@@ -184,7 +187,43 @@ impl Drop for TestApp {
             // Stopping is asynchronous; the listener threads end on their own.
             drop(handle.stop(false));
         }
+        // The last process of an installation is gone: its serverless
+        // workers would poll a platform that no longer answers, in a busy
+        // loop that slows every test after this one (a test that fails
+        // before deleting its endpoint, or one that ends with workers up).
+        // Its pods stay: a test may start the installation again to adopt them.
+        let Some(host) = self.settings.serverless.docker_host.as_deref() else {
+            return;
+        };
+        let installation = self.fleet.installation().to_owned();
+        let last = {
+            let mut live = live_installations();
+            let count = live.entry(installation.clone()).or_default();
+            *count = count.saturating_sub(1);
+            let last = *count == 0;
+            if last {
+                live.remove(&installation);
+            }
+            last
+        };
+        if last {
+            crate::serverless::remove_containers(
+                host,
+                &[
+                    &format!("{}={installation}", gantry_containers::fleet::LABEL_INSTALLATION),
+                    &format!("{}=worker", gantry_containers::fleet::LABEL_KIND),
+                ],
+            );
+        }
     }
+}
+
+/// How many [`TestApp`]s of each installation (see `Fleet::installation`)
+/// with a container engine are alive in this test process.
+fn live_installations() -> std::sync::MutexGuard<'static, std::collections::HashMap<String, usize>> {
+    static LIVE: std::sync::LazyLock<std::sync::Mutex<std::collections::HashMap<String, usize>>> =
+        std::sync::LazyLock::new(Default::default);
+    LIVE.lock().unwrap_or_else(std::sync::PoisonError::into_inner)
 }
 
 pub use gantry_testkit::unique;
@@ -299,9 +338,13 @@ pub struct SseReader {
 
 impl SseReader {
     pub async fn open(app: &TestApp, model: &str, key: &str, id: &str, last_event_id: Option<i64>) -> SseReader {
+        // The client's 30 s bounds a whole request, body included, which would
+        // cap a stream at 30 s however slowly the machine runs the job: the
+        // waits of `next` bound a stream instead, one event at a time.
         let mut request = app
             .public(Method::GET, &format!("/v2/{model}/stream/{id}"), key)
-            .header("accept", "text/event-stream");
+            .header("accept", "text/event-stream")
+            .timeout(Duration::from_secs(24 * 3600));
         if let Some(last) = last_event_id {
             request = request.header("last-event-id", last.to_string());
         }
@@ -345,27 +388,4 @@ impl SseReader {
         }
         events
     }
-}
-
-/// With `GANTRY_TEST_TRACE=<file>` (and optionally `GANTRY_TEST_TRACE_FILTER`,
-/// default `info`), the platforms the tests start log there: what to read when
-/// a test fails on a loaded machine and not on a quiet one.
-fn trace_to_file() {
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        let Some(path) = std::env::var_os("GANTRY_TEST_TRACE") else {
-            return;
-        };
-        let file = std::fs::OpenOptions::new()
-            .create(true)
-            .append(true)
-            .open(&path)
-            .expect("GANTRY_TEST_TRACE names a writable file");
-        let filter = std::env::var("GANTRY_TEST_TRACE_FILTER").unwrap_or_else(|_| "info".into());
-        let _ = tracing_subscriber::fmt()
-            .with_ansi(false)
-            .with_env_filter(tracing_subscriber::EnvFilter::new(filter))
-            .with_writer(std::sync::Mutex::new(file))
-            .try_init();
-    });
 }

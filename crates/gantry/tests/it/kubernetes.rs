@@ -138,22 +138,34 @@ fn now_rfc3339() -> String {
 }
 
 /// The stand-in kubelet of one namespace (see the module's documentation); stops when dropped.
-struct Kubelet(tokio::task::JoinHandle<()>);
+struct Kubelet {
+    task: tokio::task::JoinHandle<()>,
+    /// The namespace whose containers it runs.
+    ns: String,
+}
 
 impl Drop for Kubelet {
+    /// Stops the kubelet and removes every container it started for its
+    /// namespace, still running or not: a worker left running after its
+    /// test polls a platform that is gone, and the busy loop would slow the
+    /// test binaries after this one.
     fn drop(&mut self) {
-        self.0.abort();
+        self.task.abort();
+        let label = format!("kubelet.namespace={}", self.ns);
+        crate::serverless::remove_containers(&crate::serverless::docker_host(), &[&label]);
     }
 }
 
 impl Kubelet {
     fn start(api: Api, docker: Docker) -> Kubelet {
-        Kubelet(tokio::spawn(async move {
+        let ns = api.ns.clone();
+        let task = tokio::spawn(async move {
             loop {
                 kubelet_pass(&api, &docker).await;
                 tokio::time::sleep(Duration::from_millis(100)).await;
             }
-        }))
+        });
+        Kubelet { task, ns }
     }
 }
 
@@ -618,8 +630,15 @@ async fn a_gpu_endpoints_workers_ask_kubernetes_for_its_gpu_type_data_center_and
 #[tokio::test]
 async fn a_worker_whose_pod_waits_for_a_gpu_node_is_throttled_and_not_billed() {
     // A start timeout the wait outlasts (a worker that has not called in
-    // by then is replaced, unless its Pod is still waiting for a node).
-    let (app, api, _kubelet) = spawn_tuned("gt-throttled", |s| s.serverless.start_timeout_ms = 5_000).await;
+    // by then is replaced, unless its Pod is still waiting for a node). It
+    // runs again once the Pod has a node, so it must also cover the start
+    // of the worker's Python on a loaded machine: 5 s did not, under three
+    // busy loops on two cores, and the Pod was rightly replaced.
+    const START_TIMEOUT: Duration = Duration::from_secs(20);
+    let (app, api, _kubelet) = spawn_tuned("gt-throttled", |s| {
+        s.serverless.start_timeout_ms = START_TIMEOUT.as_millis() as u64;
+    })
+    .await;
     NO_FREE_GPUS.lock().unwrap().push(api.ns.clone());
     let (_, key) = app.user_with_key("all").await;
     let body = json!({
@@ -664,7 +683,7 @@ async fn a_worker_whose_pod_waits_for_a_gpu_node_is_throttled_and_not_billed() {
         .unwrap();
     let (status, queued) = json_of(res).await;
     assert_eq!(status, 200, "{queued}");
-    tokio::time::sleep(Duration::from_secs(7)).await;
+    tokio::time::sleep(START_TIMEOUT + Duration::from_secs(2)).await;
     let view = workers().await;
     assert_eq!(view["workers"][0]["id"], pod.as_str(), "not replaced: {view}");
     assert_eq!(api.pods().await.len(), 1);

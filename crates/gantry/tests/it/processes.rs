@@ -1108,3 +1108,112 @@ async fn the_compose_topology_runs_as_real_processes() {
     assert_eq!(crate::metrics::value(&samples, "gantry_files_stored", &[]), Some(1.0));
     cluster.assert_each_completed_and_charged_once(&[id_of(&job)]).await;
 }
+
+/// `onnx_library` puts every ONNX model of a process on the operator's ONNX
+/// Runtime: here the `onnxruntime-gpu` wheel's (`scripts/test` fetches it).
+/// A worker on the CPU serves terrain jobs on it; a worker told to use a GPU
+/// (`image.cuda_device`) where none can be had (no GPU on this machine) does
+/// not start, and says why, rather than quietly running on the CPU: the
+/// terrain model on ONNX Runtime's CUDA provider, and a GAN on candle's.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn onnx_models_run_on_the_operators_runtime_and_an_unreachable_gpu_stops_the_worker() {
+    let gpu_runtime = std::env::var("GANTRY_TEST_ONNXRUNTIME_GPU")
+        .expect("GANTRY_TEST_ONNXRUNTIME_GPU names onnxruntime-gpu's library: scripts/fetch-onnxruntime-gpu.sh (scripts/test runs it)");
+    let models = crate::text::models_dir();
+    let models = models.to_str().expect("a UTF-8 models dir");
+    let cluster = Cluster::new(&[
+        ("GANTRY_MODELS_DIR", models),
+        ("GANTRY_PULL_ON_START", "false"),
+        ("GANTRY_ONNX_LIBRARY", gpu_runtime.as_str()),
+    ])
+    .await;
+    let key = cluster.user_key();
+    let api = Cluster::ready_api(cluster.api("api")).await;
+    let sched = Cluster::ready_scheduler(cluster.scheduler("scheduler")).await;
+    let worker_args = |id| {
+        [
+            "worker",
+            "--model",
+            "terrain-128",
+            "--scheduler",
+            sched.url.as_str(),
+            "--id",
+            id,
+        ]
+    };
+
+    if !std::path::Path::new("/dev/nvidia0").exists() {
+        // Without a GPU, a model set on CUDA device 0 does not load, and its
+        // worker stops saying why: the terrain on ONNX Runtime's provider,
+        // the GAN generators and Whisper on candle's (no `cuda` build either).
+        for (id, model, setting, reason) in [
+            (
+                "gpu-worker",
+                "terrain-128",
+                "GANTRY_IMAGE__CUDA_DEVICE",
+                "ONNX Runtime cannot run on CUDA device 0",
+            ),
+            (
+                "gan-worker",
+                "dcgan-faces-64",
+                "GANTRY_IMAGE__CUDA_DEVICE",
+                "no CUDA device 0",
+            ),
+            (
+                "whisper-worker",
+                "whisper-tiny-en",
+                "GANTRY_TRANSCRIPTION__CUDA_DEVICE",
+                "no CUDA device 0",
+            ),
+        ] {
+            let args = [
+                "worker",
+                "--model",
+                model,
+                "--scheduler",
+                sched.url.as_str(),
+                "--id",
+                id,
+            ];
+            let mut worker = cluster.spawn(id, &args, &[(setting, "0")]);
+            let status = worker.wait_exit(WAIT).await;
+            let log = worker.lines().join("\n");
+            assert!(
+                !status.success(),
+                "a worker without its GPU does not serve: {status}\n{log}"
+            );
+            assert!(
+                log.contains(&format!("cannot load '{model}'")) && log.contains(reason),
+                "the reason is logged:\n{log}"
+            );
+        }
+    }
+
+    let mut cpu = cluster.spawn("cpu-worker", &worker_args("cpu-worker"), &[]);
+    cpu.wait_for_log("connected to the scheduler").await;
+    let log = cpu.lines().join("\n");
+    let canonical = std::fs::canonicalize(&gpu_runtime).unwrap();
+    assert!(
+        log.contains(&format!("ONNX models run on {}", canonical.display())),
+        "the worker names its runtime:\n{log}"
+    );
+    assert!(log.contains("onnxruntime on the CPU"), "{log}");
+
+    let response = cluster
+        .client
+        .post(format!("{}/v2/terrain-128/runsync", api.public))
+        .bearer_auth(&key)
+        .json(&json!({ "input": { "difficulty": 40, "seed": 3 } }))
+        .send()
+        .await
+        .expect("runsync");
+    assert_eq!(response.status(), 200);
+    let job: Value = response.json().await.expect("a JSON job");
+    assert_eq!(job["status"], "COMPLETED", "{job}\n{}", cluster.logs());
+    assert_eq!(job["output"]["difficulty"], 40, "{job}");
+    assert_eq!(job["output"]["width"], 128, "{job}");
+    let id = id_of(&job);
+    cluster
+        .assert_each_completed_and_charged_once(std::slice::from_ref(&id))
+        .await;
+}

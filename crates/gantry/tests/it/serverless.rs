@@ -55,6 +55,35 @@ pub(crate) fn docker_host() -> String {
     }
 }
 
+/// Removes every container (running or not) on the engine at `host` that
+/// has all the `labels` (`name=value`), with the `docker` command line; for
+/// tests' cleanup, so it never fails (a stopped engine has nothing to remove).
+pub(crate) fn remove_containers(host: &str, labels: &[&str]) {
+    let docker = |args: &[&str]| {
+        std::process::Command::new("docker")
+            .env("DOCKER_HOST", host)
+            .args(args)
+            .stdin(Stdio::null())
+            .stderr(Stdio::null())
+            .output()
+            .ok()
+    };
+    let filters: Vec<String> = labels.iter().map(|label| format!("label={label}")).collect();
+    let mut list = vec!["ps", "-aq"];
+    for filter in &filters {
+        list.extend(["--filter", filter.as_str()]);
+    }
+    let Some(listed) = docker(&list) else {
+        return;
+    };
+    let ids = String::from_utf8_lossy(&listed.stdout).into_owned();
+    let mut remove = vec!["rm", "-f"];
+    remove.extend(ids.split_whitespace());
+    if remove.len() > 2 {
+        let _ = docker(&remove);
+    }
+}
+
 /// The Python of the venv with runpod-python 1.12.0 (made by
 /// `scripts/test-docker.sh venv` unless `GANTRY_TEST_RUNPOD_PYTHON` names one).
 fn runpod_python() -> PathBuf {

@@ -25,6 +25,7 @@ async fn concurrent_jobs_complete_once_with_their_own_output(backend: Backend) {
     for i in 0..JOBS {
         let store = env.store.clone();
         let echo = echo.clone();
+        let dispatcher = node.dispatcher.clone();
         tasks.spawn(async move {
             let mode = if i % 2 == 0 { Mode::Sync } else { Mode::Async };
             let job = store
@@ -34,7 +35,13 @@ async fn concurrent_jobs_complete_once_with_their_own_output(backend: Backend) {
             // 300 jobs share 32 slots: a machine with its CPUs oversubscribed
             // several times over took about 10 s for them in a debug build.
             let done = store.wait(USER, ECHO, &job.id, WAIT * 3).await.unwrap();
-            assert_eq!(done.status, JobStatus::Completed, "{done:?}");
+            // Where the dispatcher thinks it is, should it not be done.
+            assert_eq!(
+                done.status,
+                JobStatus::Completed,
+                "{done:?}; the workers: {:?}",
+                dispatcher.workers()
+            );
             assert_eq!(done.output, Some(json!({"i": i, "cost": 0.00001})));
             assert!(done.worker_id.is_some());
             done.id

@@ -63,6 +63,7 @@ pub struct Fresh {
 
 impl Fresh {
     pub async fn new(backend: Backend) -> Fresh {
+        gantry_testkit::trace_to_file();
         let dir = tempfile::tempdir().expect("temp dir");
         let (url, pg) = match backend {
             Backend::Sqlite => (format!("sqlite://{}/gantry.db?mode=rwc", dir.path().display()), None),

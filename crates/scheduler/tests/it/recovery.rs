@@ -16,6 +16,7 @@ gantry_testkit::on_both_backends!(
     crashed_scheduler_jobs_are_requeued,
     duplicate_and_late_results_never_charge_twice,
     low_priority_runs_after_others,
+    a_result_lost_on_the_way_is_run_again_and_charged_once,
 );
 
 async fn killed_worker_job_completes_elsewhere_charged_once(backend: Backend) {
@@ -263,6 +264,41 @@ fn with_injected(
         }
     });
     rx
+}
+
+/// The first result of a job never reaches the scheduler (dropped between
+/// the dispatcher and the job layer, as a defect anywhere on that path
+/// would): the dispatcher no longer runs the job, and the scheduler, which
+/// would otherwise renew its lease for ever, requeues it. It runs again on
+/// the worker, completes, and is charged once.
+async fn a_result_lost_on_the_way_is_run_again_and_charged_once(backend: Backend) {
+    let env = Env::new(backend).await;
+    let node = Node::start_with(&env.store, &env.catalog, |mut events| {
+        let (tx, rx) = mpsc::channel(1024);
+        tokio::spawn(async move {
+            let mut dropped = false;
+            while let Some(event) = events.recv().await {
+                if !dropped && matches!(event, Event::Completed { .. }) {
+                    dropped = true;
+                    continue;
+                }
+                if tx.send(event).await.is_err() {
+                    return;
+                }
+            }
+        });
+        rx
+    })
+    .await;
+    let runs = Runs::default();
+    let _worker = node.counting_worker("w1", 1, runs.clone());
+    let job = env.submit(json!({"lost": true})).await;
+    let done = crate::harness::completed_once_by(&env, &job.id, "w1").await;
+    assert_eq!(done.output, Some(json!({"lost": true, "cost": 0.00001})));
+    assert_eq!(runs.count(), 2, "run again after its first result was lost");
+    assert_eq!(env.store.health(USER, ECHO).await.unwrap().retried, 1);
+    assert_eq!(env.ledger_count().await, 1);
+    node.shutdown().await;
 }
 
 /// Waits until counting workers have started `n` runs.
