@@ -12,7 +12,7 @@
 #                                         dot); default 90, the H100 and H200
 #   scripts/build-cuda.sh --out DIR       where the binary goes (default target/cuda/dist)
 #   scripts/build-cuda.sh --with-sd-bench also the Stable Diffusion pipeline's benchmark programs
-#                                         (sd_bench, write_tiny_weights) on CUDA, for bench/gpu
+#                                         (sd_bench, write_tiny_weights, gan_bench, transcribe_bench) on CUDA, for bench/gpu
 #   scripts/build-cuda.sh --bundle-libs   also copies the CUDA libraries the binary needs (not the
 #                                         driver) into DIR/lib, for an image without a toolkit
 #
@@ -190,9 +190,11 @@ if [ "$bundle" = true ]; then
   say "the CUDA libraries it needs, in $OUT/lib: $(ls "$OUT/lib" | tr '\n' ' ')"
 fi
 if [ "$sd_bench" = true ]; then
-  say "the diffusion pipeline's benchmark programs on CUDA (sd_bench, write_tiny_weights)"
+  say "the image and Whisper benchmark programs on CUDA (sd_bench, write_tiny_weights, gan_bench, transcribe_bench)"
   cargo build --release --locked -p gantry-model-diffusion --features cuda --example sd_bench --example write_tiny_weights
-  for example in sd_bench write_tiny_weights; do
+  cargo build --release --locked -p gantry-model-image --features cuda --example gan_bench
+  cargo build --release --locked -p gantry-model-transcribe --features cuda --example transcribe_bench
+  for example in sd_bench write_tiny_weights gan_bench transcribe_bench; do
     install -m 0755 "$CARGO_TARGET_DIR/release/examples/$example" "$OUT/$example"
   done
 fi

@@ -13,7 +13,11 @@
 #     `gantry serve` for each, stopped with SIGTERM: its exit status is checked, and its log
 #     says where the engine's steps went), beside the reference at the same concurrency; then
 #     Stable Diffusion 1.5's architecture at 512x512 (random weights, written there) on candle's
-#     CUDA backend beside diffusers/PyTorch on the same GPU.
+#     CUDA backend beside diffusers/PyTorch on the same GPU; then both GAN image generators
+#     (their real weights) on candle's CUDA backend beside the same network in PyTorch, at batch 1
+#     and a batch that fills the GPU, with the outputs compared (float32, TF32 off); then Whisper
+#     (whisper-tiny-en, about a minute of espeak-ng speech) on candle's CUDA backend beside
+#     faster-whisper on CUDA where the peer's Python has it, audio seconds per wall second.
 # It writes $OUT/device-check.md (one table) and the raw logs under $OUT (or bench/gpu/out).
 #
 #   bash bench/gpu/device-check.sh                  on the GPU machine, once per part
@@ -23,7 +27,9 @@
 #       the CPU after bench/gpu/pack.sh --llama-only), to check the script itself
 #
 # Environment: STREAMS ("1 8 32 64"), TOKENS (128), PYTHON (python3, with torch), GANTRY_BIN,
-# LLAMA_BENCH, SD_STEPS (20), SD_RUNS (3), SKIP_SD=1.
+# LLAMA_BENCH, SD_STEPS (20), SD_RUNS (3), SKIP_SD=1, GAN_BATCHES ("1 256"), GAN_ROUNDS (20),
+# GAN_BENCH (on the CPU: target/release/examples/gan_bench), SKIP_GAN=1, WHISPER_RUNS (3),
+# TRANSCRIBE_BENCH (on the CPU: target/release/examples/transcribe_bench), SKIP_WHISPER=1.
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/../.."
 repo="$PWD"
@@ -98,13 +104,27 @@ if [ "$cpu" = 1 ]; then
   gpu_layers=0
   sd_bench="${SD_BENCH:-}"
   write_weights="${SD_WRITE_WEIGHTS:-}"
+  gan_bench="${GAN_BENCH:-$repo/target/release/examples/gan_bench}"
+  gan_weights() { echo "$models/$1/$2"; }
+  transcribe_bench="${TRANSCRIBE_BENCH:-$repo/target/release/examples/transcribe_bench}"
+  whisper_dir="$models/whisper-tiny-en"
+  speech_wav="$work/speech16k.wav"
+  if [ ! -e "$speech_wav" ] && command -v espeak-ng >/dev/null && command -v ffmpeg >/dev/null; then
+    bash bench/gpu/speech-sample.sh "$speech_wav"
+  fi
 else
-  for file in gantry sd_bench write_tiny_weights; do
+  for file in gantry sd_bench write_tiny_weights gan_bench transcribe_bench; do
     [ -x "$work/$file" ] || ! ready "$file.xz" ||
       { xz -dc "$work/$file.xz" >"$work/$file.tmp" && chmod +x "$work/$file.tmp" && mv "$work/$file.tmp" "$work/$file"; }
   done
   [ -x "$work/gantry" ] || { log "no gantry binary in the payload"; exit 1; }
   gantry="$work/gantry" sd_bench="$work/sd_bench" write_weights="$work/write_tiny_weights"
+  gan_bench="$work/gan_bench"
+  gan_weights() { echo "$work/$1.safetensors"; }
+  transcribe_bench="$work/transcribe_bench"
+  whisper_dir="$work/whisper-tiny-en"
+  [ -d "$whisper_dir" ] || ! ready whisper-tiny-en.tar || tar -C "$work" -xf "$work/whisper-tiny-en.tar"
+  speech_wav="$work/speech16k.wav"
   models="$work/models"
   mkdir -p "$models/$MODEL"
   ln -sf "$work/$GGUF_NAME" "$models/$MODEL/$GGUF_NAME"
@@ -219,10 +239,71 @@ if [ "${SKIP_SD:-0}" != 1 ] && [ -n "$sd_bench" ] && [ -x "$sd_bench" ]; then
   echo "$size $steps $gantry_median $peer_median" >"$out/sd.txt"
 fi
 
+# ---- the GAN image generators, beside PyTorch -------------------------------------------------
+: >"$out/gan.jsonl"
+if [ "${SKIP_GAN:-0}" != 1 ] && [ -x "$gan_bench" ]; then
+  backend=cuda:0 torch_device=cuda
+  [ "$cpu" = 1 ] && backend=kernels torch_device=cpu
+  peer_python="$PYTHON"
+  [ -x "$work/pyenv/bin/python" ] && peer_python="$work/pyenv/bin/python"
+  "$peer_python" -c 'import torch' 2>/dev/null || { log "no PyTorch here: the GAN peer is left out"; peer_python=""; }
+  # model, weight file, tensor prefix, input width (noise, then the labels' one-hot)
+  for spec in "dcgan-faces-64 weights.safetensors netG_state_dict.main 100" \
+    "eyes-128 generator_model_state.safetensors main 108"; do
+    read -r model file prefix width <<<"$spec"
+    weights="$(gan_weights "$model" "$file")"
+    [ -e "$weights" ] || { log "no $weights: $model is left out"; continue; }
+    for batch in ${GAN_BATCHES:-1 256}; do
+      z="$work/gan-z.f32" image="$work/gan-out.f32"
+      "$PYTHON" -c 'import numpy, sys; numpy.random.default_rng(7).standard_normal((int(sys.argv[2]), int(sys.argv[3]))).astype("<f4").tofile(sys.argv[1])' \
+        "$z" "$batch" "$width"
+      ours="$(GAN_BACKEND=$backend "$gan_bench" "$weights" "$prefix" "$z" "$batch" "${GAN_ROUNDS:-20}" "$image" 2>>"$out/gan.log")" ||
+        { log "gan_bench failed on $model (gan.log)"; continue; }
+      peer=null
+      if [ -n "$peer_python" ]; then
+        peer="$("$peer_python" bench/image/reference.py torch "$weights" "$prefix" "$z" "$batch" "${GAN_ROUNDS:-20}" "$torch_device" "$image" 2>>"$out/gan.log")" ||
+          log "$model at batch $batch: PyTorch disagrees with Gantry, or failed: $peer (gan.log)"
+        [ -n "$peer" ] || peer=null
+      fi
+      echo "{\"model\": \"$model\", \"batch\": $batch, \"ours\": $ours, \"peer\": $peer}" | tee -a "$out/gan.jsonl" >&2
+    done
+  done
+fi
+
+# ---- Whisper -------------------------------------------------------------------------------------
+: >"$out/whisper.jsonl"
+if [ "${SKIP_WHISPER:-0}" != 1 ] && [ -x "$transcribe_bench" ] && [ -e "$whisper_dir/model.bin" ] && [ -e "$speech_wav" ]; then
+  backends=cuda:0 fw_device=cuda
+  [ "$cpu" = 1 ] && backends="kernels candle" fw_device=cpu
+  peer_python="$PYTHON"
+  [ -x "$work/pyenv/bin/python" ] && peer_python="$work/pyenv/bin/python"
+  "$peer_python" -c 'import faster_whisper' 2>/dev/null || { log "no faster-whisper here: the Whisper peer is left out"; peer_python=""; }
+  peer=null
+  if [ -n "$peer_python" ]; then
+    peer="$("$peer_python" bench/transcribe/reference.py "$whisper_dir" "$speech_wav" --bench "${WHISPER_RUNS:-3}" --device "$fw_device" 2>>"$out/whisper.log")" ||
+      { log "faster-whisper on $fw_device failed (whisper.log)"; peer=null; }
+    [ -n "$peer" ] || peer=null
+  fi
+  # The transcript on the CPU's kernels: each backend's must be the same text.
+  "$transcribe_bench" "$whisper_dir" "$speech_wav" --backend kernels --json >"$work/whisper-kernels.json" 2>>"$out/whisper.log" ||
+    log "transcribe_bench --json failed on the kernels (whisper.log)"
+  for backend in $backends; do
+    ours="$("$transcribe_bench" "$whisper_dir" "$speech_wav" --backend "$backend" --runs "${WHISPER_RUNS:-3}" 2>>"$out/whisper.log")" ||
+      { log "transcribe_bench failed on $backend (whisper.log)"; continue; }
+    same=null
+    if "$transcribe_bench" "$whisper_dir" "$speech_wav" --backend "$backend" --json >"$work/whisper-$backend.json" 2>>"$out/whisper.log"; then
+      same="$("$PYTHON" -c 'import json, sys; a, b = (json.load(open(p))["text"] for p in sys.argv[1:]); print("true" if a == b else "false")' \
+        "$work/whisper-kernels.json" "$work/whisper-$backend.json" 2>>"$out/whisper.log" || echo null)"
+    fi
+    [ "$same" = false ] && log "Whisper on $backend transcribes otherwise than the kernels (whisper-$backend.json)"
+    echo "{\"backend\": \"$backend\", \"ours\": $ours, \"peer\": $peer, \"same_text\": $same}" | tee -a "$out/whisper.jsonl" >&2
+  done
+fi
+
 # ---- the table --------------------------------------------------------------------------------
-"$PYTHON" - "$results" "$out/llama.json" "$out/sd.txt" "$TOKENS" >"$out/device-check.md" <<'EOF'
+"$PYTHON" - "$results" "$out/llama.json" "$out/sd.txt" "$TOKENS" "$out/gan.jsonl" "$out/whisper.jsonl" >"$out/device-check.md" <<'EOF'
 import json, os, sys
-results_path, llama_path, sd_path, tokens = sys.argv[1:5]
+results_path, llama_path, sd_path, tokens, gan_path, whisper_path = sys.argv[1:7]
 rows = [json.loads(line) for line in open(results_path) if line.strip()]
 llama = {}
 if os.path.exists(llama_path) and os.path.getsize(llama_path):
@@ -248,6 +329,27 @@ if len(sd) >= 3:
     print("|---|---:|---:|---:|")
     vs = f"{int(peer) / int(ours):.2f}x" if peer and ours else ""
     print(f"| {size}x{size}, {steps} steps, guidance 7.5, f32 | {ours} | {peer} | {vs} |")
+gan = [json.loads(line) for line in open(gan_path) if line.strip()] if os.path.exists(gan_path) else []
+if gan:
+    print()
+    print("| GAN generator | batch | Gantry backend | Gantry median ms | PyTorch median ms | Gantry speed vs peer | max abs diff |")
+    print("|---|---:|---|---:|---:|---:|---:|")
+    for r in gan:
+        ours, peer = r["ours"], r.get("peer") or {}
+        vs = f"{peer['median_ms'] / ours['median_ms']:.2f}x" if peer.get("median_ms") and ours.get("median_ms") else ""
+        diff = f"{peer['max_abs_diff']:.1e}" if "max_abs_diff" in peer else ""
+        print(f"| {r['model']} | {r['batch']} | {ours.get('backend', '')} | {ours.get('median_ms', '')} | {peer.get('median_ms', '')} | {vs} | {diff} |")
+whisper = [json.loads(line) for line in open(whisper_path) if line.strip()] if os.path.exists(whisper_path) else []
+if whisper:
+    print()
+    print("| whisper-tiny-en, greedy | Gantry backend | Gantry audio s per s | faster-whisper audio s per s (device) | Gantry speed vs peer | text as the CPU kernels' |")
+    print("|---|---|---:|---:|---:|---|")
+    for r in whisper:
+        ours, peer = r["ours"], r.get("peer") or {}
+        vs = f"{ours['audio_s_per_s'] / peer['audio_s_per_s']:.2f}x" if peer.get("audio_s_per_s") else ""
+        fw = f"{peer['audio_s_per_s']:.1f} ({peer.get('device', '')})" if peer.get("audio_s_per_s") else ""
+        same = {True: "yes", False: "**no**"}.get(r.get("same_text"), "")
+        print(f"| {ours['audio_s']:.0f} s of speech | {r['backend']} | {ours['audio_s_per_s']:.1f} | {fw} | {vs} | {same} |")
 EOF
 log "done in $(($(date +%s) - started)) s: $out/device-check.md"
 cat "$out/device-check.md"

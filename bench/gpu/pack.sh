@@ -6,10 +6,14 @@
 #   1. llama.cpp.tar.xz  the llama.cpp tree the text engine links (the copy vendored in the
 #                        llama-cpp-sys-2 crate Cargo.lock pins), without the backends it does not use
 #   2. gantry.xz         the CUDA release binary (scripts/build-cuda.sh --with-sd-bench)
-#   3. sd_bench.xz, write_tiny_weights.xz   the diffusion pipeline's benchmark programs on CUDA
+#   3. sd_bench.xz, write_tiny_weights.xz, gan_bench.xz, transcribe_bench.xz   the image and
+#      Whisper benchmark programs on CUDA
 #   4. wheels.tar        diffusers and transformers with what they need beyond torch and numpy
 #                        (CPython 3.12, manylinux x86_64), for the SD peer
 #   5. the GGUF          SmolLM2-135M-Instruct Q4_1 from the model cache
+#   6. the GAN weights   dcgan-faces-64.safetensors, eyes-128.safetensors from the model cache
+#   7. Whisper           whisper-tiny-en.tar (its model.bin, config and tokenizer) and speech16k.wav
+#                        (bench/gpu/speech-sample.sh)
 # Each call dir has a MANIFEST ("<file> <chunks> <sha256>") for the files it has chunks of.
 #
 #   scripts/build-cuda.sh --with-sd-bench && bench/gpu/pack.sh
@@ -36,7 +40,7 @@ llama_only=false
 
 with_sd="${WITH_SD:-1}"
 programs=(gantry)
-[ "$with_sd" = 0 ] || programs+=(sd_bench write_tiny_weights)
+[ "$with_sd" = 0 ] || programs+=(sd_bench write_tiny_weights gan_bench transcribe_bench)
 $llama_only || for file in "${programs[@]/#/$dist/}"; do
   [ -x "$file" ] || { echo "pack.sh: no $file: run scripts/build-cuda.sh --with-sd-bench first" >&2; exit 1; }
 done
@@ -83,6 +87,17 @@ if [ "$with_sd" != 0 ]; then
 fi
 files+=(SmolLM2-135M-Instruct.Q4_1.gguf)
 cp "$gguf" "$stage/SmolLM2-135M-Instruct.Q4_1.gguf"
+if [ "$with_sd" != 0 ]; then
+  for pair in dcgan-faces-64/weights.safetensors eyes-128/generator_model_state.safetensors; do
+    [ -e "$models/$pair" ] || { echo "pack.sh: no $models/$pair: run gantry models pull ${pair%%/*}" >&2; exit 1; }
+    cp "$models/$pair" "$stage/${pair%%/*}.safetensors"
+    files+=("${pair%%/*}.safetensors")
+  done
+  [ -e "$models/whisper-tiny-en/model.bin" ] || { echo "pack.sh: no $models/whisper-tiny-en: run gantry models pull whisper-tiny-en" >&2; exit 1; }
+  tar -C "$models" -cf "$stage/whisper-tiny-en.tar" whisper-tiny-en/model.bin whisper-tiny-en/config.json whisper-tiny-en/tokenizer.json
+  bash bench/gpu/speech-sample.sh "$stage/speech16k.wav"
+  files+=(whisper-tiny-en.tar speech16k.wav)
+fi
 
 rm -rf "$payload"
 python3 - "$stage" "$payload" "$budget_mib" "${files[@]}" <<'EOF'

@@ -11,6 +11,10 @@ Relu, Tanh at the end), so onnxruntime's own kernels compute every step.
         exits 1 unless the Rust output is within 1e-3 of onnxruntime's
     reference.py time WEIGHTS PREFIX INPUTS.f32 BATCH ROUNDS THREADS
         prints {"batch":..,"best_ms":..,"median_ms":..} for onnxruntime
+    reference.py torch WEIGHTS PREFIX INPUTS.f32 BATCH ROUNDS DEVICE [RUST_OUTPUT.f32]
+        the same network as PyTorch modules (ConvTranspose2d, BatchNorm2d, ReLU, Tanh) on DEVICE
+        (cpu, cuda): the same JSON, plus max_abs_diff against the Rust output when one is given
+        (exit 1 beyond 1e-3). TF32 is off, so both sides compute in float32.
 """
 import json
 import struct
@@ -18,9 +22,13 @@ import sys
 import time
 
 import numpy as np
-import onnx
-import onnxruntime as ort
-from onnx import TensorProto, helper, numpy_helper
+
+try:  # the torch mode runs where onnx is not installed (the GPU machine)
+    import onnx
+    import onnxruntime as ort
+    from onnx import TensorProto, helper, numpy_helper
+except ImportError:
+    onnx = None
 
 
 def read_safetensors(path):
@@ -80,9 +88,62 @@ def session(weights, prefix, threads):
     return ort.InferenceSession(model.SerializeToString(), options, providers=["CPUExecutionProvider"]), channels
 
 
+def torch_generator(tensors, prefix, device):
+    import torch
+    from torch import nn
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    torch.backends.cudnn.allow_tf32 = False
+    modules = sorted({int(k[len(prefix) + 1:].split(".")[0]) for k in tensors if k.startswith(prefix + ".")})
+    layers, first = [], True
+    for i in modules:
+        name = f"{prefix}.{i}"
+        if f"{name}.running_mean" in tensors:
+            bn = nn.BatchNorm2d(tensors[f"{name}.weight"].shape[0], eps=1e-5)
+            for part in ("weight", "bias", "running_mean", "running_var"):
+                getattr(bn, part).data = torch.from_numpy(tensors[f"{name}.{part}"].astype(np.float32).copy())
+            layers += [bn, nn.ReLU()]
+        elif f"{name}.weight" in tensors and tensors[f"{name}.weight"].ndim == 4:
+            w = tensors[f"{name}.weight"]
+            stride, pad = (1, 0) if first else (2, 1)
+            conv = nn.ConvTranspose2d(w.shape[0], w.shape[1], 4, stride, pad, bias=False)
+            conv.weight.data = torch.from_numpy(w.astype(np.float32).copy())
+            layers.append(conv)
+            first = False
+    layers.append(nn.Tanh())
+    return nn.Sequential(*layers).eval().to(device), tensors[f"{prefix}.{modules[0]}.weight"].shape[0]
+
+
+def run_torch(weights, prefix, inputs, batch, rounds, device, rust_output):
+    import torch
+
+    net, channels = torch_generator(read_safetensors(weights), prefix, device)
+    z = torch.from_numpy(np.fromfile(inputs, dtype="<f4").reshape(batch, channels, 1, 1)).to(device)
+    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
+    with torch.inference_mode():
+        out = net(z)  # warm-up
+        sync()
+        times = []
+        for _ in range(max(rounds, 1)):
+            started = time.perf_counter()
+            out = net(z)
+            sync()
+            times.append((time.perf_counter() - started) * 1e3)
+    times.sort()
+    result = {"batch": batch, "best_ms": round(times[0], 3), "median_ms": round(times[len(times) // 2], 3)}
+    if rust_output:
+        want = out.float().cpu().numpy()
+        got = np.fromfile(rust_output, dtype="<f4").reshape(want.shape)
+        result["max_abs_diff"] = float(np.abs(got - want).max())
+    print(json.dumps(result))
+    sys.exit(0 if result.get("max_abs_diff", 0.0) < 1e-3 else 1)
+
+
 def main():
     mode, weights, prefix, inputs, batch = sys.argv[1:6]
     batch = int(batch)
+    if mode == "torch":
+        run_torch(weights, prefix, inputs, batch, int(sys.argv[6]), sys.argv[7], sys.argv[8] if len(sys.argv) > 8 else None)
     if mode == "compare":
         sess, channels = session(weights, prefix, 1)
         z = np.fromfile(inputs, dtype="<f4").reshape(batch, channels, 1, 1)

@@ -6,7 +6,9 @@
 #       (generation, PNG encoding, file storage and the signed URL included);
 #   (b) the generators alone: the Rust engine (examples/gan_bench.rs) and
 #       onnxruntime in Python (reference.py) on the same safetensors and the
-#       same inputs, batch 1 and 8, one thread, after checking they agree;
+#       same inputs, batch 1 and 8, one thread, after checking they agree; and
+#       the same network on candle's CPU device (GAN_BACKEND=candle, the graph
+#       that image.cuda_device runs on a GPU), checked the same way;
 #       terrain-128's graph as the worker runs it (examples/terrain_bench.rs,
 #       ONNX Runtime through crates/onnx) and in onnxruntime from Python
 #       (terrain_reference.py), same inputs, one thread.
@@ -93,7 +95,10 @@ for spec in "faces:$FACES:netG_state_dict.main" "eyes:$EYES:main"; do
         rust="$("$GAN_BENCH" "$weights" "$prefix" "$OUT_DIR/$name-$n.f32" "$n" 30 "$OUT_DIR/$name-$n.out.f32")"
         python3 "$here/reference.py" compare "$weights" "$prefix" "$OUT_DIR/$name-$n.f32" "$n" "$OUT_DIR/$name-$n.out.f32" >/dev/null
         ort="$(python3 "$here/reference.py" time "$weights" "$prefix" "$OUT_DIR/$name-$n.f32" "$n" 30 1)"
-        echo "{\"model\": \"$name\", \"rust\": $rust, \"onnxruntime\": $ort}" | tee -a "$OUT_DIR/engines.jsonl"
+        # The same network on candle's CPU device (the graph image.cuda_device runs on a GPU).
+        candle="$(RAYON_NUM_THREADS=1 GAN_BACKEND=candle "$GAN_BENCH" "$weights" "$prefix" "$OUT_DIR/$name-$n.f32" "$n" 30 "$OUT_DIR/$name-$n.candle.f32")"
+        python3 "$here/reference.py" compare "$weights" "$prefix" "$OUT_DIR/$name-$n.f32" "$n" "$OUT_DIR/$name-$n.candle.f32" >/dev/null
+        echo "{\"model\": \"$name\", \"rust\": $rust, \"candle\": $candle, \"onnxruntime\": $ort}" | tee -a "$OUT_DIR/engines.jsonl"
     done
 done
 for n in 1 8; do

@@ -71,6 +71,7 @@ def main():
     p.add_argument("--threads", type=int, default=0)
     p.add_argument("--compute-type", default="float32")
     p.add_argument("--no-condition", action="store_true")
+    p.add_argument("--device", default="cpu", help="cpu, or cuda (CTranslate2's CUDA build)")
     a = p.parse_args()
 
     audio = read_wav(a.audio)
@@ -86,7 +87,7 @@ def main():
     from faster_whisper import WhisperModel
 
     model = WhisperModel(
-        ctranslate2_dir(a.model_dir), device="cpu", compute_type=a.compute_type, cpu_threads=a.threads
+        ctranslate2_dir(a.model_dir), device=a.device, compute_type=a.compute_type, cpu_threads=a.threads
     )
 
     if a.encode:
@@ -121,7 +122,7 @@ def main():
             best = min(best, time.perf_counter() - t)
         secs = len(audio) / 16000
         print(json.dumps({"audio_s": secs, "best_wall_s": best, "audio_s_per_s": secs / best,
-                          "threads": a.threads, "compute_type": a.compute_type}))
+                          "threads": a.threads, "compute_type": a.compute_type, "device": a.device}))
         return
 
     segments, info = run()

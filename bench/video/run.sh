@@ -9,7 +9,9 @@
 #       onnxruntime in Python (reference.py, the same network built from the
 #       same safetensors), one frame on one thread, and two frames at once on
 #       two threads (Rust: one frame per thread, as a video job draws them;
-#       onnxruntime: one frame on two intra-op threads);
+#       onnxruntime: one frame on two intra-op threads); and one frame on one
+#       thread on candle's CPU device (RIFE_BACKEND=candle, the graph that
+#       video.cuda_device runs on a GPU);
 #   (c) the image-to-video job of (a) made in Python (peer.py): the same
 #       frames by onnxruntime on two threads, encoded by ffmpeg (libx264).
 #
@@ -41,6 +43,8 @@ for threads in 1 2; do
     ort="$(python3 "$here/reference.py" time "$FLOWNET" 256 256 20 "$threads")"
     echo "{\"threads\": $threads, \"rust\": $rust, \"onnxruntime\": $ort}" | tee -a "$OUT_DIR/engines.jsonl"
 done
+candle="$(RAYON_NUM_THREADS=1 RIFE_BACKEND=candle "$RIFE_BENCH" "$FLOWNET" 256 256 5 1)"
+echo "{\"threads\": 1, \"candle\": $candle}" | tee -a "$OUT_DIR/engines.jsonl"
 
 # --- (a) the platform ---------------------------------------------------------
 DATA="$(mktemp -d /tmp/gantry-bench-video-data.XXXXXX)"

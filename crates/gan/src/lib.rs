@@ -24,9 +24,17 @@
 //!   most of a 16-row weight panel that way, so it computes every tap of
 //!   each input pixel (rows `cout · 16`) and adds them into the output
 //!   ("col2im").
+//!
+//! With [`Backend::Candle`] the same layers run on candle instead, on the
+//! device it names (a GPU in a `cuda` build); see [`device`](crate::device).
 
 use std::collections::BTreeMap;
 
+mod device;
+
+/// What runs a generator's layers: the kernels, or candle's
+/// `conv_transpose2d` on its device.
+pub use gantry_kernels::backend::{Backend, BackendError, Device};
 use gantry_manifest::torch::Tensor;
 
 use gantry_kernels::norm;
@@ -71,6 +79,12 @@ impl LoadError {
 fn load_err(message: impl Into<String>) -> LoadError {
     LoadError::new(message)
 }
+
+/// A generator that could not run a batch (on a GPU: out of memory, or the
+/// device lost).
+#[derive(Debug, thiserror::Error)]
+#[error("{0}")]
+pub struct RunError(String);
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Activation {
@@ -208,13 +222,26 @@ pub struct Generator {
     channels: usize,
     /// [`MAP_FLOATS`], lowered by tests.
     map_floats: usize,
+    /// The layers on candle's device, with [`Backend::Candle`]; the
+    /// kernels' `layers` then keep only their shapes.
+    net: Option<device::Net>,
 }
 
 impl Generator {
     /// Builds the generator from the tensors under `prefix` (`<prefix>.<i>.weight`
     /// for the convolutions, `<prefix>.<j>.{weight,bias,running_mean,running_var}`
     /// for the batch norms), checking that the shapes chain.
+    /// The layers run on this crate's kernels ([`Backend::Kernels`]).
     pub fn from_tensors(tensors: &BTreeMap<String, Tensor>, prefix: &str) -> Result<Self, LoadError> {
+        Self::from_tensors_on(tensors, prefix, &Backend::Kernels)
+    }
+
+    /// As [`Generator::from_tensors`], with the layers on `backend`.
+    pub fn from_tensors_on(
+        tensors: &BTreeMap<String, Tensor>,
+        prefix: &str,
+        backend: &Backend,
+    ) -> Result<Self, LoadError> {
         let get = |name: &str| -> Result<Vec<f32>, LoadError> {
             let tensor = tensors
                 .get(name)
@@ -299,9 +326,20 @@ impl Generator {
             .ok_or_else(|| load_err(format!("the weights have no layers under {prefix}")))?;
         last.activation = Activation::Tanh;
         let channels = last.cout;
+        let net = match backend {
+            Backend::Kernels => None,
+            Backend::Candle(device) => Some(
+                device::Net::new(&layers, device)
+                    .map_err(|e| load_err(format!("cannot put the generator on {device:?}: {e}")))?,
+            ),
+        };
         let mut side = 1;
         for layer in &mut layers {
-            layer.pack(side);
+            if net.is_none() {
+                layer.pack(side);
+            } else {
+                layer.weight = Vec::new();
+            }
             side = layer.out_side(side);
         }
         Ok(Self {
@@ -310,7 +348,17 @@ impl Generator {
             side,
             channels,
             map_floats: MAP_FLOATS,
+            net,
         })
+    }
+
+    /// Where the layers run: `"kernels"` (this crate's, on the CPU) or
+    /// candle's device (`"candle Cpu"`, `"candle Cuda(…)"`).
+    pub fn backend_name(&self) -> String {
+        match &self.net {
+            None => "kernels".to_owned(),
+            Some(net) => format!("candle {:?}", net.device()),
+        }
     }
 
     /// Length of the input vector (noise plus label).
@@ -325,10 +373,10 @@ impl Generator {
 
     /// Runs the generator on `n` input vectors (`n × input_len`, one after
     /// the other) and returns `n` images as interleaved 8-bit RGB.
-    pub fn generate(&self, inputs: &[f32], n: usize) -> Vec<Vec<u8>> {
-        let (x, side) = self.forward(inputs, n);
+    pub fn generate(&self, inputs: &[f32], n: usize) -> Result<Vec<Vec<u8>>, RunError> {
+        let (x, side) = self.forward(inputs, n)?;
         let plane = side * side;
-        (0..n)
+        Ok((0..n)
             .map(|b| {
                 let mut rgb = vec![0u8; plane * self.channels];
                 for c in 0..self.channels {
@@ -339,13 +387,19 @@ impl Generator {
                 }
                 rgb
             })
-            .collect()
+            .collect())
     }
 
     /// The raw output for `n` input vectors: `channels × n × side × side`
     /// values in [-1, 1] (channel-major), and the side.
-    pub fn forward(&self, inputs: &[f32], n: usize) -> (Vec<f32>, usize) {
+    pub fn forward(&self, inputs: &[f32], n: usize) -> Result<(Vec<f32>, usize), RunError> {
         assert_eq!(inputs.len(), n * self.input, "input vectors have the wrong length");
+        if let Some(net) = &self.net {
+            let out = net
+                .forward(inputs, n, self.input)
+                .map_err(|e| RunError(format!("the generator failed on {:?}: {e}", net.device())))?;
+            return Ok((out, self.side));
+        }
         let plane = self.side * self.side;
         let mut out = vec![0.0f32; self.channels * n * plane];
         let first = self.layers[0].forward(Source::Latent(inputs), n);
@@ -357,7 +411,7 @@ impl Generator {
                 Activation::Relu => out.iter_mut().for_each(|v| *v = v.max(0.0)),
             }
         }
-        (out, self.side)
+        Ok((out, self.side))
     }
 
     /// Takes layer `i`'s output `map` (images `first ..` of a batch of
@@ -813,16 +867,88 @@ mod tests {
             .map(|(c, p)| ((y[c * 64 + p].tanh() + 1.0) * 127.5).round().clamp(0.0, 255.0) as u8)
             .collect();
 
-        let batch = g.generate(&z, 2);
-        let single = g.generate(&z[..6], 1);
+        let batch = g.generate(&z, 2).unwrap();
+        let single = g.generate(&z[..6], 1).unwrap();
         assert_eq!(batch[0], single[0], "an image does not depend on its batch");
         // Nor on the slices a batch goes through the later layers in.
-        let whole = g.forward(&z, 2);
+        let whole = g.forward(&z, 2).unwrap();
         let mut sliced = g;
         sliced.map_floats = 1;
-        assert_eq!(sliced.forward(&z, 2), whole);
+        assert_eq!(sliced.forward(&z, 2).unwrap(), whole);
         let close = batch[0].iter().zip(&want).all(|(a, b)| a.abs_diff(*b) <= 1);
         assert!(close, "{:?}\nvs\n{:?}", &batch[0][..24], &want[..24]);
         assert_ne!(batch[0], batch[1]);
+    }
+
+    /// A generator of every plan the kernels have: the first layer, the
+    /// four sub-pixel products (32 and 16 output channels), Winograd (a
+    /// 16-pixel map) and the scatter (3 output channels), with batch norms.
+    fn every_plan() -> BTreeMap<String, Tensor> {
+        let mut tensors = BTreeMap::new();
+        let chain = [(10, 32), (32, 32), (32, 16), (16, 16), (16, 3)];
+        for (i, (cin, cout)) in chain.into_iter().enumerate() {
+            let conv = 3 * i;
+            let spread = 4.0 / (cin as f32 * 4.0).sqrt();
+            tensors.insert(
+                format!("g.{conv}.weight"),
+                tensor(&[cin, cout, 4, 4], |j| {
+                    (((j * 7919 + i) % 211) as f32 / 105.0 - 1.0) * spread
+                }),
+            );
+            if i + 1 < chain.len() {
+                let bn = conv + 1;
+                tensors.insert(
+                    format!("g.{bn}.weight"),
+                    tensor(&[cout], |c| 0.8 + (c % 5) as f32 / 10.0),
+                );
+                tensors.insert(format!("g.{bn}.bias"), tensor(&[cout], |c| (c % 3) as f32 / 10.0 - 0.1));
+                tensors.insert(
+                    format!("g.{bn}.running_mean"),
+                    tensor(&[cout], |c| (c % 4) as f32 / 20.0),
+                );
+                tensors.insert(
+                    format!("g.{bn}.running_var"),
+                    tensor(&[cout], |c| 0.5 + (c % 7) as f32 / 7.0),
+                );
+            }
+        }
+        tensors
+    }
+
+    #[test]
+    fn candle_on_the_cpu_gives_the_kernels_output_for_every_plan() {
+        let tensors = every_plan();
+        let kernels = Generator::from_tensors(&tensors, "g").unwrap();
+        let cpu = Backend::Candle(Device::Cpu);
+        let candle = Generator::from_tensors_on(&tensors, "g", &cpu).unwrap();
+        assert_eq!((candle.input_len(), candle.side(), candle.channels()), (10, 64, 3));
+        assert_eq!(kernels.backend_name(), "kernels");
+        assert_eq!(candle.backend_name(), "candle Cpu");
+        let plans: Vec<&str> = kernels
+            .layers
+            .iter()
+            .map(|l| match l.packed {
+                Some(Plan::First(_)) => "first",
+                Some(Plan::SubPixel(_)) => "sub-pixel",
+                Some(Plan::Winograd(_)) => "winograd",
+                Some(Plan::Scatter(_)) => "scatter",
+                None => "none",
+            })
+            .collect();
+        assert_eq!(plans, ["first", "sub-pixel", "sub-pixel", "winograd", "scatter"]);
+        assert!(candle.layers.iter().all(|l| l.packed.is_none() && l.weight.is_empty()));
+
+        let n = 3;
+        let z: Vec<f32> = (0..n * 10).map(|i| ((i * 37 % 29) as f32 - 14.0) / 7.0).collect();
+        let (want, side) = kernels.forward(&z, n).unwrap();
+        let (got, got_side) = candle.forward(&z, n).unwrap();
+        assert_eq!((got_side, got.len()), (side, want.len()));
+        let worst = got.iter().zip(&want).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        assert!(worst < 1e-4, "candle and the kernels differ by {worst}");
+        assert!(
+            want.iter().any(|v| v.abs() > 0.1),
+            "the test model's output is all but zero"
+        );
+        assert_eq!(candle.generate(&z, n).unwrap().len(), n);
     }
 }

@@ -49,6 +49,11 @@ pub struct Settings {
     pub models_dir: Option<PathBuf>,
     /// `serve` fetches the missing weights of its bundled models when it starts.
     pub pull_on_start: bool,
+    /// The ONNX Runtime library every ONNX model (speech voices, terrain)
+    /// runs on, instead of the CPU build among its files: the
+    /// `onnxruntime-gpu` wheel's (`scripts/fetch-onnxruntime-gpu.sh`), for
+    /// their `cuda_device` settings (`GANTRY_ONNX_LIBRARY`).
+    pub onnx_library: Option<PathBuf>,
     /// `gantry scheduler` serves `GET /metrics` on this address when set (the
     /// `api` and `serve` roles serve it on the management listener).
     pub metrics_addr: Option<String>,
@@ -62,8 +67,8 @@ pub struct Settings {
     /// The web console on the management listener ([console.md](../../docs/console.md)).
     pub console: ConsoleSettings,
     /// The settings table of each model family, under the name its model
-    /// crate gives it (`[text]`, `[speech]`, `[video]`, `[diffusion]`,
-    /// `[embedding]`, `[transcription]`): the crate defines its fields and
+    /// crate gives it (`[text]`, `[speech]`, `[video]`, `[image]`,
+    /// `[diffusion]`, `[embedding]`, `[transcription]`): the crate defines its fields and
     /// defaults ([`gantry_worker_sdk::ModelFactory::Settings`]), and
     /// [`Settings::load`] checks each table against them. Other top-level
     /// keys nobody reads also land here and are ignored.
@@ -433,6 +438,7 @@ impl Default for Settings {
             manifest: None,
             models_dir: None,
             pull_on_start: true,
+            onnx_library: None,
             metrics_addr: None,
             auth: AuthSettings::default(),
             catalog: CatalogSettings::default(),

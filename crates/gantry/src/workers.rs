@@ -128,6 +128,9 @@ impl Workers {
                 servable.join(", ")
             )));
         };
+        if let Some(library) = &settings.onnx_library {
+            gantry_onnx::prefer_library(library).map_err(|e| StartError::Config(format!("onnx_library: {e}")))?;
+        }
         let store = ready_model(settings, entry)?;
         let own = || own_files(settings);
         let files = ModelFiles::new(entry, &store, &own);

@@ -8,6 +8,10 @@
 //! `inputs.f32`: `batch × input_len` little-endian f32. Prints one JSON line
 //! with the best and median milliseconds per batch; writes the output of the
 //! last round as `batch × channels × side × side` little-endian f32.
+//!
+//! `GAN_BACKEND` picks what runs the layers: `kernels` (the default, as
+//! served on the CPU), `candle` (candle's CPU device) or `cuda:N` (candle's
+//! CUDA device N, in a `--features cuda` build).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Instant;
@@ -19,7 +23,12 @@ fn main() {
         std::process::exit(2);
     };
     let tensors = gantry_manifest::torch::read_safetensors(weights.as_ref()).expect("weights");
-    let generator = gantry_model_image::Generator::from_tensors(&tensors, prefix).expect("generator");
+    let name = std::env::var("GAN_BACKEND").unwrap_or_else(|_| "kernels".into());
+    let backend = gantry_model_image::Backend::from_name(&name).unwrap_or_else(|e| {
+        eprintln!("GAN_BACKEND: {e}");
+        std::process::exit(2);
+    });
+    let generator = gantry_model_image::Generator::from_tensors_on(&tensors, prefix, &backend).expect("generator");
     let n: usize = batch.parse().expect("batch");
     let rounds: usize = rounds.parse().expect("rounds");
     let bytes = std::fs::read(inputs).expect("inputs");
@@ -37,7 +46,7 @@ fn main() {
     let mut out = Vec::new();
     for _ in 0..rounds.max(1) {
         let started = Instant::now();
-        out = generator.forward(&z, n).0;
+        out = generator.forward(&z, n).expect("forward").0;
         times.push(started.elapsed().as_secs_f64() * 1e3);
     }
     // Channel-major to batch-major.
@@ -51,7 +60,8 @@ fn main() {
     std::fs::write(output, nchw.iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<u8>>()).expect("output");
     times.sort_by(f64::total_cmp);
     println!(
-        "{{\"batch\": {n}, \"best_ms\": {:.3}, \"median_ms\": {:.3}}}",
+        "{{\"backend\": \"{}\", \"batch\": {n}, \"best_ms\": {:.3}, \"median_ms\": {:.3}}}",
+        generator.backend_name(),
         times[0],
         times[times.len() / 2]
     );

@@ -34,6 +34,7 @@ fn main() {
         &dir.join("libonnxruntime.so.1.32.0"),
         &dir.join("terrain_consistency_unet_difficulty100.onnx"),
         1,
+        gantry_onnx::Device::Cpu,
         spec,
     )
     .expect("terrain graph");

@@ -29,7 +29,7 @@ use image::{ImageEncoder, RgbImage};
 use serde_json::{Value, json};
 
 pub use factory::ImageFactory;
-pub use gantry_gan::{Generator, LoadError};
+pub use gantry_gan::{Backend, Device, Generator, LoadError};
 pub use gantry_kernels::random::Normal;
 pub use gantry_media::image::encode_rgb;
 use input::{Abilities, Format, Request};
@@ -116,10 +116,11 @@ enum Engine {
 }
 
 impl ImageModel {
-    /// Loads the generator of model `id` from a safetensors file.
-    pub fn load(id: &str, weights: &Path, spec: GanSpec) -> Result<Self, LoadError> {
+    /// Loads the generator of model `id` from a safetensors file, its layers
+    /// on `backend`.
+    pub fn load(id: &str, weights: &Path, spec: GanSpec, backend: &Backend) -> Result<Self, LoadError> {
         let tensors = gantry_manifest::torch::read_safetensors(weights).map_err(|e| LoadError::new(e.to_string()))?;
-        let generator = Generator::from_tensors(&tensors, &spec.prefix)?;
+        let generator = Generator::from_tensors_on(&tensors, &spec.prefix, backend)?;
         let wanted = spec.latent + spec.labels.len();
         if generator.input_len() != wanted {
             return Err(LoadError::new(format!(
@@ -152,11 +153,12 @@ impl ImageModel {
         runtime_library: &Path,
         graph: &Path,
         threads: usize,
+        device: gantry_onnx::Device,
         spec: TerrainSpec,
     ) -> Result<Self, LoadError> {
         Ok(Self {
             id: id.to_owned(),
-            engine: Engine::Terrain(Arc::new(Terrain::load(runtime_library, graph, threads, spec)?)),
+            engine: Engine::Terrain(Arc::new(Terrain::load(runtime_library, graph, threads, device, spec)?)),
         })
     }
 
@@ -180,6 +182,15 @@ impl ImageModel {
                 labels: &[],
                 difficulty_levels: terrain.spec().levels,
             },
+        }
+    }
+
+    /// Where the model computes: the generator's backend
+    /// ([`Generator::backend_name`]), or ONNX Runtime's device.
+    pub fn backend_name(&self) -> String {
+        match &self.engine {
+            Engine::Gan { generator, .. } => generator.backend_name(),
+            Engine::Terrain(terrain) => format!("onnxruntime on {}", terrain.device()),
         }
     }
 
@@ -352,6 +363,7 @@ fn render(generator: &Generator, spec: &GanSpec, request: &Request, seed: u64) -
     let native = u32::try_from(generator.side()).map_err(|e| e.to_string())?;
     generator
         .generate(&inputs, n)
+        .map_err(|e| e.to_string())?
         .into_iter()
         .map(|rgb| {
             let mut img = RgbImage::from_raw(native, native, rgb).ok_or("the generator's output has the wrong size")?;

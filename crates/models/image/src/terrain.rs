@@ -76,18 +76,31 @@ impl TerrainSpec {
 pub struct Terrain {
     spec: TerrainSpec,
     session: Mutex<Session>,
+    device: gantry_onnx::Device,
 }
 
 impl Terrain {
     /// Loads `graph` on ONNX Runtime from `runtime_library`, with `threads`
-    /// intra-op threads (0: one per core).
-    pub fn load(runtime_library: &Path, graph: &Path, threads: usize, spec: TerrainSpec) -> Result<Self, LoadError> {
+    /// intra-op threads (0: one per core), on `device`.
+    pub fn load(
+        runtime_library: &Path,
+        graph: &Path,
+        threads: usize,
+        device: gantry_onnx::Device,
+        spec: TerrainSpec,
+    ) -> Result<Self, LoadError> {
         gantry_onnx::init(runtime_library).map_err(|e| LoadError::new(e.to_string()))?;
-        let session = gantry_onnx::session(graph, threads).map_err(|e| LoadError::new(e.to_string()))?;
+        let session = gantry_onnx::session_on(graph, threads, device).map_err(|e| LoadError::new(e.to_string()))?;
         Ok(Self {
             spec,
             session: Mutex::new(session),
+            device,
         })
+    }
+
+    /// Where the graph runs.
+    pub fn device(&self) -> gantry_onnx::Device {
+        self.device
     }
 
     pub fn spec(&self) -> &TerrainSpec {

@@ -2,12 +2,16 @@
 //! Both generators, on their real weights, give the same output as
 //! onnxruntime computing the same network from the same safetensors
 //! (`bench/image/reference.py` builds the ONNX graph layer by layer and runs
-//! it), to within 1e-3 on every value of a batch of eight.
+//! it), to within 1e-3 on every value of a batch of eight: on the CPU
+//! kernels that serve by default, and on candle (its CPU device here; the
+//! same graph runs on its CUDA device with `image.cuda_device`).
 //!
 //! Needs the weights in `GANTRY_TEST_MODELS_DIR` (`.ci/run` pulls them) and
 //! Python 3 with numpy, onnx and onnxruntime (`.ci/run` installs them).
 use std::path::{Path, PathBuf};
 use std::process::Command;
+
+use gantry_model_image::{Backend, Device, Generator};
 
 fn models_dir() -> PathBuf {
     match std::env::var_os("GANTRY_TEST_MODELS_DIR") {
@@ -25,7 +29,13 @@ fn check(model: &str, file: &str, prefix: &str, labels: usize) {
         models_dir().display()
     );
     let tensors = gantry_manifest::torch::read_safetensors(&weights).unwrap();
-    let generator = gantry_model_image::Generator::from_tensors(&tensors, prefix).unwrap();
+    for backend in [Backend::Kernels, Backend::Candle(Device::Cpu)] {
+        let generator = Generator::from_tensors_on(&tensors, prefix, &backend).unwrap();
+        compare(model, &weights, prefix, labels, &generator);
+    }
+}
+
+fn compare(model: &str, weights: &Path, prefix: &str, labels: usize, generator: &Generator) {
     let n = 8;
     let width = generator.input_len();
     // Deterministic inputs: a spread of noise values and each label once.
@@ -43,7 +53,7 @@ fn check(model: &str, file: &str, prefix: &str, labels: usize) {
             }
         })
         .collect();
-    let (out, side) = generator.forward(&inputs, n);
+    let (out, side) = generator.forward(&inputs, n).unwrap();
     let channels = generator.channels();
     let plane = side * side;
     let mut nchw = vec![0f32; out.len()];
@@ -77,7 +87,8 @@ fn check(model: &str, file: &str, prefix: &str, labels: usize) {
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(
         run.status.success(),
-        "{model}: onnxruntime disagrees or could not run (pip install numpy onnx onnxruntime):\n{stdout}\n{stderr}"
+        "{model} on {}: onnxruntime disagrees or could not run (pip install numpy onnx onnxruntime):\n{stdout}\n{stderr}",
+        generator.backend_name()
     );
     assert!(stdout.contains("max_abs_diff"), "{stdout}");
 }

@@ -32,6 +32,7 @@ fn main() -> Result<(), String> {
         SpeechOptions {
             threads,
             sessions: concurrency,
+            ..SpeechOptions::default()
         },
     )
     .map_err(|e| e.to_string())?;

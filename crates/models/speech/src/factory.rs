@@ -19,6 +19,10 @@ pub struct SpeechSettings {
     /// Address ranges (CIDR) that `reference_audio` URLs may reach although
     /// they are loopback, private or reserved addresses.
     pub fetch_allow_ranges: Vec<String>,
+    /// CUDA device ordinal the voices' graphs run on (ONNX Runtime's CUDA
+    /// provider; needs `onnx_library` to name a GPU build of the runtime);
+    /// unset means the CPU.
+    pub cuda_device: Option<usize>,
 }
 
 impl Default for SpeechSettings {
@@ -28,6 +32,7 @@ impl Default for SpeechSettings {
             threads: options.threads,
             sessions: options.sessions,
             fetch_allow_ranges: Vec::new(),
+            cuda_device: None,
         }
     }
 }
@@ -59,6 +64,7 @@ impl ModelFactory for SpeechFactory {
         let options = SpeechOptions {
             threads: settings.threads,
             sessions: settings.sessions.max(1),
+            device: gantry_onnx::Device::from_cuda_device(settings.cuda_device),
         };
         let mut model = if files.engine_str("architecture") == Some("hibari") {
             let voice = files.engine_str("voice").ok_or("engine.voice names no hibari voice")?;

@@ -71,6 +71,9 @@ pub struct SpeechOptions {
     /// Sessions (copies of the graph) that synthesise at the same time; jobs
     /// beyond that take turns, sentence by sentence.
     pub sessions: usize,
+    /// Where the voice's graph runs: the CPU, or ONNX Runtime's CUDA
+    /// provider (a GPU build of the runtime, `onnx_library`).
+    pub device: gantry_onnx::Device,
 }
 
 impl Default for SpeechOptions {
@@ -78,6 +81,7 @@ impl Default for SpeechOptions {
         Self {
             threads: 0,
             sessions: 1,
+            device: gantry_onnx::Device::Cpu,
         }
     }
 }
@@ -307,7 +311,7 @@ impl SpeechModel {
     ) -> Result<Self, LoadError> {
         gantry_onnx::init(runtime_library)?;
         let sessions = (0..options.sessions.max(1))
-            .map(|_| gantry_onnx::session(graph, options.threads))
+            .map(|_| gantry_onnx::session_on(graph, options.threads, options.device))
             .collect::<Result<Vec<_>, _>>()?;
         let voice = Voice {
             name,

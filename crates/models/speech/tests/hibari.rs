@@ -43,6 +43,7 @@ fn voice() -> &'static SpeechModel {
             SpeechOptions {
                 threads: 1,
                 sessions: 2,
+                ..SpeechOptions::default()
             },
         )
         .unwrap()

@@ -41,6 +41,7 @@ fn voice() -> &'static SpeechModel {
             SpeechOptions {
                 threads: 1,
                 sessions: 2,
+                ..SpeechOptions::default()
             },
         )
         .unwrap()

@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! cargo run -p gantry-model-transcribe --release --example transcribe_bench -- \
-//!     MODEL_DIR AUDIO.wav [--runs N] [--threads T] [--json] [--features OUT.f32] [--encode OUT.f32]
+//!     MODEL_DIR AUDIO.wav [--runs N] [--threads T] [--backend kernels|candle|cuda:N] [--json]
+//!     [--features OUT.f32] [--encode OUT.f32]
 //! ```
 //!
 //! The WAV is 16-bit PCM; channels are averaged and other rates resampled
@@ -15,7 +16,7 @@ use std::ops::ControlFlow;
 use std::path::PathBuf;
 use std::time::Instant;
 
-use gantry_model_transcribe::engine::{TranscribeOptions, Whisper};
+use gantry_model_transcribe::engine::{Backend, TranscribeOptions, Whisper};
 
 fn read_wav(path: &PathBuf) -> Result<Vec<f32>, String> {
     let bytes = std::fs::read(path).map_err(|e| format!("{}: {e}", path.display()))?;
@@ -90,6 +91,7 @@ fn main() -> Result<(), String> {
     let mut positional = Vec::new();
     let (mut runs, mut threads, mut json) = (3usize, 0usize, false);
     let (mut features, mut encode) = (None, None);
+    let mut backend = Backend::Kernels;
     while let Some(a) = args.next() {
         match a.as_str() {
             "--runs" => runs = args.next().and_then(|v| v.parse().ok()).ok_or("--runs N")?,
@@ -97,14 +99,22 @@ fn main() -> Result<(), String> {
             "--json" => json = true,
             "--features" => features = Some(args.next().ok_or("--features OUT")?),
             "--encode" => encode = Some(args.next().ok_or("--encode OUT")?),
+            "--backend" => {
+                let name = args.next().ok_or("--backend kernels | candle | cuda:N")?;
+                backend = Backend::from_name(&name).map_err(|e| e.to_string())?;
+            }
             _ => positional.push(a),
         }
     }
     let [model_dir, wav] = positional.as_slice() else {
-        return Err("usage: transcribe_bench MODEL_DIR AUDIO.wav [--runs N] [--threads T] [--json]".into());
+        return Err(
+            "usage: transcribe_bench MODEL_DIR AUDIO.wav [--runs N] [--threads T] [--backend kernels|candle|cuda:N] [--json]"
+                .into(),
+        );
     };
     let t = Instant::now();
-    let whisper = Whisper::load(&PathBuf::from(model_dir)).map_err(|e| e.to_string())?;
+    let whisper = Whisper::load_on(&PathBuf::from(model_dir), &backend).map_err(|e| e.to_string())?;
+    eprintln!("backend: {}", whisper.backend_name());
     let load_s = t.elapsed().as_secs_f64();
     let samples = read_wav(&PathBuf::from(wav))?;
     let audio_s = samples.len() as f64 / 16_000.0;
@@ -118,7 +128,7 @@ fn main() -> Result<(), String> {
         let mel = whisper.features(&samples, threads);
         let window = mel.window(0, 3000.min(mel.frames.saturating_sub(1)), 3000);
         let t = Instant::now();
-        let out = whisper.encode(&window, threads);
+        let out = whisper.encode(&window, threads).map_err(|e| e.to_string())?;
         eprintln!("encode: {:.3} s", t.elapsed().as_secs_f64());
         write_f32(path, &out)?;
         println!("{{\"shape\": [1500, {}]}}", out.len() / 1500);

@@ -16,6 +16,10 @@ pub struct TranscriptionSettings {
     /// Address ranges (CIDR) that `audio_url` may reach although they are
     /// loopback, private or reserved addresses.
     pub fetch_allow_ranges: Vec<String>,
+    /// CUDA device ordinal Whisper runs on, with candle's CUDA backend (a
+    /// binary built with the `cuda` feature). Unset means the CPU, on this
+    /// crate's kernels.
+    pub cuda_device: Option<usize>,
 }
 
 /// Loads Whisper: the CTranslate2 `model.bin`, its `tokenizer.json` and
@@ -33,10 +37,12 @@ impl ModelFactory for TranscriptionFactory {
 
     fn load(files: &ModelFiles<'_>, settings: &TranscriptionSettings) -> Result<TranscriptionModel, String> {
         let dir = files.dir();
+        let backend = crate::engine::Backend::for_cuda_device(settings.cuda_device).map_err(|e| e.to_string())?;
         let options = Options {
             threads: settings.threads.unwrap_or(0),
             fetch_allow_ranges: settings.fetch_allow_ranges.clone(),
             own_files: files.own_files(),
+            backend,
         };
         TranscriptionModel::load(files.id(), &dir, &options).map_err(|e| format!("{}: {e}", dir.display()))
     }

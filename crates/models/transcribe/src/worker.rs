@@ -28,6 +28,8 @@ pub struct Options {
     pub fetch_allow_ranges: Vec<String>,
     /// The platform's own file URLs, read from its store.
     pub own_files: Option<std::sync::Arc<dyn gantry_net::OwnFiles>>,
+    /// What runs Whisper: the kernels on the CPU, or candle on a GPU.
+    pub backend: crate::engine::Backend,
 }
 
 /// Why a transcription model did not load.
@@ -53,7 +55,8 @@ impl std::fmt::Debug for TranscriptionModel {
 impl TranscriptionModel {
     /// Loads Whisper from `dir` (`model.bin`, `tokenizer.json`, `config.json`).
     pub fn load(id: &str, dir: &Path, options: &Options) -> Result<Self, LoadError> {
-        let whisper = Whisper::load(dir).map_err(|e| LoadError(e.to_string()))?;
+        let whisper = Whisper::load_on(dir, &options.backend).map_err(|e| LoadError(e.to_string()))?;
+        tracing::info!(model = id, backend = %whisper.backend_name(), "Whisper loaded");
         let fetcher = gantry_net::Fetcher::new(&options.fetch_allow_ranges, FETCH_TIMEOUT)
             .map_err(|e| LoadError(format!("fetch_allow_ranges: {e}")))?
             .with_own_files(options.own_files.clone());

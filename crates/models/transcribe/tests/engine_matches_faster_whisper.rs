@@ -14,22 +14,15 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use gantry_model_transcribe::engine::{Segment, TranscribeOptions, Whisper};
+use gantry_model_transcribe::engine::{Backend, Device, Segment, TranscribeOptions, Whisper};
 use serde_json::Value;
 
 const SHORT: &str = "The quick brown fox jumps over the lazy dog. She sells sea shells by the sea shore. \
 Please call Stella and ask her to bring these things with her from the store.";
 
-const LONG: &str = "Once upon a time, in a small village at the edge of a great forest, there lived an old \
-clockmaker named Henry. Every morning he opened his shop at seven o'clock and worked until the sun went \
-down. The villagers brought him broken watches, tired grandfather clocks, and music boxes that had \
-forgotten their songs. Henry listened to each one carefully, as if it could tell him what was wrong. One \
-winter evening, a young girl knocked on his door. She carried a silver pocket watch that had belonged to \
-her grandmother. The watch had stopped at exactly midnight, many years ago, and nobody had ever been able \
-to make it tick again. Henry opened the case and looked inside for a long time. He did not find any \
-broken parts. Instead, he found a tiny folded letter hidden behind the gears. The girl read the letter \
-aloud, and when she finished, the watch began to tick. Nobody in the village could explain what had \
-happened, but from that day on, the girl visited the shop every week to learn the craft of repairing clocks.";
+/// About a minute of speech (three of Whisper's 30 s windows), also what
+/// `bench/gpu/speech-sample.sh` speaks for the GPU check.
+const LONG: &str = include_str!("long_story.txt");
 
 fn model_dir() -> PathBuf {
     let mut tried = Vec::new();
@@ -54,6 +47,17 @@ fn model_dir() -> PathBuf {
 fn whisper() -> &'static Whisper {
     static W: OnceLock<Whisper> = OnceLock::new();
     W.get_or_init(|| Whisper::load(&model_dir()).unwrap())
+}
+
+/// The same model on candle's CPU device: the GPU path's operations, checked
+/// on a machine without a GPU.
+fn on_candle() -> &'static Whisper {
+    static W: OnceLock<Whisper> = OnceLock::new();
+    W.get_or_init(|| {
+        let whisper = Whisper::load_on(&model_dir(), &Backend::Candle(Device::Cpu)).unwrap();
+        assert_eq!(whisper.backend_name(), "candle (Cpu)");
+        whisper
+    })
 }
 
 fn scratch_dir() -> &'static Path {
@@ -248,12 +252,16 @@ fn reference_transcript(clip: &Clip) -> (String, Vec<RefSegment>) {
 }
 
 fn transcribe(samples: &[f32]) -> (String, Vec<Segment>) {
+    transcribe_with(whisper(), samples)
+}
+
+fn transcribe_with(whisper: &Whisper, samples: &[f32]) -> (String, Vec<Segment>) {
     let opts = TranscribeOptions {
         threads: 2,
         ..TranscribeOptions::default()
     };
     let mut streamed = Vec::new();
-    let t = whisper()
+    let t = whisper
         .transcribe(samples, &opts, &mut |s| {
             streamed.push(s.clone());
             ControlFlow::Continue(())
@@ -318,13 +326,20 @@ fn encoder_matches_ctranslate2() {
     let want = reference_f32(&clip.wav, "--encode", "long.encoder.f32");
     let mel = whisper().features(&clip.samples, 2);
     let window = mel.window(0, 3000.min(mel.frames - 1), 3000);
-    let got = whisper().encode(&window, 2);
-    let (max, mean) = max_abs_diff(&got, &want);
+    for (backend, whisper) in [("kernels", whisper()), ("candle", on_candle())] {
+        let got = whisper.encode(&window, 2).unwrap();
+        eprint!("{backend}: ");
+        check_encoder_output(&got, &want);
+    }
+}
+
+fn check_encoder_output(got: &[f32], want: &[f32]) {
+    let (max, mean) = max_abs_diff(got, want);
     let scale = want.iter().fold(0.0f32, |m, v| m.max(v.abs()));
     let worst = (0..got.len())
         .max_by(|&i, &j| (got[i] - want[i]).abs().total_cmp(&(got[j] - want[j]).abs()))
         .unwrap();
-    let large = got.iter().zip(&want).filter(|(g, w)| (*g - *w).abs() > 1e-3).count();
+    let large = got.iter().zip(want).filter(|(g, w)| (*g - *w).abs() > 1e-3).count();
     eprintln!(
         "encoder output: max |Δ| {max:e} (position {}, channel {}: {} vs {}), mean |Δ| {mean:e}, {large} above 1e-3 (values up to {scale})",
         worst / 384,
@@ -354,15 +369,17 @@ fn check_times(got: &[Segment], want: &[RefSegment]) {
 fn short_clip_transcript_is_faster_whispers() {
     let clip = short_clip();
     let (want_text, want) = reference_transcript(clip);
-    let (text, got) = transcribe(&clip.samples);
-    eprintln!("short clip: {text:?}");
-    assert_eq!(text, want_text);
-    assert_eq!(got.len(), want.len(), "segment count");
-    for (g, w) in got.iter().zip(&want) {
-        assert_eq!(g.tokens, w.tokens, "tokens of {:?}", w.text);
-        assert_eq!(g.text, w.text);
+    for (backend, whisper) in [("kernels", whisper()), ("candle", on_candle())] {
+        let (text, got) = transcribe_with(whisper, &clip.samples);
+        eprintln!("short clip on {backend}: {text:?}");
+        assert_eq!(text, want_text, "{backend}");
+        assert_eq!(got.len(), want.len(), "segment count on {backend}");
+        for (g, w) in got.iter().zip(&want) {
+            assert_eq!(g.tokens, w.tokens, "tokens of {:?} on {backend}", w.text);
+            assert_eq!(g.text, w.text);
+        }
+        check_times(&got, &want);
     }
-    check_times(&got, &want);
 }
 
 #[test]
@@ -370,6 +387,22 @@ fn long_clip_transcript_is_faster_whispers() {
     let clip = long_clip();
     let (want_text, want) = reference_transcript(clip);
     let (text, got) = transcribe(&clip.samples);
+    // The GPU path's operations give the kernels' transcript.
+    let (candle_text, candle) = transcribe_with(on_candle(), &clip.samples);
+    assert_eq!(candle_text, text, "candle against the kernels");
+    assert_eq!(candle.len(), got.len(), "candle's segments against the kernels'");
+    for (c, k) in candle.iter().zip(&got) {
+        assert_eq!(
+            (&c.tokens, &c.text, c.start, c.end),
+            (&k.tokens, &k.text, k.start, k.end)
+        );
+        // The same sums in another order.
+        assert!((c.avg_logprob - k.avg_logprob).abs() < 1e-4, "{c:?} against {k:?}");
+        assert!(
+            (c.no_speech_prob - k.no_speech_prob).abs() < 1e-4,
+            "{c:?} against {k:?}"
+        );
+    }
     let rate = wer(&want_text, &text);
     let same_tokens = got.len() == want.len() && got.iter().zip(&want).all(|(g, w)| g.tokens == w.tokens);
     eprintln!(

@@ -7,11 +7,15 @@
 //! With one thread it times single frames; with more, that many frames are
 //! drawn at once (one per thread, as a video job draws a window of frames)
 //! and the figure is the throughput. Prints one JSON line.
+//!
+//! `RIFE_BACKEND` picks what runs the network: `kernels` (the default, as
+//! served on the CPU), `candle` (candle's CPU device) or `cuda:N` (candle's
+//! CUDA device N, in a `--features cuda` build).
 #![allow(clippy::unwrap_used, clippy::expect_used)]
 
 use std::time::Instant;
 
-use gantry_model_video::Rife;
+use gantry_model_video::{Backend, Rife};
 
 /// A smooth textured frame, shifted by `dx` pixels.
 fn frame(w: usize, h: usize, dx: f32) -> Vec<f32> {
@@ -35,7 +39,12 @@ fn main() {
         eprintln!("usage: rife_bench <flownet.safetensors> <width> <height> <rounds> <threads>");
         std::process::exit(2);
     };
-    let rife = Rife::load(weights.as_ref()).expect("weights");
+    let name = std::env::var("RIFE_BACKEND").unwrap_or_else(|_| "kernels".into());
+    let backend = Backend::from_name(&name).unwrap_or_else(|e| {
+        eprintln!("RIFE_BACKEND: {e}");
+        std::process::exit(2);
+    });
+    let rife = Rife::load_on(weights.as_ref(), &backend).expect("weights");
     let (w, h): (usize, usize) = (w.parse().expect("width"), h.parse().expect("height"));
     let rounds: usize = rounds.parse().expect("rounds");
     let threads: usize = threads.parse().expect("threads");
@@ -45,7 +54,10 @@ fn main() {
             for i in 0..threads {
                 let (rife, a, b) = (&rife, &a, &b);
                 scope.spawn(move || {
-                    std::hint::black_box(rife.interpolate(a, b, w, h, (i + 1) as f32 / (threads + 1) as f32))
+                    std::hint::black_box(
+                        rife.interpolate(a, b, w, h, (i + 1) as f32 / (threads + 1) as f32)
+                            .expect("interpolate"),
+                    )
                 });
             }
         });
@@ -61,7 +73,8 @@ fn main() {
     times.sort_by(f64::total_cmp);
     let (best, median) = (times[0], times[times.len() / 2]);
     println!(
-        "{{\"engine\": \"rust\", \"width\": {w}, \"height\": {h}, \"threads\": {threads}, \"best_ms_per_round\": {best:.2}, \"median_ms_per_round\": {median:.2}, \"frames_per_s\": {:.2}}}",
+        "{{\"engine\": \"rust\", \"backend\": \"{}\", \"width\": {w}, \"height\": {h}, \"threads\": {threads}, \"best_ms_per_round\": {best:.2}, \"median_ms_per_round\": {median:.2}, \"frames_per_s\": {:.2}}}",
+        rife.backend_name(),
         threads as f64 * 1e3 / median
     );
 }

@@ -16,6 +16,10 @@ pub struct VideoSettings {
     /// Address ranges (CIDR) that the URLs of video inputs (keyframe images)
     /// may reach although they are loopback, private or reserved addresses.
     pub fetch_allow_ranges: Vec<String>,
+    /// CUDA device ordinal RIFE and the keyframe generator run on (candle's
+    /// CUDA backend; needs a binary built with the `cuda` feature); unset
+    /// means the CPU, on Gantry's kernels.
+    pub cuda_device: Option<usize>,
 }
 
 /// Loads RIFE from the safetensors its pull converted from `flownet.pkl`,
@@ -46,6 +50,7 @@ impl ModelFactory for VideoFactory {
             block_seconds: u64::try_from(files.entry().price.per()).unwrap_or(1),
             fetch_allow_ranges: settings.fetch_allow_ranges.clone(),
             own_files: files.own_files(),
+            backend: gantry_gan::Backend::for_cuda_device(settings.cuda_device).map_err(|e| e.to_string())?,
         };
         let model = match files.engine_str("keyframes") {
             Some("dcgan") => {
@@ -62,7 +67,7 @@ impl ModelFactory for VideoFactory {
             other => return Err(format!("unknown keyframes source {other:?} (dcgan or images)")),
         }
         .map_err(|e| e.to_string())?;
-        tracing::info!(model = files.id(), threads, "video model ready");
+        tracing::info!(model = files.id(), threads, backend = %model.backend_name(), "video model ready");
         Ok(model)
     }
 }

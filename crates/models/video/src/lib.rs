@@ -28,6 +28,7 @@ use std::time::Duration;
 
 pub use factory::{VideoFactory, VideoSettings};
 use gantry_gan::Generator;
+pub use gantry_gan::{Backend, Device};
 use gantry_kernels::random::Normal;
 use gantry_worker_sdk::{CancellationToken, JobContext, JobError, Model, Output, Usage, WorkerConfig, WorkerRuntime};
 use image::RgbImage;
@@ -87,6 +88,8 @@ pub struct Options {
     pub fetch_allow_ranges: Vec<String>,
     /// The platform's own file URLs, read from its store.
     pub own_files: Option<Arc<dyn gantry_net::OwnFiles>>,
+    /// Where RIFE and the keyframe generator run.
+    pub backend: Backend,
 }
 
 /// Why a video model did not load.
@@ -106,7 +109,8 @@ impl VideoModel {
         options: &Options,
     ) -> Result<Self, LoadError> {
         let tensors = gantry_manifest::torch::read_safetensors(generator).map_err(|e| LoadError(e.to_string()))?;
-        let generator = Generator::from_tensors(&tensors, prefix).map_err(|e| LoadError(e.to_string()))?;
+        let generator =
+            Generator::from_tensors_on(&tensors, prefix, &options.backend).map_err(|e| LoadError(e.to_string()))?;
         if generator.input_len() != latent {
             return Err(LoadError(format!(
                 "the generator takes {} inputs, but the manifest says {latent}",
@@ -116,13 +120,19 @@ impl VideoModel {
         Self::with(id, rife, Keyframes::Gan { generator, latent }, options)
     }
 
+    /// Where RIFE runs ([`Rife::backend_name`]); the keyframe generator is
+    /// on the same backend.
+    pub fn backend_name(&self) -> String {
+        self.engine.rife.backend_name()
+    }
+
     /// `interpolate-video`: RIFE from `rife`; the keyframes come with each job.
     pub fn load_interpolate(id: &str, rife: &Path, options: &Options) -> Result<Self, LoadError> {
         Self::with(id, rife, Keyframes::Images, options)
     }
 
     fn with(id: &str, rife: &Path, keyframes: Keyframes, options: &Options) -> Result<Self, LoadError> {
-        let rife = Rife::load(rife).map_err(|e| LoadError(format!("RIFE: {e}")))?;
+        let rife = Rife::load_on(rife, &options.backend).map_err(|e| LoadError(format!("RIFE: {e}")))?;
         let fetcher = gantry_net::Fetcher::new(&options.fetch_allow_ranges, FETCH_TIMEOUT)
             .map_err(|e| LoadError(format!("fetch_allow_ranges: {e}")))?
             .with_own_files(options.own_files.clone());
@@ -231,7 +241,7 @@ fn position(f: usize, frames: usize, keys: usize) -> (usize, f32) {
 }
 
 /// The faces of the latent walk from `seed`: `count` keyframes.
-fn walk(generator: &Generator, latent: usize, seed: u64, count: usize) -> Vec<RgbImage> {
+fn walk(generator: &Generator, latent: usize, seed: u64, count: usize) -> Result<Vec<RgbImage>, String> {
     let mut normal = Normal::new(seed);
     let mut z: Vec<f32> = (0..latent).map(|_| normal.next()).collect();
     let mut inputs = z.clone();
@@ -243,11 +253,12 @@ fn walk(generator: &Generator, latent: usize, seed: u64, count: usize) -> Vec<Rg
         inputs.extend_from_slice(&z);
     }
     let side = u32::try_from(generator.side()).unwrap_or(0);
-    generator
+    Ok(generator
         .generate(&inputs, count)
+        .map_err(|e| e.to_string())?
         .into_iter()
         .filter_map(|rgb| RgbImage::from_raw(side, side, rgb))
-        .collect()
+        .collect())
 }
 
 /// What a render reports while it runs.
@@ -281,7 +292,7 @@ fn render(
                     scope.spawn(move || {
                         let (k, t) = position(i, frames, keys.len());
                         if t == 0.0 {
-                            keys[k].clone()
+                            Ok(keys[k].clone())
                         } else {
                             engine.rife.interpolate(&keys[k], &keys[k + 1], width, height, t)
                         }
@@ -290,7 +301,10 @@ fn render(
                 .collect();
             handles.into_iter().map(|h| h.join()).collect::<Result<Vec<_>, _>>()
         })
-        .map_err(|_| JobError::internal("a frame's interpolation panicked"))?;
+        .map_err(|_| JobError::internal("a frame's interpolation panicked"))?
+        .into_iter()
+        .collect::<Result<Vec<_>, RifeError>>()
+        .map_err(JobError::internal)?;
         for frame in &drawn {
             encoder.push(frame).map_err(JobError::internal)?;
         }
@@ -325,15 +339,18 @@ impl Model for VideoModel {
                 let (job_engine, latent) = (engine.clone(), *latent);
                 let keys = tokio::task::spawn_blocking(move || {
                     let Keyframes::Gan { generator, .. } = &job_engine.keyframes else {
-                        return Vec::new();
+                        return Ok(Vec::new());
                     };
-                    walk(generator, latent, seed, count)
-                        .iter()
-                        .map(|face| planar(face, size.0, size.1))
-                        .collect::<Vec<_>>()
+                    walk(generator, latent, seed, count).map(|faces| {
+                        faces
+                            .iter()
+                            .map(|face| planar(face, size.0, size.1))
+                            .collect::<Vec<_>>()
+                    })
                 })
                 .await
-                .map_err(|e| JobError::internal(format!("the generator stopped: {e}")))?;
+                .map_err(|e| JobError::internal(format!("the generator stopped: {e}")))?
+                .map_err(JobError::internal)?;
                 output["seed"] = json!(seed);
                 output["faces"] = json!(count);
                 (keys, size)

@@ -29,7 +29,11 @@
 //! buffers of a call are kept by the model for the next one (up to a size),
 //! so a frame allocates nothing large. `bench/video/reference.py` checks the
 //! output against onnxruntime running the same network.
+//!
+//! With [`Backend::Candle`] the same network runs on candle instead
+//! ([`device`]): on a GPU with `video.cuda_device`.
 
+mod device;
 mod ops;
 
 use std::collections::BTreeMap;
@@ -38,6 +42,7 @@ use std::sync::{Mutex, PoisonError};
 
 use gantry_manifest::torch::{self, Tensor};
 
+use gantry_gan::Backend;
 use gantry_kernels::conv::Conv2d;
 use ops::{Deconv4, Scratch, conv3, resize_onto, resized_len, warp_into};
 
@@ -75,7 +80,10 @@ struct IfBlock {
 /// The loaded IFNet (`block0` .. `block3`).
 #[derive(Debug)]
 pub struct Rife {
-    blocks: [IfBlock; 4],
+    /// The blocks on the CPU kernels; empty when the network is on candle.
+    blocks: Vec<IfBlock>,
+    /// The network on candle's device, with [`Backend::Candle`].
+    device: Option<device::DeviceRife>,
     /// Workspaces of finished calls, for the next ones.
     pool: Mutex<Vec<Workspace>>,
 }
@@ -158,6 +166,11 @@ impl Rife {
     /// ...), names optionally prefixed with `module.` as the published
     /// checkpoint has them. Tensors of other modules are ignored.
     pub fn from_tensors(tensors: &BTreeMap<String, Tensor>) -> Result<Rife, RifeError> {
+        Self::from_tensors_on(tensors, &Backend::Kernels)
+    }
+
+    /// [`Rife::from_tensors`], the network on `backend`.
+    pub fn from_tensors_on(tensors: &BTreeMap<String, Tensor>, backend: &Backend) -> Result<Rife, RifeError> {
         let find =
             |name: &str| -> Option<&Tensor> { tensors.get(name).or_else(|| tensors.get(&format!("module.{name}"))) };
         let get = |name: &str, shape: &[usize]| -> Result<Vec<f32>, RifeError> {
@@ -169,48 +182,68 @@ impl Rife {
                 .to_f32()
                 .ok_or_else(|| err(format!("{name} is not a floating-point tensor")))
         };
-        let conv = |name: &str, cin: usize, cout: usize, stride: usize| -> Result<Conv2d, RifeError> {
-            Ok(conv3(
-                &get(&format!("{name}.0.weight"), &[cout, cin, 3, 3])?,
+        let conv = |name: &str, cin: usize, cout: usize, stride: usize| {
+            Ok(device::ConvWeights {
+                weight: get(&format!("{name}.0.weight"), &[cout, cin, 3, 3])?,
+                bias: get(&format!("{name}.0.bias"), &[cout])?,
+                alpha: get(&format!("{name}.1.weight"), &[cout])?,
                 cin,
                 cout,
                 stride,
-                get(&format!("{name}.0.bias"), &[cout])?,
-                get(&format!("{name}.1.weight"), &[cout])?,
-            ))
-        };
-        let block = |i: usize, cin: usize, c: usize| -> Result<IfBlock, RifeError> {
-            let prefix = format!("block{i}");
-            Ok(IfBlock {
-                conv0: [
-                    conv(&format!("{prefix}.conv0.0"), cin, c / 2, 2)?,
-                    conv(&format!("{prefix}.conv0.1"), c / 2, c, 2)?,
-                ],
-                convblock: (0..8)
-                    .map(|j| conv(&format!("{prefix}.convblock.{j}"), c, c, 1))
-                    .collect::<Result<_, _>>()?,
-                lastconv: Deconv4::new(
-                    &get(&format!("{prefix}.lastconv.weight"), &[c, 5, 4, 4])?,
-                    c,
-                    5,
-                    get(&format!("{prefix}.lastconv.bias"), &[5])?,
-                ),
             })
         };
+        let block = |i: usize, cin: usize, c: usize| -> Result<device::BlockWeights, RifeError> {
+            let prefix = format!("block{i}");
+            let mut convs = vec![
+                conv(&format!("{prefix}.conv0.0"), cin, c / 2, 2)?,
+                conv(&format!("{prefix}.conv0.1"), c / 2, c, 2)?,
+            ];
+            for j in 0..8 {
+                convs.push(conv(&format!("{prefix}.convblock.{j}"), c, c, 1)?);
+            }
+            let last = (
+                get(&format!("{prefix}.lastconv.weight"), &[c, 5, 4, 4])?,
+                get(&format!("{prefix}.lastconv.bias"), &[5])?,
+                c,
+            );
+            Ok(device::BlockWeights { convs, last })
+        };
+        let weights = vec![
+            block(0, 7, 192)?,
+            block(1, 12, 128)?,
+            block(2, 12, 96)?,
+            block(3, 12, 64)?,
+        ];
+        let (blocks, device) = match backend {
+            Backend::Kernels => (weights.into_iter().map(IfBlock::new).collect(), None),
+            Backend::Candle(on) => (
+                Vec::new(),
+                Some(device::DeviceRife::new(weights, on).map_err(|e| err(format!("cannot put RIFE on {on:?}: {e}")))?),
+            ),
+        };
         Ok(Rife {
-            blocks: [
-                block(0, 7, 192)?,
-                block(1, 12, 128)?,
-                block(2, 12, 96)?,
-                block(3, 12, 64)?,
-            ],
+            blocks,
+            device,
             pool: Mutex::new(Vec::new()),
         })
+    }
+
+    /// Where the network runs: `"kernels"` or candle's device.
+    pub fn backend_name(&self) -> String {
+        match &self.device {
+            None => "kernels".to_owned(),
+            Some(on) => format!("candle {:?}", on.device()),
+        }
     }
 
     /// Loads `flownet.safetensors` (as the platform converts it) or the
     /// published PyTorch checkpoint (`flownet.pkl`).
     pub fn load(path: &Path) -> Result<Rife, RifeError> {
+        Self::load_on(path, &Backend::Kernels)
+    }
+
+    /// [`Rife::load`], the network on `backend`.
+    pub fn load_on(path: &Path, backend: &Backend) -> Result<Rife, RifeError> {
         let tensors = match torch::read_safetensors(path) {
             Ok(tensors) => tensors,
             Err(safetensors) => torch::load(path).map_err(|pytorch| {
@@ -220,14 +253,22 @@ impl Rife {
                 ))
             })?,
         };
-        Self::from_tensors(&tensors)
+        Self::from_tensors_on(&tensors, backend)
     }
 
     /// The frame at time `t` (0 < t < 1) between `img0` and `img1`, each
     /// planar RGB in [0, 1] (`3 × height × width`); the result has the same
     /// layout, values clamped to [0, 1].
-    pub fn interpolate(&self, img0: &[f32], img1: &[f32], width: usize, height: usize, t: f32) -> Vec<f32> {
-        self.interpolate_traced(img0, img1, width, height, t).0
+    pub fn interpolate(
+        &self,
+        img0: &[f32],
+        img1: &[f32],
+        width: usize,
+        height: usize,
+        t: f32,
+    ) -> Result<Vec<f32>, RifeError> {
+        self.interpolate_traced(img0, img1, width, height, t)
+            .map(|(frame, _)| frame)
     }
 
     /// [`Rife::interpolate`], also saying whether the pass restarted at
@@ -240,12 +281,12 @@ impl Rife {
         width: usize,
         height: usize,
         t: f32,
-    ) -> (Vec<f32>, bool) {
+    ) -> Result<(Vec<f32>, bool), RifeError> {
         let plane = width * height;
         assert_eq!(img0.len(), 3 * plane, "img0 is not 3 × {height} × {width}");
         assert_eq!(img1.len(), 3 * plane, "img1 is not 3 × {height} × {width}");
         if plane == 0 {
-            return (Vec::new(), false);
+            return Ok((Vec::new(), false));
         }
         let (h, w) = (height.div_ceil(PAD_TO) * PAD_TO, width.div_ceil(PAD_TO) * PAD_TO);
         let mut ws = self
@@ -266,6 +307,13 @@ impl Rife {
         let (mut p0, mut p1) = (std::mem::take(&mut ws.img0), std::mem::take(&mut ws.img1));
         pad(img0, &mut p0);
         pad(img1, &mut p1);
+        if let Some(on) = &self.device {
+            let interpolated = on.interpolate(&p0, &p1, (h, w), t);
+            (ws.img0, ws.img1) = (p0, p1);
+            self.keep(ws);
+            let (merged, doubled) = interpolated?;
+            return Ok((crop(&merged, (h, w), (height, width)), doubled));
+        }
         let frames = Frames {
             img0: &p0,
             img1: &p1,
@@ -278,25 +326,20 @@ impl Rife {
             let finished = self.forward(&frames, SCALES.map(|s| s * 2.0), false, &mut ws);
             assert!(finished, "the doubled pass does not restart");
         }
-        let merged = &ws.warped0;
-        let mut out = vec![0.0f32; 3 * plane];
-        for c in 0..3 {
-            for y in 0..height {
-                let src = &merged[(c * h + y) * w..][..width];
-                let dst = &mut out[(c * height + y) * width..][..width];
-                for (d, s) in dst.iter_mut().zip(src) {
-                    *d = s.clamp(0.0, 1.0);
-                }
-            }
-        }
+        let out = crop(&ws.warped0, (h, w), (height, width));
         (ws.img0, ws.img1) = (p0, p1);
+        self.keep(ws);
+        Ok((out, doubled))
+    }
+
+    /// Keeps a finished call's workspace for the next, within bounds.
+    fn keep(&self, ws: Workspace) {
         if ws.floats() <= POOL_FLOATS {
             let mut pool = self.pool.lock().unwrap_or_else(PoisonError::into_inner);
             if pool.len() < POOL_LEN {
                 pool.push(ws);
             }
         }
-        (out, doubled)
     }
 
     /// `IFNet.forward` at the given scales, leaving the blended frame in
@@ -378,7 +421,44 @@ impl Rife {
     }
 }
 
+/// The frame `merged` (planar RGB at the padded `h × w`) cropped to
+/// `height × width`, values clamped to [0, 1].
+fn crop(merged: &[f32], (h, w): (usize, usize), (height, width): (usize, usize)) -> Vec<f32> {
+    let mut out = vec![0.0f32; 3 * height * width];
+    for c in 0..3 {
+        for y in 0..height {
+            let src = &merged[(c * h + y) * w..][..width];
+            let dst = &mut out[(c * height + y) * width..][..width];
+            for (d, s) in dst.iter_mut().zip(src) {
+                *d = s.clamp(0.0, 1.0);
+            }
+        }
+    }
+    out
+}
+
 impl IfBlock {
+    /// The block on the CPU kernels, its weights packed.
+    fn new(weights: device::BlockWeights) -> Self {
+        let mut convs = weights
+            .convs
+            .into_iter()
+            .map(|c| conv3(&c.weight, c.cin, c.cout, c.stride, c.bias, c.alpha));
+        let mut next = || {
+            convs
+                .next()
+                .unwrap_or_else(|| unreachable!("ten convolutions per block"))
+        };
+        let conv0 = [next(), next()];
+        let convblock = convs.collect();
+        let (weight, bias, c) = weights.last;
+        IfBlock {
+            conv0,
+            convblock,
+            lastconv: Deconv4::new(&weight, c, 5, bias),
+        }
+    }
+
     /// `IFBlock.forward` from its input already resized (`x`: `cin × hs ×
     /// ws`, the flow already divided by the scale); returns the flow (`4 ×
     /// h × w`, times `2·scale`) and the mask (`h × w`) at full resolution.
@@ -533,7 +613,7 @@ mod tests {
         let rife = Rife::from_tensors(&synthetic(Some(biases))).unwrap();
         let (w, h) = (37, 21);
         let (a, b) = (frame(w, h, 1), frame(w, h, 2));
-        let (out, doubled) = rife.interpolate_traced(&a, &b, w, h, 0.3);
+        let (out, doubled) = rife.interpolate_traced(&a, &b, w, h, 0.3).unwrap();
         assert!(!doubled);
         assert_eq!(out.len(), 3 * w * h);
         let alpha = 1.0 / (1.0 + (-1.0f32).exp());
@@ -578,7 +658,7 @@ mod tests {
         let mut biases = [[0.0; 5]; 4];
         biases[1] = [5.0, 5.0, -5.0, -5.0, 0.0];
         let rife = Rife::from_tensors(&synthetic(Some(biases))).unwrap();
-        let (out, doubled) = rife.interpolate_traced(&a, &b, w, h, 0.5);
+        let (out, doubled) = rife.interpolate_traced(&a, &b, w, h, 0.5).unwrap();
         assert!(doubled);
         let want = shifted_blend(&a, &b, w, h, 128, 80.0, -80.0);
         for (o, w) in out.iter().zip(&want) {
@@ -587,7 +667,7 @@ mod tests {
         // Only one frame's flow over 32 (frame 1's is 1 · 8 = 8): no restart.
         biases[1] = [5.0, 5.0, -1.0, -1.0, 0.0];
         let rife = Rife::from_tensors(&synthetic(Some(biases))).unwrap();
-        let (out, doubled) = rife.interpolate_traced(&a, &b, w, h, 0.5);
+        let (out, doubled) = rife.interpolate_traced(&a, &b, w, h, 0.5).unwrap();
         assert!(!doubled);
         let want = shifted_blend(&a, &b, w, h, 128, 40.0, -8.0);
         for (o, w) in out.iter().zip(&want) {
@@ -606,19 +686,24 @@ mod tests {
             .iter()
             .map(|&(w, h)| {
                 let rife = Rife::from_tensors(&tensors).unwrap();
-                rife.interpolate(&frame(w, h, 7), &frame(w, h, 8), w, h, 0.4)
+                rife.interpolate(&frame(w, h, 7), &frame(w, h, 8), w, h, 0.4).unwrap()
             })
             .collect();
         // One after the other on one model, sizes going down and up again.
         for (&(w, h), want) in sizes.iter().zip(&fresh) {
-            assert_eq!(&rife.interpolate(&frame(w, h, 7), &frame(w, h, 8), w, h, 0.4), want);
+            assert_eq!(
+                &rife.interpolate(&frame(w, h, 7), &frame(w, h, 8), w, h, 0.4).unwrap(),
+                want
+            );
         }
         // At the same time on several threads.
         let rife = &rife;
         std::thread::scope(|scope| {
             let handles: Vec<_> = sizes
                 .iter()
-                .map(|&(w, h)| scope.spawn(move || rife.interpolate(&frame(w, h, 7), &frame(w, h, 8), w, h, 0.4)))
+                .map(|&(w, h)| {
+                    scope.spawn(move || rife.interpolate(&frame(w, h, 7), &frame(w, h, 8), w, h, 0.4).unwrap())
+                })
                 .collect();
             for (handle, want) in handles.into_iter().zip(&fresh) {
                 assert_eq!(&handle.join().unwrap(), want);
@@ -630,8 +715,56 @@ mod tests {
     fn random_weights_give_finite_frames_in_range() {
         let rife = Rife::from_tensors(&synthetic(None)).unwrap();
         let (w, h) = (130, 20);
-        let out = rife.interpolate(&frame(w, h, 5), &frame(w, h, 6), w, h, 0.7);
+        let out = rife.interpolate(&frame(w, h, 5), &frame(w, h, 6), w, h, 0.7).unwrap();
         assert_eq!(out.len(), 3 * w * h);
         assert!(out.iter().all(|v| (0.0..=1.0).contains(v)));
+    }
+
+    fn worst(a: &[f32], b: &[f32]) -> f32 {
+        assert_eq!(a.len(), b.len());
+        a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)
+    }
+
+    #[test]
+    fn candle_on_the_cpu_gives_the_kernels_frames_and_restarts_alike() {
+        let cpu = Backend::Candle(gantry_gan::Device::Cpu);
+        let tensors = synthetic(None);
+        let kernels = Rife::from_tensors(&tensors).unwrap();
+        let candle = Rife::from_tensors_on(&tensors, &cpu).unwrap();
+        assert_eq!(
+            (kernels.backend_name().as_str(), candle.backend_name().as_str()),
+            ("kernels", "candle Cpu")
+        );
+        assert!(
+            candle.blocks.is_empty(),
+            "no packed copy of the weights beside the device's"
+        );
+        // 150x40 pads to 256x128: every block's resizes, warps and the
+        // transposed convolution on a frame that is not square.
+        let (w, h) = (150, 40);
+        let (a, b) = (frame(w, h, 5), frame(w, h, 6));
+        let (want, want_doubled) = kernels.interpolate_traced(&a, &b, w, h, 0.7).unwrap();
+        let (got, got_doubled) = candle.interpolate_traced(&a, &b, w, h, 0.7).unwrap();
+        assert_eq!(got_doubled, want_doubled);
+        assert!(want.iter().any(|v| *v > 0.01 && *v < 0.99), "a frame not all clamped");
+        let diff = worst(&got, &want);
+        assert!(diff < 1e-4, "candle and the kernels differ by {diff}");
+
+        // Flows that move the frames by fractions of a pixel (the warp's
+        // bilinear blend) and a second block that asks for doubled scales.
+        let mut biases = [[0.0; 5]; 4];
+        biases[0] = [0.3, -0.2, 0.15, 0.4, 0.5];
+        biases[1] = [5.0, 5.0, -5.0, -5.0, 0.0];
+        biases[3] = [0.05, 0.0, -0.3, 0.1, -0.2];
+        let tensors = synthetic(Some(biases));
+        let kernels = Rife::from_tensors(&tensors).unwrap();
+        let candle = Rife::from_tensors_on(&tensors, &cpu).unwrap();
+        let (w, h) = (64, 48);
+        let (a, b) = (frame(w, h, 3), frame(w, h, 4));
+        let (want, want_doubled) = kernels.interpolate_traced(&a, &b, w, h, 0.5).unwrap();
+        let (got, got_doubled) = candle.interpolate_traced(&a, &b, w, h, 0.5).unwrap();
+        assert!(want_doubled && got_doubled);
+        let diff = worst(&got, &want);
+        assert!(diff < 1e-4, "after the restart candle and the kernels differ by {diff}");
     }
 }

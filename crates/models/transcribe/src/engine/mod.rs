@@ -12,6 +12,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
 
 mod decode;
+mod device;
 mod format;
 mod linear;
 pub mod mel;
@@ -21,6 +22,12 @@ mod tokenizer;
 pub use linear::fast_exp;
 pub use tokenizer::Specials;
 
+use decode::Net;
+use device::DeviceModel;
+/// What runs the encoder and decoder: the kernels, or candle on its device.
+/// One model definition either way: the same `model.bin`, read and checked
+/// the same way, decoded by the same rules.
+pub use gantry_kernels::backend::{Backend, BackendError, Device};
 use model::{Model, N_FRAMES, N_TEXT_CTX};
 
 /// Why the model did not load or run.
@@ -52,6 +59,25 @@ pub enum EngineError {
     /// The model or its `config.json` is not a Whisper this engine runs.
     #[error("unsupported model: {0}")]
     Config(String),
+    /// The device failed (out of memory, a lost GPU) or is not there.
+    #[error("the model's device: {0}")]
+    Device(String),
+}
+
+/// The loaded weights of one backend.
+#[derive(Debug)]
+enum Engine {
+    Kernels(Box<Model>),
+    Candle(Box<DeviceModel>),
+}
+
+impl Engine {
+    fn vocab(&self) -> usize {
+        match self {
+            Self::Kernels(model) => model.vocab(),
+            Self::Candle(model) => model.vocab(),
+        }
+    }
 }
 
 pub(crate) fn read_file(path: &Path) -> Result<Vec<u8>, EngineError> {
@@ -139,7 +165,7 @@ const INPUT_STRIDE: usize = 2;
 /// A loaded Whisper model; immutable, shared by concurrent jobs.
 #[derive(Debug)]
 pub struct Whisper {
-    model: Model,
+    engine: Engine,
     tokenizer: tokenizer::Tokenizer,
     filters: Vec<f32>,
     suppress: Vec<u32>,
@@ -161,8 +187,14 @@ fn ids(config: &serde_json::Value, key: &str) -> Result<Vec<u32>, EngineError> {
 }
 
 impl Whisper {
-    /// Loads `model.bin`, `tokenizer.json` and `config.json` from `dir`.
+    /// Loads `model.bin`, `tokenizer.json` and `config.json` from `dir`,
+    /// for the kernels on the CPU.
     pub fn load(dir: &Path) -> Result<Self, EngineError> {
+        Self::load_on(dir, &Backend::Kernels)
+    }
+
+    /// [`Whisper::load`] for `backend`.
+    pub fn load_on(dir: &Path, backend: &Backend) -> Result<Self, EngineError> {
         let config_path = dir.join("config.json");
         let config: serde_json::Value = serde_json::from_slice(&read_file(&config_path)?)
             .map_err(|e| EngineError::Config(format!("{}: {e}", config_path.display())))?;
@@ -174,12 +206,16 @@ impl Whisper {
                 file.revision
             )));
         }
-        let model = Model::from_file(file)?;
+        let engine = match backend {
+            Backend::Kernels => Engine::Kernels(Box::new(Model::from_file(file)?)),
+            Backend::Candle(device) => Engine::Candle(Box::new(DeviceModel::from_file(file, device)?)),
+        };
         let sp = tokenizer.specials;
-        if model.dims.vocab as u32 <= sp.timestamp_begin + 1500 {
+        let vocab = engine.vocab();
+        if vocab as u32 <= sp.timestamp_begin + 1500 {
             return Err(EngineError::Config(format!(
-                "the vocabulary has {} tokens: too few for the timestamps from {}",
-                model.dims.vocab, sp.timestamp_begin
+                "the vocabulary has {vocab} tokens: too few for the timestamps from {}",
+                sp.timestamp_begin
             )));
         }
         // faster-whisper's default suppress_tokens=[-1]: the non-speech
@@ -198,7 +234,7 @@ impl Whisper {
         suppress.dedup();
         let suppress_begin = ids(&config, "suppress_ids_begin")?;
         Ok(Self {
-            model,
+            engine,
             tokenizer,
             filters: mel::mel_filters(),
             suppress,
@@ -221,10 +257,25 @@ impl Whisper {
         mel::log_mel(samples, &self.filters, linear::resolve_threads(threads))
     }
 
+    /// Which backend runs the model: `kernels`, or candle's device.
+    pub fn backend_name(&self) -> String {
+        match &self.engine {
+            Engine::Kernels(_) => "kernels".to_owned(),
+            Engine::Candle(model) => format!("candle ({:?})", model.device()),
+        }
+    }
+
     /// The encoder's output (`1500 × d_model`, row-major) for a window of
     /// features (`80 × 3000`, mel-major).
-    pub fn encode(&self, window: &[f32], threads: usize) -> Vec<f32> {
-        self.model.encode(window, linear::resolve_threads(threads))
+    pub fn encode(&self, window: &[f32], threads: usize) -> Result<Vec<f32>, EngineError> {
+        match &self.engine {
+            Engine::Kernels(model) => Ok(model.encode(window, linear::resolve_threads(threads))),
+            Engine::Candle(model) => model
+                .encode(window)?
+                .flatten_all()
+                .and_then(|t| t.to_vec1::<f32>())
+                .map_err(device::device_error),
+        }
     }
 
     /// Transcribes 16 kHz mono samples; `on_segment` sees each segment as it
@@ -243,7 +294,7 @@ impl Whisper {
         let max_initial = sp.timestamp_begin + (MAX_INITIAL_TIMESTAMP / TIME_PRECISION).round() as u32;
         let rules = decode::Rules {
             specials: sp,
-            timestamp_end: self.model.dims.vocab as u32 - 1,
+            timestamp_end: self.engine.vocab() as u32 - 1,
             max_initial_timestamp: max_initial,
             suppress: &self.suppress,
             suppress_begin: &self.suppress_begin,
@@ -264,9 +315,6 @@ impl Whisper {
             let segment_size = N_FRAMES.min(content_frames - seek);
             let segment_duration = segment_size as f64 * TIME_PER_FRAME;
             let window = mel.window(seek, segment_size, N_FRAMES);
-            let enc = self.model.encode(&window, threads);
-            let cross = self.model.cross_kv(&enc, threads);
-            drop(enc);
             let previous = &all_tokens[prompt_reset_since..];
             let mut prompt = Vec::new();
             if !previous.is_empty() {
@@ -275,7 +323,17 @@ impl Whisper {
                 prompt.extend_from_slice(&previous[previous.len().saturating_sub(keep)..]);
             }
             prompt.push(sp.sot);
-            let Some(result) = decode::greedy(&self.model, &cross, &prompt, &rules, threads, stop) else {
+            let decoded = match &self.engine {
+                Engine::Kernels(model) => {
+                    let cross = model.cross_kv(&model.encode(&window, threads), threads);
+                    decode::greedy(model.as_ref(), &cross, &prompt, &rules, threads, stop)
+                }
+                Engine::Candle(model) => {
+                    let cross = model.cross(&window)?;
+                    decode::greedy(model.as_ref(), &cross, &prompt, &rules, threads, stop)
+                }
+            };
+            let Some(result) = decoded? else {
                 cancelled = true;
                 break;
             };

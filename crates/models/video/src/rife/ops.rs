@@ -131,16 +131,16 @@ impl Deconv4 {
 /// Source taps of one axis of a bilinear resize: the two input indices and
 /// the weight of the second.
 #[derive(Debug, Clone, Copy)]
-struct Tap {
-    i0: usize,
-    i1: usize,
-    lambda: f32,
+pub(crate) struct Tap {
+    pub(crate) i0: usize,
+    pub(crate) i1: usize,
+    pub(crate) lambda: f32,
 }
 
 /// PyTorch's `area_pixel_compute_source_index` for `align_corners=False`
 /// with the caller's scale factor (`recompute_scale_factor=False`), then
 /// the two neighbours as `upsample_bilinear2d` takes them.
-fn taps(in_len: usize, out_len: usize, scale_factor: f64) -> Vec<Tap> {
+pub(crate) fn taps(in_len: usize, out_len: usize, scale_factor: f64) -> Vec<Tap> {
     let inverse = (1.0 / scale_factor) as f32;
     (0..out_len)
         .map(|dst| {
