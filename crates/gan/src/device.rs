@@ -6,9 +6,9 @@
 //!
 //! On the CPU the crate's own kernels stay the default: candle's CPU
 //! transposed convolution is far slower on these layers (the figures are in
-//! `docs/benchmarks.md`, "Image generators").
+//! `docs/benchmarks.md`, "Image models").
 
-use candle_core::{DType, Device, Tensor};
+use candle_core::{Device, Tensor};
 
 use crate::{Activation, Layer};
 
@@ -70,10 +70,6 @@ impl Net {
                 Activation::Tanh => x.tanh()?,
             };
         }
-        x.transpose(0, 1)?
-            .contiguous()?
-            .to_dtype(DType::F32)?
-            .flatten_all()?
-            .to_vec1::<f32>()
+        x.transpose(0, 1)?.contiguous()?.flatten_all()?.to_vec1::<f32>()
     }
 }

@@ -355,10 +355,7 @@ impl Generator {
     /// Where the layers run: `"kernels"` (this crate's, on the CPU) or
     /// candle's device (`"candle Cpu"`, `"candle Cuda(…)"`).
     pub fn backend_name(&self) -> String {
-        match &self.net {
-            None => "kernels".to_owned(),
-            Some(net) => format!("candle {:?}", net.device()),
-        }
+        gantry_kernels::backend::name(self.net.as_ref().map(device::Net::device))
     }
 
     /// Length of the input vector (noise plus label).

@@ -29,6 +29,15 @@ impl std::fmt::Display for BackendError {
 
 impl std::error::Error for BackendError {}
 
+/// How logs and benchmarks name what runs a model: `kernels` (no device),
+/// or `candle` and its device (`candle Cpu`, `candle Cuda(…)`).
+pub fn name(device: Option<&Device>) -> String {
+    match device {
+        None => "kernels".to_owned(),
+        Some(device) => format!("candle {device:?}"),
+    }
+}
+
 impl Backend {
     /// The backend for a `cuda_device` setting: unset is the kernels on the
     /// CPU; a CUDA ordinal is candle on that GPU, and an error where this
@@ -60,7 +69,7 @@ impl Backend {
 
 #[cfg(test)]
 mod tests {
-    use super::{Backend, Device};
+    use super::{Backend, Device, name};
 
     #[test]
     fn a_cuda_device_this_build_cannot_reach_is_an_error_and_names_are_parsed() {
@@ -75,5 +84,7 @@ mod tests {
         assert!(err.starts_with("no CUDA device 4096: "), "{err}");
         let err = Backend::from_name("gpu").unwrap_err().to_string();
         assert_eq!(err, "a backend is kernels, candle or cuda:N, not gpu");
+        assert_eq!(name(None), "kernels");
+        assert_eq!(name(Some(&Device::Cpu)), "candle Cpu");
     }
 }

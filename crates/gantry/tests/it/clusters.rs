@@ -18,12 +18,8 @@ const H100: &str = "NVIDIA H100 80GB HBM3";
 
 /// The engine's networks' names.
 fn networks(host: &str) -> Vec<String> {
-    let out = std::process::Command::new("docker")
-        .args(["network", "ls", "--format", "{{.Name}}"])
-        .env("DOCKER_HOST", host)
-        .output()
-        .unwrap();
-    String::from_utf8_lossy(&out.stdout)
+    crate::serverless::docker_cli(host, &["network", "ls", "--format", "{{.Name}}"])
+        .expect("the docker command runs")
         .lines()
         .map(str::to_owned)
         .collect()

@@ -55,32 +55,35 @@ pub(crate) fn docker_host() -> String {
     }
 }
 
+/// `docker <args>` (the command line) against the engine at `host`: its
+/// standard output, or `None` where the command could not run at all.
+pub(crate) fn docker_cli(host: &str, args: &[&str]) -> Option<String> {
+    let out = std::process::Command::new("docker")
+        .env("DOCKER_HOST", host)
+        .args(args)
+        .stdin(Stdio::null())
+        .stderr(Stdio::null())
+        .output()
+        .ok()?;
+    Some(String::from_utf8_lossy(&out.stdout).into_owned())
+}
+
 /// Removes every container (running or not) on the engine at `host` that
-/// has all the `labels` (`name=value`), with the `docker` command line; for
-/// tests' cleanup, so it never fails (a stopped engine has nothing to remove).
+/// has all the `labels` (`name=value`); for tests' cleanup, so it never
+/// fails (a stopped engine has nothing to remove).
 pub(crate) fn remove_containers(host: &str, labels: &[&str]) {
-    let docker = |args: &[&str]| {
-        std::process::Command::new("docker")
-            .env("DOCKER_HOST", host)
-            .args(args)
-            .stdin(Stdio::null())
-            .stderr(Stdio::null())
-            .output()
-            .ok()
-    };
     let filters: Vec<String> = labels.iter().map(|label| format!("label={label}")).collect();
     let mut list = vec!["ps", "-aq"];
     for filter in &filters {
         list.extend(["--filter", filter.as_str()]);
     }
-    let Some(listed) = docker(&list) else {
+    let Some(ids) = docker_cli(host, &list) else {
         return;
     };
-    let ids = String::from_utf8_lossy(&listed.stdout).into_owned();
     let mut remove = vec!["rm", "-f"];
     remove.extend(ids.split_whitespace());
     if remove.len() > 2 {
-        let _ = docker(&remove);
+        let _ = docker_cli(host, &remove);
     }
 }
 
@@ -205,12 +208,10 @@ impl TestApp {
 /// `endpoint` on the engine at `docker_host`, trimmed.
 fn worker_container_inspect(docker_host: &str, endpoint: &str, format: &str) -> String {
     let docker = |args: &[&str]| {
-        let out = std::process::Command::new("docker")
-            .args(args)
-            .env("DOCKER_HOST", docker_host)
-            .output()
-            .unwrap();
-        String::from_utf8_lossy(&out.stdout).trim().to_owned()
+        docker_cli(docker_host, args)
+            .expect("the docker command runs")
+            .trim()
+            .to_owned()
     };
     let ids = docker(&[
         "ps",

@@ -55,7 +55,7 @@ fn on_candle() -> &'static Whisper {
     static W: OnceLock<Whisper> = OnceLock::new();
     W.get_or_init(|| {
         let whisper = Whisper::load_on(&model_dir(), &Backend::Candle(Device::Cpu)).unwrap();
-        assert_eq!(whisper.backend_name(), "candle (Cpu)");
+        assert_eq!(whisper.backend_name(), "candle Cpu");
         whisper
     })
 }

@@ -230,10 +230,7 @@ impl Rife {
 
     /// Where the network runs: `"kernels"` or candle's device.
     pub fn backend_name(&self) -> String {
-        match &self.device {
-            None => "kernels".to_owned(),
-            Some(on) => format!("candle {:?}", on.device()),
-        }
+        gantry_kernels::backend::name(self.device.as_ref().map(device::DeviceRife::device))
     }
 
     /// Loads `flownet.safetensors` (as the platform converts it) or the

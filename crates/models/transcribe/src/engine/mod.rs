@@ -259,10 +259,10 @@ impl Whisper {
 
     /// Which backend runs the model: `kernels`, or candle's device.
     pub fn backend_name(&self) -> String {
-        match &self.engine {
-            Engine::Kernels(_) => "kernels".to_owned(),
-            Engine::Candle(model) => format!("candle ({:?})", model.device()),
-        }
+        gantry_kernels::backend::name(match &self.engine {
+            Engine::Kernels(_) => None,
+            Engine::Candle(model) => Some(model.device()),
+        })
     }
 
     /// The encoder's output (`1500 × d_model`, row-major) for a window of
