@@ -24,6 +24,11 @@ NEW=${NEW:-target/release/gantry}
 BACKENDS=${BACKENDS:-sqlite}
 ROUNDS=${ROUNDS:-3}
 PG_ADMIN_URL=${PG_ADMIN_URL:-postgres://postgres@127.0.0.1:5432/postgres}
+for tool in wrk curl python3; do
+  command -v "$tool" >/dev/null || { echo "ab-serve.sh: no $tool on PATH (Debian: apt-get install wrk curl python3)" >&2; exit 1; }
+done
+[[ " $BACKENDS " != *" postgres "* ]] || command -v psql >/dev/null ||
+  { echo "ab-serve.sh: no psql on PATH, which the postgres backend needs" >&2; exit 1; }
 LUA=$(mktemp)
 cat > "$LUA" <<'LUA'
 wrk.method = "POST"

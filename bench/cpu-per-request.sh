@@ -9,6 +9,9 @@ set -u
 OLD=${OLD:?set OLD to the old gantry binary}
 NEW=${NEW:-target/release/gantry}
 ROUNDS=${ROUNDS:-6}
+for tool in wrk curl python3; do
+  command -v "$tool" >/dev/null || { echo "cpu-per-request.sh: no $tool on PATH (Debian: apt-get install wrk curl python3)" >&2; exit 1; }
+done
 LUA=$(mktemp); cat > "$LUA" <<'LUA'
 wrk.method = "POST"
 wrk.body = '{"input":{"prompt":"hi"}}'
