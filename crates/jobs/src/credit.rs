@@ -16,6 +16,10 @@
 //! hold by reaching that state, whichever writer moved it, and an admission
 //! reads one row however deep its caller's queue (it used to sum every job
 //! in flight). The transitions' parity tests check the sum after each one.
+//! A `runsync` job admitted without being written (the fast lane, on an
+//! SQLite file this process owns alone) has its hold reserved in the SQLite
+//! writer thread instead, which adds it to the sum for every later admission
+//! until the job is written or lost (`transition/reserved.rs`).
 //! A completion debits the balance by the actual cost in its own
 //! transaction (`gantry_billing::record_charges`).
 //!

@@ -37,7 +37,9 @@ pub struct Handed {
 /// write instead of three). A job that runs longer than `sync_store_after` is
 /// written as claimed by then, and goes on like any other. If the scheduler
 /// dies first, the job is lost with it and never charged; its caller is told
-/// (`JobError::Lost`).
+/// (`JobError::Lost`). With credit enforced this holds only where the SQLite
+/// writer thread admits every job of the database (it reserves the job's
+/// hold: `transition/reserved.rs`); elsewhere such a job is written at submit.
 struct Open {
     instance: String,
     lease_ms: i64,

@@ -67,7 +67,10 @@ impl JobStore {
             lane: Arc::clone(&self.hub.lane),
             wakeups: Arc::clone(&self.hub.wakeups),
             live: Arc::clone(&self.hub.live),
-            outcomes: Outcomes(Arc::clone(&self.hub)),
+            outcomes: Outcomes {
+                hub: Arc::clone(&self.hub),
+                writer: self.writer.clone(),
+            },
         }
     }
 
@@ -197,10 +200,15 @@ impl JobStore {
         // A sync job given to this process's scheduler is not written now at
         // all: the scheduler writes it when it ends, or once it has run for
         // `sync_store_after` (see `SchedulerConfig::sync_store_after`).
-        // With credit enforced every job is admitted by a write (see
-        // `credit.rs`), so none stays unstored.
-        let unstored =
-            parked && claimed.is_some() && self.config.sync_store_after_ms() > 0 && !self.config.require_credit;
+        // With credit enforced, a job is admitted either by its write or,
+        // where this process admits every job of the database (the SQLite
+        // file it owns alone), by a hold its writer thread reserves (see
+        // `transition/reserved.rs`); elsewhere every job is written.
+        let reserve = self.config.require_credit && self.config.sole_owner && self.writer.reserves();
+        let unstored = parked
+            && claimed.is_some()
+            && self.config.sync_store_after_ms() > 0
+            && (!self.config.require_credit || reserve);
         if parked {
             self.hub.waiters.park(&row, claimed.is_some());
         }
@@ -214,9 +222,17 @@ impl JobStore {
         }
         if unstored {
             let id = row.id.clone();
+            if self.config.require_credit
+                && let Err(error) = self.writer.reserve(&row).await
+            {
+                self.hub.waiters.unpark(&id);
+                self.hub.lane.return_credit(&row.model);
+                return Err(error);
+            }
             if !self.hub.hand_over(row, false) {
                 // The lane closed: its scheduler is stopping.
                 self.hub.waiters.unpark(&id);
+                self.writer.unreserve(std::slice::from_ref(&id));
                 return Err(JobError::Lost);
             }
             return Ok(view);
@@ -664,36 +680,41 @@ pub struct SchedulerParts {
 /// processes; a job lost with its scheduler drops its waiters; a chunk
 /// reaches live readers here and elsewhere.
 #[derive(Clone)]
-pub struct Outcomes(Arc<Hub>);
+pub struct Outcomes {
+    hub: Arc<Hub>,
+    /// Where the holds of jobs admitted unwritten are reserved.
+    writer: JobWriter,
+}
 
 impl Outcomes {
     /// Sends a signal to the other processes, if Redis is configured.
     pub fn signal(&self, signal: Signal) {
-        self.0.signal(signal);
+        self.hub.signal(signal);
     }
 
-    /// Unstored jobs that will never be written: their waiters are dropped.
+    /// Unstored jobs that will never be written: their waiters are dropped
+    /// and their credit holds released.
     pub fn lose(&self, job_ids: &[String]) {
-        self.0.lose(job_ids);
+        self.hub.lose(job_ids, &self.writer);
     }
 
     /// Every unstored job is lost (its scheduler died).
     pub fn lose_all(&self) {
-        self.0.lose_all();
+        self.hub.lose_all(&self.writer);
     }
 
     /// Hands final views to whoever waits on them in this process, and
     /// signals to other processes those for which `announce` holds and
     /// that nobody here waited for.
     pub fn finished(&self, views: &[JobView], announce: impl Fn(usize) -> bool) {
-        self.0.finished(views, announce);
+        self.hub.finished(views, announce);
     }
 
     /// What to call with each worker event as it arrives, to feed live
     /// readers before the event is stored. It holds the store weakly: the
     /// dispatcher that keeps it does not keep the store alive.
     pub fn live_observer(&self) -> impl Fn(&Event) + Send + Sync + 'static {
-        let hub = Arc::downgrade(&self.0);
+        let hub = Arc::downgrade(&self.hub);
         move |event: &Event| {
             if let Some(hub) = hub.upgrade() {
                 hub.live_event(event);
@@ -743,18 +764,21 @@ impl Hub {
 
     /// Unstored jobs that will never be written (their scheduler stopped, or
     /// could not write them): their waiters are dropped, which `wait` reports
-    /// as `JobError::Lost`.
-    pub fn lose(&self, job_ids: &[String]) {
-        let lost = self.lane.forget(job_ids);
+    /// as `JobError::Lost`. Their credit holds, if `writer` reserved any,
+    /// are released first: an admission after a waiter hears of the loss
+    /// finds them gone.
+    pub fn lose(&self, job_ids: &[String], writer: &JobWriter) {
+        let lost: Vec<String> = self.lane.forget(job_ids).into_iter().cloned().collect();
         if !lost.is_empty() {
-            self.waiters.abandon(lost.into_iter());
+            writer.unreserve(&lost);
+            self.waiters.abandon(lost.iter());
         }
     }
 
     /// Every unstored job is lost (its scheduler died).
-    pub fn lose_all(&self) {
+    pub fn lose_all(&self, writer: &JobWriter) {
         let ids = self.lane.unstored_ids();
-        self.lose(&ids);
+        self.lose(&ids, writer);
     }
 
     /// Gives a job to the lane's scheduler and wakes it; false (and the job

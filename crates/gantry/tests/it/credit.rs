@@ -12,6 +12,7 @@ use crate::harness::{Backend, TestApp, problem};
 gantry_testkit::on_both_backends!(
     credit_gates_jobs_and_pays_for_exactly_what_ran,
     jobs_racing_for_the_last_credit_never_overdraw,
+    runsyncs_racing_for_the_last_credit_never_overdraw,
 );
 
 /// Credit required (the default), and users who start with none.
@@ -150,4 +151,39 @@ async fn jobs_racing_for_the_last_credit_never_overdraw(backend: Backend) {
     assert_eq!(balance["balanceUsd"], "-0.000005", "{balance}");
     assert_eq!(app.count("SELECT COUNT(*) FROM ledger_entries").await, 4);
     problem(app.submit("run", &key, json!({"input": {}})).await, 402).await;
+}
+
+/// The same race through `runsync`, where the jobs the scheduler takes at
+/// once run unwritten (on SQLite their holds are reserved in the writer
+/// thread, on PostgreSQL they are written at admission): the holds of both
+/// kinds count against each other, and each job is charged once.
+async fn runsyncs_racing_for_the_last_credit_never_overdraw(backend: Backend) {
+    let app = with_credit(backend).await;
+    let (email, key) = app.user_with_key("endpoints:run billing:read").await;
+    app.add_credit(&email, "0.000035");
+    let submits = (0..64).map(|n| {
+        let app = &app;
+        let key = key.clone();
+        async move {
+            let res = app
+                .submit("runsync", &key, json!({"input": {"n": n, "sleep_ms": 300}}))
+                .await;
+            let status = res.status().as_u16();
+            let body: Value = res.json().await.unwrap();
+            (status, body)
+        }
+    });
+    let answers = futures_util::future::join_all(submits).await;
+    let completed = answers
+        .iter()
+        .filter(|(status, body)| *status == 200 && body["status"] == "COMPLETED")
+        .count();
+    let refused = answers.iter().filter(|(status, _)| *status == 402).count();
+    assert_eq!(completed + refused, 64, "only results or 402: {answers:?}");
+    assert_eq!(completed, 4, "{answers:?}");
+    let balance = app.balance(&key).await;
+    assert_eq!(balance["balanceUsd"], "-0.000005", "{balance}");
+    assert_eq!(balance["heldUsd"], "0.000000", "{balance}");
+    assert_eq!(app.count("SELECT COUNT(*) FROM ledger_entries").await, 4);
+    problem(app.submit("runsync", &key, json!({"input": {}})).await, 402).await;
 }

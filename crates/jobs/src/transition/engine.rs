@@ -24,6 +24,7 @@ use tokio::sync::oneshot;
 
 use super::Refused;
 use super::plan::{Plan, Settled, Step, Usage, is_final, sqlite};
+use super::reserved::Reservations;
 use crate::entity::job;
 
 /// Most operations in one transaction.
@@ -39,11 +40,24 @@ enum Work {
     Insert(Box<job::Model>),
     /// Insert only if the owner has credit left (see `credit.rs`).
     Admit(Box<job::Model>),
+    /// Admit a job that is not written: its hold reserved (see `reserved.rs`).
+    Reserve(Box<Reserve>),
+    /// These jobs will never be written: their reservations go.
+    Unreserve(Vec<String>),
     Settle(Box<Plan>),
+}
+
+/// A job admitted unwritten: its id, owner and hold.
+struct Reserve {
+    job: String,
+    user: String,
+    hold: i64,
 }
 
 enum Done {
     Inserted,
+    /// Reserved, or unreserved: nothing written.
+    Kept,
     /// Not admitted: the owner's balance and holds.
     Refused(i64, i64),
     Settled(Settled),
@@ -56,6 +70,8 @@ enum ReplyTo {
     Insert(oneshot::Sender<Result<(), DbErr>>),
     Admit(oneshot::Sender<Result<Admission, DbErr>>),
     Settle(oneshot::Sender<Result<Settled, Refused>>),
+    /// Nobody waits for the outcome.
+    Nobody,
 }
 
 impl Op {
@@ -71,6 +87,8 @@ impl Op {
                 Done::Settled(settled) => settled,
                 _ => Settled::default(),
             }))),
+            (ReplyTo::Nobody, Ok(_)) => {}
+            (ReplyTo::Nobody, Err(error)) => tracing::warn!(%error, "SQLite writer operation failed"),
             (ReplyTo::Insert(to), Err(error)) => drop(to.send(Err(error))),
             (ReplyTo::Admit(to), Err(error)) => drop(to.send(Err(error))),
             (ReplyTo::Settle(to), Err(error)) => drop(to.send(Err(Refused {
@@ -145,6 +163,37 @@ impl Engine {
             reply: ReplyTo::Admit(reply),
         })?;
         done.await.map_err(|_| stopped())?
+    }
+
+    /// Admits `job` of `user` with `hold` without writing it, if its owner has
+    /// credit left after the holds of their jobs in flight and of the jobs
+    /// reserved before it; else the balance and holds (reserved included).
+    /// The hold stays reserved until a settlement writes the job or
+    /// [`Engine::unreserve`] drops it (see `reserved.rs`).
+    pub async fn reserve(&self, job: &str, user: &str, hold: i64) -> Result<Admission, DbErr> {
+        let (reply, done) = oneshot::channel();
+        let reserve = Reserve {
+            job: job.to_owned(),
+            user: user.to_owned(),
+            hold,
+        };
+        self.send(Op {
+            work: Work::Reserve(Box::new(reserve)),
+            reply: ReplyTo::Admit(reply),
+        })?;
+        done.await.map_err(|_| stopped())?
+    }
+
+    /// Drops the reservations of these jobs, which will never be written.
+    /// Not waited for: every operation queued after it sees it done.
+    pub fn unreserve(&self, jobs: Vec<String>) {
+        if !jobs.is_empty() {
+            // A stopped writer keeps no reservations.
+            let _ = self.send(Op {
+                work: Work::Unreserve(jobs),
+                reply: ReplyTo::Nobody,
+            });
+        }
     }
 
     /// Runs a settlement plan in one transaction; committed when this returns,
@@ -224,6 +273,7 @@ fn checkpoint(conn: &Connection, running: &AtomicBool) {
 
 fn run(mut conn: Connection, queue: std_mpsc::Receiver<Op>, write_lock: &tokio::sync::Mutex<()>) {
     let mut batch: Vec<Op> = Vec::with_capacity(MAX_OPS);
+    let mut reserved = Reservations::default();
     while let Ok(first) = queue.recv() {
         batch.push(first);
         while batch.len() < MAX_OPS {
@@ -233,7 +283,7 @@ fn run(mut conn: Connection, queue: std_mpsc::Receiver<Op>, write_lock: &tokio::
             }
         }
         let guard = write_lock.blocking_lock();
-        commit_batch(&mut conn, std::mem::take(&mut batch));
+        commit_batch(&mut conn, &mut reserved, std::mem::take(&mut batch));
         drop(guard);
     }
 }
@@ -242,9 +292,9 @@ fn run(mut conn: Connection, queue: std_mpsc::Receiver<Op>, write_lock: &tokio::
 /// transaction is rolled back and each operation is run again in one of its
 /// own, so that only the failing one fails (no savepoints: a savepoint makes
 /// SQLite journal every page it touches a second time).
-fn commit_batch(conn: &mut Connection, ops: Vec<Op>) {
+fn commit_batch(conn: &mut Connection, reserved: &mut Reservations, ops: Vec<Op>) {
     let works: Vec<&Work> = ops.iter().map(|op| &op.work).collect();
-    match run_all(conn, &works) {
+    match run_all(conn, reserved, &works) {
         Ok(results) => {
             for (op, result) in ops.into_iter().zip(results) {
                 op.answer(Ok(result));
@@ -257,7 +307,7 @@ fn commit_batch(conn: &mut Connection, ops: Vec<Op>) {
         }
         Err(_) => {
             for op in ops {
-                let result = run_all(conn, &[&op.work]).map(|mut done| done.remove(0));
+                let result = run_all(conn, reserved, &[&op.work]).map(|mut done| done.remove(0));
                 op.answer(result);
             }
         }
@@ -279,8 +329,18 @@ fn with_stored_finals(work: Work, done: Done) -> Done {
     }
 }
 
-/// One transaction for `works`; all commit, or none does.
-fn run_all(conn: &mut Connection, works: &[&Work]) -> Result<Vec<Done>, DbErr> {
+/// One transaction for `works`; all commit, or none does (the
+/// reservations it changed included).
+fn run_all(conn: &mut Connection, reserved: &mut Reservations, works: &[&Work]) -> Result<Vec<Done>, DbErr> {
+    let result = run_all_once(conn, reserved, works);
+    match result {
+        Ok(_) => reserved.commit(),
+        Err(_) => reserved.roll_back(),
+    }
+    result
+}
+
+fn run_all_once(conn: &mut Connection, reserved: &mut Reservations, works: &[&Work]) -> Result<Vec<Done>, DbErr> {
     let txn = conn
         .transaction_with_behavior(rusqlite::TransactionBehavior::Immediate)
         .map_err(db_err)?;
@@ -291,8 +351,17 @@ fn run_all(conn: &mut Connection, works: &[&Work]) -> Result<Vec<Done>, DbErr> {
             done.push(
                 match work {
                     Work::Insert(row) => statements.insert(row).map(|()| Done::Inserted),
-                    Work::Admit(row) => statements.admit(row),
-                    Work::Settle(plan) => settle(&mut statements, plan).map(Done::Settled),
+                    Work::Admit(row) => statements.admit(row, reserved.of(&row.user_id)),
+                    Work::Reserve(job) => statements.reserve(job, reserved),
+                    Work::Unreserve(jobs) => {
+                        jobs.iter().for_each(|job| reserved.remove(job));
+                        Ok(Done::Kept)
+                    }
+                    Work::Settle(plan) => settle(&mut statements, plan).map(|settled| {
+                        // Written now: their rows hold them, or they are final.
+                        plan.stores.iter().for_each(|store| reserved.remove(&store.row.id));
+                        Done::Settled(settled)
+                    }),
                 }
                 .map_err(db_err)?,
             );
@@ -378,21 +447,37 @@ impl<'c> Statements<'c> {
         Ok(())
     }
 
-    /// `row` inserted if its owner has credit left, else `Refused`.
-    fn admit(&mut self, row: &job::Model) -> rusqlite::Result<Done> {
-        // The holds are summed in the account row by the triggers on `jobs`
-        // (see credit.rs).
+    /// `user`'s balance and the holds of their jobs in flight, which the
+    /// triggers on `jobs` sum in the account row (see credit.rs), plus
+    /// `reserved`: the holds of their jobs admitted unwritten.
+    fn standing(&self, user: &str, reserved: i64) -> rusqlite::Result<(i64, i64)> {
         let (balance, held): (i64, i64) = self
             .conn
             .prepare_cached("SELECT balance_micro_usd, held_micro_usd FROM credit_accounts WHERE user_id = ?1")?
-            .query_row(params![row.user_id], |r| Ok((r.get(0)?, r.get(1)?)))
+            .query_row(params![user], |r| Ok((r.get(0)?, r.get(1)?)))
             .optional()?
             .unwrap_or((0, 0));
+        Ok((balance, held.saturating_add(reserved)))
+    }
+
+    /// `row` inserted if its owner has credit left, else `Refused`.
+    fn admit(&mut self, row: &job::Model, reserved: i64) -> rusqlite::Result<Done> {
+        let (balance, held) = self.standing(&row.user_id, reserved)?;
         if balance.saturating_sub(held) <= 0 {
             return Ok(Done::Refused(balance, held));
         }
         self.insert(row)?;
         Ok(Done::Inserted)
+    }
+
+    /// `job`'s hold reserved if its owner has credit left, else `Refused`.
+    fn reserve(&mut self, job: &Reserve, reserved: &mut Reservations) -> rusqlite::Result<Done> {
+        let (balance, held) = self.standing(&job.user, reserved.of(&job.user))?;
+        if balance.saturating_sub(held) <= 0 {
+            return Ok(Done::Refused(balance, held));
+        }
+        reserved.add(&job.job, &job.user, job.hold);
+        Ok(Done::Kept)
     }
 
     /// The `files` rows of a completed job (none when it has no files).

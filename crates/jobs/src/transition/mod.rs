@@ -33,6 +33,7 @@ mod guarded;
 #[cfg(test)]
 mod parity;
 pub mod plan;
+mod reserved;
 
 use std::sync::{Arc, OnceLock};
 
@@ -157,6 +158,37 @@ impl JobWriter {
         row.clone().into_active_model().reset_all().insert(&txn).await?;
         txn.commit().await?;
         Ok(())
+    }
+
+    /// Whether this writer can admit a job without writing it
+    /// ([`JobWriter::reserve`]): only the SQLite writer thread can.
+    pub fn reserves(&self) -> bool {
+        self.shared.engine.is_some()
+    }
+
+    /// Admits `row` without writing it, if its owner has credit left, else
+    /// `PaymentRequired`: its hold is reserved in the SQLite writer thread,
+    /// which counts it in every later admission until a settlement writes
+    /// the job or [`JobWriter::unreserve`] drops it (see `reserved.rs`).
+    /// Exact only while this process admits every job of the database (its
+    /// SQLite file's sole owner). An error without a writer thread
+    /// (PostgreSQL): see [`JobWriter::reserves`].
+    pub async fn reserve(&self, row: &job::Model) -> Result<(), JobError> {
+        let Some(engine) = &self.shared.engine else {
+            return Err(DbErr::Custom("only the SQLite writer thread admits jobs unwritten".into()).into());
+        };
+        match engine.reserve(&row.id, &row.user_id, row.hold_micro_usd).await? {
+            Ok(()) => Ok(()),
+            Err((balance, held)) => Err(JobError::PaymentRequired { balance, held }),
+        }
+    }
+
+    /// Drops the reservations of jobs admitted unwritten that will never be
+    /// written (lost with their scheduler); unknown ids are ignored.
+    pub fn unreserve(&self, job_ids: &[String]) {
+        if let Some(engine) = &self.shared.engine {
+            engine.unreserve(job_ids.to_vec());
+        }
     }
 
     /// Runs a settlement `plan` as one transaction: on the SQLite writer

@@ -1151,6 +1151,83 @@ async fn admit_inserts_only_with_credit_left() {
     same_on_both(&ends);
 }
 
+/// `reserve` (SQLite only: its writer thread is the one place that admits
+/// every job of a file it owns alone): a job admitted unwritten holds its
+/// credit in memory, counted by every later admission or reservation of its
+/// owner, until a settlement writes it (a final row debited, or a running
+/// row whose hold the triggers count) or it is unreserved. PostgreSQL's
+/// writer has no thread to keep them: it refuses, and the store writes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn reserve_holds_credit_unwritten_until_the_job_is_written_or_lost() {
+    for b in backends().await {
+        let mut one = running("one", 1);
+        one.hold_micro_usd = 60;
+        if b.name == "postgres" {
+            assert!(!b.writer.reserves());
+            assert!(matches!(b.writer.reserve(&one).await, Err(JobError::Database(_))));
+            b.writer.unreserve(&["one".to_owned()]);
+            b.holds(&[]).await;
+            continue;
+        }
+        assert!(b.writer.reserves());
+        b.db.execute_unprepared(
+            "INSERT INTO credit_accounts (user_id, balance_micro_usd, updated_at_ms) VALUES ('u', 100, 0)",
+        )
+        .await
+        .unwrap();
+        let refused = |r: Result<(), JobError>| match r {
+            Err(JobError::PaymentRequired { balance, held }) => (balance, held),
+            other => panic!("not refused: {other:?}"),
+        };
+
+        // 100 of credit: a reservation of 60, then a written job of 60.
+        b.writer.reserve(&one).await.unwrap();
+        let mut queued_60 = queued("queued");
+        queued_60.hold_micro_usd = 60;
+        b.writer.admit(&queued_60).await.unwrap();
+        // Nothing is left: both kinds of admission count both holds.
+        let mut two = running("two", 1);
+        two.hold_micro_usd = 5;
+        assert_eq!(refused(b.writer.reserve(&two).await), (100, 120));
+        assert_eq!(refused(b.writer.admit(&queued("more")).await), (100, 120));
+        // Reserving the same job again changes nothing.
+        assert_eq!(refused(b.writer.reserve(&one).await), (100, 120));
+        b.holds(std::slice::from_ref(&queued_60)).await;
+
+        // A lost job's reservation goes (an unknown id is ignored).
+        b.writer.unreserve(&["one".to_owned(), "unknown".to_owned()]);
+        b.writer.reserve(&two).await.unwrap();
+        let mut three = running("three", 1);
+        three.hold_micro_usd = 40;
+        b.writer.reserve(&three).await.unwrap();
+        assert_eq!(refused(b.writer.reserve(&one).await), (100, 105));
+
+        // "two" is written final with its charge: its reservation goes and
+        // the balance pays its cost; "three" is written running: its row
+        // holds it now, counted once.
+        let mut settle = plan();
+        let row = settle.completed(two.clone(), "w0", "out".into(), &usage(4), None, None);
+        settle.stores.push(super::plan::Store {
+            row: row.clone(),
+            charge: Some(usage(4)),
+        });
+        let running_three = settle.running(three.clone(), Some("w0".into()));
+        settle.stores.push(super::plan::Store {
+            row: running_three.clone(),
+            charge: None,
+        });
+        b.writer.settle(settle).await.unwrap();
+        b.holds(&[queued_60.clone(), row, running_three]).await;
+        // 96 of balance, 100 held by rows (counted once), nothing reserved.
+        assert_eq!(refused(b.writer.reserve(&one).await), (96, 100));
+        assert_eq!(
+            b.number("SELECT balance_micro_usd AS n FROM credit_accounts WHERE user_id = 'u'")
+                .await,
+            96
+        );
+    }
+}
+
 /// One integer a PostgreSQL query returns (column `n`).
 async fn pg_number(db: &DatabaseConnection, sql: &str) -> i64 {
     db.query_one_raw(sea_orm::Statement::from_string(sea_orm::DbBackend::Postgres, sql))

@@ -6,6 +6,7 @@
 use std::time::Duration;
 
 use gantry_jobs::{JobError, JobStatus};
+use sea_orm::ConnectionTrait;
 use serde_json::json;
 
 use crate::fast_lane::prime;
@@ -192,6 +193,89 @@ async fn lost_with_its_scheduler(backend: Backend) {
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(env.try_get(&job.id).await.is_none());
         assert_eq!(env.row_of(&job.id).await, None);
+        assert_eq!(env.ledger_count().await, 1, "only the priming job was charged");
+        return;
+    }
+    panic!("five tries, and the crash never came within {TIMELY:?} of the submit");
+}
+
+/// With credit enforced on an SQLite file the process owns alone, an
+/// unwritten job is admitted by a hold its writer thread reserves: counted
+/// by the next admission while the job runs, and released when the job is
+/// lost with its scheduler (else its owner would stay refused until a
+/// restart).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_jobs_credit_hold_is_released() {
+    let mut config = store_after_config();
+    config.require_credit = true;
+    config.sole_owner = true;
+    for _ in 0..5 {
+        let (env, mut node, runs, _worker) = {
+            let env = Env::with_config(Backend::Sqlite, config.clone()).await;
+            // Two echo jobs' holds (10 µUSD each): the priming job and one more.
+            env.db
+                .execute_unprepared(&format!(
+                    "INSERT INTO credit_accounts (user_id, balance_micro_usd, updated_at_ms) VALUES ('{USER}', 20, 0)"
+                ))
+                .await
+                .unwrap();
+            let node = Node::start(&env.store, &env.catalog).await;
+            let runs = Runs::default();
+            let worker = node.counting_worker("w1", 2, runs.clone());
+            prime(&env).await;
+            (env, node, runs, worker)
+        };
+        let submitted = std::time::Instant::now();
+        let job = env.submit_sync(json!({"hold": true})).await;
+        let waiting = {
+            let store = env.store.clone();
+            let id = job.id.clone();
+            tokio::spawn(async move { store.wait(USER, ECHO, &id, Duration::from_secs(5)).await })
+        };
+        let row = env.row_of(&job.id).await;
+        // Its hold leaves nothing for another job, written or not.
+        let refused = env
+            .store
+            .submit(
+                USER,
+                &env.echo(),
+                gantry_jobs::NewJob::new(json!({})),
+                gantry_jobs::Mode::Async,
+            )
+            .await;
+        if submitted.elapsed() >= TIMELY {
+            runs.open_gate();
+            node.shutdown().await;
+            continue;
+        }
+        assert_eq!(row, None, "admitted unwritten");
+        assert!(
+            matches!(refused, Err(JobError::PaymentRequired { balance: 10, held: 10 })),
+            "{refused:?}"
+        );
+        node.scheduler.take().expect("running").crash().await;
+        if submitted.elapsed() + Duration::from_millis(10) >= STORE_AFTER {
+            // Possibly written (and so requeued, still holding) before the crash.
+            runs.open_gate();
+            continue;
+        }
+        let result = tokio::time::timeout(Duration::from_secs(2), waiting)
+            .await
+            .expect("the waiter is told at once")
+            .unwrap();
+        assert!(matches!(result, Err(JobError::Lost)), "{result:?}");
+        // Its hold went with it (released before its waiter was told): the
+        // balance admits a job again.
+        let admitted = env
+            .store
+            .submit(
+                USER,
+                &env.echo(),
+                gantry_jobs::NewJob::new(json!({})),
+                gantry_jobs::Mode::Async,
+            )
+            .await;
+        assert!(admitted.is_ok(), "the lost job's hold is still counted: {admitted:?}");
         assert_eq!(env.ledger_count().await, 1, "only the priming job was charged");
         return;
     }
