@@ -105,24 +105,26 @@ async fn credit_gates_jobs_and_pays_for_exactly_what_ran(backend: Backend) {
     problem(res, 402).await;
 }
 
+/// 64 echo jobs of 300 ms submitted at once through `route`: each answer's
+/// status and body.
+async fn race(app: &TestApp, key: &str, route: &str) -> Vec<(u16, Value)> {
+    let submits = (0..64).map(|n| async move {
+        let res = app
+            .submit(route, key, json!({"input": {"n": n, "sleep_ms": 300}}))
+            .await;
+        let status = res.status().as_u16();
+        let body: Value = res.json().await.unwrap();
+        (status, body)
+    });
+    futures_util::future::join_all(submits).await
+}
+
 async fn jobs_racing_for_the_last_credit_never_overdraw(backend: Backend) {
     let app = with_credit(backend).await;
     let (email, key) = app.user_with_key("endpoints:run billing:read").await;
     // 35 µUSD: three echo jobs and half of a fourth.
     app.add_credit(&email, "0.000035");
-    let submits = (0..64).map(|n| {
-        let app = &app;
-        let key = key.clone();
-        async move {
-            let res = app
-                .submit("run", &key, json!({"input": {"n": n, "sleep_ms": 300}}))
-                .await;
-            let status = res.status().as_u16();
-            let body: Value = res.json().await.unwrap();
-            (status, body)
-        }
-    });
-    let answers = futures_util::future::join_all(submits).await;
+    let answers = race(&app, &key, "run").await;
     let admitted: Vec<String> = answers
         .iter()
         .filter(|(status, _)| *status == 200)
@@ -161,19 +163,7 @@ async fn runsyncs_racing_for_the_last_credit_never_overdraw(backend: Backend) {
     let app = with_credit(backend).await;
     let (email, key) = app.user_with_key("endpoints:run billing:read").await;
     app.add_credit(&email, "0.000035");
-    let submits = (0..64).map(|n| {
-        let app = &app;
-        let key = key.clone();
-        async move {
-            let res = app
-                .submit("runsync", &key, json!({"input": {"n": n, "sleep_ms": 300}}))
-                .await;
-            let status = res.status().as_u16();
-            let body: Value = res.json().await.unwrap();
-            (status, body)
-        }
-    });
-    let answers = futures_util::future::join_all(submits).await;
+    let answers = race(&app, &key, "runsync").await;
     let completed = answers
         .iter()
         .filter(|(status, body)| *status == 200 && body["status"] == "COMPLETED")

@@ -120,10 +120,14 @@ impl Env {
 
     /// Submits an async echo job for [`USER`].
     pub async fn submit(&self, input: Value) -> JobView {
+        self.try_submit(input).await.expect("submit")
+    }
+
+    /// [`Env::submit`], which may be refused.
+    pub async fn try_submit(&self, input: Value) -> Result<JobView, gantry_jobs::JobError> {
         self.store
             .submit(USER, &self.echo(), NewJob::new(input), Mode::Async)
             .await
-            .expect("submit")
     }
 
     /// Submits a sync (`runsync`) echo job for [`USER`].

@@ -161,11 +161,7 @@ async fn lost_with_its_scheduler(backend: Backend) {
         let (env, mut node, runs, _worker) = held_env_with(backend, store_after_config()).await;
         let submitted = std::time::Instant::now();
         let job = env.submit_sync(json!({"hold": true})).await;
-        let waiting = {
-            let store = env.store.clone();
-            let id = job.id.clone();
-            tokio::spawn(async move { store.wait(USER, ECHO, &id, Duration::from_secs(5)).await })
-        };
+        let waiting = wait_in_background(&env, &job.id);
         let row = env.row_of(&job.id).await;
         if submitted.elapsed() >= TIMELY {
             runs.open_gate();
@@ -185,11 +181,7 @@ async fn lost_with_its_scheduler(backend: Backend) {
             runs.open_gate();
             continue;
         }
-        let result = tokio::time::timeout(Duration::from_secs(2), waiting)
-            .await
-            .expect("the waiter is told at once")
-            .unwrap();
-        assert!(matches!(result, Err(JobError::Lost)), "{result:?}");
+        told_lost(waiting).await;
         tokio::time::sleep(Duration::from_millis(300)).await;
         assert!(env.try_get(&job.id).await.is_none());
         assert_eq!(env.row_of(&job.id).await, None);
@@ -227,22 +219,10 @@ async fn a_lost_jobs_credit_hold_is_released() {
         };
         let submitted = std::time::Instant::now();
         let job = env.submit_sync(json!({"hold": true})).await;
-        let waiting = {
-            let store = env.store.clone();
-            let id = job.id.clone();
-            tokio::spawn(async move { store.wait(USER, ECHO, &id, Duration::from_secs(5)).await })
-        };
+        let waiting = wait_in_background(&env, &job.id);
         let row = env.row_of(&job.id).await;
         // Its hold leaves nothing for another job, written or not.
-        let refused = env
-            .store
-            .submit(
-                USER,
-                &env.echo(),
-                gantry_jobs::NewJob::new(json!({})),
-                gantry_jobs::Mode::Async,
-            )
-            .await;
+        let refused = env.try_submit(json!({})).await;
         if submitted.elapsed() >= TIMELY {
             runs.open_gate();
             node.shutdown().await;
@@ -259,27 +239,31 @@ async fn a_lost_jobs_credit_hold_is_released() {
             runs.open_gate();
             continue;
         }
-        let result = tokio::time::timeout(Duration::from_secs(2), waiting)
-            .await
-            .expect("the waiter is told at once")
-            .unwrap();
-        assert!(matches!(result, Err(JobError::Lost)), "{result:?}");
+        told_lost(waiting).await;
         // Its hold went with it (released before its waiter was told): the
         // balance admits a job again.
-        let admitted = env
-            .store
-            .submit(
-                USER,
-                &env.echo(),
-                gantry_jobs::NewJob::new(json!({})),
-                gantry_jobs::Mode::Async,
-            )
-            .await;
+        let admitted = env.try_submit(json!({})).await;
         assert!(admitted.is_ok(), "the lost job's hold is still counted: {admitted:?}");
         assert_eq!(env.ledger_count().await, 1, "only the priming job was charged");
         return;
     }
     panic!("five tries, and the crash never came within {TIMELY:?} of the submit");
+}
+
+/// A `wait` for `job_id`, in the background (what a `runsync` caller does).
+fn wait_in_background(env: &Env, job_id: &str) -> tokio::task::JoinHandle<Result<gantry_jobs::JobView, JobError>> {
+    let store = env.store.clone();
+    let id = job_id.to_owned();
+    tokio::spawn(async move { store.wait(USER, ECHO, &id, Duration::from_secs(5)).await })
+}
+
+/// The waiter is told at once that its job was lost.
+async fn told_lost(waiting: tokio::task::JoinHandle<Result<gantry_jobs::JobView, JobError>>) {
+    let result = tokio::time::timeout(Duration::from_secs(2), waiting)
+        .await
+        .expect("the waiter is told at once")
+        .unwrap();
+    assert!(matches!(result, Err(JobError::Lost)), "{result:?}");
 }
 
 async fn queued_on_shutdown(backend: Backend) {
